@@ -1,0 +1,38 @@
+"""Entry point fleetrun uses to run a Python worker: ``python -m collective.bootstrap``.
+
+``python -u -m collective.bootstrap script.py ARGS`` behaves like ``python -u script.py ARGS``
+(same ``sys.argv``, ``sys.path[0]``, ``__main__``) and ``python -m collective.bootstrap -m MODULE
+ARGS`` like ``python -m MODULE ARGS``, with one addition: an uncaught exception is written to the
+error file named in the env contract, so the launcher's failure summary can show the traceback
+without the script having to use ``@record``. Standard library only, imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from collective.record import install_excepthook
+
+
+def main(argv: list[str]) -> None:
+    """Run a script (``PATH ARGS``) or a module (``-m NAME ARGS``) as ``__main__``."""
+    if not argv:
+        raise SystemExit("usage: python -m collective.bootstrap (SCRIPT | -m MODULE) [ARGS...]")
+    install_excepthook()
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("usage: python -m collective.bootstrap -m MODULE [ARGS...]")
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = argv[0]
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,312 @@
+"""The env contract: what the launcher gives every process, and the one parser of it.
+
+The launcher builds the variables with :func:`make_worker_env`; a worker reads them back with
+:func:`read_worker_env` into a frozen :class:`WorkerEnv`. No other module reads ``os.environ``
+for these names. Both variable families are set so torchrun scripts and Paddle-Fleet scripts run
+unchanged (see the table in README "Env contract").
+
+This module imports only the standard library: the launcher imports it at CLI start.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from collective.errors import EnvContractError
+
+
+class StrEnum(str, Enum):
+    """``enum.StrEnum`` for Python 3.10 (3.11 has it built in)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class TrainingRole(StrEnum):
+    """Paddle's ``TRAINING_ROLE`` values."""
+
+    TRAINER = "TRAINER"
+    PSERVER = "PSERVER"
+
+
+class Backend(StrEnum):
+    """Process-group backend asked of the launcher; ``auto`` is resolved in the worker."""
+
+    AUTO = "auto"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+# The fleetrun-specific variables (the rest are the torchrun and Paddle families).
+FLEET_ERROR_FILE = "FLEET_ERROR_FILE"
+FLEET_LOG_DIR = "FLEET_LOG_DIR"
+FLEET_BACKEND = "FLEET_BACKEND"
+FLEET_JOB_NAME = "FLEET_JOB_NAME"
+FLEET_NNODES = "FLEET_NNODES"
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """Everything a worker process knows about its place in the job."""
+
+    rank: int = 0
+    """Global trainer rank (RANK / PADDLE_TRAINER_ID)."""
+    world_size: int = 1
+    """Number of trainers (WORLD_SIZE / PADDLE_TRAINERS_NUM)."""
+    local_rank: int = 0
+    """Rank on this node (LOCAL_RANK / PADDLE_RANK_IN_NODE)."""
+    local_world_size: int = 1
+    """Trainers on this node (LOCAL_WORLD_SIZE)."""
+    node_rank: int = 0
+    """Rank of this node (GROUP_RANK)."""
+    num_nodes: int = 1
+    """Number of nodes (GROUP_WORLD_SIZE / FLEET_NNODES)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous host of the process group (MASTER_ADDR)."""
+    master_port: int = 0
+    """Rendezvous port of the process group (MASTER_PORT); 0 = none (standalone)."""
+    trainer_endpoints: tuple[str, ...] = ()
+    """``ip:port`` of every trainer, by rank (PADDLE_TRAINER_ENDPOINTS)."""
+    current_endpoint: str = ""
+    """This trainer's ``ip:port`` (PADDLE_CURRENT_ENDPOINT)."""
+    pod_ip: str = "127.0.0.1"
+    """This node's address (POD_IP)."""
+    training_role: TrainingRole = TrainingRole.TRAINER
+    """TRAINER or PSERVER (TRAINING_ROLE)."""
+    pserver_endpoints: tuple[str, ...] = ()
+    """Parameter servers, ``ip:port`` (PADDLE_PSERVERS_IP_PORT_LIST); PS mode only."""
+    run_id: str = "none"
+    """Job id (TORCHELASTIC_RUN_ID)."""
+    restart_count: int = 0
+    """How many times the job was restarted so far (TORCHELASTIC_RESTART_COUNT)."""
+    max_restarts: int = 0
+    """Restart budget of the job (TORCHELASTIC_MAX_RESTARTS)."""
+    backend: Backend = Backend.AUTO
+    """Backend the launcher asked for (FLEET_BACKEND)."""
+    error_file: str | None = None
+    """Where this process writes its traceback on failure (FLEET_ERROR_FILE)."""
+    log_dir: str | None = None
+    """The job's log directory (FLEET_LOG_DIR)."""
+    launched: bool = field(default=False)
+    """True when a launcher set the contract; False for a plain ``python script.py``."""
+
+
+def _get_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise EnvContractError(
+            f"environment variable {name}={raw!r} is not an integer; the launcher sets it to a "
+            "whole number — unset it or launch with fleetrun/torchrun"
+        ) from None
+
+
+def _split_endpoints(raw: str | None) -> tuple[str, ...]:
+    return tuple(e.strip() for e in (raw or "").split(",") if e.strip())
+
+
+def _split_hostport(endpoint: str, name: str) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise EnvContractError(f"{name} entry {endpoint!r} is not of the form ip:port")
+    return host, int(port)
+
+
+def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
+    """Parse the env contract into a :class:`WorkerEnv`.
+
+    The torchrun family wins; the Paddle family alone also works (rendezvous at the first trainer
+    endpoint). With neither, the process is a standalone single trainer (``launched=False``).
+    Inconsistent values raise :class:`EnvContractError` naming the variables.
+    """
+    env = os.environ if environ is None else environ
+    t_rank, t_world = _get_int(env, "RANK"), _get_int(env, "WORLD_SIZE")
+    p_rank, p_world = _get_int(env, "PADDLE_TRAINER_ID"), _get_int(env, "PADDLE_TRAINERS_NUM")
+    endpoints = _split_endpoints(env.get("PADDLE_TRAINER_ENDPOINTS"))
+    role_raw = env.get("TRAINING_ROLE", TrainingRole.TRAINER.value).upper()
+    try:
+        role = TrainingRole(role_raw)
+    except ValueError:
+        raise EnvContractError(
+            f"TRAINING_ROLE={role_raw!r} is not one of TRAINER, PSERVER"
+        ) from None
+    pservers = _split_endpoints(env.get("PADDLE_PSERVERS_IP_PORT_LIST"))
+
+    if (t_rank is None) != (t_world is None):
+        raise EnvContractError(
+            "RANK and WORLD_SIZE must be set together "
+            f"(RANK={env.get('RANK')!r}, WORLD_SIZE={env.get('WORLD_SIZE')!r})"
+        )
+    if (p_rank is None) != (p_world is None):
+        raise EnvContractError(
+            "PADDLE_TRAINER_ID and PADDLE_TRAINERS_NUM must be set together "
+            f"(PADDLE_TRAINER_ID={env.get('PADDLE_TRAINER_ID')!r}, "
+            f"PADDLE_TRAINERS_NUM={env.get('PADDLE_TRAINERS_NUM')!r})"
+        )
+    if t_rank is not None and p_rank is not None and (t_rank, t_world) != (p_rank, p_world):
+        raise EnvContractError(
+            f"torchrun and Paddle variables disagree: RANK={t_rank} WORLD_SIZE={t_world} but "
+            f"PADDLE_TRAINER_ID={p_rank} PADDLE_TRAINERS_NUM={p_world}; unset one family"
+        )
+    rank = t_rank if t_rank is not None else p_rank
+    world_size = t_world if t_world is not None else p_world
+    launched = rank is not None
+    if rank is None or world_size is None:
+        rank, world_size = 0, 1
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise EnvContractError(
+            f"rank {rank} is outside 0..WORLD_SIZE-1 for WORLD_SIZE={world_size}"
+        )
+
+    local_rank = _get_int(env, "LOCAL_RANK")
+    if local_rank is None:
+        local_rank = _get_int(env, "PADDLE_RANK_IN_NODE")
+    local_rank = 0 if local_rank is None else local_rank
+    local_world = _get_int(env, "LOCAL_WORLD_SIZE") or (world_size if not launched else 1)
+    if local_rank >= local_world and _get_int(env, "LOCAL_WORLD_SIZE") is not None:
+        raise EnvContractError(
+            f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world}"
+        )
+    local_world = max(local_world, local_rank + 1)
+
+    master_addr = env.get("MASTER_ADDR") or ""
+    master_port = _get_int(env, "MASTER_PORT") or 0
+    if endpoints and len(endpoints) != world_size and role is TrainingRole.TRAINER:
+        raise EnvContractError(
+            f"PADDLE_TRAINER_ENDPOINTS has {len(endpoints)} entries but there are "
+            f"{world_size} trainers"
+        )
+    if launched and not master_addr and endpoints:
+        master_addr, master_port = _split_hostport(endpoints[0], "PADDLE_TRAINER_ENDPOINTS")
+    if launched and world_size > 1 and (not master_addr or not master_port):
+        raise EnvContractError(
+            f"rank {rank} of {world_size} has no rendezvous address: set MASTER_ADDR and "
+            "MASTER_PORT (or PADDLE_TRAINER_ENDPOINTS), or start the job with fleetrun"
+        )
+    current = env.get("PADDLE_CURRENT_ENDPOINT") or (endpoints[rank] if endpoints else "")
+    backend_raw = env.get(FLEET_BACKEND, Backend.AUTO.value).lower()
+    try:
+        backend = Backend(backend_raw)
+    except ValueError:
+        raise EnvContractError(f"{FLEET_BACKEND}={backend_raw!r} is not auto, gloo or nccl") from None
+    num_nodes = _get_int(env, "GROUP_WORLD_SIZE") or _get_int(env, FLEET_NNODES) or 1
+
+    return WorkerEnv(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        node_rank=_get_int(env, "GROUP_RANK") or 0,
+        num_nodes=num_nodes,
+        master_addr=master_addr or "127.0.0.1",
+        master_port=master_port,
+        trainer_endpoints=endpoints,
+        current_endpoint=current,
+        pod_ip=env.get("POD_IP") or (master_addr or "127.0.0.1"),
+        training_role=role,
+        pserver_endpoints=pservers,
+        run_id=env.get("TORCHELASTIC_RUN_ID", "none"),
+        restart_count=_get_int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+        max_restarts=_get_int(env, "TORCHELASTIC_MAX_RESTARTS") or 0,
+        backend=backend,
+        error_file=env.get(FLEET_ERROR_FILE) or env.get("TORCHELASTIC_ERROR_FILE") or None,
+        log_dir=env.get(FLEET_LOG_DIR) or None,
+        launched=launched,
+    )
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """What the launcher on one node knows when it starts its workers (one restart round)."""
+
+    run_id: str
+    num_nodes: int
+    nproc_per_node: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    trainer_endpoints: tuple[str, ...]
+    """``ip:port`` per global rank, all nodes."""
+    node_ip: str
+    restart_count: int
+    max_restarts: int
+    backend: Backend
+    log_dir: str
+    error_dir: str
+    job_name: str = "fleetrun"
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.nproc_per_node
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.nproc_per_node + local_rank
+
+    def error_file(self, local_rank: int) -> str:
+        return os.path.join(self.error_dir, f"error.{self.global_rank(local_rank)}.json")
+
+
+def make_worker_env(layout: NodeLayout, local_rank: int) -> dict[str, str]:
+    """The env-contract variables for trainer ``local_rank`` of this node (both families)."""
+    rank = layout.global_rank(local_rank)
+    err = layout.error_file(local_rank)
+    return {
+        # torchrun family
+        "RANK": str(rank),
+        "WORLD_SIZE": str(layout.world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(layout.nproc_per_node),
+        "GROUP_RANK": str(layout.node_rank),
+        "GROUP_WORLD_SIZE": str(layout.num_nodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(layout.world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": layout.master_addr,
+        "MASTER_PORT": str(layout.master_port),
+        "TORCHELASTIC_RUN_ID": layout.run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(layout.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(layout.max_restarts),
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": err,
+        # Paddle family
+        "PADDLE_TRAINER_ID": str(rank),
+        "PADDLE_TRAINERS_NUM": str(layout.world_size),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(layout.trainer_endpoints),
+        "PADDLE_CURRENT_ENDPOINT": layout.trainer_endpoints[rank],
+        "PADDLE_RANK_IN_NODE": str(local_rank),
+        "PADDLE_LOCAL_SIZE": str(layout.nproc_per_node),
+        "TRAINING_ROLE": TrainingRole.TRAINER.value,
+        "POD_IP": layout.node_ip,
+        # fleetrun's own
+        FLEET_ERROR_FILE: err,
+        FLEET_LOG_DIR: layout.log_dir,
+        FLEET_BACKEND: layout.backend.value,
+        FLEET_JOB_NAME: layout.job_name,
+        FLEET_NNODES: str(layout.num_nodes),
+    }
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, read it, close)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+__all__ = [
+    "Backend",
+    "NodeLayout",
+    "TrainingRole",
+    "WorkerEnv",
+    "find_free_port",
+    "make_worker_env",
+    "read_worker_env",
+]

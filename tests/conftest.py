@@ -1,0 +1,115 @@
+"""Shared test helpers: start real worker processes with the env contract, bounded in time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from collective.env import Backend, NodeLayout, find_free_port, make_worker_env
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA GPUs")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@dataclass
+class WorkerResult:
+    """Outcome of one worker process started by :func:`run_workers`."""
+
+    rank: int
+    returncode: int
+    output: str
+
+
+def base_env() -> dict[str, str]:
+    """The test process's env without any inherited contract variables, threads pinned to 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "PADDLE_"))}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_workers(
+    script: str | Path,
+    nprocs: int,
+    args: list[str] | None = None,
+    timeout: float = 120.0,
+    tmp_path: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> list[WorkerResult]:
+    """Start ``nprocs`` Python processes of ``script`` on 127.0.0.1 with the full env contract
+    (as fleetrun would give them) and wait for all, killing every one on timeout."""
+    log_dir = str(tmp_path or REPO / "log")
+    endpoints = tuple(f"127.0.0.1:{find_free_port()}" for _ in range(nprocs))
+    layout = NodeLayout(
+        run_id="test",
+        num_nodes=1,
+        nproc_per_node=nprocs,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=find_free_port(),
+        trainer_endpoints=endpoints,
+        node_ip="127.0.0.1",
+        restart_count=0,
+        max_restarts=0,
+        backend=Backend.GLOO,
+        log_dir=log_dir,
+        error_dir=os.path.join(log_dir, "errors"),
+    )
+    procs = []
+    for local_rank in range(nprocs):
+        env = base_env()
+        env.update(make_worker_env(layout, local_rank))
+        env.update(extra_env or {})
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), *(args or [])],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    results = []
+    try:
+        for rank, p in enumerate(procs):
+            out, _ = p.communicate(timeout=timeout)
+            results.append(WorkerResult(rank, p.returncode, out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return results
+
+
+def assert_all_ok(results: list[WorkerResult]) -> None:
+    """Fail with every failing rank's output."""
+    bad = [r for r in results if r.returncode != 0]
+    assert not bad, "\n".join(f"--- rank {r.rank} exit {r.returncode}\n{r.output}" for r in bad)

@@ -47,6 +47,7 @@ FLEET_LOG_DIR = "FLEET_LOG_DIR"
 FLEET_BACKEND = "FLEET_BACKEND"
 FLEET_JOB_NAME = "FLEET_JOB_NAME"
 FLEET_NNODES = "FLEET_NNODES"
+FLEET_STRATEGY = "FLEET_STRATEGY"
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class WorkerEnv:
     """Where this process writes its traceback on failure (FLEET_ERROR_FILE)."""
     log_dir: str | None = None
     """The job's log directory (FLEET_LOG_DIR)."""
+    strategy_file: str | None = None
+    """YAML file of the job's DistributedStrategy (FLEET_STRATEGY), if the job spec has one."""
     launched: bool = field(default=False)
     """True when a launcher set the contract; False for a plain ``python script.py``."""
 
@@ -218,6 +221,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         backend=backend,
         error_file=env.get(FLEET_ERROR_FILE) or env.get("TORCHELASTIC_ERROR_FILE") or None,
         log_dir=env.get(FLEET_LOG_DIR) or None,
+        strategy_file=env.get(FLEET_STRATEGY) or None,
         launched=launched,
     )
 
@@ -241,6 +245,7 @@ class NodeLayout:
     log_dir: str
     error_dir: str
     job_name: str = "fleetrun"
+    strategy_file: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -290,6 +295,7 @@ def make_worker_env(layout: NodeLayout, local_rank: int) -> dict[str, str]:
         FLEET_BACKEND: layout.backend.value,
         FLEET_JOB_NAME: layout.job_name,
         FLEET_NNODES: str(layout.num_nodes),
+        **({FLEET_STRATEGY: layout.strategy_file} if layout.strategy_file else {}),
     }
 
 

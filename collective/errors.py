@@ -21,6 +21,7 @@ class ConfigError(FleetError, ValueError):
     def __init__(self, message: str, key: str | None = None) -> None:
         super().__init__(f"{key}: {message}" if key else message)
         self.key = key
+        self.message = message
 
 
 class EnvContractError(ConfigError):

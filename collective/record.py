@@ -32,6 +32,18 @@ def _error_file() -> str | None:
     return os.environ.get("FLEET_ERROR_FILE") or os.environ.get("TORCHELASTIC_ERROR_FILE")
 
 
+def _is_bootstrap_frame(filename: str) -> bool:
+    return "runpy" in filename or filename.endswith(os.path.join("collective", "bootstrap.py"))
+
+
+def trim_traceback(tb: Any) -> Any:
+    """Drop the leading frames of fleetrun's bootstrap and runpy: the user's code comes first."""
+    start = tb
+    while tb is not None and _is_bootstrap_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb if tb is not None else start
+
+
 def write_error_file(exc: BaseException, path: str | None = None) -> str | None:
     """Write ``exc`` with its traceback to the error file; return the path, or None if unset.
 
@@ -42,7 +54,8 @@ def write_error_file(exc: BaseException, path: str | None = None) -> str | None:
     if not path or os.path.exists(path):
         return None
     message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    callstack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb = trim_traceback(exc.__traceback__)
+    callstack = "".join(traceback.format_exception(type(exc), exc, tb))
     payload = {
         "message": {
             "message": message,
@@ -79,6 +92,7 @@ def install_excepthook() -> None:
     previous = sys.excepthook
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        tb = trim_traceback(tb)
         if not issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
             try:
                 write_error_file(exc.with_traceback(tb))

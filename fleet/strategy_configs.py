@@ -1,0 +1,355 @@
+"""The typed sections of :class:`fleet.DistributedStrategy` (``amp_configs``, ``hybrid_configs``, ...).
+
+Each section is a frozen dataclass whose field names are Paddle's ``*_configs`` keys, so a Paddle
+script's ``strategy.hybrid_configs = {"dp_degree": 2}`` keeps working, but a typo or a wrong type
+is a :class:`~collective.errors.ConfigError` naming the key path instead of a silently ignored
+dict entry. Values are checked in ``__post_init__``; defaults are Paddle's.
+
+Sections are immutable: :meth:`StrategySection.merged` returns a new section with some keys
+changed (what ``DistributedStrategy.__setattr__`` uses). Reading ``section["key"]`` works for
+Paddle familiarity; writing ``section["key"] = v`` raises and says what to do instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from collective.env import StrEnum
+from collective.errors import ConfigError
+from collective.typed_config import convert, require, to_dict, unknown_key_error
+
+S = TypeVar("S", bound="StrategySection")
+
+
+class AmpDtype(StrEnum):
+    """Low-precision dtype of automatic mixed precision."""
+
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+
+class PipelineSchedule(StrEnum):
+    """Pipeline-parallel schedule (Paddle's ``schedule_mode``)."""
+
+    ONE_F_ONE_B = "1F1B"
+    F_THEN_B = "FThenB"
+
+
+class StrategySection:
+    """Behaviour shared by every section: merge, dict access, plain-data view."""
+
+    SECTION: ClassVar[str] = ""
+    """The strategy attribute this section is stored under (``"hybrid_configs"``)."""
+
+    @classmethod
+    def allowed_keys(cls) -> list[str]:
+        """The section's key names, in declaration order."""
+        return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+    def merged(self: S, updates: Mapping[str, Any]) -> S:
+        """A copy with the keys of ``updates`` changed (converted and validated).
+
+        Unknown keys, wrong types and impossible values raise ConfigError naming
+        ``<section>.<key>``; keys not in ``updates`` keep their current values.
+        """
+        if not isinstance(updates, Mapping):
+            raise ConfigError(
+                f"expected a mapping of {', '.join(self.allowed_keys())}, got {updates!r}",
+                key=self.SECTION,
+            )
+        hints = typing.get_type_hints(type(self))
+        allowed = self.allowed_keys()
+        changes: dict[str, Any] = {}
+        for key, value in updates.items():
+            if key not in allowed:
+                raise unknown_key_error(str(key), allowed, self.SECTION)
+            changes[key] = convert(value, hints[key], f"{self.SECTION}.{key}")
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (enums as strings, tuples as lists), ready for YAML."""
+        return to_dict(self)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.allowed_keys():
+            raise unknown_key_error(str(key), self.allowed_keys(), self.SECTION)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        raise ConfigError(
+            f"strategy sections are read-only; assign a dict instead: "
+            f"strategy.{self.SECTION} = {{{key!r}: {value!r}}}",
+            key=f"{self.SECTION}.{key}",
+        )
+
+
+def _is_str_list(values: tuple[str, ...]) -> bool:
+    return all(isinstance(v, str) and v for v in values)
+
+
+@dataclass(frozen=True)
+class AmpConfig(StrategySection):
+    """``amp_configs``: automatic mixed precision and dynamic loss scaling."""
+
+    SECTION: ClassVar[str] = "amp_configs"
+
+    init_loss_scaling: float = 32768.0
+    """Initial loss scale (> 0)."""
+    incr_every_n_steps: int = 1000
+    """Grow the loss scale after this many consecutive steps with finite gradients (>= 1)."""
+    decr_every_n_nan_or_inf: int = 2
+    """Shrink the loss scale after this many steps with inf/nan gradients (>= 1)."""
+    incr_ratio: float = 2.0
+    """Factor the loss scale grows by (> 1)."""
+    decr_ratio: float = 0.8
+    """Factor the loss scale shrinks by (strictly between 0 and 1)."""
+    use_dynamic_loss_scaling: bool = True
+    """Adapt the loss scale to overflows; False keeps ``init_loss_scaling`` fixed."""
+    custom_white_list: tuple[str, ...] = ()
+    """Op names always run in low precision (in addition to the built-in list)."""
+    custom_black_list: tuple[str, ...] = ()
+    """Op names always run in float32 (in addition to the built-in list)."""
+    use_pure_fp16: bool = False
+    """Keep the parameters themselves in low precision (O2) instead of autocasting ops (O1)."""
+    dtype: AmpDtype = AmpDtype.FLOAT16
+    """Low-precision dtype: ``float16`` or ``bfloat16``."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(self.init_loss_scaling > 0, f"{p}.init_loss_scaling",
+                f"must be > 0, got {self.init_loss_scaling}")
+        require(self.incr_every_n_steps >= 1, f"{p}.incr_every_n_steps",
+                f"must be >= 1, got {self.incr_every_n_steps}")
+        require(self.decr_every_n_nan_or_inf >= 1, f"{p}.decr_every_n_nan_or_inf",
+                f"must be >= 1, got {self.decr_every_n_nan_or_inf}")
+        require(self.incr_ratio > 1.0, f"{p}.incr_ratio", f"must be > 1, got {self.incr_ratio}")
+        require(0.0 < self.decr_ratio < 1.0, f"{p}.decr_ratio",
+                f"must be strictly between 0 and 1, got {self.decr_ratio}")
+        require(_is_str_list(self.custom_white_list), f"{p}.custom_white_list",
+                f"must be a list of op names, got {list(self.custom_white_list)}")
+        require(_is_str_list(self.custom_black_list), f"{p}.custom_black_list",
+                f"must be a list of op names, got {list(self.custom_black_list)}")
+        both = sorted(set(self.custom_white_list) & set(self.custom_black_list))
+        require(not both, f"{p}.custom_white_list",
+                f"ops {both} are in both custom_white_list and custom_black_list; keep each in one")
+
+
+@dataclass(frozen=True)
+class RecomputeConfig(StrategySection):
+    """``recompute_configs``: activation recomputation (checkpointing)."""
+
+    SECTION: ClassVar[str] = "recompute_configs"
+
+    checkpoints: tuple[str, ...] = ()
+    """Names of the sub-modules whose activations are recomputed in backward."""
+    enable_offload: bool = False
+    """Offload the kept checkpoints to host memory."""
+
+    def __post_init__(self) -> None:
+        require(_is_str_list(self.checkpoints), f"{self.SECTION}.checkpoints",
+                f"must be a list of module names, got {list(self.checkpoints)}")
+
+
+@dataclass(frozen=True)
+class GradientMergeConfig(StrategySection):
+    """``gradient_merge_configs``: accumulate gradients over micro-steps before updating."""
+
+    SECTION: ClassVar[str] = "gradient_merge_configs"
+
+    k_steps: int = 1
+    """Micro-steps per optimizer update (>= 1); 1 updates every step."""
+    avg: bool = True
+    """Divide the accumulated gradient by ``k_steps`` (mean) instead of keeping the sum."""
+
+    def __post_init__(self) -> None:
+        require(self.k_steps >= 1, f"{self.SECTION}.k_steps", f"must be >= 1, got {self.k_steps}")
+
+
+@dataclass(frozen=True)
+class ShardingConfig(StrategySection):
+    """``sharding_configs``: ZeRO-style sharding of optimizer state, gradients, parameters."""
+
+    SECTION: ClassVar[str] = "sharding_configs"
+
+    sharding_degree: int = 8
+    """Number of ranks that share one copy of the sharded state (>= 1)."""
+    stage: int = 1
+    """1: optimizer state, 2: + gradients, 3: + parameters."""
+    offload: bool = False
+    """Keep the sharded optimizer state in host memory."""
+    segment_broadcast_MB: float = 32.0
+    """Size of the parameter broadcast segments in MiB (> 0)."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(self.sharding_degree >= 1, f"{p}.sharding_degree",
+                f"must be >= 1, got {self.sharding_degree}")
+        require(self.stage in (1, 2, 3), f"{p}.stage", f"must be 1, 2 or 3, got {self.stage}")
+        require(self.segment_broadcast_MB > 0, f"{p}.segment_broadcast_MB",
+                f"must be > 0, got {self.segment_broadcast_MB}")
+
+
+@dataclass(frozen=True)
+class PipelineConfig(StrategySection):
+    """``pipeline_configs``: pipeline parallelism."""
+
+    SECTION: ClassVar[str] = "pipeline_configs"
+
+    micro_batch_size: int = 1
+    """Samples per micro-batch (>= 1)."""
+    accumulate_steps: int = 1
+    """Micro-batches per optimizer step (>= 1)."""
+    schedule_mode: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    """``1F1B`` (interleave forward and backward) or ``FThenB`` (all forwards first)."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(self.micro_batch_size >= 1, f"{p}.micro_batch_size",
+                f"must be >= 1, got {self.micro_batch_size}")
+        require(self.accumulate_steps >= 1, f"{p}.accumulate_steps",
+                f"must be >= 1, got {self.accumulate_steps}")
+
+
+@dataclass(frozen=True)
+class TensorParallelConfig(StrategySection):
+    """``tensor_parallel_configs``: tensor (model) parallelism."""
+
+    SECTION: ClassVar[str] = "tensor_parallel_configs"
+
+    tensor_parallel_degree: int = 1
+    """Ranks that split each layer (>= 1)."""
+    tensor_init_seed: int = -1
+    """Seed for initialising split parameters; -1 picks one."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(self.tensor_parallel_degree >= 1, f"{p}.tensor_parallel_degree",
+                f"must be >= 1, got {self.tensor_parallel_degree}")
+        require(self.tensor_init_seed >= -1, f"{p}.tensor_init_seed",
+                f"must be -1 or a seed >= 0, got {self.tensor_init_seed}")
+
+
+@dataclass(frozen=True)
+class HybridConfig(StrategySection):
+    """``hybrid_configs``: the degree of every parallel axis; their product is the world size."""
+
+    SECTION: ClassVar[str] = "hybrid_configs"
+
+    dp_degree: int = -1
+    """Data-parallel degree; -1 = whatever the other degrees leave of the world size."""
+    mp_degree: int = 1
+    """Tensor (model) parallel degree (>= 1)."""
+    pp_degree: int = 1
+    """Pipeline-parallel degree (>= 1)."""
+    sharding_degree: int = 1
+    """Sharding-parallel degree (>= 1)."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(self.dp_degree == -1 or self.dp_degree >= 1, f"{p}.dp_degree",
+                f"must be -1 (derive from the world size) or >= 1, got {self.dp_degree}")
+        for name in ("mp_degree", "pp_degree", "sharding_degree"):
+            value = getattr(self, name)
+            require(value >= 1, f"{p}.{name}", f"must be >= 1, got {value}")
+
+    def resolve_dp_degree(self, world_size: int) -> int:
+        """The data-parallel degree for ``world_size`` ranks; ConfigError if they do not fit."""
+        others = self.mp_degree * self.pp_degree * self.sharding_degree
+        dp = self.dp_degree if self.dp_degree != -1 else world_size // others
+        if dp < 1 or dp * others != world_size:
+            raise ConfigError(
+                f"dp_degree({self.dp_degree}) * mp_degree({self.mp_degree}) * "
+                f"pp_degree({self.pp_degree}) * sharding_degree({self.sharding_degree}) must "
+                f"equal the world size {world_size}; set dp_degree to -1 or "
+                f"{max(world_size // others, 1)}",
+                key=self.SECTION,
+            )
+        return dp
+
+
+@dataclass(frozen=True)
+class ASyncConfig(StrategySection):
+    """``a_sync_configs``: asynchronous parameter-server training."""
+
+    SECTION: ClassVar[str] = "a_sync_configs"
+
+    k_steps: int = -1
+    """-1: fully asynchronous; 0: synchronous; > 0: GEO mode, push every ``k_steps`` steps."""
+    max_merge_var_num: int = 1
+    """Gradients merged per variable before a send (>= 1)."""
+    send_queue_size: int = 16
+    """Gradients queued per variable before the trainer blocks (>= 1)."""
+    thread_pool_size: int = 1
+    """Threads sending gradients to the servers (>= 1)."""
+    launch_barrier: bool = True
+    """Wait for every server to be up before training starts."""
+    use_ps_gpu: bool = False
+    """Keep the sparse tables in GPU memory (PS-GPU mode)."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(self.k_steps >= -1, f"{p}.k_steps",
+                f"must be -1 (async), 0 (sync) or > 0 (GEO), got {self.k_steps}")
+        for name in ("max_merge_var_num", "send_queue_size", "thread_pool_size"):
+            value = getattr(self, name)
+            require(value >= 1, f"{p}.{name}", f"must be >= 1, got {value}")
+
+
+@dataclass(frozen=True)
+class LarsConfig(StrategySection):
+    """``lars_configs``: layer-wise adaptive rate scaling (LARS) momentum."""
+
+    SECTION: ClassVar[str] = "lars_configs"
+
+    lars_coeff: float = 0.001
+    """Trust coefficient (> 0)."""
+    lars_weight_decay: float = 0.0005
+    """Weight decay applied inside LARS (>= 0)."""
+    epsilon: float = 0.0
+    """Added to the denominator of the trust ratio (>= 0)."""
+    exclude_from_weight_decay: tuple[str, ...] = ()
+    """Parameter-name substrings exempt from weight decay (e.g. ``bias``, ``norm``)."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(self.lars_coeff > 0, f"{p}.lars_coeff", f"must be > 0, got {self.lars_coeff}")
+        require(self.lars_weight_decay >= 0, f"{p}.lars_weight_decay",
+                f"must be >= 0, got {self.lars_weight_decay}")
+        require(self.epsilon >= 0, f"{p}.epsilon", f"must be >= 0, got {self.epsilon}")
+
+
+@dataclass(frozen=True)
+class LambConfig(StrategySection):
+    """``lamb_configs``: the LAMB optimizer."""
+
+    SECTION: ClassVar[str] = "lamb_configs"
+
+    lamb_weight_decay: float = 0.01
+    """Decoupled weight decay (>= 0)."""
+    exclude_from_weight_decay: tuple[str, ...] = ()
+    """Parameter-name substrings exempt from weight decay."""
+
+    def __post_init__(self) -> None:
+        require(self.lamb_weight_decay >= 0, f"{self.SECTION}.lamb_weight_decay",
+                f"must be >= 0, got {self.lamb_weight_decay}")
+
+
+__all__ = [
+    "ASyncConfig",
+    "AmpConfig",
+    "AmpDtype",
+    "GradientMergeConfig",
+    "HybridConfig",
+    "LambConfig",
+    "LarsConfig",
+    "PipelineConfig",
+    "PipelineSchedule",
+    "RecomputeConfig",
+    "ShardingConfig",
+    "StrategySection",
+    "TensorParallelConfig",
+]

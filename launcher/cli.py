@@ -1,0 +1,324 @@
+"""The ``fleetrun`` command line: flags (or FLEETRUN_* env vars) + job file → JobSpec → launch.
+
+Parsing stays here; nothing below sees click. Precedence: job file < environment < flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+from typing import Any
+
+import click
+import yaml
+from click.core import ParameterSource
+
+from collective.errors import ConfigError, FleetError, FleetNotImplementedError
+from launcher.agent import CollectiveAgent, Interrupted, Placement, check_port_free
+from launcher.spec import (
+    DEFAULT_MULTINODE_PORT,
+    JobSpec,
+    Mode,
+    SchedulerKind,
+    build_spec,
+    load_yaml,
+    set_path,
+    spec_to_dict,
+)
+
+logger = logging.getLogger("launcher")
+
+# click parameter name -> job-spec key path
+FLAG_TO_KEY = {
+    "nproc_per_node": "sizes.nproc_per_node",
+    "nnodes": "sizes.nnodes",
+    "node_rank": "rendezvous.node_rank",
+    "master_addr": "rendezvous.master_addr",
+    "master_port": "rendezvous.master_port",
+    "ips": "rendezvous.ips",
+    "rdzv_timeout": "rendezvous.timeout_s",
+    "backend": "backend",
+    "log_dir": "log_dir",
+    "max_restarts": "max_restarts",
+    "run_id": "run_id",
+    "tee": "tee",
+    "job_name": "name",
+    "run_mode": "mode",
+    "scheduler": "scheduler",
+    "server_num": "sizes.server_num",
+    "worker_num": "sizes.worker_num",
+    "grace_period": "grace_period_s",
+}
+
+EPILOG = """\b
+Examples:
+  fleetrun --nproc_per_node 2 examples/dp/train.py --steps 60
+  fleetrun --nproc_per_node 4 -m mypkg.train --lr 0.1
+  fleetrun -c configs/dp_local.yaml --max_restarts 2
+  # two nodes (run on each, with its rank):
+  fleetrun --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --master_port 29500 train.py
+  fleetrun --ips 10.0.0.1,10.0.0.2 --nproc_per_node 8 train.py   # Paddle style
+
+Every option can also be set in the environment as FLEETRUN_<OPTION>
+(e.g. FLEETRUN_NPROC_PER_NODE=2). Precedence: job file < environment < flag.
+"""
+
+
+def _opt(*names: str, **kw: Any) -> Any:
+    """An option accepting both ``_`` and ``-`` spellings of its long name."""
+    longs = [n for n in names if n.startswith("--")]
+    extra = [n.replace("_", "-") for n in longs if "_" in n]
+    return click.option(*names, *extra, **kw)
+
+
+@click.command(
+    name="fleetrun",
+    epilog=EPILOG,
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "allow_interspersed_args": False,
+        "max_content_width": 100,
+    },
+)
+@_opt("-c", "--config", "config", type=click.Path(dir_okay=False), help="Job file (YAML); see configs/.")
+@_opt("--nproc_per_node", "nproc_per_node", metavar="N|auto",
+      help="Trainers per node (default 1; auto = one per GPU, or 1 without GPUs).")
+@_opt("--nnodes", "nnodes", type=int, help="Number of nodes (default 1).")
+@_opt("--node_rank", "node_rank", type=int, help="Rank of this node (default 0, or own index in --ips).")
+@_opt("--master_addr", "master_addr", metavar="HOST", help="Address of node 0 (default 127.0.0.1).")
+@_opt("--master_port", "master_port", type=int, metavar="PORT",
+      help="Rendezvous port on node 0 (default: a free port on one node, 29500 on several).")
+@_opt("--ips", "ips", metavar="IP,IP,...",
+      help="Paddle-style node list; nnodes = its length, master = the first, node rank = own index.")
+@_opt("--backend", "backend", type=click.Choice(["auto", "gloo", "nccl"]),
+      help="Process-group backend (default auto: nccl with GPUs, else gloo).")
+@_opt("--log_dir", "log_dir", metavar="DIR", help="Where workerlog.N and endpoints.log go (default log).")
+@_opt("--max_restarts", "max_restarts", type=int,
+      help="Restart the whole job up to K times after a failure (default 0).")
+@_opt("--run_id", "run_id", help="Job id given to workers as TORCHELASTIC_RUN_ID (default random).")
+@_opt("--tee", "tee", type=click.Choice(["rank0", "all", "none"]),
+      help="Console output: rank0 (default), all ranks prefixed [rank N], or none.")
+@_opt("--job_name", "job_name", help="Job name (default fleetrun).")
+@_opt("--run_mode", "run_mode", type=click.Choice(["collective", "ps"]), help="Job mode (default collective).")
+@_opt("--scheduler", "scheduler", type=click.Choice(["local", "ray", "k8s"]),
+      help="Where to run (default local).")
+@_opt("--server_num", "server_num", type=int, help="Parameter servers (PS mode).")
+@_opt("--worker_num", "worker_num", type=int, help="Trainers (PS mode).")
+@_opt("--rdzv_timeout", "rdzv_timeout", type=float, metavar="SECONDS",
+      help="How long nodes wait for each other at start (default 300).")
+@_opt("--grace_period", "grace_period", type=float, metavar="SECONDS",
+      help="Seconds between SIGTERM and SIGKILL at teardown (default 5).")
+@click.option("-m", "--module", "module", is_flag=True, help="Run SCRIPT as a module (python -m).")
+@_opt("--no_python", "no_python", is_flag=True, help="Run SCRIPT directly, not through Python.")
+@click.argument("script", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run_command(ctx: click.Context, **params: Any) -> None:
+    """Launch a distributed training job: fleetrun [OPTIONS] SCRIPT [SCRIPT_ARGS]..."""
+    try:
+        spec = spec_from_params(ctx, params)
+        code = launch(spec)
+    except ConfigError as err:
+        click.echo(f"fleetrun: error: {err}", err=True)
+        ctx.exit(2)
+    except FleetError as err:
+        click.echo(f"fleetrun: error: {err}", err=True)
+        ctx.exit(1)
+    ctx.exit(code)
+
+
+def spec_from_params(ctx: click.Context, params: dict[str, Any]) -> JobSpec:
+    """Merge job file, environment and flags into a validated JobSpec."""
+    data: dict[str, Any] = load_yaml(params["config"]) if params.get("config") else {}
+    from_cli: dict[str, str] = {}
+    for name, key in FLAG_TO_KEY.items():
+        source = ctx.get_parameter_source(name)
+        if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) and params[name] is not None:
+            set_path(data, key, params[name])
+            from_cli[key] = "--" + name
+    if params.get("script"):
+        entry: dict[str, Any] = {"args": list(params["script_args"])}
+        entry["module" if params["module"] else "script"] = params["script"]
+        if params["no_python"]:
+            entry["no_python"] = True
+        data["entrypoint"] = entry
+    try:
+        spec = build_spec(data)
+    except ConfigError as err:
+        flag = from_cli.get(err.key or "")
+        if flag:
+            raise ConfigError(f"{err.message} (set by {flag})", key=err.key) from None
+        raise
+    entry_spec = spec.entrypoint
+    if not entry_spec.script and not entry_spec.module:
+        raise ConfigError(
+            "nothing to run: give SCRIPT (fleetrun [OPTIONS] train.py) or entrypoint.script / "
+            "entrypoint.module in the job file (-c)",
+            key="entrypoint",
+        )
+    return spec
+
+
+def own_index(ips: tuple[str, ...]) -> int:
+    """This host's position in ``ips`` (an address it can bind), or ConfigError."""
+    mine = []
+    for i, ip in enumerate(ips):
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((ip, 0))
+                mine.append(i)
+            except OSError:
+                continue
+    if len(mine) == 1:
+        return mine[0]
+    if not mine:
+        raise ConfigError(
+            f"none of {','.join(ips)} is an address of this host; pass --node_rank", key="rendezvous.ips"
+        )
+    raise ConfigError(
+        f"this host is listed more than once (positions {', '.join(map(str, mine))}); "
+        "pass --node_rank to say which node this is",
+        key="rendezvous.ips",
+    )
+
+
+def route_ip(master_addr: str) -> str:
+    """The local address this host uses to reach ``master_addr``."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def resolve_placement(spec: JobSpec) -> Placement:
+    """Node count, node rank, master and this node's IP from the spec."""
+    r = spec.rendezvous
+    num_nodes = spec.num_nodes
+    if r.ips:
+        node_rank = r.node_rank if r.node_rank is not None else own_index(r.ips)
+        master_addr = r.master_addr or r.ips[0]
+        node_ip = r.ips[node_rank]
+    else:
+        node_rank = r.node_rank or 0
+        master_addr = r.master_addr or "127.0.0.1"
+        node_ip = master_addr if num_nodes == 1 else route_ip(master_addr)
+        if num_nodes == 1 and master_addr not in ("127.0.0.1", "localhost", "::1"):
+            node_ip = route_ip(master_addr)
+    port = r.master_port
+    if num_nodes > 1 and port is None:
+        port = DEFAULT_MULTINODE_PORT
+    if port is not None and node_rank == 0:
+        check_port_free(master_addr, port, "master")
+    return Placement(
+        num_nodes=num_nodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=port,
+        node_ip=node_ip,
+        run_id=spec.run_id or uuid.uuid4().hex[:12],
+    )
+
+
+def format_config_table(spec: JobSpec, place: Placement) -> str:
+    """The resolved configuration, one short table."""
+    entry = spec.entrypoint
+    what = f"-m {entry.module}" if entry.module else str(entry.script)
+    rows = [
+        ("job", f"{spec.name} (run_id {place.run_id})"),
+        ("entrypoint", " ".join([what, *entry.args])),
+        ("mode", f"{spec.mode} on {spec.scheduler}"),
+        ("nodes", f"{place.num_nodes} x {spec.sizes.nproc_per_node} trainers = world {spec.world_size}"),
+        ("this node", f"rank {place.node_rank}, ip {place.node_ip}"),
+        ("master", f"{place.master_addr}:{place.master_port or 'auto'}"),
+        ("backend", str(spec.backend)),
+        ("log_dir", os.path.abspath(spec.log_dir)),
+        ("restarts", f"max {spec.max_restarts}"),
+        ("console", str(spec.tee)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}} : {v}" for k, v in rows)
+
+
+def _write_strategy(spec: JobSpec) -> str | None:
+    if spec.strategy is None:
+        return None
+    if isinstance(spec.strategy, str):
+        if not os.path.exists(spec.strategy):
+            raise ConfigError(f"strategy file {spec.strategy!r} does not exist", key="strategy")
+        return os.path.abspath(spec.strategy)
+    path = os.path.abspath(os.path.join(spec.log_dir, "strategy.yaml"))
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(spec.strategy, f, sort_keys=False)
+    return path
+
+
+def _install_signal_handlers() -> None:
+    """SIGINT/SIGTERM/SIGHUP raise Interrupted once; later ones are ignored while we tear down
+    (teardown is bounded: SIGTERM, grace period, SIGKILL)."""
+    fired = False
+
+    def handler(signum: int, _frame: Any) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Interrupted(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def launch(spec: JobSpec) -> int:
+    """Run a validated spec on its scheduler; return the process exit code."""
+    if spec.scheduler is not SchedulerKind.LOCAL:
+        raise FleetNotImplementedError(
+            f"scheduler '{spec.scheduler}'", "only the local scheduler has landed; use --scheduler local"
+        )
+    if spec.mode is Mode.PS:
+        raise FleetNotImplementedError(
+            "parameter-server mode (--run_mode ps / mode: ps)", "it lands with ps_server; use collective"
+        )
+    entry = spec.entrypoint
+    if entry.script and not os.path.exists(entry.script):
+        raise ConfigError(
+            f"script {entry.script!r} not found (working directory {os.getcwd()})", key="entrypoint.script"
+        )
+    place = resolve_placement(spec)
+    os.makedirs(spec.log_dir, exist_ok=True)
+    with open(os.path.join(spec.log_dir, "job.yaml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump(spec_to_dict(spec), f, sort_keys=False)
+    logger.info("resolved configuration:\n%s", format_config_table(spec, place))
+    agent = CollectiveAgent(spec, place)
+    agent.strategy_file = _write_strategy(spec)
+    _install_signal_handlers()
+    try:
+        return agent.run()
+    except Interrupted as sig:
+        sys.stderr.write(f"fleetrun: got {sig}; stopped every process of job '{spec.name}'\n")
+        return 128 + sig.signum
+
+
+def init_logging() -> None:
+    """fleetrun's own log lines: ``[fleetrun] message`` on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[fleetrun] %(message)s"))
+    root = logging.getLogger("launcher")
+    root.handlers[:] = [handler]
+    root.setLevel(os.environ.get("FLEETRUN_LOG_LEVEL", "INFO").upper())
+    root.propagate = False
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``fleetrun``)."""
+    init_logging()
+    run_command.main(
+        args=sys.argv[1:] if argv is None else argv,
+        prog_name="fleetrun",
+        auto_envvar_prefix="FLEETRUN",
+    )

@@ -139,7 +139,7 @@ class CollectiveAgent:
 
     def _write_endpoints(self, layout: NodeLayout) -> None:
         path = os.path.join(layout.log_dir, "endpoints.log")
-        with open(path, "a", encoding="utf-8") as f:
+        with open(path, "a" if layout.restart_count else "w", encoding="utf-8") as f:
             f.write(
                 f"# attempt {layout.restart_count} run_id {layout.run_id} master "
                 f"{layout.master_addr}:{layout.master_port}\n"
@@ -179,6 +179,7 @@ class CollectiveAgent:
                         self.console if show else None,
                         prefix,
                         header,
+                        append=layout.restart_count > 0,
                     )
                 )
             except OSError as err:

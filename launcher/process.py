@@ -90,12 +90,14 @@ class WorkerProcess:
         console: ConsoleWriter | None,
         console_prefix: bytes = b"",
         header: str = "",
+        append: bool = False,
     ) -> None:
         self.argv = list(argv)
         self.log_path = log_path
         self.start_time = time.time()
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-        self._log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed by the pump
+        # A new job starts its log afresh; a restart appends below the previous attempt.
+        self._log = open(log_path, "ab" if append else "wb", buffering=0)  # noqa: SIM115
         if header:
             self._log.write(header.encode())
         self.proc = subprocess.Popen(

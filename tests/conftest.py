@@ -113,3 +113,63 @@ def assert_all_ok(results: list[WorkerResult]) -> None:
     """Fail with every failing rank's output."""
     bad = [r for r in results if r.returncode != 0]
     assert not bad, "\n".join(f"--- rank {r.rank} exit {r.returncode}\n{r.output}" for r in bad)
+
+
+def fleetrun_cmd(*args: str) -> list[str]:
+    """The fleetrun command line (as ``python -m launcher`` of this interpreter)."""
+    return [sys.executable, "-m", "launcher", *args]
+
+
+def start_fleetrun(*args: str, cwd: str | Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start fleetrun in its own session (so a test can signal it like a terminal would)."""
+    full_env = base_env()
+    full_env.update(env or {})
+    return subprocess.Popen(
+        fleetrun_cmd(*args),
+        cwd=str(cwd or REPO),
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def run_fleetrun(
+    *args: str, timeout: float = 120.0, cwd: str | Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run fleetrun to the end (killing its whole session on timeout)."""
+    p = start_fleetrun(*args, cwd=cwd, env=env)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"fleetrun timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def live_pids(pids: list[int]) -> list[int]:
+    """The pids among ``pids`` that still run (zombies count as gone)."""
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """Wait up to ``timeout`` for ``pids`` to end; return those still alive."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = live_pids(pids)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)

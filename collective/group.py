@@ -14,8 +14,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as tdist
 
-from collective.env import Backend, WorkerEnv, find_free_port, read_worker_env
+from collective.env import Backend, WorkerEnv, read_worker_env
 from collective.errors import ConfigError
+from collective.store import make_store
 
 logger = logging.getLogger(__name__)
 
@@ -54,25 +55,19 @@ def init_parallel_env(
     name = resolve_backend(backend or env.backend)
     if name == "nccl":
         torch.cuda.set_device(env.local_rank % max(torch.cuda.device_count(), 1))
-    master_port = env.master_port or find_free_port(env.master_addr)
     timeout = datetime.timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S)
-    init_method = f"tcp://{_bracket(env.master_addr)}:{master_port}"
+    # Our own store so rank 0 listens only on MASTER_ADDR (torch's would bind every interface).
+    # A standalone process (no launcher) has no port: its store takes any free one.
+    store = make_store(env.master_addr, env.master_port, env.rank == 0, timeout.total_seconds())
+    master_port = env.master_port or int(store.port)
     tdist.init_process_group(
-        backend=name,
-        init_method=init_method,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timeout,
+        backend=name, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout
     )
     # torch.distributed and friends read these; keep them consistent for standalone runs.
     os.environ.setdefault("MASTER_ADDR", env.master_addr)
     os.environ.setdefault("MASTER_PORT", str(master_port))
     logger.debug("process group %s up: rank %d of %d", name, env.rank, env.world_size)
     return env
-
-
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def is_initialized() -> bool:

@@ -18,7 +18,6 @@ torch is imported here only: single-node jobs never load it in the launcher.
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import time
@@ -56,23 +55,16 @@ class NodeRendezvous:
         max_restarts: int,
         run_id: str,
     ) -> None:
-        from torch.distributed import TCPStore  # lazy: only multi-node jobs pay for torch
+        from collective.store import make_store  # lazy: only multi-node jobs pay for torch
 
         self.num_nodes = num_nodes
         self.node_rank = node_rank
         self.timeout_s = timeout_s
         self.where = f"{master_addr}:{master_port}"
+        self.master_addr = master_addr
         is_master = node_rank == 0
         try:
-            self._store: Any = TCPStore(
-                master_addr,
-                master_port,
-                world_size=None,
-                is_master=is_master,
-                timeout=datetime.timedelta(seconds=timeout_s),
-                wait_for_workers=False,
-                use_libuv=True,
-            )
+            self._store: Any = make_store(master_addr, master_port, is_master, timeout_s)
         except (RuntimeError, OSError) as err:
             if is_master:
                 raise RendezvousError(
@@ -133,7 +125,7 @@ class NodeRendezvous:
         keys = [f"{prefix}/node/{r}" for r in range(self.num_nodes)]
         self._wait_all(keys, "arrived", self.timeout_s)
         if self.node_rank == 0:
-            self._store.set(f"{prefix}/worker_port", str(find_free_port("")))
+            self._store.set(f"{prefix}/worker_port", str(find_free_port(self.master_addr)))
         self._wait_all([f"{prefix}/worker_port"], "published the worker port", self.timeout_s)
         nodes = []
         for r in range(self.num_nodes):

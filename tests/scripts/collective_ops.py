@@ -18,6 +18,7 @@ import torch
 import torch.distributed as tdist
 
 import collective as dist
+from collective.comm import REDUCE_OP_NAMES
 from collective.errors import ConfigError
 
 RANK = 0
@@ -62,14 +63,15 @@ def check_all_reduce() -> None:
         dist.ReduceOp.AVG: base * (sum(ranks) / WORLD),
     }
     for op, expected in want.items():
+        name = REDUCE_OP_NAMES[op]
         t = mine()
         dist.all_reduce(t, op=op)
-        expect(f"all_reduce {op.name}", t, expected)
+        expect(f"all_reduce {name}", t, expected)
         t = mine()
         task = dist.all_reduce(t, op=op, sync_op=False)
         task.wait()
-        expect(f"all_reduce {op.name} sync_op=False", t, expected)
-        ok(f"all_reduce {op.name}")
+        expect(f"all_reduce {name} sync_op=False", t, expected)
+        ok(f"all_reduce {name}")
     # AVG of integers truncates (as NCCL does); torch's own op constants are accepted too.
     t = torch.tensor([RANK + 1, 10 * (RANK + 1)], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
@@ -203,7 +205,9 @@ def check_new_group() -> None:
         if RANK in tail_ranks:
             t = torch.full((2,), float(RANK))
             dist.broadcast(t, src=WORLD - 1, group=tail)
-            expect("broadcast in new_group(1..n-1) from global src", t, torch.full((2,), WORLD - 1.0))
+            expect(
+                "broadcast in new_group(1..n-1) from global src", t, torch.full((2,), WORLD - 1.0)
+            )
             t = torch.full((2,), float(RANK))
             dist.reduce(t, dst=WORLD - 1, group=tail)
             if RANK == WORLD - 1:

@@ -58,7 +58,7 @@ class DistributedStrategy:
     amp_configs: AmpConfig = field(default_factory=AmpConfig)
     """Loss scaling and op lists of AMP."""
     recompute: bool = False
-    """Recompute activations in backward instead of keeping them; settings in ``recompute_configs``."""
+    """Recompute activations in backward instead of keeping them; see ``recompute_configs``."""
     recompute_configs: RecomputeConfig = field(default_factory=RecomputeConfig)
     """Which sub-modules are recomputed."""
     gradient_merge: bool = False
@@ -66,7 +66,7 @@ class DistributedStrategy:
     gradient_merge_configs: GradientMergeConfig = field(default_factory=GradientMergeConfig)
     """Micro-steps per update and whether to average."""
     sharding: bool = False
-    """ZeRO-style sharding of optimizer state/gradients/parameters; settings in ``sharding_configs``."""
+    """ZeRO-style sharding of optimizer state/gradients/parameters; see ``sharding_configs``."""
     sharding_configs: ShardingConfig = field(default_factory=ShardingConfig)
     """Sharding degree, stage and offload."""
     pipeline: bool = False
@@ -96,14 +96,21 @@ class DistributedStrategy:
     """Let data parallel handle parameters that get no gradient in some steps (costs a graph walk
     per step; torch DDP's ``find_unused_parameters``)."""
     fuse_grad_size_in_MB: int = 32
-    """Gradients are all-reduced in buckets of this many MiB (torch DDP's ``bucket_cap_mb``, >= 1)."""
+    """Gradients are all-reduced in buckets of this many MiB (DDP's ``bucket_cap_mb``, >= 1)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         hints = _hints()
         if name not in hints:
+            owners = [k for k, tp in hints.items() if _is_section(tp) and name in tp.allowed_keys()]
+            if owners:
+                raise ConfigError(
+                    f"unknown key; it belongs to {owners[0]}: strategy.{owners[0]} = "
+                    f"{{{name!r}: {value!r}}}",
+                    key=name,
+                )
             raise unknown_key_error(name, list(hints), "")
         tp = hints[name]
-        if isinstance(tp, type) and issubclass(tp, StrategySection):
+        if _is_section(tp):
             if isinstance(value, tp):
                 pass
             elif isinstance(value, Mapping):
@@ -189,6 +196,10 @@ class DistributedStrategy:
     def __repr__(self) -> str:
         items = ", ".join(f"{k}={_fmt(v)}" for k, v in self.non_default_settings().items())
         return f"DistributedStrategy({items})"
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, StrategySection)
 
 
 def _hints() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The typed sections of :class:`fleet.DistributedStrategy` (``amp_configs``, ``hybrid_configs``, ...).
+"""The typed sections of ``fleet.DistributedStrategy`` (``amp_configs``, ``hybrid_configs``, ...).
 
 Each section is a frozen dataclass whose field names are Paddle's ``*_configs`` keys, so a Paddle
 script's ``strategy.hybrid_configs = {"dp_degree": 2}`` keeps working, but a typo or a wrong type
@@ -50,7 +50,7 @@ class StrategySection:
         """The section's key names, in declaration order."""
         return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
-    def merged(self: S, updates: Mapping[str, Any]) -> S:
+    def merged(self: S, updates: Mapping[str, Any]) -> S:  # noqa: PYI019 - py3.10 has no Self
         """A copy with the keys of ``updates`` changed (converted and validated).
 
         Unknown keys, wrong types and impossible values raise ConfigError naming

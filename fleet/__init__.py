@@ -1,0 +1,67 @@
+"""``fleet``: the training-script API of fleetrun (PaddlePaddle Fleet's, on PyTorch).
+
+::
+
+    import fleet
+    fleet.init(is_collective=True, strategy=fleet.DistributedStrategy.from_yaml("s.yaml"))
+    model = fleet.distributed_model(model)              # torch DDP
+    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    files = fleet.util.get_file_shard(all_files)        # this trainer's share
+    if fleet.is_first_worker(): ...
+
+Names are resolved lazily: ``fleet.DistributedStrategy`` (and its YAML loading) does not import
+torch; the first call that needs the process group does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> submodule that defines it ("" = the submodule itself)
+_LAZY = {
+    "init": "fleet.base",
+    "worker_index": "fleet.base",
+    "worker_num": "fleet.base",
+    "is_first_worker": "fleet.base",
+    "local_rank": "fleet.base",
+    "worker_endpoints": "fleet.base",
+    "barrier_worker": "fleet.base",
+    "distributed_model": "fleet.data_parallel",
+    "distributed_optimizer": "fleet.optimizer",
+    "DistributedStrategy": "fleet.strategy",
+    "util": "",
+    "role_maker": "",
+    "record": "collective.record",
+}
+
+__all__ = [
+    "DistributedStrategy",
+    "barrier_worker",
+    "distributed_model",
+    "distributed_optimizer",
+    "init",
+    "is_first_worker",
+    "local_rank",
+    "record",
+    "role_maker",
+    "util",
+    "worker_endpoints",
+    "worker_index",
+    "worker_num",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fleet' has no attribute {name!r}")
+    value = importlib.import_module(f"fleet.{name}") if module == "" else getattr(
+        importlib.import_module(module), name
+    )
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,265 @@
+"""``fleet.init`` and the role queries, over one small runtime-state object.
+
+:func:`init` parses the env contract (through :mod:`collective.env` only), brings up the default
+process group (:func:`collective.group.init_parallel_env`) and keeps what later calls need in a
+:class:`FleetRuntime`: the parsed :class:`~collective.env.WorkerEnv`, the active
+:class:`~fleet.strategy.DistributedStrategy`, and weak references to the models and optimizers
+that :func:`fleet.distributed_model` / :func:`fleet.distributed_optimizer` wrapped (so the two
+can share gradient-merge state whatever order they are called in).
+
+Every API function other than :func:`init` raises :class:`~collective.errors.FleetError` before
+:func:`init`. Strategies that ask for a feature that has not landed yet raise
+:class:`~collective.errors.FleetNotImplementedError` naming the strategy key
+(:func:`check_strategy_supported`), at ``init`` and again where the strategy is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch.distributed as tdist
+
+from collective.env import TrainingRole, WorkerEnv, find_free_port, read_worker_env
+from collective.errors import ConfigError, FleetError, FleetNotImplementedError
+from collective.group import init_parallel_env
+from fleet.role_maker import PaddleCloudRoleMaker
+from fleet.strategy import DistributedStrategy
+
+logger = logging.getLogger(__name__)
+
+# Strategy switch -> what it is, for the not-implemented message. Only pure data parallel and
+# gradient merge have landed; each entry leaves this table when its implementation lands.
+_NOT_LANDED: dict[str, str] = {
+    "amp": "automatic mixed precision",
+    "recompute": "activation recompute",
+    "sharding": "ZeRO-style sharding",
+    "pipeline": "pipeline parallelism",
+    "tensor_parallel": "tensor parallelism",
+    "a_sync": "asynchronous parameter-server training",
+    "lars": "the LARS meta-optimizer",
+    "lamb": "the LAMB meta-optimizer",
+}
+_HYBRID_AXES: dict[str, str] = {
+    "mp_degree": "tensor parallelism",
+    "pp_degree": "pipeline parallelism",
+    "sharding_degree": "sharding parallelism",
+}
+
+
+@dataclass
+class FleetRuntime:
+    """What :func:`init` established for this process."""
+
+    env: WorkerEnv
+    """The parsed env contract (rank, world size, endpoints, ...)."""
+    strategy: DistributedStrategy
+    """The active strategy (the object the user passed; later changes to it are seen)."""
+    dp_degree: int
+    """Resolved data-parallel degree (= world size while only data parallel has landed)."""
+    models: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    """Models wrapped by ``distributed_model`` that are still alive."""
+    optimizers: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    """Optimizers wrapped by ``distributed_optimizer`` that are still alive."""
+
+
+_runtime: FleetRuntime | None = None
+
+
+def get_runtime(api: str) -> FleetRuntime:
+    """The runtime state, or FleetError naming ``api`` when :func:`init` has not run."""
+    if _runtime is None:
+        raise FleetError(
+            f"fleet.{api} was called before fleet.init(); call fleet.init(is_collective=True) "
+            "(optionally with strategy=...) at the start of the training script"
+        )
+    return _runtime
+
+
+def require_strategy(strategy: Any) -> DistributedStrategy:
+    """``strategy`` itself if it is a DistributedStrategy, else ConfigError."""
+    if not isinstance(strategy, DistributedStrategy):
+        raise ConfigError(
+            f"expected a fleet.DistributedStrategy, got {type(strategy).__name__} {strategy!r}; "
+            "build one with fleet.DistributedStrategy() or DistributedStrategy.from_yaml(path)",
+            key="strategy",
+        )
+    return strategy
+
+
+def check_strategy_supported(strategy: DistributedStrategy, where: str) -> None:
+    """Raise FleetNotImplementedError naming every enabled strategy key that has not landed.
+
+    ``where`` says which call is refusing (``"fleet.init"``), for the message.
+    """
+    require_strategy(strategy)
+    keys = [key for key in _NOT_LANDED if getattr(strategy, key)]
+    hybrid = strategy.hybrid_configs
+    axes = [axis for axis in _HYBRID_AXES if getattr(hybrid, axis) > 1]
+    if not keys and not axes:
+        return
+    asked = [f"strategy.{key} ({_NOT_LANDED[key]})" for key in keys]
+    asked += [
+        f"strategy.hybrid_configs.{axis}={getattr(hybrid, axis)} ({_HYBRID_AXES[axis]})"
+        for axis in axes
+    ]
+    fixes = [f"strategy.{key} = False" for key in keys]
+    if axes:
+        fixes.append(f"strategy.hybrid_configs = {{{', '.join(repr(a) + ': 1' for a in axes)}}}")
+    raise FleetNotImplementedError(
+        ", ".join(asked),
+        hint=(
+            f"{where} was given a strategy that asks for it, but so far only pure data parallel "
+            f"and gradient_merge have landed; to train data-parallel, set {'; '.join(fixes)}"
+        ),
+    )
+
+
+def init(
+    is_collective: bool | PaddleCloudRoleMaker = True,
+    strategy: DistributedStrategy | None = None,
+    role_maker: PaddleCloudRoleMaker | None = None,
+) -> None:
+    """Initialise fleet: parse the env contract, bring up the process group, keep the strategy.
+
+    ``is_collective``: True for collective (data/hybrid-parallel) training; False (parameter
+    server mode) raises FleetNotImplementedError until PS mode lands. A role maker passed
+    positionally (Paddle's ``fleet.init(role)``) is accepted as ``role_maker``.
+    ``strategy``: the :class:`DistributedStrategy`; None uses the job's strategy file
+    (the ``strategy:`` of a fleetrun job file, FLEET_STRATEGY in the env contract) or the defaults.
+    ``role_maker``: a :class:`~fleet.role_maker.PaddleCloudRoleMaker`; default reads the env.
+
+    Calling it again re-validates and replaces the strategy (the process group stays up).
+    """
+    global _runtime
+    if isinstance(is_collective, PaddleCloudRoleMaker):
+        if role_maker is not None:
+            raise ConfigError("given twice: positionally and as role_maker=", key="role_maker")
+        role_maker, is_collective = is_collective, is_collective.is_collective
+    elif not isinstance(is_collective, bool):
+        raise ConfigError(f"expected True or False, got {is_collective!r}", key="is_collective")
+    if role_maker is not None and not isinstance(role_maker, PaddleCloudRoleMaker):
+        raise ConfigError(
+            f"expected a fleet.role_maker.PaddleCloudRoleMaker, got {type(role_maker).__name__}",
+            key="role_maker",
+        )
+    if role_maker is not None and role_maker.is_collective != is_collective:
+        raise ConfigError(
+            f"role_maker.is_collective={role_maker.is_collective} but "
+            f"is_collective={is_collective}; make them agree",
+            key="is_collective",
+        )
+
+    env = role_maker.worker_env() if role_maker is not None else read_worker_env()
+    if not is_collective or env.training_role is TrainingRole.PSERVER:
+        raise FleetNotImplementedError(
+            "parameter-server mode (fleet.init(is_collective=False) / TRAINING_ROLE=PSERVER)",
+            hint="PS mode lands later; use fleet.init(is_collective=True) for collective "
+            "data-parallel training",
+        )
+    strategy = _resolve_strategy(strategy, env)
+    check_strategy_supported(strategy, "fleet.init")
+    dp_degree = strategy.hybrid_configs.resolve_dp_degree(env.world_size)
+
+    if env.master_port == 0:
+        # Standalone run (world of one): pick the rendezvous port here so that
+        # worker_endpoints() can name it.
+        env = _replace_port(env, find_free_port(env.master_addr))
+    env = init_parallel_env(env=env)
+    if tdist.get_world_size() != env.world_size or tdist.get_rank() != env.rank:
+        raise ConfigError(
+            f"the process group was already initialised as rank {tdist.get_rank()} of "
+            f"{tdist.get_world_size()}, but the environment says rank {env.rank} of "
+            f"{env.world_size}; do not call init_process_group yourself before fleet.init",
+            key="world_size",
+        )
+    _runtime = FleetRuntime(env=env, strategy=strategy, dp_degree=dp_degree)
+    if env.rank == 0:
+        logger.info(
+            "fleet initialised: %d worker(s), data-parallel degree %d\n%s",
+            env.world_size, dp_degree, strategy,
+        )
+
+
+def _resolve_strategy(strategy: DistributedStrategy | None, env: WorkerEnv) -> DistributedStrategy:
+    """The explicit strategy, else the job's strategy file, else the defaults. When both are
+    given they must agree — one silently overriding the other would drop what was asked for."""
+    from_file = DistributedStrategy.from_yaml(env.strategy_file) if env.strategy_file else None
+    if strategy is None:
+        return from_file if from_file is not None else DistributedStrategy()
+    require_strategy(strategy)
+    if from_file is not None and from_file.to_dict() != strategy.to_dict():
+        raise ConfigError(
+            f"the job's strategy file {env.strategy_file!r} and the strategy passed to fleet.init "
+            f"differ (file: {from_file!r}; script: {strategy!r}); keep one of them",
+            key="strategy",
+        )
+    return strategy
+
+
+def _replace_port(env: WorkerEnv, port: int) -> WorkerEnv:
+    endpoint = env.current_endpoint or f"{env.master_addr}:{port}"
+    return replace(env, master_port=port, current_endpoint=endpoint)
+
+
+def worker_index() -> int:
+    """This trainer's global rank (0 .. worker_num()-1)."""
+    return get_runtime("worker_index()").env.rank
+
+
+def worker_num() -> int:
+    """Number of trainers in the job."""
+    return get_runtime("worker_num()").env.world_size
+
+
+def is_first_worker() -> bool:
+    """True on the trainer of rank 0 (the one that should log and save)."""
+    return get_runtime("is_first_worker()").env.rank == 0
+
+
+def local_rank() -> int:
+    """This trainer's rank on its node (use it to pick the GPU)."""
+    return get_runtime("local_rank()").env.local_rank
+
+
+def worker_endpoints(to_string: bool = False) -> list[str] | str:
+    """``ip:port`` of every trainer by rank; joined with commas when ``to_string``.
+
+    Known from the Paddle family of the env contract (fleetrun sets it); a standalone process
+    reports its own rendezvous endpoint. A torchrun launch of more than one process does not
+    name the trainers' endpoints, which raises FleetError.
+    """
+    env = get_runtime("worker_endpoints()").env
+    if env.trainer_endpoints:
+        endpoints = list(env.trainer_endpoints)
+    elif env.world_size == 1:
+        endpoints = [env.current_endpoint or f"{env.master_addr}:{env.master_port}"]
+    else:
+        raise FleetError(
+            "worker endpoints are unknown: the launcher did not set PADDLE_TRAINER_ENDPOINTS "
+            "(torchrun does not); start the job with fleetrun"
+        )
+    return ",".join(endpoints) if to_string else endpoints
+
+
+def barrier_worker() -> None:
+    """Block until every trainer has reached this call."""
+    get_runtime("barrier_worker()")
+    tdist.barrier()
+
+
+__all__ = [
+    "FleetRuntime",
+    "barrier_worker",
+    "check_strategy_supported",
+    "get_runtime",
+    "init",
+    "is_first_worker",
+    "local_rank",
+    "require_strategy",
+    "worker_endpoints",
+    "worker_index",
+    "worker_num",
+]

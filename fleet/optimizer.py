@@ -1,0 +1,225 @@
+"""``fleet.distributed_optimizer``: a torch optimizer wrapper that implements gradient merge.
+
+Without ``strategy.gradient_merge`` the wrapper is a transparent pass-through: ``step``,
+``zero_grad``, ``state_dict``, ``load_state_dict``, ``param_groups``, ``state`` all act on the
+wrapped optimizer (and it is a ``torch.optim.Optimizer``, so LR schedulers and ``GradScaler``
+accept it).
+
+With ``gradient_merge_configs = {k_steps: K, avg: A}`` the user's loop stays
+``loss.backward(); opt.step(); opt.zero_grad()``:
+
+* micro-steps 1..K-1: ``step()`` only counts, ``zero_grad()`` does nothing, so gradients add up;
+* micro-step K: the summed gradient is divided by K when ``avg``, the wrapped optimizer steps,
+  and the next ``zero_grad()`` clears the gradients.
+
+With data parallel the wrapper and the :class:`~fleet.data_parallel.DataParallel` model that owns
+its parameters share one :class:`GradientMergeState`, and the model skips DDP's gradient
+all-reduce on micro-steps 1..K-1 (DDP's ``no_sync``): K micro-steps cost one all-reduce.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from collective.errors import ConfigError
+from fleet.base import FleetRuntime, check_strategy_supported, get_runtime, require_strategy
+from fleet.strategy import DistributedStrategy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GradientMergeState:
+    """Micro-step counter shared by a gradient-merging optimizer and the model it trains."""
+
+    k_steps: int
+    """Micro-steps per optimizer update."""
+    avg: bool
+    """Divide the summed gradient by ``k_steps`` before the update."""
+    micro_step: int = 0
+    """Micro-steps taken since the last update (0 .. k_steps-1)."""
+
+    def sync_this_step(self) -> bool:
+        """True when the coming backward is the last of the cycle (gradients must be reduced)."""
+        return self.micro_step + 1 >= self.k_steps
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """What :func:`distributed_optimizer` returns: ``optimizer`` plus optional gradient merge.
+
+    It does not call ``Optimizer.__init__``: ``param_groups``, ``state``, ``defaults`` and the hook
+    tables are the wrapped optimizer's own objects, so an LR scheduler, a ``GradScaler``, a
+    checkpoint or a step hook sees one optimizer.
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, grad_merge: GradientMergeState | None = None
+    ) -> None:
+        # Deliberately no super().__init__(): that would build a second set of param groups.
+        # The hook tables (``_optimizer_step_pre_hooks``, ...) are not created either: reads fall
+        # through __getattr__ to the wrapped optimizer, so ``register_step_post_hook`` on the
+        # wrapper registers on the optimizer that really updates (with gradient merge: once per
+        # K micro-steps).
+        self._inner = optimizer
+        self.grad_merge = grad_merge
+
+    @property
+    def inner_optimizer(self) -> torch.optim.Optimizer:
+        """The wrapped torch optimizer."""
+        return self._inner
+
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups (the same list object)."""
+        return self._inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self._inner.param_groups = value
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state."""
+        return self._inner.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._inner.state = value
+
+    @property  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
+        """The wrapped optimizer's default hyper-parameters."""
+        return self._inner.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self._inner.defaults = value
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Update the parameters — with gradient merge, only on every ``k_steps``-th call."""
+        gm = self.grad_merge
+        if gm is None:
+            return self._inner.step(closure)
+        if closure is not None:
+            raise ConfigError(
+                "optimizer.step(closure) cannot be combined with gradient_merge (the closure "
+                "would re-evaluate the loss on a partial gradient); call step() without one",
+                key="closure",
+            )
+        gm.micro_step += 1
+        if gm.micro_step < gm.k_steps:
+            return None
+        gm.micro_step = 0
+        if gm.avg:
+            with torch.no_grad():
+                for group in self._inner.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.grad.div_(gm.k_steps)
+        return self._inner.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients — with gradient merge, only right after an update."""
+        if self.grad_merge is None or self.grad_merge.micro_step == 0:
+            self._inner.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped optimizer's state dict (interchangeable with an unwrapped one)."""
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        """Load into the wrapped optimizer."""
+        self._inner.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer."""
+        self._inner.add_param_group(param_group)
+
+    def param_ids(self) -> set[int]:
+        """``id()`` of every parameter this optimizer updates."""
+        return {id(p) for group in self._inner.param_groups for p in group["params"]}
+
+    def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the wrapper lacks: optimizer-specific extras.
+        inner = self.__dict__.get("_inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    def __repr__(self) -> str:
+        gm = self.grad_merge
+        merge = f", gradient_merge(k_steps={gm.k_steps}, avg={gm.avg})" if gm else ""
+        return f"DistributedOptimizer({self._inner!r}{merge})"
+
+
+def distributed_optimizer(
+    optimizer: torch.optim.Optimizer, strategy: DistributedStrategy | None = None
+) -> DistributedOptimizer:
+    """Wrap ``optimizer`` for distributed training according to the strategy.
+
+    ``strategy``: None uses the one given to :func:`fleet.init`; a strategy given here replaces
+    it for the rest of the job (as in Paddle). Strategies asking for features that have not
+    landed raise FleetNotImplementedError naming the key.
+    """
+    if strategy is not None:
+        require_strategy(strategy)
+        check_strategy_supported(strategy, "fleet.distributed_optimizer")
+    runtime = get_runtime("distributed_optimizer()")
+    if strategy is None:
+        strategy = runtime.strategy
+        check_strategy_supported(strategy, "fleet.distributed_optimizer")
+    elif strategy is not runtime.strategy:
+        runtime.dp_degree = strategy.hybrid_configs.resolve_dp_degree(runtime.env.world_size)
+        runtime.strategy = strategy
+        if runtime.env.rank == 0:
+            logger.info(
+                "fleet.distributed_optimizer replaced the strategy of fleet.init:\n%s", strategy
+            )
+    if isinstance(optimizer, DistributedOptimizer):
+        raise ConfigError("this optimizer is already wrapped by fleet.distributed_optimizer",
+                          key="optimizer")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(
+            f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}", key="optimizer"
+        )
+    gm_cfg = strategy.gradient_merge_configs
+    grad_merge = (
+        GradientMergeState(k_steps=gm_cfg.k_steps, avg=gm_cfg.avg)
+        if strategy.gradient_merge and gm_cfg.k_steps > 1
+        else None
+    )
+    wrapper = DistributedOptimizer(optimizer, grad_merge)
+    runtime.optimizers.add(wrapper)
+    link_gradient_merge(runtime)
+    return wrapper
+
+
+def link_gradient_merge(runtime: FleetRuntime) -> None:
+    """Give every wrapped model the gradient-merge state of the optimizer that updates its
+    parameters, so the model knows which backward passes may skip the all-reduce."""
+    for opt in list(runtime.optimizers):
+        if opt.grad_merge is None:
+            continue
+        ids = opt.param_ids()
+        for model in list(runtime.models):
+            if any(id(p) in ids for p in model.parameters()):
+                model.grad_merge = opt.grad_merge
+
+
+__all__ = [
+    "DistributedOptimizer",
+    "GradientMergeState",
+    "distributed_optimizer",
+    "link_gradient_merge",
+]

@@ -24,6 +24,7 @@ import torch.distributed as tdist
 
 from collective.env import TrainingRole, WorkerEnv, find_free_port, read_worker_env
 from collective.errors import ConfigError, FleetError, FleetNotImplementedError
+from collective.comm import barrier
 from collective.group import init_parallel_env
 from fleet.role_maker import PaddleCloudRoleMaker
 from fleet.strategy import DistributedStrategy
@@ -247,7 +248,7 @@ def worker_endpoints(to_string: bool = False) -> list[str] | str:
 def barrier_worker() -> None:
     """Block until every trainer has reached this call."""
     get_runtime("barrier_worker()")
-    tdist.barrier()
+    barrier()
 
 
 __all__ = [

@@ -52,6 +52,7 @@ FLAG_TO_KEY = {
     "server_num": "sizes.server_num",
     "worker_num": "sizes.worker_num",
     "grace_period": "grace_period_s",
+    "strategy": "strategy",
 }
 
 EPILOG = """\b
@@ -103,6 +104,8 @@ def _opt(*names: str, **kw: Any) -> Any:
 @_opt("--tee", "tee", type=click.Choice(["rank0", "all", "none"]),
       help="Console output: rank0 (default), all ranks prefixed [rank N], or none.")
 @_opt("--job_name", "job_name", help="Job name (default fleetrun).")
+@_opt("--strategy", "strategy", type=click.Path(dir_okay=False), metavar="FILE",
+      help="DistributedStrategy YAML given to every trainer (fleet.init() loads it).")
 @_opt("--run_mode", "run_mode", type=click.Choice(["collective", "ps"]), help="Job mode (default collective).")
 @_opt("--scheduler", "scheduler", type=click.Choice(["local", "ray", "k8s"]),
       help="Where to run (default local).")

@@ -94,6 +94,8 @@ class WorkerEnv:
     """The job's log directory (FLEET_LOG_DIR)."""
     strategy_file: str | None = None
     """YAML file of the job's DistributedStrategy (FLEET_STRATEGY), if the job spec has one."""
+    server_index: int = -1
+    """This parameter server's index in ``pserver_endpoints`` (PSERVER role only, else -1)."""
     launched: bool = field(default=False)
     """True when a launcher set the contract; False for a plain ``python script.py``."""
 
@@ -130,6 +132,8 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     Inconsistent values raise :class:`EnvContractError` naming the variables.
     """
     env = os.environ if environ is None else environ
+    if env.get("TRAINING_ROLE", "").upper() == TrainingRole.PSERVER.value:
+        return _read_server_env(env)
     t_rank, t_world = _get_int(env, "RANK"), _get_int(env, "WORLD_SIZE")
     p_rank, p_world = _get_int(env, "PADDLE_TRAINER_ID"), _get_int(env, "PADDLE_TRAINERS_NUM")
     endpoints = _split_endpoints(env.get("PADDLE_TRAINER_ENDPOINTS"))
@@ -226,6 +230,46 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     )
 
 
+def _read_server_env(env: Mapping[str, str]) -> WorkerEnv:
+    """The PSERVER side of the contract: POD_IP:PADDLE_PORT must be one of the server list."""
+    pservers = _split_endpoints(env.get("PADDLE_PSERVERS_IP_PORT_LIST"))
+    pod_ip, port = env.get("POD_IP", ""), _get_int(env, "PADDLE_PORT")
+    if not pservers or not pod_ip or port is None:
+        raise EnvContractError(
+            "TRAINING_ROLE=PSERVER needs PADDLE_PSERVERS_IP_PORT_LIST, POD_IP and PADDLE_PORT "
+            f"(got {env.get('PADDLE_PSERVERS_IP_PORT_LIST')!r}, {pod_ip!r}, {env.get('PADDLE_PORT')!r}); "
+            "start the job with fleetrun --server_num/--servers"
+        )
+    me = f"{pod_ip}:{port}"
+    if me not in pservers:
+        raise EnvContractError(
+            f"this server's POD_IP:PADDLE_PORT {me} is not in PADDLE_PSERVERS_IP_PORT_LIST "
+            f"({','.join(pservers)})"
+        )
+    trainers = _split_endpoints(env.get("PADDLE_TRAINER_ENDPOINTS"))
+    num_trainers = _get_int(env, "PADDLE_TRAINERS_NUM") or len(trainers) or 1
+    backend_raw = env.get(FLEET_BACKEND, Backend.AUTO.value).lower()
+    return WorkerEnv(
+        rank=0,
+        world_size=num_trainers,
+        master_addr=pod_ip,
+        trainer_endpoints=trainers,
+        current_endpoint=me,
+        pod_ip=pod_ip,
+        training_role=TrainingRole.PSERVER,
+        pserver_endpoints=pservers,
+        run_id=env.get("TORCHELASTIC_RUN_ID", "none"),
+        restart_count=_get_int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+        max_restarts=_get_int(env, "TORCHELASTIC_MAX_RESTARTS") or 0,
+        backend=Backend(backend_raw) if backend_raw in {b.value for b in Backend} else Backend.AUTO,
+        error_file=env.get(FLEET_ERROR_FILE) or env.get("TORCHELASTIC_ERROR_FILE") or None,
+        log_dir=env.get(FLEET_LOG_DIR) or None,
+        strategy_file=env.get(FLEET_STRATEGY) or None,
+        server_index=pservers.index(me),
+        launched=True,
+    )
+
+
 @dataclass(frozen=True)
 class NodeLayout:
     """What the launcher on one node knows when it starts its workers (one restart round)."""
@@ -299,6 +343,80 @@ def make_worker_env(layout: NodeLayout, local_rank: int) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class PSLayout:
+    """What the launcher on one node knows when it starts its share of a PS job."""
+
+    run_id: str
+    server_endpoints: tuple[str, ...]
+    """``ip:port`` of every parameter server (the port is the one it serves on)."""
+    trainer_endpoints: tuple[str, ...]
+    """``ip:port`` of every trainer; trainer 0's port hosts the trainers' gloo store."""
+    restart_count: int
+    max_restarts: int
+    backend: Backend
+    log_dir: str
+    error_dir: str
+    job_name: str = "fleetrun"
+    strategy_file: str | None = None
+
+    def server_error_file(self, index: int) -> str:
+        return os.path.join(self.error_dir, f"error.server.{index}.json")
+
+    def trainer_error_file(self, trainer_id: int) -> str:
+        return os.path.join(self.error_dir, f"error.{trainer_id}.json")
+
+    def _common(self, err: str) -> dict[str, str]:
+        return {
+            "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(self.server_endpoints),
+            "PADDLE_PSERVER_NUMS": str(len(self.server_endpoints)),
+            "PADDLE_TRAINER_ENDPOINTS": ",".join(self.trainer_endpoints),
+            "PADDLE_TRAINERS_NUM": str(len(self.trainer_endpoints)),
+            "TORCHELASTIC_RUN_ID": self.run_id,
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
+            "TORCHELASTIC_ERROR_FILE": err,
+            FLEET_ERROR_FILE: err,
+            FLEET_LOG_DIR: self.log_dir,
+            FLEET_BACKEND: self.backend.value,
+            FLEET_JOB_NAME: self.job_name,
+            **({FLEET_STRATEGY: self.strategy_file} if self.strategy_file else {}),
+        }
+
+
+def make_ps_server_env(layout: PSLayout, index: int) -> dict[str, str]:
+    """Env of parameter server ``index`` (TRAINING_ROLE=PSERVER, POD_IP + PADDLE_PORT)."""
+    ip, _, port = layout.server_endpoints[index].rpartition(":")
+    env = layout._common(layout.server_error_file(index))
+    env.update({"TRAINING_ROLE": TrainingRole.PSERVER.value, "POD_IP": ip, "PADDLE_PORT": port})
+    return env
+
+
+def make_ps_trainer_env(
+    layout: PSLayout, trainer_id: int, local_rank: int, local_world_size: int
+) -> dict[str, str]:
+    """Env of PS trainer ``trainer_id``: the Paddle PS family plus RANK/WORLD_SIZE/MASTER_* for
+    the trainers' own gloo group (barrier_worker, metrics), rooted at trainer 0's endpoint."""
+    ip = layout.trainer_endpoints[trainer_id].rpartition(":")[0]
+    master_addr, _, master_port = layout.trainer_endpoints[0].rpartition(":")
+    env = layout._common(layout.trainer_error_file(trainer_id))
+    world = str(len(layout.trainer_endpoints))
+    env.update({
+        "TRAINING_ROLE": TrainingRole.TRAINER.value,
+        "POD_IP": ip,
+        "PADDLE_TRAINER_ID": str(trainer_id),
+        "PADDLE_CURRENT_ENDPOINT": layout.trainer_endpoints[trainer_id],
+        "PADDLE_RANK_IN_NODE": str(local_rank),
+        "RANK": str(trainer_id),
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": master_port,
+    })
+    return env
+
+
 def find_free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago (bind to port 0, read it, close)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -310,6 +428,9 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 __all__ = [
     "Backend",
     "NodeLayout",
+    "PSLayout",
+    "make_ps_server_env",
+    "make_ps_trainer_env",
     "TrainingRole",
     "WorkerEnv",
     "find_free_port",

@@ -1,10 +1,11 @@
-"""The node agent of a collective job: start this node's trainers, watch them, restart or fail.
+"""The node agent: start this node's processes, watch them, restart or fail — both job modes.
 
 An explicit loop over attempts (0 = first run, then one per restart)::
 
-    layout  = rendezvous (multi-node) or a local layout
-    workers = start one process per local rank with the env contract
-    outcome = wait until all succeed, one fails, another node fails, or a signal arrives
+    specs   = plan.specs(attempt)   # collective: trainers (+ rendezvous on several nodes)
+                                    # ps: servers + trainers from the endpoint lists
+    running = start them with the env contract
+    outcome = wait until all trainers succeed, one process fails, another node fails, or a signal
     teardown (always): SIGTERM → grace → SIGKILL, reap, kill stray descendants
     success → exit 0;  failure and budget left → next attempt;  else → summary, exit 1
 
@@ -19,17 +20,24 @@ import os
 import signal
 import socket
 import sys
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
-from collective.env import NodeLayout, find_free_port, make_worker_env
-from collective.errors import LaunchError
-from launcher.process import ConsoleWriter, WorkerProcess, terminate_all, wait_any
+from collective.env import (
+    NodeLayout,
+    PSLayout,
+    find_free_port,
+    make_ps_server_env,
+    make_ps_trainer_env,
+    make_worker_env,
+)
+from collective.errors import ConfigError, LaunchError
+from launcher.attempt import SERVER, TRAINER, ProcSpec, start_all, watch
+from launcher.process import ConsoleWriter, terminate_all
 from launcher.rendezvous import NodeInfo, NodeRendezvous
 from launcher.spec import JobSpec, Tee
-from launcher.summary import Failure, format_summary, read_error_file
+from launcher.summary import format_summary
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +78,7 @@ class Placement:
 
 
 def worker_argv(spec: JobSpec) -> list[str]:
-    """The command every trainer runs (Python scripts go through collective.bootstrap so an
+    """The command every process runs (Python scripts go through collective.bootstrap so an
     uncaught exception is written to the error file)."""
     entry = spec.entrypoint
     if entry.module:
@@ -95,206 +103,248 @@ def check_port_free(host: str, port: int, what: str) -> None:
             ) from None
 
 
-class CollectiveAgent:
-    """Runs this node's share of a collective job to the end; :meth:`run` returns the exit code."""
+def _base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(spec.env)
+    if nproc_here > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun: N processes must not each take all cores
+    return env
 
-    def __init__(self, spec: JobSpec, placement: Placement, console: ConsoleWriter | None = None):
-        self.spec = spec
-        self.place = placement
-        self.console = console or ConsoleWriter()
-        self.nproc = spec.sizes.nproc_per_node
+
+def _console(spec: JobSpec, role: str, rank: int) -> tuple[bool, bytes]:
+    tag = f"[rank {rank}] " if role == TRAINER else f"[server {rank}] "
+    show = spec.tee is Tee.ALL or (spec.tee is Tee.RANK0 and role == TRAINER and rank == 0)
+    return show, (tag.encode() if spec.tee is Tee.ALL else b"")
+
+
+class Plan(Protocol):
+    """Builds this node's process specs for one attempt."""
+
+    max_restarts: int
+
+    def specs(self, attempt: int) -> list[ProcSpec]: ...
+
+    def remote_failure(self, attempt: int) -> str | None: ...
+
+    def report_failure(self, attempt: int, text: str) -> None: ...
+
+    def finish(self, attempt: int) -> str | None: ...
+
+
+class CollectivePlan:
+    """Trainers only; on several nodes the agents meet in a :class:`NodeRendezvous`."""
+
+    def __init__(self, spec: JobSpec, place: Placement, strategy_file: str | None) -> None:
+        self.spec, self.place, self.strategy_file = spec, place, strategy_file
         self.host = socket.gethostname()
-        self.strategy_file: str | None = None
+        self.rdzv: NodeRendezvous | None = None
+        if place.num_nodes > 1:
+            assert place.master_port is not None
+            self.rdzv = NodeRendezvous(
+                place.master_addr, place.master_port, place.num_nodes, place.node_rank,
+                spec.rendezvous.timeout_s, spec.max_restarts, place.run_id,
+            )
+        self.max_restarts = self.rdzv.max_restarts if self.rdzv else spec.max_restarts
 
-    # -- layout ---------------------------------------------------------------------------------
-    def _layout(self, attempt: int, rdzv: NodeRendezvous | None) -> NodeLayout:
-        p = self.place
-        ports = tuple(find_free_port(p.node_ip) for _ in range(self.nproc))
-        if rdzv is None:
+    def layout(self, attempt: int) -> NodeLayout:
+        p, nproc = self.place, self.spec.sizes.nproc_per_node
+        ports = tuple(find_free_port(p.node_ip) for _ in range(nproc))
+        if self.rdzv is None:
             nodes = [NodeInfo(0, p.node_ip, self.host, ports)]
-            master_port = p.master_port or find_free_port(p.master_addr)
-            run_id = p.run_id
+            master_port, run_id = p.master_port or find_free_port(p.master_addr), p.run_id
         else:
-            nodes, master_port = rdzv.join(attempt, NodeInfo(p.node_rank, p.node_ip, self.host, ports))
-            run_id = rdzv.run_id
-        endpoints = tuple(f"{n.ip}:{port}" for n in nodes for port in n.ports)
+            nodes, master_port = self.rdzv.join(attempt, NodeInfo(p.node_rank, p.node_ip, self.host, ports))
+            run_id = self.rdzv.run_id
         log_dir = self.spec.log_dir
         return NodeLayout(
-            run_id=run_id,
-            num_nodes=p.num_nodes,
-            nproc_per_node=self.nproc,
-            node_rank=p.node_rank,
-            master_addr=p.master_addr,
-            master_port=master_port,
-            trainer_endpoints=endpoints,
-            node_ip=p.node_ip,
-            restart_count=attempt,
-            max_restarts=rdzv.max_restarts if rdzv else self.spec.max_restarts,
-            backend=self.spec.backend,
-            log_dir=log_dir,
+            run_id=run_id, num_nodes=p.num_nodes, nproc_per_node=nproc, node_rank=p.node_rank,
+            master_addr=p.master_addr, master_port=master_port,
+            trainer_endpoints=tuple(f"{n.ip}:{port}" for n in nodes for port in n.ports),
+            node_ip=p.node_ip, restart_count=attempt, max_restarts=self.max_restarts,
+            backend=self.spec.backend, log_dir=log_dir,
             error_dir=os.path.join(log_dir, "errors", f"attempt{attempt}"),
-            job_name=self.spec.name,
-            strategy_file=self.strategy_file,
+            job_name=self.spec.name, strategy_file=self.strategy_file,
         )
 
-    def _write_endpoints(self, layout: NodeLayout) -> None:
-        path = os.path.join(layout.log_dir, "endpoints.log")
-        with open(path, "a" if layout.restart_count else "w", encoding="utf-8") as f:
-            f.write(
-                f"# attempt {layout.restart_count} run_id {layout.run_id} master "
-                f"{layout.master_addr}:{layout.master_port}\n"
-            )
-            for rank, ep in enumerate(layout.trainer_endpoints):
-                f.write(f"trainer {rank} {ep}\n")
-
-    # -- processes ------------------------------------------------------------------------------
-    def _start(self, layout: NodeLayout) -> list[WorkerProcess]:
-        argv = worker_argv(self.spec)
-        base = dict(os.environ)
-        base.update(self.spec.env)
-        if self.nproc > 1 and "OMP_NUM_THREADS" not in base:
-            base["OMP_NUM_THREADS"] = "1"  # as torchrun: N processes must not each take all cores
-        os.makedirs(layout.error_dir, exist_ok=True)
-        workers = []
-        for local_rank in range(self.nproc):
+    def specs(self, attempt: int) -> list[ProcSpec]:
+        layout = self.layout(attempt)
+        _write_endpoints(self.spec.log_dir, attempt, f"run_id {layout.run_id} master "
+                         f"{layout.master_addr}:{layout.master_port}", [], layout.trainer_endpoints)
+        base = _base_env(self.spec, layout.nproc_per_node)
+        out = []
+        for local_rank in range(layout.nproc_per_node):
             rank = layout.global_rank(local_rank)
-            env = dict(base)
-            env.update(make_worker_env(layout, local_rank))
-            stale = layout.error_file(local_rank)
-            if os.path.exists(stale):
-                os.remove(stale)
-            tee = self.spec.tee
-            show = tee is Tee.ALL or (tee is Tee.RANK0 and rank == 0)
-            prefix = f"[rank {rank}] ".encode() if tee is Tee.ALL else b""
-            header = (
-                f"==== fleetrun: attempt {layout.restart_count}, rank {rank}, "
-                f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n"
-            )
-            try:
-                workers.append(
-                    WorkerProcess(
-                        argv,
-                        env,
-                        os.path.join(layout.log_dir, f"workerlog.{rank}"),
-                        self.console if show else None,
-                        prefix,
-                        header,
-                        append=layout.restart_count > 0,
-                    )
-                )
-            except OSError as err:
-                terminate_all(workers, 0.0)
-                raise LaunchError(f"could not start {argv[0]!r} for rank {rank}: {err}") from None
-        return workers
+            show, prefix = _console(self.spec, TRAINER, rank)
+            out.append(ProcSpec(
+                TRAINER, rank, local_rank, layout.node_rank, {**base, **make_worker_env(layout, local_rank)},
+                os.path.join(layout.log_dir, f"workerlog.{rank}"), layout.error_file(local_rank), show, prefix,
+            ))
+        return out
 
-    def _failure(self, layout: NodeLayout, w: WorkerProcess, local_rank: int) -> Failure:
-        assert w.exit is not None
-        err_file = layout.error_file(local_rank)
-        parsed = read_error_file(err_file)
-        return Failure(
-            role="trainer",
-            rank=layout.global_rank(local_rank),
-            local_rank=local_rank,
-            node_rank=layout.node_rank,
-            host=self.host,
-            pid=w.pid,
-            exit_desc=w.exit.describe(),
-            time=w.exit.time,
-            attempt=layout.restart_count,
-            log_path=w.log_path,
-            error_file=err_file if parsed else None,
-            message=parsed[0] if parsed else "",
-            traceback=parsed[1] if parsed else "",
+    def remote_failure(self, attempt: int) -> str | None:
+        return self.rdzv.remote_failure(attempt) if self.rdzv else None
+
+    def report_failure(self, attempt: int, text: str) -> None:
+        if self.rdzv:
+            self.rdzv.report_failure(attempt, text)
+
+    def finish(self, attempt: int) -> str | None:
+        return self.rdzv.finish(attempt) if self.rdzv else None
+
+
+def _is_local(ip: str) -> bool:
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((ip, 0))
+            return True
+        except OSError:
+            return False
+
+
+class PSPlan:
+    """Servers + trainers: ``server_num``/``worker_num`` on this machine (free ports per attempt),
+    or static ``ps.servers``/``ps.workers`` lists of which this node runs the entries with its
+    IP. Nodes do not coordinate: a multi-node PS job cannot restart (ConfigError)."""
+
+    def __init__(self, spec: JobSpec, place: Placement, strategy_file: str | None) -> None:
+        self.spec, self.place, self.strategy_file = spec, place, strategy_file
+        self.max_restarts = spec.max_restarts
+        ps = spec.ps
+        self.static = bool(ps.servers)
+        if self.static:
+            ips = {e.rpartition(":")[0] for e in (*ps.servers, *ps.workers)}
+            if ps.pod_ip:
+                self.pod_ip = ps.pod_ip
+            else:
+                mine = sorted(ip for ip in ips if _is_local(ip))
+                if len(mine) != 1:
+                    raise ConfigError(
+                        f"cannot tell which of the ps endpoint IPs ({', '.join(sorted(ips))}) is this "
+                        f"node (local ones: {', '.join(mine) or 'none'}); pass --pod_ip", key="ps.pod_ip")
+                self.pod_ip = mine[0]
+            if len(ips) > 1 and spec.max_restarts:
+                raise ConfigError(
+                    "max_restarts > 0 needs a single-node PS job: nodes of a static PS layout do not "
+                    "coordinate restarts; set max_restarts: 0", key="max_restarts")
+
+    def layout(self, attempt: int) -> PSLayout:
+        ps, sizes = self.spec.ps, self.spec.sizes
+        if self.static:
+            servers, workers = ps.servers, ps.workers
+        else:
+            ip = self.place.node_ip
+            servers = tuple(f"{ip}:{find_free_port(ip)}" for _ in range(sizes.server_num))
+            workers = tuple(f"{ip}:{find_free_port(ip)}" for _ in range(sizes.worker_num))
+        log_dir = self.spec.log_dir
+        return PSLayout(
+            run_id=self.place.run_id, server_endpoints=servers, trainer_endpoints=workers,
+            restart_count=attempt, max_restarts=self.max_restarts, backend=self.spec.backend,
+            log_dir=log_dir, error_dir=os.path.join(log_dir, "errors", f"attempt{attempt}"),
+            job_name=self.spec.name, strategy_file=self.strategy_file,
         )
 
-    def _watch(
-        self, workers: Sequence[WorkerProcess], layout: NodeLayout, rdzv: NodeRendezvous | None
-    ) -> tuple[list[Failure], str | None]:
-        """Block until every worker succeeded ([], None), some failed (failures, None) or another
-        node reported a failure ([], its text)."""
-        tick = 0.25 if rdzv else 3600.0
-        while True:
-            wait_any(workers, tick)
-            failed = [
-                self._failure(layout, w, i)
-                for i, w in enumerate(workers)
-                if w.exit is not None and not w.exit.ok
-            ]
-            if failed:
-                return failed, None
-            if all(w.exit is not None for w in workers):
-                return [], None
-            if rdzv is not None:
-                remote = rdzv.remote_failure(layout.restart_count)
-                if remote:
-                    return [], remote
+    def _here(self, endpoint: str) -> bool:
+        return not self.static or endpoint.rpartition(":")[0] == self.pod_ip
 
-    # -- the loop -------------------------------------------------------------------------------
+    def specs(self, attempt: int) -> list[ProcSpec]:
+        layout = self.layout(attempt)
+        _write_endpoints(self.spec.log_dir, attempt, f"run_id {layout.run_id}",
+                         layout.server_endpoints, layout.trainer_endpoints)
+        servers = [i for i, e in enumerate(layout.server_endpoints) if self._here(e)]
+        trainers = [i for i, e in enumerate(layout.trainer_endpoints) if self._here(e)]
+        if not servers and not trainers:
+            raise ConfigError(f"no server or worker endpoint has this node's IP {self.pod_ip}", key="ps.pod_ip")
+        base = _base_env(self.spec, len(servers) + len(trainers))
+        out = []
+        for i in servers:
+            show, prefix = _console(self.spec, SERVER, i)
+            out.append(ProcSpec(SERVER, i, i, 0, {**base, **make_ps_server_env(layout, i)},
+                                os.path.join(layout.log_dir, f"serverlog.{i}"),
+                                layout.server_error_file(i), show, prefix))
+        for local_rank, t in enumerate(trainers):
+            show, prefix = _console(self.spec, TRAINER, t)
+            out.append(ProcSpec(TRAINER, t, local_rank, 0,
+                                {**base, **make_ps_trainer_env(layout, t, local_rank, len(trainers))},
+                                os.path.join(layout.log_dir, f"workerlog.{t}"),
+                                layout.trainer_error_file(t), show, prefix))
+        return out
+
+    def remote_failure(self, attempt: int) -> str | None:
+        return None
+
+    def report_failure(self, attempt: int, text: str) -> None:
+        return None
+
+    def finish(self, attempt: int) -> str | None:
+        return None
+
+
+def _write_endpoints(log_dir: str, attempt: int, head: str, servers: tuple[str, ...] | list[str],
+                     trainers: tuple[str, ...]) -> None:
+    with open(os.path.join(log_dir, "endpoints.log"), "a" if attempt else "w", encoding="utf-8") as f:
+        f.write(f"# attempt {attempt} {head}\n")
+        f.writelines(f"server {i} {ep}\n" for i, ep in enumerate(servers))
+        f.writelines(f"trainer {i} {ep}\n" for i, ep in enumerate(trainers))
+
+
+class Agent:
+    """Runs this node's share of a job to the end; :meth:`run` returns the exit code."""
+
+    def __init__(self, spec: JobSpec, plan: Plan, node_rank: int, console: ConsoleWriter | None = None):
+        self.spec, self.plan, self.node_rank = spec, plan, node_rank
+        self.console = console or ConsoleWriter()
+
     def run(self) -> int:
         """Run all attempts; return fleetrun's exit code."""
-        p = self.place
-        rdzv = None
-        if p.num_nodes > 1:
-            assert p.master_port is not None
-            rdzv = NodeRendezvous(
-                p.master_addr, p.master_port, p.num_nodes, p.node_rank,
-                self.spec.rendezvous.timeout_s, self.spec.max_restarts, p.run_id,
-            )
-        max_restarts = rdzv.max_restarts if rdzv else self.spec.max_restarts
+        spec, plan = self.spec, self.plan
+        argv = worker_argv(spec)
         history: list[str] = []
         attempt = 0
+        remote_tick = isinstance(plan, CollectivePlan) and plan.rdzv is not None
         while True:
-            layout = self._layout(attempt, rdzv)
-            self._write_endpoints(layout)
-            workers = self._start(layout)
+            running = start_all(plan.specs(attempt), argv, attempt, self.console)
             stopped: list[tuple[str, int]] = []
+            failures, remote = [], None
             try:
                 try:
-                    failures, remote = self._watch(workers, layout, rdzv)
+                    failures, remote = watch(
+                        running, attempt, 0.25 if remote_tick else 3600.0,
+                        (lambda: plan.remote_failure(attempt)) if remote_tick else None,
+                        spec.ps.server_grace_s,
+                    )
                 except Interrupted as sig:
-                    if rdzv is not None:
-                        rdzv.report_failure(attempt, f"fleetrun on node {p.node_rank} got {sig}")
+                    plan.report_failure(attempt, f"fleetrun on node {self.node_rank} got {sig}")
                     raise
-                if failures and rdzv is not None:
+                if failures:
                     first = min(failures, key=lambda f: f.time)
-                    rdzv.report_failure(attempt, f"rank {first.rank} {first.exit_desc} {first.message}")
-                stopped = [
-                    ("trainer", layout.global_rank(i)) for i, w in enumerate(workers) if w.exit is None
-                ]
+                    plan.report_failure(attempt, f"{first.role} {first.rank} {first.exit_desc} {first.message}")
+                stopped = [(r.spec.role, r.spec.rank) for r in running
+                           if r.proc.exit is None and r.spec.role == TRAINER]
             finally:
-                terminate_all(workers, self.spec.grace_period_s)
-            if not failures and remote is None and rdzv is not None:
-                remote = rdzv.finish(attempt)
-            decision = decide(bool(failures) or remote is not None, attempt, max_restarts)
+                terminate_all([r.proc for r in running], spec.grace_period_s)
+            if not failures and remote is None:
+                remote = plan.finish(attempt)
+            decision = decide(bool(failures) or remote is not None, attempt, plan.max_restarts)
             if decision is Decision.SUCCEED:
-                logger.info("job '%s' succeeded (%d restart(s) used)", self.spec.name, attempt)
+                logger.info("job '%s' succeeded (%d restart(s) used)", spec.name, attempt)
                 return 0
-            what = (
-                remote
-                if remote
-                else ", ".join(f"rank {f.rank} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
-            )
+            what = remote or ", ".join(
+                f"{'rank' if f.role == TRAINER else 'server'} {f.rank} {f.exit_desc}"
+                for f in sorted(failures, key=lambda f: f.time))
             history.append(f"attempt {attempt}: {what}")
             if decision is Decision.RESTART:
                 attempt += 1
-                logger.warning(
-                    "attempt %d failed (%s); restarting the job (restart %d of %d)",
-                    attempt - 1, what, attempt, max_restarts,
-                )
+                logger.warning("attempt %d failed (%s); restarting the job (restart %d of %d)",
+                               attempt - 1, what, attempt, plan.max_restarts)
                 continue
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
             if failures:
-                sys.stderr.write(
-                    format_summary(
-                        self.spec.name, failures, stopped, self.spec.log_dir, attempt, max_restarts, note
-                    )
-                    + "\n"
-                )
+                sys.stderr.write(format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
+                                                plan.max_restarts, note) + "\n")
             else:
                 sys.stderr.write(
-                    f"fleetrun: job '{self.spec.name}' FAILED: {remote}. This node's trainers were "
-                    f"stopped; the root-cause summary is on that node's console. Logs: "
-                    f"{self.spec.log_dir}/\n"
-                )
+                    f"fleetrun: job '{spec.name}' FAILED: {remote}. This node's processes were "
+                    f"stopped; the root-cause summary is on that node's console. Logs: {spec.log_dir}/\n")
             sys.stderr.flush()
             return 1

@@ -18,7 +18,7 @@ import yaml
 from click.core import ParameterSource
 
 from collective.errors import ConfigError, FleetError, FleetNotImplementedError
-from launcher.agent import CollectiveAgent, Interrupted, Placement, check_port_free
+from launcher.agent import Agent, CollectivePlan, Interrupted, Placement, PSPlan, check_port_free
 from launcher.spec import (
     DEFAULT_MULTINODE_PORT,
     JobSpec,
@@ -53,6 +53,9 @@ FLAG_TO_KEY = {
     "worker_num": "sizes.worker_num",
     "grace_period": "grace_period_s",
     "strategy": "strategy",
+    "servers": "ps.servers",
+    "workers": "ps.workers",
+    "pod_ip": "ps.pod_ip",
 }
 
 EPILOG = """\b
@@ -111,6 +114,10 @@ def _opt(*names: str, **kw: Any) -> Any:
       help="Where to run (default local).")
 @_opt("--server_num", "server_num", type=int, help="Parameter servers (PS mode).")
 @_opt("--worker_num", "worker_num", type=int, help="Trainers (PS mode).")
+@_opt("--servers", "servers", metavar="IP:PORT,...",
+      help="PS mode on several nodes: every server's endpoint (each node runs those with its IP).")
+@_opt("--workers", "workers", metavar="IP:PORT,...", help="PS mode on several nodes: every trainer's endpoint.")
+@_opt("--pod_ip", "pod_ip", metavar="IP", help="This node's IP in --servers/--workers (default: detected).")
 @_opt("--rdzv_timeout", "rdzv_timeout", type=float, metavar="SECONDS",
       help="How long nodes wait for each other at start (default 300).")
 @_opt("--grace_period", "grace_period", type=float, metavar="SECONDS",
@@ -283,10 +290,6 @@ def launch(spec: JobSpec) -> int:
         raise FleetNotImplementedError(
             f"scheduler '{spec.scheduler}'", "only the local scheduler has landed; use --scheduler local"
         )
-    if spec.mode is Mode.PS:
-        raise FleetNotImplementedError(
-            "parameter-server mode (--run_mode ps / mode: ps)", "it lands with ps_server; use collective"
-        )
     entry = spec.entrypoint
     if entry.script and not os.path.exists(entry.script):
         raise ConfigError(
@@ -297,11 +300,11 @@ def launch(spec: JobSpec) -> int:
     with open(os.path.join(spec.log_dir, "job.yaml"), "w", encoding="utf-8") as f:
         yaml.safe_dump(spec_to_dict(spec), f, sort_keys=False)
     logger.info("resolved configuration:\n%s", format_config_table(spec, place))
-    agent = CollectiveAgent(spec, place)
-    agent.strategy_file = _write_strategy(spec)
+    strategy_file = _write_strategy(spec)
     _install_signal_handlers()
     try:
-        return agent.run()
+        plan = (PSPlan if spec.mode is Mode.PS else CollectivePlan)(spec, place, strategy_file)
+        return Agent(spec, plan, place.node_rank).run()
     except Interrupted as sig:
         sys.stderr.write(f"fleetrun: got {sig}; stopped every process of job '{spec.name}'\n")
         return 128 + sig.signum

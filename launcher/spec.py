@@ -186,6 +186,39 @@ class Rendezvous:
         require(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
 
 
+def _endpoint_list(value: Any, path: str) -> tuple[str, ...]:
+    """``ip:port,ip:port`` (string or list) → tuple; each entry checked."""
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value or [])
+    out = []
+    for i, item in enumerate(items):
+        if not item:
+            continue
+        host, sep, port = str(item).rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{item!r} is not of the form ip:port", key=f"{path}[{i}]")
+        out.append(str(item))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PSEndpoints:
+    """Static parameter-server layout across nodes (each node runs the entries with its IP)."""
+
+    servers: tuple[str, ...] = field(default=(), metadata={"parse": _endpoint_list})
+    """``ip:port`` of every server (``--servers``); empty = ``server_num`` on this machine."""
+    workers: tuple[str, ...] = field(default=(), metadata={"parse": _endpoint_list})
+    """``ip:port`` of every trainer (``--workers``); empty = ``worker_num`` on this machine."""
+    pod_ip: str | None = None
+    """This node's IP: which entries of servers/workers run here (default: this host's)."""
+    server_grace_s: float = 10.0
+    """After the trainers finished, how long servers may take to stop before SIGTERM."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.servers) == bool(self.workers), "servers",
+                "give both servers and workers lists, or neither")
+        require(self.server_grace_s >= 0, "server_grace_s", f"must be >= 0, got {self.server_grace_s}")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A whole job: what to run, how many, where, and how failures are handled."""
@@ -208,6 +241,8 @@ class JobSpec:
     """DistributedStrategy, inline mapping or a YAML file path; given to workers as FLEET_STRATEGY."""
     rendezvous: Rendezvous = Rendezvous()
     """Multi-node rendezvous."""
+    ps: PSEndpoints = PSEndpoints()
+    """Parameter-server layout (PS mode)."""
     backend: Backend = Backend.AUTO
     """Process-group backend: auto (nccl with GPUs, else gloo), gloo, nccl."""
     log_dir: str = "log"
@@ -232,6 +267,19 @@ class JobSpec:
                 f"is {self.sizes.nnodes} but rendezvous.ips lists {len(self.rendezvous.ips)} "
                 "nodes; drop one of them",
             )
+        if self.mode is Mode.PS:
+            if self.ps.servers:
+                for name, lst in (("server_num", self.ps.servers), ("worker_num", self.ps.workers)):
+                    n = getattr(self.sizes, name)
+                    require(n in (0, len(lst)), f"sizes.{name}",
+                            f"is {n} but ps lists {len(lst)}; drop one of them")
+            else:
+                require(self.sizes.server_num >= 1 and self.sizes.worker_num >= 1, "sizes.server_num",
+                        f"PS mode needs server_num >= 1 and worker_num >= 1 (got "
+                        f"{self.sizes.server_num} and {self.sizes.worker_num}), or ps.servers/ps.workers")
+        elif self.sizes.server_num or self.ps.servers:
+            raise ConfigError("parameter servers are given but mode is 'collective'; "
+                              "use mode: ps (--run_mode ps) or drop them", key="mode")
         if self.rendezvous.node_rank is not None:
             require(
                 self.rendezvous.node_rank < self.num_nodes,
@@ -283,7 +331,16 @@ def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def build_spec(data: Mapping[str, Any]) -> JobSpec:
-    """Validate a plain mapping into a :class:`JobSpec`."""
+    """Validate a plain mapping into a :class:`JobSpec`.
+
+    Without an explicit ``mode``, giving servers (``sizes.server_num`` or ``ps.servers``) means
+    ``ps``: ``fleetrun --server_num 2 --worker_num 2 train.py`` needs no ``--run_mode``.
+    """
+    data = dict(data)
+    sizes, ps = data.get("sizes") or {}, data.get("ps") or {}
+    if "mode" not in data and isinstance(sizes, Mapping) and isinstance(ps, Mapping):
+        if sizes.get("server_num") or ps.get("servers"):
+            data["mode"] = Mode.PS.value
     return from_dict(JobSpec, data)
 
 

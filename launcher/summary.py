@@ -123,9 +123,11 @@ def format_summary(
         f"  time     : {stamp}  (attempt {root.attempt}, restarts used {restarts_used}/{max_restarts})"
     )
     lines.append(f"  host     : {root.host}")
-    lines.append(
-        f"  {root.role:<8} : rank {root.rank} (local_rank {root.local_rank}, node {root.node_rank})"
-    )
+    if root.role == "trainer":
+        where = f"rank {root.rank} (local_rank {root.local_rank}, node {root.node_rank})"
+    else:
+        where = f"index {root.rank} (node {root.node_rank})"
+    lines.append(f"  {root.role:<8} : {where}")
     lines.append(f"  exit     : {root.exit_desc}   pid: {root.pid}")
     if root.message:
         lines.append(f"  error    : {_cut(root.message)}")

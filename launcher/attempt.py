@@ -1,0 +1,136 @@
+"""One attempt of a job on this node: start its processes, watch them, report how it ended.
+
+Mode-agnostic: a collective job is a list of trainer :class:`ProcSpec`; a parameter-server job
+adds server specs. The rules, in :func:`watch`:
+
+* any process exiting non-zero (or by a signal) is a failure;
+* a server exiting 0 is not a failure by itself (``run_server`` returns once every trainer called
+  ``stop_worker``, possibly before the last trainer exits); trainers that lose their servers fail
+  on their own and become the root cause;
+* all trainers exiting 0 is success; servers then get ``server_grace_s`` to stop on their own
+  (``fleet.stop_worker`` tells them to) before they are terminated — that is a clean stop.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from collective.errors import LaunchError
+from launcher.process import ConsoleWriter, WorkerProcess, terminate_all, wait_any
+from launcher.summary import Failure, read_error_file
+
+TRAINER = "trainer"
+SERVER = "server"
+
+
+@dataclass(frozen=True)
+class ProcSpec:
+    """One process of this node in this attempt."""
+
+    role: str
+    """``trainer`` or ``server``."""
+    rank: int
+    """Trainer rank, or server index."""
+    local_rank: int
+    node_rank: int
+    env: dict[str, str]
+    """The complete environment of the process."""
+    log_path: str
+    error_file: str
+    show: bool
+    """Whether its output also goes to the console."""
+    prefix: bytes
+    """Console prefix (``[rank N] ``) when shown."""
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.role == TRAINER else f"server {self.rank}"
+
+
+@dataclass
+class Running:
+    """A started :class:`ProcSpec`."""
+
+    spec: ProcSpec
+    proc: WorkerProcess
+
+
+def start_all(
+    specs: Sequence[ProcSpec], argv: Sequence[str], attempt: int, console: ConsoleWriter
+) -> list[Running]:
+    """Start every spec (servers first, so trainers find them sooner)."""
+    running: list[Running] = []
+    for spec in sorted(specs, key=lambda s: s.role != SERVER):
+        if os.path.exists(spec.error_file):
+            os.remove(spec.error_file)
+        os.makedirs(os.path.dirname(spec.error_file), exist_ok=True)
+        header = f"==== fleetrun: attempt {attempt}, {spec.label}, {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n"
+        try:
+            proc = WorkerProcess(
+                argv, spec.env, spec.log_path, console if spec.show else None, spec.prefix, header,
+                append=attempt > 0,
+            )
+        except OSError as err:
+            terminate_all([r.proc for r in running], 0.0)
+            raise LaunchError(f"could not start {argv[0]!r} for {spec.label}: {err}") from None
+        running.append(Running(spec, proc))
+    return running
+
+
+def failure_of(r: Running, attempt: int) -> Failure:
+    """The :class:`Failure` record of an exited process (its error file read if it wrote one)."""
+    assert r.proc.exit is not None
+    parsed = read_error_file(r.spec.error_file)
+    return Failure(
+        role=r.spec.role,
+        rank=r.spec.rank,
+        local_rank=r.spec.local_rank,
+        node_rank=r.spec.node_rank,
+        host=socket.gethostname(),
+        pid=r.proc.pid,
+        exit_desc=r.proc.exit.describe(),
+        time=r.proc.exit.time,
+        attempt=attempt,
+        log_path=r.proc.log_path,
+        error_file=r.spec.error_file if parsed else None,
+        message=parsed[0] if parsed else "",
+        traceback=parsed[1] if parsed else "",
+    )
+
+
+def watch(
+    running: Sequence[Running],
+    attempt: int,
+    tick_s: float,
+    remote_check: Callable[[], str | None] | None = None,
+    server_grace_s: float = 10.0,
+) -> tuple[list[Failure], str | None]:
+    """Block until the attempt ends: ``([], None)`` success, ``(failures, None)`` local failure,
+    ``([], text)`` another node's failure (``remote_check``)."""
+    procs = [r.proc for r in running]
+    trainers = [r for r in running if r.spec.role == TRAINER]
+    servers = [r for r in running if r.spec.role == SERVER]
+    while True:
+        wait_any(procs, tick_s)
+        failed = [failure_of(r, attempt) for r in running if r.proc.exit is not None and not r.proc.exit.ok]
+        if failed:
+            return failed, None
+        if all(r.proc.exit is not None for r in trainers):
+            _let_servers_stop(servers, server_grace_s)
+            late = [failure_of(r, attempt) for r in servers if r.proc.exit is not None and not r.proc.exit.ok]
+            return late, None
+        if remote_check is not None:
+            remote = remote_check()
+            if remote:
+                return [], remote
+
+
+def _let_servers_stop(servers: Sequence[Running], grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    procs = [r.proc for r in servers]
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        wait_any([p for p in procs if p.exit is None], min(0.2, deadline - time.monotonic()))

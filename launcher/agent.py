@@ -37,7 +37,7 @@ from launcher.attempt import SERVER, TRAINER, ProcSpec, start_all, watch
 from launcher.process import ConsoleWriter, terminate_all
 from launcher.rendezvous import NodeInfo, NodeRendezvous
 from launcher.spec import JobSpec, Tee
-from launcher.summary import format_summary
+from launcher.summary import Failure, format_summary
 
 logger = logging.getLogger(__name__)
 
@@ -288,6 +288,10 @@ def _write_endpoints(log_dir: str, attempt: int, head: str, servers: tuple[str, 
         f.writelines(f"trainer {i} {ep}\n" for i, ep in enumerate(trainers))
 
 
+def _label(f: Failure) -> str:
+    return f"rank {f.rank}" if f.role == TRAINER else f"server {f.rank}"
+
+
 class Agent:
     """Runs this node's share of a job to the end; :meth:`run` returns the exit code."""
 
@@ -318,7 +322,7 @@ class Agent:
                     raise
                 if failures:
                     first = min(failures, key=lambda f: f.time)
-                    plan.report_failure(attempt, f"{first.role} {first.rank} {first.exit_desc} {first.message}")
+                    plan.report_failure(attempt, f"{_label(first)} {first.exit_desc} {first.message}")
                 stopped = [(r.spec.role, r.spec.rank) for r in running
                            if r.proc.exit is None and r.spec.role == TRAINER]
             finally:
@@ -330,8 +334,7 @@ class Agent:
                 logger.info("job '%s' succeeded (%d restart(s) used)", spec.name, attempt)
                 return 0
             what = remote or ", ".join(
-                f"{'rank' if f.role == TRAINER else 'server'} {f.rank} {f.exit_desc}"
-                for f in sorted(failures, key=lambda f: f.time))
+                f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
             history.append(f"attempt {attempt}: {what}")
             if decision is Decision.RESTART:
                 attempt += 1

@@ -1,0 +1,267 @@
+"""Table configs: frozen dataclasses with validation, plain-dict round trip and a diff helper.
+
+``SparseTableConfig`` / ``DenseTableConfig`` travel as JSON in the gRPC ``CreateTable`` request
+(:func:`config_to_dict` / :func:`config_from_dict`, tagged with ``"kind"``) and in the checkpoint
+manifest. Creating a table is idempotent: the same config again is fine, a different one is a
+:class:`~ps_server.errors.TableConfigMismatchError` listing the differing fields and both configs
+(:func:`check_same_config`). A bad value is a :class:`~collective.errors.ConfigError` naming the
+field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from collective.env import StrEnum
+from collective.errors import ConfigError
+from collective.typed_config import from_dict, require
+from ps_server.entry import EntryPolicy
+from ps_server.errors import TableConfigMismatchError
+from ps_server.initializers import Initializer
+from ps_server.optimizers import OptimizerRule
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+MAX_SHARDS = 65536
+"""Upper bound of ``num_shards`` (shard indices are 5 digits in file names)."""
+
+
+class NonFinitePolicy(StrEnum):
+    """What a push with NaN/inf gradients does."""
+
+    REJECT = "reject"
+    """Raise NonFiniteGradientError naming the table and the count; apply nothing."""
+    SKIP = "skip"
+    """Drop the rows (occurrences) with non-finite values, apply the rest, count the dropped."""
+
+
+def _parse_optional_entry(value: Any, path: str) -> EntryPolicy | None:
+    return None if value is None else EntryPolicy.parse(value, path)
+
+
+def _parse_rules(config: Any, entry: bool) -> None:
+    """Let the rule fields be given in their dict form too (``{"type": "adagrad", ...}``)."""
+    if isinstance(config.optimizer, Mapping):
+        object.__setattr__(
+            config, "optimizer", OptimizerRule.from_dict(config.optimizer, "optimizer")
+        )
+    if hasattr(config, "initializer") and isinstance(config.initializer, Mapping):
+        object.__setattr__(
+            config, "initializer", Initializer.from_dict(config.initializer, "initializer")
+        )
+    if entry and isinstance(config.entry, Mapping):
+        object.__setattr__(config, "entry", EntryPolicy.from_dict(config.entry, "entry"))
+
+
+def _check_name(name: str) -> None:
+    require(
+        isinstance(name, str) and bool(_NAME_RE.match(name)),
+        "name",
+        f"must be 1-128 characters of letters, digits, '_', '.', '-' (not starting with '.' "
+        f"or '-'); it names the checkpoint folder. Got {name!r}",
+    )
+
+
+def _check_shards(num_shards: int) -> None:
+    require(
+        isinstance(num_shards, int) and 1 <= num_shards <= MAX_SHARDS,
+        "num_shards",
+        f"must be an integer in [1, {MAX_SHARDS}], got {num_shards!r}",
+    )
+
+
+@dataclass(frozen=True)
+class SparseTableConfig:
+    """A sparse (embedding) table: int64 keys → float32 rows of ``dim``."""
+
+    name: str
+    """Table name (letters, digits, ``_ . -``); unique per server, names the checkpoint folder."""
+    dim: int
+    """Floats per row (1..65536)."""
+    optimizer: OptimizerRule = field(metadata={"parse": OptimizerRule.parse})
+    """Server-side optimizer rule (``SGD``, ``Adagrad``, ``Adam`` or a registered one)."""
+    initializer: Initializer = field(metadata={"parse": Initializer.parse})
+    """Initial values of a new row, deterministic per (table, key, seed)."""
+    entry: EntryPolicy | None = field(default=None, metadata={"parse": _parse_optional_entry})
+    """Admission policy; ``None`` admits every key on first pull or push."""
+    num_shards: int = 64
+    """Fixed number of shards (routing and checkpoint files are per shard); never changes."""
+    seed: int = 0
+    """Seed of the initial values and of probabilistic admission."""
+    nonfinite: NonFinitePolicy = NonFinitePolicy.REJECT
+    """``reject``: a push with NaN/inf raises, nothing applied; ``skip``: those rows are dropped."""
+    max_capacity: int | None = None
+    """Most rows per server; when full, the longest-unseen rows are evicted. ``None``: no limit."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        _parse_rules(self, entry=True)
+        require(
+            isinstance(self.dim, int) and 1 <= self.dim <= 65536,
+            "dim",
+            f"must be an integer in [1, 65536], got {self.dim!r}",
+        )
+        require(
+            isinstance(self.optimizer, OptimizerRule),
+            "optimizer",
+            f"must be an OptimizerRule (e.g. Adagrad(lr=0.05)), got {self.optimizer!r}",
+        )
+        require(
+            isinstance(self.initializer, Initializer),
+            "initializer",
+            f"must be an Initializer (e.g. Uniform(-0.01, 0.01)), got {self.initializer!r}",
+        )
+        require(
+            self.entry is None or isinstance(self.entry, EntryPolicy),
+            "entry",
+            f"must be None or an EntryPolicy (e.g. CountFilterEntry(3)), got {self.entry!r}",
+        )
+        _check_shards(self.num_shards)
+        require(isinstance(self.seed, int), "seed", f"must be an integer, got {self.seed!r}")
+        try:
+            object.__setattr__(self, "nonfinite", NonFinitePolicy(self.nonfinite))
+        except ValueError:
+            raise ConfigError(
+                f"must be 'reject' or 'skip', got {self.nonfinite!r}", key="nonfinite"
+            ) from None
+        require(
+            self.max_capacity is None
+            or (isinstance(self.max_capacity, int) and self.max_capacity >= 1),
+            "max_capacity",
+            f"must be None or an integer >= 1, got {self.max_capacity!r}",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (rules as ``{"type": ..., ...}``)."""
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "optimizer": self.optimizer.to_dict(),
+            "initializer": self.initializer.to_dict(),
+            "entry": None if self.entry is None else self.entry.to_dict(),
+            "num_shards": self.num_shards,
+            "seed": self.seed,
+            "nonfinite": self.nonfinite.value,
+            "max_capacity": self.max_capacity,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str = "") -> SparseTableConfig:
+        """Build from plain data; ConfigError names the key path of a bad value."""
+        return from_dict(cls, data, path)
+
+
+@dataclass(frozen=True)
+class DenseTableConfig:
+    """A dense table: named flat float32 blocks (e.g. one per model parameter)."""
+
+    name: str
+    """Table name (letters, digits, ``_ . -``); unique per server, names the checkpoint folder."""
+    optimizer: OptimizerRule = field(metadata={"parse": OptimizerRule.parse})
+    """Server-side optimizer rule; state per element, Adam's step per block."""
+    num_shards: int = 16
+    """Fixed number of shards blocks are hashed to (by name); never changes."""
+    nonfinite: NonFinitePolicy = NonFinitePolicy.REJECT
+    """``reject``: a push with NaN/inf raises; ``skip``: that push is dropped and counted."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        _parse_rules(self, entry=False)
+        require(
+            isinstance(self.optimizer, OptimizerRule),
+            "optimizer",
+            f"must be an OptimizerRule (e.g. Adam(lr=1e-3)), got {self.optimizer!r}",
+        )
+        _check_shards(self.num_shards)
+        try:
+            object.__setattr__(self, "nonfinite", NonFinitePolicy(self.nonfinite))
+        except ValueError:
+            raise ConfigError(
+                f"must be 'reject' or 'skip', got {self.nonfinite!r}", key="nonfinite"
+            ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return {
+            "name": self.name,
+            "optimizer": self.optimizer.to_dict(),
+            "num_shards": self.num_shards,
+            "nonfinite": self.nonfinite.value,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str = "") -> DenseTableConfig:
+        """Build from plain data; ConfigError names the key path of a bad value."""
+        return from_dict(cls, data, path)
+
+
+TableConfig = SparseTableConfig | DenseTableConfig
+_KINDS: dict[str, type] = {"sparse": SparseTableConfig, "dense": DenseTableConfig}
+
+
+def config_kind(config: TableConfig) -> str:
+    """``"sparse"`` or ``"dense"``."""
+    return "sparse" if isinstance(config, SparseTableConfig) else "dense"
+
+
+def config_to_dict(config: TableConfig) -> dict[str, Any]:
+    """``{"kind": "sparse"|"dense", **config.to_dict()}`` (the CreateTable / manifest form)."""
+    return {"kind": config_kind(config), **config.to_dict()}
+
+
+def config_from_dict(data: Mapping[str, Any], path: str = "") -> TableConfig:
+    """Inverse of :func:`config_to_dict`: dispatch on ``"kind"``."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"expected a mapping with 'kind' sparse|dense, got {data!r}", key=path or None
+        )
+    kind = data.get("kind")
+    cls = _KINDS.get(str(kind).lower())
+    if cls is None:
+        raise ConfigError(
+            f"must be 'sparse' or 'dense', got {kind!r}", key=f"{path}.kind" if path else "kind"
+        )
+    return cls.from_dict({k: v for k, v in data.items() if k != "kind"}, path)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: data}
+
+
+def config_diff(existing: Mapping[str, Any], requested: Mapping[str, Any]) -> list[str]:
+    """Lines ``"optimizer.lr: 0.1 (existing) != 0.05 (requested)"`` for each differing leaf."""
+    a, b = _flatten(existing), _flatten(requested)
+    lines = []
+    for key in list(a) + [k for k in b if k not in a]:
+        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+        if va != vb:
+            lines.append(f"{key}: {va!r} (existing) != {vb!r} (requested)")
+    return lines
+
+
+def check_same_config(existing: TableConfig, requested: TableConfig) -> None:
+    """Raise TableConfigMismatchError (listing the differences and both configs) unless equal."""
+    if existing == requested:
+        return
+    a, b = config_to_dict(existing), config_to_dict(requested)
+    raise TableConfigMismatchError(existing.name, config_diff(a, b) or ["(types differ)"], a, b)
+
+
+__all__ = [
+    "DenseTableConfig",
+    "NonFinitePolicy",
+    "SparseTableConfig",
+    "TableConfig",
+    "check_same_config",
+    "config_diff",
+    "config_from_dict",
+    "config_kind",
+    "config_to_dict",
+]

@@ -1,0 +1,98 @@
+"""Parameter-server errors: subclasses of :class:`collective.errors.PSError`.
+
+The gRPC layer maps these to status codes in one place (suggested mapping in brackets):
+
+* :class:`TableInputError` and subclasses — the request is wrong (``INVALID_ARGUMENT``);
+  :class:`WrongShardError` is a routing bug of the client (``FAILED_PRECONDITION``).
+* :class:`TableConfigMismatchError` — a second create with another config (``ALREADY_EXISTS``).
+* :class:`TableCapacityError` — a batch needs more rows than ``max_capacity``
+  (``RESOURCE_EXHAUSTED``).
+* :class:`CheckpointError` and subclasses — saving or loading failed (``DATA_LOSS`` for a corrupt
+  file, ``FAILED_PRECONDITION`` otherwise).
+
+Configuration mistakes (a bad table config, a bad optimizer argument) raise
+:class:`collective.errors.ConfigError` naming the field, not these.
+"""
+
+from __future__ import annotations
+
+from collective.errors import PSError
+
+
+class TableInputError(PSError, ValueError):
+    """A pull/push/init argument is wrong (dtype, shape, length, unknown block).
+
+    ``table`` and ``field`` name the table and the argument (``"keys"``, ``"grads"``, ...).
+    """
+
+    def __init__(self, table: str, field: str, message: str) -> None:
+        super().__init__(f"table {table!r}, {field}: {message}")
+        self.table = table
+        self.field = field
+        self.message = message
+
+
+class NonFiniteGradientError(TableInputError):
+    """A push carried NaN/inf gradients under ``nonfinite="reject"``; nothing was applied."""
+
+    def __init__(self, table: str, num_values: int, num_rows: int, field: str = "grads") -> None:
+        super().__init__(
+            table,
+            field,
+            f"{num_values} non-finite value(s) (NaN/inf) in {num_rows} row(s); the whole push "
+            "was rejected and nothing was applied. Fix the gradients (loss scaling, clipping) or "
+            "create the table with nonfinite='skip' to drop only those rows",
+        )
+        self.num_values = num_values
+        self.num_rows = num_rows
+
+
+class WrongShardError(TableInputError):
+    """Keys were sent to a server that does not own their shard (a client routing bug)."""
+
+
+class TableNotFoundError(PSError, LookupError):
+    """A request named a table (or a dense block) that does not exist."""
+
+
+class TableConfigMismatchError(PSError):
+    """A table was created again with a different config; the message shows both."""
+
+    def __init__(self, table: str, differences: list[str], existing: dict, requested: dict) -> None:
+        super().__init__(
+            f"table {table!r} already exists with a different config:\n  "
+            + "\n  ".join(differences)
+            + f"\nexisting:  {existing}\nrequested: {requested}\n"
+            "Create it with the same config (creating is idempotent), or use another table name."
+        )
+        self.table = table
+        self.differences = differences
+
+
+class TableCapacityError(PSError):
+    """One batch needs more new rows than ``max_capacity`` allows even after evicting."""
+
+
+class CheckpointError(PSError):
+    """Saving or loading a checkpoint failed (missing shards, mismatched configs, I/O)."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A shard file is truncated, has a bad magic number or fails its checksum."""
+
+
+class CheckpointVersionError(CheckpointError):
+    """A shard file or manifest was written in a format version this code cannot read."""
+
+
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointVersionError",
+    "NonFiniteGradientError",
+    "TableCapacityError",
+    "TableConfigMismatchError",
+    "TableInputError",
+    "TableNotFoundError",
+    "WrongShardError",
+]

@@ -39,7 +39,6 @@ _NOT_LANDED: dict[str, str] = {
     "sharding": "ZeRO-style sharding",
     "pipeline": "pipeline parallelism",
     "tensor_parallel": "tensor parallelism",
-    "a_sync": "asynchronous parameter-server training",
     "lars": "the LARS meta-optimizer",
     "lamb": "the LAMB meta-optimizer",
 }
@@ -154,14 +153,23 @@ def init(
         )
 
     env = role_maker.worker_env() if role_maker is not None else read_worker_env()
-    if not is_collective or env.training_role is TrainingRole.PSERVER:
-        raise FleetNotImplementedError(
-            "parameter-server mode (fleet.init(is_collective=False) / TRAINING_ROLE=PSERVER)",
-            hint="PS mode lands later; use fleet.init(is_collective=True) for collective "
-            "data-parallel training",
+    if is_collective and env.training_role is TrainingRole.PSERVER:
+        raise ConfigError(
+            "this process was started as a parameter server (TRAINING_ROLE=PSERVER) but the script "
+            "called fleet.init(is_collective=True); use fleet.init(is_collective=False)",
+            key="is_collective",
         )
     strategy = _resolve_strategy(strategy, env)
     check_strategy_supported(strategy, "fleet.init")
+    if not is_collective:
+        _init_ps(env, strategy)
+        return
+    if strategy.a_sync:
+        raise ConfigError(
+            "strategy.a_sync is a parameter-server setting but fleet.init(is_collective=True) "
+            "was called; use fleet.init(is_collective=False) or set strategy.a_sync = False",
+            key="a_sync",
+        )
     dp_degree = strategy.hybrid_configs.resolve_dp_degree(env.world_size)
 
     if env.master_port == 0:
@@ -182,6 +190,24 @@ def init(
             "fleet initialised: %d worker(s), data-parallel degree %d\n%s",
             env.world_size, dp_degree, strategy,
         )
+
+
+def _init_ps(env: WorkerEnv, strategy: DistributedStrategy) -> None:
+    """Parameter-server mode: trainers form a gloo group among themselves (barriers, metrics);
+    servers have none. The PS state itself lives in :mod:`fleet.ps_runtime`."""
+    global _runtime
+    from fleet.ps_runtime import start_ps
+
+    if not env.launched or not env.pserver_endpoints:
+        raise ConfigError(
+            "parameter-server mode needs servers: start the script with fleetrun --server_num S "
+            "--worker_num W (PADDLE_PSERVERS_IP_PORT_LIST is not set)",
+            key="is_collective",
+        )
+    if env.training_role is TrainingRole.TRAINER:
+        env = init_parallel_env(backend="gloo", env=env)
+    _runtime = FleetRuntime(env=env, strategy=strategy, dp_degree=env.world_size)
+    start_ps(env, strategy)
 
 
 def _resolve_strategy(strategy: DistributedStrategy | None, env: WorkerEnv) -> DistributedStrategy:

@@ -49,6 +49,12 @@ def distributed_model(model: torch.nn.Module) -> DataParallel:
     ``device_ids=[that device]``). Parameters are broadcast from rank 0 when wrapping.
     """
     runtime = get_runtime("distributed_model()")
+    from fleet.ps_runtime import in_ps_mode
+
+    if in_ps_mode():
+        # Dense parameters are synchronised through the parameter servers (fleet.ps_optimizer),
+        # not by all-reduce: the model stays as it is.
+        return model  # type: ignore[return-value]
     strategy = runtime.strategy
     check_strategy_supported(strategy, "fleet.distributed_model")
     strategy.hybrid_configs.resolve_dp_degree(runtime.env.world_size)  # still fits the world?

@@ -176,6 +176,15 @@ def distributed_optimizer(
         require_strategy(strategy)
         check_strategy_supported(strategy, "fleet.distributed_optimizer")
     runtime = get_runtime("distributed_optimizer()")
+    from fleet.ps_runtime import in_ps_mode
+
+    if in_ps_mode():
+        from fleet.ps_optimizer import PSOptimizer
+
+        if strategy is not None and strategy.to_dict() != runtime.strategy.to_dict():
+            raise ConfigError("in parameter-server mode the strategy is fixed by fleet.init; "
+                              "pass it there", key="strategy")
+        return PSOptimizer(optimizer)  # type: ignore[return-value]
     if strategy is None:
         strategy = runtime.strategy
         check_strategy_supported(strategy, "fleet.distributed_optimizer")

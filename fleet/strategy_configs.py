@@ -278,7 +278,11 @@ class ASyncConfig(StrategySection):
     SECTION: ClassVar[str] = "a_sync_configs"
 
     k_steps: int = -1
-    """-1: fully asynchronous; 0: synchronous; > 0: GEO mode, push every ``k_steps`` steps."""
+    """With ``a_sync``: <= 0 asynchronous, > 0 GEO (exchange deltas every ``k_steps`` steps).
+    ``a_sync=False`` is synchronous whatever this says."""
+    barrier_interval: int = 0
+    """Half-async: with ``a_sync`` and ``k_steps <= 0``, drain the send queue and meet the other
+    trainers every this many steps (0 = fully asynchronous)."""
     max_merge_var_num: int = 1
     """Gradients merged per variable before a send (>= 1)."""
     send_queue_size: int = 16
@@ -293,7 +297,9 @@ class ASyncConfig(StrategySection):
     def __post_init__(self) -> None:
         p = self.SECTION
         require(self.k_steps >= -1, f"{p}.k_steps",
-                f"must be -1 (async), 0 (sync) or > 0 (GEO), got {self.k_steps}")
+                f"must be -1 or 0 (async) or > 0 (GEO), got {self.k_steps}")
+        require(self.barrier_interval >= 0, f"{p}.barrier_interval",
+                f"must be >= 0, got {self.barrier_interval}")
         for name in ("max_merge_var_num", "send_queue_size", "thread_pool_size"):
             value = getattr(self, name)
             require(value >= 1, f"{p}.{name}", f"must be >= 1, got {value}")

@@ -244,7 +244,6 @@ def test_api_before_init_is_a_clear_error() -> None:
         ({"sharding": True}, "strategy.sharding"),
         ({"pipeline": True}, "strategy.pipeline"),
         ({"tensor_parallel": True}, "strategy.tensor_parallel"),
-        ({"a_sync": True}, "strategy.a_sync"),
         ({"lars": True}, "strategy.lars"),
         ({"lamb": True}, "strategy.lamb"),
         ({"hybrid_configs": {"mp_degree": 2}}, "strategy.hybrid_configs.mp_degree=2"),
@@ -267,11 +266,13 @@ def test_features_not_landed_raise_when_used(settings: dict, named: str) -> None
 
 
 @pytest.mark.timeout(60)
-def test_parameter_server_mode_is_not_implemented_yet() -> None:
-    with pytest.raises(FleetNotImplementedError, match=r"parameter-server mode .* lands later"):
+def test_parameter_server_mode_needs_servers_and_a_sync_needs_it() -> None:
+    with pytest.raises(ConfigError, match=r"parameter-server mode needs servers"):
         fleet.init(is_collective=False)
-    with pytest.raises(FleetNotImplementedError, match="parameter-server mode"):
+    with pytest.raises(ConfigError, match="parameter-server mode needs servers"):
         fleet.init(PaddleCloudRoleMaker())  # Paddle's fleet.init(role); its default is PS mode
+    with pytest.raises(ConfigError, match="^a_sync: strategy.a_sync is a parameter-server setting"):
+        fleet.init(is_collective=True, strategy=DistributedStrategy(a_sync=True))
     with pytest.raises(ConfigError, match="is_collective: expected True or False"):
         fleet.init(is_collective="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="^strategy: expected a fleet.DistributedStrategy"):

@@ -1,0 +1,108 @@
+"""``fleet.DistributedEmbedding``: an embedding whose table lives on the parameter servers.
+
+Forward takes int64 ids (any 64-bit value, no vocabulary size): ``[B, L]`` (one bag of L ids per
+row; with ``pooling=None`` the output is ``[B, L, dim]``), or 1-D ``ids`` plus ``offsets`` for
+multi-hot slots (bags of different lengths, as ``nn.EmbeddingBag``; pooling required). It
+deduplicates the ids, pulls one row per unique id through the job's communicator, and returns a
+tensor with autograd. Backward merges the row gradients per unique id (autograd's index
+backward does the summing) and hands them to the communicator, which pushes them at
+``optimizer.step()`` as the strategy's mode says. The trainer never holds the full table.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from collective.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_POOLINGS = (None, "sum", "mean")
+
+
+class DistributedEmbedding(torch.nn.Module):
+    """A sparse table on the parameter servers, used like ``nn.Embedding`` / ``nn.EmbeddingBag``.
+
+    ``table``: table name (unique per job); ``embedding_dim``: row width; ``optimizer``,
+    ``initializer``, ``entry``: the server-side rule objects of :mod:`ps_server`
+    (``SGD(0.01)``, ``Uniform(-0.01, 0.01)``, ``CountFilterEntry(n)``...); ``pooling``: None,
+    ``"sum"`` or ``"mean"`` over each bag; ``table_options``: more ``SparseTableConfig`` fields
+    (``num_shards``, ``seed``, ``nonfinite``, ``max_capacity``).
+    """
+
+    def __init__(
+        self,
+        table: str,
+        embedding_dim: int,
+        *,
+        optimizer: Any = None,
+        initializer: Any = None,
+        entry: Any = None,
+        pooling: str | None = None,
+        **table_options: Any,
+    ) -> None:
+        super().__init__()
+        from ps_server import SGD, Uniform
+
+        if pooling not in _POOLINGS:
+            raise ConfigError(f"got {pooling!r}; allowed: None, 'sum', 'mean'", key="pooling")
+        if not isinstance(embedding_dim, int) or embedding_dim < 1:
+            raise ConfigError(f"must be a positive integer, got {embedding_dim!r}", key="embedding_dim")
+        self.table = table
+        self.embedding_dim = embedding_dim
+        self.pooling = pooling
+        self.optimizer = optimizer if optimizer is not None else SGD(0.01)
+        self.initializer = initializer if initializer is not None else Uniform(-0.01, 0.01)
+        self.entry = entry
+        self.table_options = table_options
+        from fleet.ps_runtime import register_table
+
+        register_table(self)
+
+    def extra_repr(self) -> str:
+        return f"table={self.table!r}, dim={self.embedding_dim}, pooling={self.pooling}"
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows for ``ids`` (pooled per bag when ``pooling`` is set)."""
+        from fleet.ps_runtime import get_communicator
+
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise ConfigError(f"ids must be int64, got {ids.dtype}", key=f"{self.table}.ids")
+        if offsets is not None and (ids.dim() != 1 or self.pooling is None):
+            raise ConfigError("offsets need 1-D ids and pooling='sum' or 'mean'", key=f"{self.table}.offsets")
+        if offsets is None and ids.dim() != 2:
+            raise ConfigError(f"ids must be [batch, bag_len] (or 1-D with offsets), got shape "
+                              f"{tuple(ids.shape)}", key=f"{self.table}.ids")
+        comm = get_communicator()
+        flat = ids.reshape(-1).to(torch.int64)
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        keys = unique.numpy()
+        rows = torch.from_numpy(np.ascontiguousarray(comm.pull_sparse(self.table, keys)))
+        rows.requires_grad_(self.training and torch.is_grad_enabled())
+        if rows.requires_grad:
+            table = self.table
+
+            def push_hook(grad: torch.Tensor) -> None:
+                comm.record_sparse(table, keys, grad.detach().to(torch.float32).numpy().copy())
+
+            rows.register_hook(push_hook)
+        if offsets is not None:
+            return F.embedding_bag(inverse, rows, offsets.to(torch.int64), mode=self.pooling)
+        out = F.embedding(inverse.view(ids.shape), rows)
+        if self.pooling == "sum":
+            return out.sum(dim=1)
+        if self.pooling == "mean":
+            return out.mean(dim=1)
+        return out
+
+    def table_config(self) -> Any:
+        """The :class:`ps_server.SparseTableConfig` this module's table is created with."""
+        from ps_server import SparseTableConfig
+
+        return SparseTableConfig(self.table, dim=self.embedding_dim, optimizer=self.optimizer,
+                                 initializer=self.initializer, entry=self.entry, **self.table_options)

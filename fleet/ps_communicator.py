@@ -1,0 +1,313 @@
+"""How a parameter-server trainer exchanges gradients and parameters: the four modes.
+
+Chosen from the strategy (Paddle's semantics; :func:`make_communicator`):
+
+==============  =========================================  ============================================
+mode            strategy                                   what happens at ``optimizer.step()``
+==============  =========================================  ============================================
+sync            ``a_sync=False``                           every trainer pushes its step gradients with
+                                                           ``mode=sync``: each server applies the MEAN
+                                                           of the W trainers' pushes once; a barrier;
+                                                           dense values pulled. W trainers with batch b
+                                                           equal one trainer with batch W*b (SGD).
+async           ``a_sync=True``, ``k_steps <= 0``          gradients are queued (bounded:
+                                                           ``send_queue_size``) and a background thread
+                                                           merges up to ``max_merge_var_num`` steps and
+                                                           applies them; dense values refresh from the
+                                                           latest background pull.
+half-async      async + ``a_sync_configs.barrier_interval  as async, and every N steps the queue is
+                = N > 0``                                  drained and the trainers meet in a barrier:
+                                                           staleness is bounded by N steps.
+GEO             ``a_sync=True``, ``k_steps = K > 0``       training is local (touched sparse rows and
+                                                           dense parameters are local copies, updated
+                                                           with SGD at the table's lr / the user's
+                                                           optimizer); every K steps the deltas since
+                                                           the last exchange are pushed (servers sum
+                                                           them) and fresh values are pulled.
+==============  =========================================  ============================================
+
+Sparse gradients reach the communicator from :class:`fleet.embedding.DistributedEmbedding`'s
+backward (already merged per unique key); dense gradients from the parameters of the optimizer
+wrapped by ``fleet.distributed_optimizer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from collective.errors import FleetError
+
+logger = logging.getLogger(__name__)
+
+DENSE_TABLE = "__dense__"
+"""Name of the dense table that holds a PS job's dense parameters."""
+
+
+@dataclass
+class DenseParam:
+    """A dense parameter that lives on the PS (block ``name`` of the dense table)."""
+
+    name: str
+    param: torch.nn.Parameter
+    base: np.ndarray | None = None
+    """GEO: the value at the last exchange."""
+
+
+@dataclass
+class SparseGrads:
+    """Gradients recorded for one table during a step (list of (keys, grads) pieces)."""
+
+    keys: list[np.ndarray] = field(default_factory=list)
+    grads: list[np.ndarray] = field(default_factory=list)
+
+    def merged(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        if not self.keys:
+            return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
+        return np.concatenate(self.keys), np.concatenate(self.grads)
+
+
+class Communicator:
+    """Base: sync pulls and the bookkeeping every mode shares."""
+
+    mode = "base"
+
+    def __init__(self, client: Any, num_trainers: int, barrier: Callable[[], None]) -> None:
+        self.client = client
+        self.num_trainers = num_trainers
+        self.barrier = barrier
+        self.tables: dict[str, int] = {}  # sparse table -> dim
+        self.table_lr: dict[str, float] = {}
+        self.dense: list[DenseParam] = []
+        self.pending: dict[str, SparseGrads] = {}
+        self.steps = 0
+
+    # -- registration ---------------------------------------------------------------------------
+    def add_table(self, name: str, dim: int, lr: float) -> None:
+        self.tables[name] = dim
+        self.table_lr[name] = lr
+
+    def add_dense(self, params: Sequence[DenseParam]) -> None:
+        self.dense = list(params)
+
+    # -- the trainer's calls --------------------------------------------------------------------
+    def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
+        """Rows for unique ``keys`` (float32 [n, dim])."""
+        return self.client.pull_sparse(table, keys)
+
+    def record_sparse(self, table: str, keys: np.ndarray, grads: np.ndarray) -> None:
+        """Gradients of this step for ``keys`` (called from backward)."""
+        g = self.pending.setdefault(table, SparseGrads())
+        g.keys.append(keys)
+        g.grads.append(grads)
+
+    def step(self) -> None:
+        """End of a training step (``optimizer.step()``)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Make every recorded update visible on the servers (before save/stop)."""
+
+    def close(self) -> None:
+        """Stop background work."""
+        self.flush()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _take_pending(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        out = {t: self.pending.get(t, SparseGrads()).merged(dim) for t, dim in self.tables.items()}
+        self.pending = {}
+        return out
+
+    def _dense_grads(self) -> list[np.ndarray]:
+        out = []
+        for d in self.dense:
+            g = d.param.grad
+            out.append(np.zeros(d.param.numel(), np.float32) if g is None
+                       else g.detach().reshape(-1).to(torch.float32).cpu().numpy().copy())
+        return out
+
+    def _set_dense(self, values: Sequence[np.ndarray]) -> None:
+        with torch.no_grad():
+            for d, v in zip(self.dense, values):
+                d.param.copy_(torch.from_numpy(np.asarray(v, np.float32)).view_as(d.param))
+
+    def pull_dense_all(self) -> list[np.ndarray]:
+        return [self.client.pull_dense(DENSE_TABLE, d.name) for d in self.dense]
+
+
+class SyncCommunicator(Communicator):
+    """Step t: all W trainers push; each server applies the mean once; barrier; pull dense."""
+
+    mode = "sync"
+
+    def step(self) -> None:
+        for table, (keys, grads) in self._take_pending().items():
+            self.client.push_sparse(table, keys, grads, mode="sync", sync_count=self.num_trainers)
+        for d, g in zip(self.dense, self._dense_grads()):
+            self.client.push_dense(DENSE_TABLE, d.name, g, mode="sync", sync_count=self.num_trainers)
+        self.barrier()  # every trainer's push returned: the W-th push of each table applied
+        if self.dense:
+            self._set_dense(self.pull_dense_all())
+        self.steps += 1
+
+
+class AsyncCommunicator(Communicator):
+    """A background sender merges queued steps and applies them; ``barrier_interval > 0`` makes
+    it half-async (drain + barrier every N steps)."""
+
+    mode = "async"
+
+    def __init__(self, client: Any, num_trainers: int, barrier: Callable[[], None], *,
+                 queue_size: int, max_merge: int, barrier_interval: int) -> None:
+        super().__init__(client, num_trainers, barrier)
+        self.max_merge = max_merge
+        self.barrier_interval = barrier_interval
+        if barrier_interval > 0:
+            self.mode = "half-async"
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._latest_dense: list[np.ndarray] | None = None
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="fleet-async-sender", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._queue.task_done()
+                return
+            batch = [item]
+            while len(batch) < self.max_merge:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:  # keep the stop marker for the next loop
+                    self._queue.task_done()
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            try:
+                self._send(batch)
+            except BaseException as err:  # noqa: BLE001 - surfaced on the trainer's next step
+                self._error = err
+                logger.exception("async sender failed")
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _send(self, batch: list[tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[np.ndarray]]]) -> None:
+        # merged by summation: the same total update as separate sends under SGD
+        for table in self.tables:
+            keys = np.concatenate([b[0][table][0] for b in batch])
+            if len(keys):
+                grads = np.concatenate([b[0][table][1] for b in batch])
+                self.client.push_sparse(table, keys, grads, mode="apply")
+        if self.dense:
+            for i, d in enumerate(self.dense):
+                self.client.push_dense(DENSE_TABLE, d.name, sum(b[1][i] for b in batch), mode="apply")
+            latest = self.pull_dense_all()
+            with self._lock:
+                self._latest_dense = latest
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise FleetError(f"the async communicator failed to send: {self._error}") from self._error
+
+    def step(self) -> None:
+        self._check()
+        self._queue.put((self._take_pending(), self._dense_grads()))  # blocks when full
+        self.steps += 1
+        if self.barrier_interval > 0 and self.steps % self.barrier_interval == 0:
+            self.flush()
+            self.barrier()
+            if self.dense:
+                self._set_dense(self.pull_dense_all())
+            return
+        with self._lock:
+            latest, self._latest_dense = self._latest_dense, None
+        if latest is not None:
+            self._set_dense(latest)
+
+    def flush(self) -> None:
+        self._queue.join()
+        self._check()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.flush()
+            self._queue.put(None)
+            self._thread.join(timeout=60)
+
+
+class GeoCommunicator(Communicator):
+    """Local training on copies; every ``k_steps`` push deltas (summed by the servers), re-pull."""
+
+    mode = "geo"
+
+    def __init__(self, client: Any, num_trainers: int, barrier: Callable[[], None], *, k_steps: int,
+                 dense_step: Callable[[], None] | None = None) -> None:
+        super().__init__(client, num_trainers, barrier)
+        self.k_steps = k_steps
+        self.dense_step = dense_step
+        # table -> (key -> row index), current rows, rows at the last exchange
+        self._index: dict[str, dict[int, int]] = {}
+        self._rows: dict[str, np.ndarray] = {}
+        self._base: dict[str, np.ndarray] = {}
+
+    def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
+        index = self._index.setdefault(table, {})
+        dim = self.tables[table]
+        missing = np.array([k for k in keys.tolist() if k not in index], dtype=np.int64)
+        if len(missing):
+            fresh = self.client.pull_sparse(table, missing)
+            start = len(index)
+            for i, k in enumerate(missing.tolist()):
+                index[k] = start + i
+            rows = self._rows.get(table, np.zeros((0, dim), np.float32))
+            self._rows[table] = np.concatenate([rows, fresh])
+            self._base[table] = np.concatenate([self._base.get(table, np.zeros((0, dim), np.float32)), fresh])
+        idx = np.fromiter((index[k] for k in keys.tolist()), dtype=np.int64, count=len(keys))
+        return self._rows[table][idx]
+
+    def step(self) -> None:
+        for table, (keys, grads) in self._take_pending().items():
+            if len(keys):
+                index = self._index[table]
+                idx = np.fromiter((index[k] for k in keys.tolist()), dtype=np.int64, count=len(keys))
+                np.subtract.at(self._rows[table], idx, self.table_lr[table] * grads)
+        if self.dense_step is not None:
+            self.dense_step()  # the user's optimizer, locally
+        self.steps += 1
+        if self.steps % self.k_steps == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        for table, index in self._index.items():
+            if index:
+                keys = np.fromiter(index.keys(), dtype=np.int64, count=len(index))
+                order = np.fromiter(index.values(), dtype=np.int64, count=len(index))
+                delta = self._rows[table][order] - self._base[table][order]
+                self.client.push_sparse(table, keys, delta, mode="delta")
+        self._index, self._rows, self._base = {}, {}, {}
+        for d in self.dense:
+            cur = d.param.detach().reshape(-1).cpu().numpy().astype(np.float32)
+            if d.base is not None:
+                self.client.push_dense(DENSE_TABLE, d.name, cur - d.base, mode="delta")
+        if self.dense:  # no barrier: GEO is asynchronous; stop_worker meets the others at the end
+            fresh = self.pull_dense_all()
+            self._set_dense(fresh)
+            for d, v in zip(self.dense, fresh):
+                d.base = np.asarray(v, np.float32).copy()
+
+    def set_dense_base(self) -> None:
+        for d in self.dense:
+            d.base = d.param.detach().reshape(-1).cpu().numpy().astype(np.float32).copy()

@@ -1,0 +1,265 @@
+"""Parameter-server mode of fleet: roles, servers, the trainer's client and communicator.
+
+A PS script is one program for both roles (as in Paddle); fleetrun starts it as servers
+(TRAINING_ROLE=PSERVER) and as trainers::
+
+    fleet.init(is_collective=False, strategy=strategy)
+    model = CTRModel(embedding=lambda: fleet.DistributedEmbedding("emb", 8, optimizer=Adagrad(0.05)))
+    if fleet.is_server():
+        fleet.init_server()          # optionally init_server(dirname) to start from a checkpoint
+        fleet.run_server()           # blocks until the trainers stop it
+    else:
+        fleet.init_worker()          # connect, create the tables
+        opt = fleet.distributed_optimizer(torch.optim.Adam(model.dense_parameters(), lr=1e-3))
+        ... loss.backward(); opt.step(); opt.zero_grad() ...
+        fleet.save_persistables("ckpt", mode=0)   # rank 0 asks the servers to save
+        fleet.stop_worker()
+
+Trainers also form a gloo process group among themselves (``barrier_worker``, ``fleet.metrics``).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from collective.env import TrainingRole, WorkerEnv
+from collective.errors import ConfigError, FleetError
+from fleet.ps_communicator import (
+    DENSE_TABLE,
+    AsyncCommunicator,
+    Communicator,
+    GeoCommunicator,
+    SyncCommunicator,
+)
+from fleet.strategy import DistributedStrategy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PSState:
+    """What PS mode keeps for this process."""
+
+    env: WorkerEnv
+    strategy: DistributedStrategy
+    server: Any = None
+    client: Any = None
+    communicator: Communicator | None = None
+    tables: "weakref.WeakValueDictionary[str, Any]" = field(default_factory=weakref.WeakValueDictionary)
+    created: set[str] = field(default_factory=set)
+
+
+_state: PSState | None = None
+
+
+def start_ps(env: WorkerEnv, strategy: DistributedStrategy) -> None:
+    """Called by ``fleet.init(is_collective=False)`` after the trainers' group is up."""
+    global _state
+    _state = PSState(env=env, strategy=strategy)
+
+
+def _require(api: str, role: TrainingRole | None = None) -> PSState:
+    if _state is None:
+        raise FleetError(f"fleet.{api} needs fleet.init(is_collective=False) first (parameter-server mode)")
+    if role is not None and _state.env.training_role is not role:
+        raise FleetError(f"fleet.{api} is for the {role.value} role; this process is a "
+                         f"{_state.env.training_role.value} (check fleet.is_server() first)")
+    return _state
+
+
+def in_ps_mode() -> bool:
+    """True after ``fleet.init(is_collective=False)``."""
+    return _state is not None
+
+
+# -- roles ---------------------------------------------------------------------------------------
+def is_server() -> bool:
+    """True in a parameter-server process."""
+    return _require("is_server()").env.training_role is TrainingRole.PSERVER
+
+
+def is_worker() -> bool:
+    """True in a trainer process."""
+    return _require("is_worker()").env.training_role is TrainingRole.TRAINER
+
+
+def server_num() -> int:
+    """Number of parameter servers."""
+    return len(_require("server_num()").env.pserver_endpoints)
+
+
+def server_index() -> int:
+    """This server's index (servers only)."""
+    return _require("server_index()", TrainingRole.PSERVER).env.server_index
+
+
+def server_endpoints(to_string: bool = False) -> list[str] | str:
+    """``ip:port`` of every server."""
+    eps = list(_require("server_endpoints()").env.pserver_endpoints)
+    return ",".join(eps) if to_string else eps
+
+
+# -- server side ---------------------------------------------------------------------------------
+def init_server(dirname: str | None = None) -> None:
+    """Start this process's parameter server on POD_IP:PADDLE_PORT (tables from ``dirname``'s
+    checkpoint when given; otherwise the trainers create them)."""
+    from ps_server import PSServer
+
+    st = _require("init_server()", TrainingRole.PSERVER)
+    env = st.env
+    host, _, port = env.current_endpoint.rpartition(":")
+    st.server = PSServer(host=host, port=int(port), server_index=env.server_index,
+                         num_servers=len(env.pserver_endpoints))
+    if dirname:
+        st.server.load_checkpoint(dirname)
+    st.server.start()
+    logger.info("parameter server %d serving on %s", env.server_index, env.current_endpoint)
+
+
+def run_server() -> None:
+    """Serve until the trainers stop the servers (``fleet.stop_worker``)."""
+    st = _require("run_server()", TrainingRole.PSERVER)
+    if st.server is None:
+        init_server()
+    st.server.wait()
+    logger.info("parameter server %d stopped", st.env.server_index)
+
+
+# -- trainer side --------------------------------------------------------------------------------
+def register_table(module: Any) -> None:
+    """A DistributedEmbedding was built: remember it; create its table now if connected."""
+    st = _require("DistributedEmbedding()")
+    other = st.tables.get(module.table)
+    if other is not None and other is not module:
+        raise ConfigError(f"two DistributedEmbedding modules use table {module.table!r}; give each its own name",
+                          key="table")
+    st.tables[module.table] = module
+    if st.client is not None:
+        _create(st, module)
+
+
+def _create(st: PSState, module: Any) -> None:
+    if module.table in st.created:
+        return
+    st.client.create_table_from_config(module.table_config())
+    st.created.add(module.table)
+    assert st.communicator is not None
+    st.communicator.add_table(module.table, module.embedding_dim, float(getattr(module.optimizer, "lr", 0.01)))
+
+
+def _barrier() -> None:
+    from collective.comm import barrier
+
+    barrier()
+
+
+def make_communicator(strategy: DistributedStrategy, client: Any, num_trainers: int) -> Communicator:
+    """The communicator of the strategy's mode (see :mod:`fleet.ps_communicator`)."""
+    cfg = strategy.a_sync_configs
+    if not strategy.a_sync:
+        return SyncCommunicator(client, num_trainers, _barrier)
+    if cfg.k_steps > 0:
+        return GeoCommunicator(client, num_trainers, _barrier, k_steps=cfg.k_steps)
+    return AsyncCommunicator(client, num_trainers, _barrier, queue_size=cfg.send_queue_size,
+                             max_merge=cfg.max_merge_var_num, barrier_interval=cfg.barrier_interval)
+
+
+def init_worker() -> None:
+    """Connect to every server (waits until they serve), create the tables of the
+    DistributedEmbedding modules built so far, start the communicator."""
+    from ps_server import PSClient
+
+    st = _require("init_worker()", TrainingRole.TRAINER)
+    if st.client is not None:
+        return
+    st.client = PSClient(list(st.env.pserver_endpoints))
+    st.client.wait_ready(timeout_s=120)
+    st.communicator = make_communicator(st.strategy, st.client, st.env.world_size)
+    for module in list(st.tables.values()):
+        _create(st, module)
+    logger.info("trainer %d connected to %d server(s), %s mode", st.env.rank,
+                len(st.env.pserver_endpoints), st.communicator.mode)
+
+
+def get_communicator() -> Communicator:
+    """The trainer's communicator (after ``init_worker``)."""
+    st = _require("DistributedEmbedding.forward()", TrainingRole.TRAINER)
+    if st.communicator is None:
+        raise FleetError("call fleet.init_worker() before the first forward of a DistributedEmbedding")
+    return st.communicator
+
+
+def get_client() -> Any:
+    """The trainer's PSClient (after ``init_worker``)."""
+    st = _require("PS client", TrainingRole.TRAINER)
+    if st.client is None:
+        raise FleetError("call fleet.init_worker() first")
+    return st.client
+
+
+def stop_worker() -> None:
+    """Flush pending updates, wait for every trainer, then trainer 0 stops the servers."""
+    st = _require("stop_worker()", TrainingRole.TRAINER)
+    if st.communicator is not None:
+        st.communicator.close()
+    _barrier()
+    if st.client is not None:
+        if st.env.rank == 0:
+            st.client.stop_servers()
+        st.client.close()
+    st.client, st.communicator = None, None
+
+
+def save_persistables(dirname: str, mode: int = 0) -> None:
+    """Save every table (sparse and dense) on the servers: ``mode`` 0 = all, 1 = delta since the
+    last save. Every trainer calls it; trainer 0 asks the servers after all flushed."""
+    if mode not in (0, 1):
+        raise ConfigError(f"got {mode!r}; allowed: 0 (all), 1 (delta)", key="mode")
+    st = _require("save_persistables()", TrainingRole.TRAINER)
+    get_communicator().flush()
+    _barrier()
+    if st.env.rank == 0:
+        get_client().save(dirname, mode="all" if mode == 0 else "delta")
+    _barrier()
+
+
+def shrink(unseen_days: int) -> int:
+    """Evict rows unseen for more than ``unseen_days`` days from every sparse table (trainer 0
+    asks; every trainer calls). Returns the rows removed (on trainer 0; 0 elsewhere)."""
+    st = _require("shrink()", TrainingRole.TRAINER)
+    _barrier()
+    removed = 0
+    if st.env.rank == 0:
+        for table in sorted(st.created):
+            removed += int(get_client().shrink(table, unseen_days))
+    _barrier()
+    return removed
+
+
+def end_day() -> None:
+    """Advance the tables' day counter (unseen_days + 1 for rows not pushed since)."""
+    st = _require("end_day()", TrainingRole.TRAINER)
+    _barrier()
+    if st.env.rank == 0:
+        get_client().end_day()
+    _barrier()
+
+
+__all__ = [
+    "DENSE_TABLE",
+    "end_day",
+    "init_server",
+    "init_worker",
+    "is_server",
+    "is_worker",
+    "run_server",
+    "save_persistables",
+    "server_endpoints",
+    "server_index",
+    "server_num",
+    "shrink",
+    "stop_worker",
+]

@@ -236,6 +236,21 @@ def resolve_placement(spec: JobSpec) -> Placement:
     )
 
 
+def _layout_rows(spec: JobSpec, place: Placement) -> list[tuple[str, str]]:
+    if spec.mode is Mode.PS:
+        ps = spec.ps
+        if ps.servers:
+            return [("servers", ",".join(ps.servers)), ("trainers", ",".join(ps.workers)),
+                    ("this node", ps.pod_ip or "detected from the lists")]
+        return [("processes", f"{spec.sizes.server_num} server(s) + {spec.sizes.worker_num} trainer(s) "
+                              f"on {place.node_ip}, free ports")]
+    return [
+        ("nodes", f"{place.num_nodes} x {spec.sizes.nproc_per_node} trainers = world {spec.world_size}"),
+        ("this node", f"rank {place.node_rank}, ip {place.node_ip}"),
+        ("master", f"{place.master_addr}:{place.master_port or 'auto'}"),
+    ]
+
+
 def format_config_table(spec: JobSpec, place: Placement) -> str:
     """The resolved configuration, one short table."""
     entry = spec.entrypoint
@@ -244,9 +259,7 @@ def format_config_table(spec: JobSpec, place: Placement) -> str:
         ("job", f"{spec.name} (run_id {place.run_id})"),
         ("entrypoint", " ".join([what, *entry.args])),
         ("mode", f"{spec.mode} on {spec.scheduler}"),
-        ("nodes", f"{place.num_nodes} x {spec.sizes.nproc_per_node} trainers = world {spec.world_size}"),
-        ("this node", f"rank {place.node_rank}, ip {place.node_ip}"),
-        ("master", f"{place.master_addr}:{place.master_port or 'auto'}"),
+        *_layout_rows(spec, place),
         ("backend", str(spec.backend)),
         ("log_dir", os.path.abspath(spec.log_dir)),
         ("restarts", f"max {spec.max_restarts}"),

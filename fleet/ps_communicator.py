@@ -51,14 +51,9 @@ DENSE_TABLE = "__dense__"
 """Name of the dense table that holds a PS job's dense parameters."""
 
 
-@dataclass
-class DenseParam:
-    """A dense parameter that lives on the PS (block ``name`` of the dense table)."""
-
-    name: str
-    param: torch.nn.Parameter
-    base: np.ndarray | None = None
-    """GEO: the value at the last exchange."""
+DENSE_BLOCK = "dense"
+"""All dense parameters of a trainer travel as ONE flat float32 block: one push and one pull per
+step, however many parameter tensors the model has."""
 
 
 @dataclass
@@ -85,7 +80,8 @@ class Communicator:
         self.barrier = barrier
         self.tables: dict[str, int] = {}  # sparse table -> dim
         self.table_lr: dict[str, float] = {}
-        self.dense: list[DenseParam] = []
+        self.dense: list[torch.nn.Parameter] = []
+        self.dense_base: np.ndarray | None = None  # GEO: the dense values at the last exchange
         self.pending: dict[str, SparseGrads] = {}
         self.steps = 0
 
@@ -94,7 +90,7 @@ class Communicator:
         self.tables[name] = dim
         self.table_lr[name] = lr
 
-    def add_dense(self, params: Sequence[DenseParam]) -> None:
+    def add_dense(self, params: Sequence[torch.nn.Parameter]) -> None:
         self.dense = list(params)
 
     # -- the trainer's calls --------------------------------------------------------------------
@@ -125,21 +121,28 @@ class Communicator:
         self.pending = {}
         return out
 
-    def _dense_grads(self) -> list[np.ndarray]:
-        out = []
-        for d in self.dense:
-            g = d.param.grad
-            out.append(np.zeros(d.param.numel(), np.float32) if g is None
-                       else g.detach().reshape(-1).to(torch.float32).cpu().numpy().copy())
-        return out
+    def dense_values(self) -> np.ndarray:
+        """The trainer's dense parameters as one flat float32 vector."""
+        if not self.dense:
+            return np.zeros(0, np.float32)
+        return torch.cat([p.detach().reshape(-1) for p in self.dense]).to(torch.float32).cpu().numpy()
 
-    def _set_dense(self, values: Sequence[np.ndarray]) -> None:
+    def _dense_grad(self) -> np.ndarray:
+        parts = [p.grad.detach().reshape(-1).to(torch.float32) if p.grad is not None
+                 else torch.zeros(p.numel()) for p in self.dense]
+        return torch.cat(parts).cpu().numpy().copy() if parts else np.zeros(0, np.float32)
+
+    def _set_dense(self, flat: np.ndarray) -> None:
+        values = torch.from_numpy(np.asarray(flat, np.float32))
+        offset = 0
         with torch.no_grad():
-            for d, v in zip(self.dense, values):
-                d.param.copy_(torch.from_numpy(np.asarray(v, np.float32)).view_as(d.param))
+            for p in self.dense:
+                n = p.numel()
+                p.copy_(values[offset:offset + n].view_as(p))
+                offset += n
 
-    def pull_dense_all(self) -> list[np.ndarray]:
-        return [self.client.pull_dense(DENSE_TABLE, d.name) for d in self.dense]
+    def pull_dense(self) -> np.ndarray:
+        return self.client.pull_dense(DENSE_TABLE, DENSE_BLOCK)
 
 
 class SyncCommunicator(Communicator):
@@ -150,11 +153,12 @@ class SyncCommunicator(Communicator):
     def step(self) -> None:
         for table, (keys, grads) in self._take_pending().items():
             self.client.push_sparse(table, keys, grads, mode="sync", sync_count=self.num_trainers)
-        for d, g in zip(self.dense, self._dense_grads()):
-            self.client.push_dense(DENSE_TABLE, d.name, g, mode="sync", sync_count=self.num_trainers)
+        if self.dense:
+            self.client.push_dense(DENSE_TABLE, DENSE_BLOCK, self._dense_grad(), mode="sync",
+                                   sync_count=self.num_trainers)
         self.barrier()  # every trainer's push returned: the W-th push of each table applied
         if self.dense:
-            self._set_dense(self.pull_dense_all())
+            self._set_dense(self.pull_dense())
         self.steps += 1
 
 
@@ -172,7 +176,7 @@ class AsyncCommunicator(Communicator):
         if barrier_interval > 0:
             self.mode = "half-async"
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
-        self._latest_dense: list[np.ndarray] | None = None
+        self._latest_dense: np.ndarray | None = None
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="fleet-async-sender", daemon=True)
@@ -204,7 +208,7 @@ class AsyncCommunicator(Communicator):
                 for _ in batch:
                     self._queue.task_done()
 
-    def _send(self, batch: list[tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[np.ndarray]]]) -> None:
+    def _send(self, batch: list[tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]]) -> None:
         # merged by summation: the same total update as separate sends under SGD
         for table in self.tables:
             keys = np.concatenate([b[0][table][0] for b in batch])
@@ -212,9 +216,9 @@ class AsyncCommunicator(Communicator):
                 grads = np.concatenate([b[0][table][1] for b in batch])
                 self.client.push_sparse(table, keys, grads, mode="apply")
         if self.dense:
-            for i, d in enumerate(self.dense):
-                self.client.push_dense(DENSE_TABLE, d.name, sum(b[1][i] for b in batch), mode="apply")
-            latest = self.pull_dense_all()
+            self.client.push_dense(DENSE_TABLE, DENSE_BLOCK, np.sum([b[1] for b in batch], axis=0),
+                                   mode="apply")
+            latest = self.pull_dense()
             with self._lock:
                 self._latest_dense = latest
 
@@ -224,13 +228,13 @@ class AsyncCommunicator(Communicator):
 
     def step(self) -> None:
         self._check()
-        self._queue.put((self._take_pending(), self._dense_grads()))  # blocks when full
+        self._queue.put((self._take_pending(), self._dense_grad()))  # blocks when full
         self.steps += 1
         if self.barrier_interval > 0 and self.steps % self.barrier_interval == 0:
             self.flush()
             self.barrier()
             if self.dense:
-                self._set_dense(self.pull_dense_all())
+                self._set_dense(self.pull_dense())
             return
         with self._lock:
             latest, self._latest_dense = self._latest_dense, None
@@ -298,16 +302,13 @@ class GeoCommunicator(Communicator):
                 delta = self._rows[table][order] - self._base[table][order]
                 self.client.push_sparse(table, keys, delta, mode="delta")
         self._index, self._rows, self._base = {}, {}, {}
-        for d in self.dense:
-            cur = d.param.detach().reshape(-1).cpu().numpy().astype(np.float32)
-            if d.base is not None:
-                self.client.push_dense(DENSE_TABLE, d.name, cur - d.base, mode="delta")
         if self.dense:  # no barrier: GEO is asynchronous; stop_worker meets the others at the end
-            fresh = self.pull_dense_all()
+            if self.dense_base is not None:
+                self.client.push_dense(DENSE_TABLE, DENSE_BLOCK, self.dense_values() - self.dense_base,
+                                       mode="delta")
+            fresh = self.pull_dense()
             self._set_dense(fresh)
-            for d, v in zip(self.dense, fresh):
-                d.base = np.asarray(v, np.float32).copy()
+            self.dense_base = np.asarray(fresh, np.float32).copy()
 
     def set_dense_base(self) -> None:
-        for d in self.dense:
-            d.base = d.param.detach().reshape(-1).cpu().numpy().astype(np.float32).copy()
+        self.dense_base = self.dense_values().copy()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from collective.errors import ConfigError
-from fleet.ps_communicator import DENSE_TABLE, DenseParam, GeoCommunicator
+from fleet.ps_communicator import DENSE_BLOCK, DENSE_TABLE, GeoCommunicator
 from fleet.ps_runtime import _barrier, _require, get_client, get_communicator
 from collective.env import TrainingRole
 
@@ -75,18 +75,16 @@ class PSOptimizer(torch.optim.Optimizer):
         self.comm = get_communicator()
         client = get_client()
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        dense = [DenseParam(f"dense.{i}", p) for i, p in enumerate(params)]
         geo = isinstance(self.comm, GeoCommunicator)
         rule = rule_from_torch(optimizer) if not geo else None
         from ps_server import SGD
 
         client.create_dense_table(DENSE_TABLE, optimizer=rule or SGD(0.0))
+        self.comm.add_dense(params)
         if st.env.rank == 0:  # one trainer's initial values are the job's
-            for d in dense:
-                client.init_dense(DENSE_TABLE, d.name, d.param.detach().reshape(-1).cpu().numpy().astype(np.float32))
+            client.init_dense(DENSE_TABLE, DENSE_BLOCK, self.comm.dense_values())
         _barrier()
-        self.comm.add_dense(dense)
-        self.comm._set_dense(self.comm.pull_dense_all())
+        self.comm._set_dense(self.comm.pull_dense())
         if geo:
             assert isinstance(self.comm, GeoCommunicator)
             self.comm.dense_step = optimizer.step

@@ -16,11 +16,25 @@ This package is the server-side core (numpy only; no gRPC, never imports ``fleet
 Modules: ``optimizers`` / ``initializers`` / ``entry`` (registered rule families), ``config``,
 ``routing`` (key → shard → server), ``sparse_table``, ``dense_table``, ``checkpoint`` and
 ``shard_file`` (on-disk format), ``row_store`` / ``hash_index`` (storage), ``errors``.
-``PSClient`` (the gRPC client) has not landed yet: using it raises FleetNotImplementedError.
+
+The gRPC layer (imported on first use, so ``import ps_server`` stays numpy-only): ``proto``
+(``ps.proto`` and its generated modules), ``codec`` (packed bytes), ``service`` (the RPCs),
+``sync`` (SYNC rounds, barriers), ``status`` (errors ↔ status codes), ``server`` (``PSServer``,
+``serve``, ``serve_from_env``; ``python -m ps_server``) and ``client`` (``PSClient``)::
+
+    from ps_server import PSClient, PSServer
+
+    server = PSServer(port=0); port = server.start()
+    client = PSClient([f"127.0.0.1:{port}"])
+    client.create_table("emb", dim=8, optimizer=Adagrad(lr=0.05))
+    rows = client.pull_sparse("emb", np.array([7, 3, 7]))               # float32[3, 8]
+    client.push_sparse("emb", np.array([7, 3, 7]), np.ones((3, 8), np.float32))
+    client.stop_servers(); server.wait()
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from collective.errors import FleetNotImplementedError
@@ -44,10 +58,22 @@ from ps_server.sparse_table import PushStats, SparseTable
 from ps_server.table import Table
 from ps_server.tables import make_table
 
-_NOT_YET = {"PSClient": "the gRPC parameter-server client has not landed yet"}
+_NOT_YET: dict[str, str] = {}
+"""Names that are announced but not implemented yet (using one raises FleetNotImplementedError)."""
+
+_LAZY = {
+    "PSClient": "ps_server.client",
+    "PSServer": "ps_server.server",
+    "serve": "ps_server.server",
+    "serve_from_env": "ps_server.server",
+    "PSRpcError": "ps_server.status",
+}
+"""The gRPC layer, imported on first use (``import ps_server`` does not import grpc)."""
 
 
 def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _NOT_YET:
         raise FleetNotImplementedError(f"ps_server.{name}", _NOT_YET[name])
     raise AttributeError(f"module 'ps_server' has no attribute {name!r}")
@@ -66,6 +92,9 @@ __all__ = [
     "NonFinitePolicy",
     "Normal",
     "OptimizerRule",
+    "PSClient",
+    "PSRpcError",
+    "PSServer",
     "ProbabilityEntry",
     "PushStats",
     "RowsMeta",
@@ -86,6 +115,8 @@ __all__ = [
     "make_table",
     "read_checkpoint",
     "save",
+    "serve",
+    "serve_from_env",
     "shard_of",
     "shards_of_server",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from collective.env import StrEnum
@@ -53,6 +53,23 @@ def _parse_rules(config: Any, entry: bool) -> None:
         )
     if entry and isinstance(config.entry, Mapping):
         object.__setattr__(config, "entry", EntryPolicy.from_dict(config.entry, "entry"))
+
+
+def _check_required(cls: type, data: Any, path: str) -> None:
+    """ConfigError naming the missing required fields (``typed_config.from_dict`` would let the
+    dataclass raise a bare TypeError)."""
+    if not isinstance(data, Mapping):
+        return  # from_dict reports a non-mapping itself
+    missing = [
+        f.name
+        for f in fields(cls)
+        if f.init and f.default is MISSING and f.default_factory is MISSING and f.name not in data
+    ]
+    if missing:
+        raise ConfigError(
+            f"missing required field(s) {missing} of a {cls.__name__}",
+            key=path or None,
+        )
 
 
 def _check_name(name: str) -> None:
@@ -150,6 +167,7 @@ class SparseTableConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], path: str = "") -> SparseTableConfig:
         """Build from plain data; ConfigError names the key path of a bad value."""
+        _check_required(cls, data, path)
         return from_dict(cls, data, path)
 
 
@@ -194,6 +212,7 @@ class DenseTableConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], path: str = "") -> DenseTableConfig:
         """Build from plain data; ConfigError names the key path of a bad value."""
+        _check_required(cls, data, path)
         return from_dict(cls, data, path)
 
 

@@ -1,0 +1,115 @@
+"""``python -m ps_server``: run one parameter server until a Stop RPC or SIGTERM/SIGINT.
+
+Examples::
+
+    python -m ps_server --port 8500                                  # one server, 127.0.0.1
+    python -m ps_server --host 10.0.0.5 --port 8500 --server_index 1 --num_servers 4
+    python -m ps_server --from_env      # TRAINING_ROLE=PSERVER env contract (as fleetrun sets)
+
+Once listening it prints one line ``ps_server <index>/<num> serving on <host>:<port>`` to stdout
+(with ``--port 0`` this is how a caller learns the port). Exit code 0 after a graceful stop, 2 for
+a bad flag, 1 when the server cannot start (busy port, unreadable checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from collective.errors import ConfigError, FleetError
+from ps_server.server import (
+    DEFAULT_MAX_MESSAGE_MB,
+    DEFAULT_THREADS,
+    PSServer,
+    serve,
+    serve_from_env,
+)
+
+logger = logging.getLogger("ps_server")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line flags (both ``_`` and ``-`` spellings)."""
+    p = argparse.ArgumentParser(
+        prog="python -m ps_server",
+        description="Run one fleetrun parameter server (gRPC) until Stop or SIGTERM/SIGINT.",
+    )
+
+    def add(name: str, **kw: object) -> None:
+        p.add_argument(f"--{name}", *([f"--{name.replace('_', '-')}"] if "_" in name else []), **kw)
+
+    add("host", default="127.0.0.1", help="address to bind (only this one; default 127.0.0.1)")
+    add("port", type=int, default=0, help="port to bind (0: a free one, printed)")
+    add("server_index", type=int, default=0, help="this server's index (default 0)")
+    add("num_servers", type=int, default=1, help="number of servers of the job (default 1)")
+    add(
+        "max_message_mb",
+        type=float,
+        default=DEFAULT_MAX_MESSAGE_MB,
+        help=f"largest request/response in MiB (default {DEFAULT_MAX_MESSAGE_MB})",
+    )
+    add(
+        "threads",
+        type=int,
+        default=DEFAULT_THREADS,
+        help=f"request threads (default {DEFAULT_THREADS}; more than the trainers that may wait "
+        "in a barrier at once)",
+    )
+    add("load", default=None, metavar="DIR", help="load this checkpoint before serving")
+    add(
+        "from_env",
+        action="store_true",
+        help="take host, port, index and count from the PSERVER env contract (TRAINING_ROLE, "
+        "POD_IP, PADDLE_PORT, PADDLE_PSERVERS_IP_PORT_LIST)",
+    )
+    add("log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def _announce(server: PSServer) -> None:
+    print(
+        f"ps_server {server.state.server_index}/{server.state.num_servers} serving on "
+        f"{server.endpoint}",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, serve until stopped; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.from_env:
+            serve_from_env(
+                max_message_mb=args.max_message_mb,
+                threads=args.threads,
+                checkpoint_dir=args.load,
+                on_ready=_announce,
+            )
+        else:
+            serve(
+                host=args.host,
+                port=args.port,
+                server_index=args.server_index,
+                num_servers=args.num_servers,
+                max_message_mb=args.max_message_mb,
+                threads=args.threads,
+                checkpoint_dir=args.load,
+                on_ready=_announce,
+            )
+    except ConfigError as err:
+        logger.error("ps_server: %s", err)
+        return 2
+    except FleetError as err:
+        logger.error("ps_server: %s", err)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

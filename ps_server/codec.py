@@ -1,0 +1,137 @@
+"""Packed-bytes encoding of keys, rows and dense values on the wire (both ends use this module).
+
+Keys travel as int64 little-endian (8 bytes per key), rows / gradients / dense values as float32
+little-endian, row-major (``n * dim * 4`` bytes). Decoding is a zero-copy ``np.frombuffer`` view
+(read-only); a byte count that does not fit the expected shape is a
+:class:`~ps_server.errors.TableInputError` naming the table, the field and the sizes, which the
+server maps to ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ps_server.errors import TableInputError
+
+KEY_DTYPE = np.dtype("<i8")
+"""Keys on the wire: int64 little-endian."""
+VALUE_DTYPE = np.dtype("<f4")
+"""Rows, gradients and dense values on the wire: float32 little-endian."""
+KEY_BYTES = KEY_DTYPE.itemsize
+VALUE_BYTES = VALUE_DTYPE.itemsize
+
+
+def encode_keys(keys: np.ndarray) -> bytes:
+    """int64[n] → ``n * 8`` bytes (little-endian)."""
+    return np.ascontiguousarray(keys, dtype=KEY_DTYPE).tobytes()
+
+
+def encode_values(values: np.ndarray) -> bytes:
+    """float32 array of any shape → its row-major bytes (little-endian)."""
+    return np.ascontiguousarray(values, dtype=VALUE_DTYPE).tobytes()
+
+
+def decode_keys(table: str, data: bytes, field: str = "keys") -> np.ndarray:
+    """``n * 8`` bytes → int64[n] (a read-only view); TableInputError if not a multiple of 8."""
+    if len(data) % KEY_BYTES:
+        raise TableInputError(
+            table,
+            field,
+            f"{len(data)} bytes is not a multiple of {KEY_BYTES} (int64 little-endian keys); "
+            "the request is truncated or not packed int64",
+        )
+    return np.frombuffer(data, dtype=KEY_DTYPE).astype(np.int64, copy=False)
+
+
+def decode_rows(
+    table: str, data: bytes, num_rows: int, dim: int, field: str = "grads"
+) -> np.ndarray:
+    """``num_rows * dim * 4`` bytes → float32[num_rows, dim] (a read-only view)."""
+    want = num_rows * dim * VALUE_BYTES
+    if len(data) != want:
+        raise TableInputError(
+            table,
+            field,
+            f"{len(data)} bytes, expected len(keys) * dim * 4 = {num_rows} * {dim} * "
+            f"{VALUE_BYTES} = {want} (float32 little-endian, row-major); "
+            + (
+                f"they hold {num_rows} rows of dim {len(data) // (num_rows * VALUE_BYTES)} but "
+                f"the table's dim is {dim}"
+                if num_rows and len(data) % (num_rows * VALUE_BYTES) == 0
+                else "length mismatch or truncated bytes"
+            ),
+        )
+    return (
+        np.frombuffer(data, dtype=VALUE_DTYPE).astype(np.float32, copy=False).reshape(num_rows, dim)
+    )
+
+
+def decode_values(table: str, data: bytes, field: str, numel: int | None = None) -> np.ndarray:
+    """``numel * 4`` bytes → float32[numel] (a read-only view); ``numel=None`` takes any whole
+    number of floats."""
+    if len(data) % VALUE_BYTES or (numel is not None and len(data) != numel * VALUE_BYTES):
+        expect = (
+            f"{numel} * {VALUE_BYTES} = {numel * VALUE_BYTES}"
+            if numel is not None
+            else (f"a multiple of {VALUE_BYTES}")
+        )
+        raise TableInputError(
+            table,
+            field,
+            f"{len(data)} bytes, expected {expect} (float32 little-endian); length mismatch or "
+            "truncated bytes",
+        )
+    return np.frombuffer(data, dtype=VALUE_DTYPE).astype(np.float32, copy=False)
+
+
+def as_keys(table: str, keys: Any) -> np.ndarray:
+    """Client side: any 1-D integer array-like (list, numpy, CPU torch tensor) → int64[n]."""
+    arr = np.asarray(keys)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise TableInputError(
+            table,
+            "keys",
+            f"must be a 1-D array of integers, got dtype {arr.dtype} and shape {arr.shape}",
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+def as_rows(table: str, grads: Any, num_rows: int, dim: int, field: str = "grads") -> np.ndarray:
+    """Client side: a float array-like of shape ``(num_rows, dim)`` → contiguous float32."""
+    arr = np.asarray(grads)
+    if arr.dtype.kind != "f" and arr.size:
+        raise TableInputError(table, field, f"must hold floats, got dtype {arr.dtype}")
+    arr = arr.astype(np.float32, copy=False)
+    if arr.shape != (num_rows, dim) and not (num_rows == 0 and arr.size == 0):
+        raise TableInputError(
+            table,
+            field,
+            f"shape must be (len(keys), dim) = ({num_rows}, {dim}), got {arr.shape}",
+        )
+    return np.ascontiguousarray(arr.reshape(num_rows, dim))
+
+
+def as_flat_values(table: str, values: Any, field: str) -> np.ndarray:
+    """Client side: a float array-like of any shape → contiguous float32[numel]."""
+    arr = np.asarray(values)
+    if arr.dtype.kind != "f" and arr.size:
+        raise TableInputError(table, field, f"must hold floats, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+
+
+__all__ = [
+    "KEY_BYTES",
+    "KEY_DTYPE",
+    "VALUE_BYTES",
+    "VALUE_DTYPE",
+    "as_flat_values",
+    "as_keys",
+    "as_rows",
+    "decode_keys",
+    "decode_rows",
+    "decode_values",
+    "encode_keys",
+    "encode_values",
+]

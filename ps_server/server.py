@@ -1,0 +1,257 @@
+"""The gRPC parameter server: :class:`PSServer`, the blocking :func:`serve`, and
+:func:`serve_from_env` (what ``fleet.run_server()`` and ``python -m ps_server`` end in).
+
+A server holds only the shards :func:`ps_server.routing.shards_of_server` gives it (tables are
+built with ``make_table(config, server_index, num_servers)``), binds only the host it is given
+(default 127.0.0.1; ``SO_REUSEPORT`` off, so a busy port is an error rather than a silently
+shared one), serves the ``fleetrun.ps.v1.ParameterServer`` service (:mod:`ps_server.service`) and
+the standard ``grpc.health.v1.Health`` service (SERVING while up, NOT_SERVING while stopping).
+
+Threads: each request runs on a pool thread (``threads``, default 32). A Barrier call holds its
+thread while it waits, so ``threads`` must exceed the number of callers that can wait at once
+(trainers) — otherwise the last arrivals queue behind the waiters until these time out.
+
+Stopping is graceful in every path (``stop()``, the Stop RPC, SIGTERM/SIGINT under
+:func:`serve`): health turns NOT_SERVING, barrier waiters are released with UNAVAILABLE, new
+calls are refused and in-flight calls get ``grace_s`` seconds to finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from types import FrameType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from collective.env import TrainingRole, read_worker_env
+from collective.errors import ConfigError, EnvContractError, PSError
+from ps_server.service import (
+    SERVICE_NAME,
+    ParameterServerServicer,
+    ServerState,
+    add_servicer_to_server,
+    load_dir,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_MB = 64
+"""Default largest request/response in MiB, on both ends (gRPC's own default is 4)."""
+DEFAULT_THREADS = 32
+"""Default request threads per server."""
+MIB = 1 << 20
+
+
+def grpc_message_options(max_message_mb: float) -> list[tuple[str, Any]]:
+    """Channel/server options for a ``max_message_mb`` MiB limit each way."""
+    if not max_message_mb > 0:
+        raise ConfigError(f"must be > 0, got {max_message_mb!r}", key="max_message_mb")
+    limit = int(max_message_mb * MIB)
+    return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class PSServer:
+    """One parameter server (shards ``shards_of_server(server_index, num_servers, ...)`` of every
+    table). ``start()`` returns the bound port; ``wait()`` blocks until stopped."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        server_index: int = 0,
+        num_servers: int = 1,
+        max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
+        threads: int = DEFAULT_THREADS,
+        grace_s: float = 5.0,
+    ) -> None:
+        """``port=0`` picks a free port (``start()`` returns it)."""
+        if not isinstance(num_servers, int) or num_servers < 1:
+            raise ConfigError(f"must be an integer >= 1, got {num_servers!r}", key="num_servers")
+        if not isinstance(server_index, int) or not 0 <= server_index < num_servers:
+            raise ConfigError(
+                f"must be in [0, {num_servers}), got {server_index!r}", key="server_index"
+            )
+        if not isinstance(threads, int) or threads < 2:
+            raise ConfigError(f"must be an integer >= 2, got {threads!r}", key="threads")
+        self.host = host
+        self.port = int(port)
+        self.max_message_mb = max_message_mb
+        self.threads = threads
+        self.grace_s = grace_s
+        self._options = grpc_message_options(max_message_mb)
+        self.state = ServerState(server_index=server_index, num_servers=num_servers)
+        self.state.on_stop = self._stop_soon
+        self._server: grpc.Server | None = None
+        self._health: health.HealthServicer | None = None
+        self._stop_lock = threading.Lock()
+        self._stopping = False
+        self._stopped = threading.Event()
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` (the port is known after ``start()``)."""
+        return _address(self.host, self.port)
+
+    def load_checkpoint(self, directory: str) -> dict[str, int]:
+        """Load this server's shards of a checkpoint (before or after ``start()``); tables it
+        does not hold are created from the checkpoint. Returns rows read per table."""
+        rows, _ = load_dir(self.state, directory)
+        return rows
+
+    def start(self) -> int:
+        """Bind and start serving; returns the port (PSError if the address cannot be bound)."""
+        if self._server is not None:
+            raise PSError(f"server {self.state.server_index} is already started on {self.endpoint}")
+        server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=self.threads, thread_name_prefix=f"ps{self.state.server_index}"
+            ),
+            options=[*self._options, ("grpc.so_reuseport", 0)],
+        )
+        add_servicer_to_server(ParameterServerServicer(self.state), server)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        address = _address(self.host, self.port)
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as err:
+            raise PSError(
+                f"parameter server {self.state.server_index} cannot listen on {address}: {err} "
+                "(port busy, or the host is not an address of this machine)"
+            ) from err
+        if port == 0:
+            raise PSError(f"parameter server {self.state.server_index} cannot listen on {address}")
+        server.start()
+        self._server = server
+        self.port = port
+        self.state.endpoint = self.endpoint
+        for service in ("", SERVICE_NAME):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        logger.info(
+            "parameter server %d/%d serving on %s (max message %s MiB, %d threads)",
+            self.state.server_index,
+            self.state.num_servers,
+            self.endpoint,
+            self.max_message_mb,
+            self.threads,
+        )
+        return port
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the server stopped (Stop RPC, ``stop()``, a signal under ``serve``);
+        returns False if ``timeout_s`` passed first."""
+        if self._server is None and not self._stopped.is_set():
+            raise PSError("wait(): the server was not started")
+        return self._stopped.wait(timeout_s)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop gracefully (idempotent; see the module docstring)."""
+        with self._stop_lock:
+            if self._stopping:
+                first = False
+            else:
+                self._stopping = first = True
+        if not first:
+            self._stopped.wait()
+            return
+        grace = self.grace_s if grace_s is None else grace_s
+        logger.info("parameter server %d stopping (grace %.1fs)", self.state.server_index, grace)
+        if self._health is not None:
+            self._health.enter_graceful_shutdown()
+        self.state.barriers.stop()
+        if self._server is not None:
+            self._server.stop(grace).wait()
+        self._stopped.set()
+        logger.info("parameter server %d stopped", self.state.server_index)
+
+    def _stop_soon(self) -> None:
+        """Stop from another thread, so the Stop RPC that asked can reply first."""
+        threading.Thread(target=self.stop, name="ps-stop", daemon=True).start()
+
+    def __enter__(self) -> PSServer:  # noqa: PYI034 - py3.10 has no typing.Self
+        if self._server is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    server_index: int = 0,
+    num_servers: int = 1,
+    max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
+    threads: int = DEFAULT_THREADS,
+    checkpoint_dir: str | None = None,
+    on_ready: Any = None,
+) -> None:
+    """Run one server until a Stop RPC or SIGTERM/SIGINT (graceful either way), then return.
+
+    ``checkpoint_dir`` loads a checkpoint before serving; ``on_ready(server)`` is called once it
+    listens (``python -m ps_server`` prints the endpoint there). Signal handlers are installed
+    only when called from the main thread.
+    """
+    server = PSServer(host, port, server_index, num_servers, max_message_mb, threads)
+    if checkpoint_dir:
+        server.load_checkpoint(checkpoint_dir)
+    server.start()
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            logger.info(
+                "parameter server %d: %s received", server_index, signal.Signals(signum).name
+            )
+            server._stop_soon()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        if on_ready is not None:
+            on_ready(server)
+        server.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.stop()
+
+
+def serve_from_env(**kwargs: Any) -> None:
+    """:func:`serve` as the env contract says (TRAINING_ROLE=PSERVER: POD_IP, PADDLE_PORT, this
+    server's index in PADDLE_PSERVERS_IP_PORT_LIST and their count); ``kwargs`` go to
+    :func:`serve` (``max_message_mb``, ``threads``, ``checkpoint_dir``, ``on_ready``)."""
+    env = read_worker_env()
+    if env.training_role is not TrainingRole.PSERVER:
+        raise EnvContractError(
+            f"serve_from_env() needs TRAINING_ROLE=PSERVER, got {env.training_role.value} "
+            "(start the job with fleetrun --server_num N, or call ps_server.serve(...))"
+        )
+    host, _, port = env.current_endpoint.rpartition(":")
+    serve(
+        host=host.strip("[]"),
+        port=int(port),
+        server_index=env.server_index,
+        num_servers=len(env.pserver_endpoints),
+        **kwargs,
+    )
+
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_MB",
+    "DEFAULT_THREADS",
+    "PSServer",
+    "grpc_message_options",
+    "serve",
+    "serve_from_env",
+]

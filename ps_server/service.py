@@ -1,0 +1,567 @@
+"""The parameter-server RPCs: pure functions over a :class:`ServerState`, and a thin servicer.
+
+gRPC route_guide style: each RPC is a module-level function ``op(state, request) -> response``
+on protobuf messages (no gRPC in them; tests may call them directly); the
+:class:`ParameterServerServicer` only counts the request, calls the function and turns an
+exception into a status code through :func:`ps_server.status.status_of` — the one mapping. The
+server (:mod:`ps_server.server`) owns the gRPC objects.
+
+Request bodies are parsed by a lenient deserializer (:func:`add_servicer_to_server`): a body that
+is not a valid message of the method's request type becomes INVALID_ARGUMENT (gRPC's own
+deserializer would answer INTERNAL). A bad request never changes a table: every check runs
+before the table is touched (the tables validate before they mutate, too).
+
+Push modes (``PushMode``): ``APPLY`` applies the table's optimizer rule now (async training);
+``SYNC`` accumulates the W pushes of a round and applies their mean once
+(:mod:`ps_server.sync` documents the exact semantics); ``DELTA`` adds the values to the rows
+without an optimizer (GEO, :mod:`ps_server.table_ops`).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError, Message
+
+from collective.errors import ConfigError
+from ps_server import checkpoint
+from ps_server.codec import decode_keys, decode_rows, decode_values
+from ps_server.config import NonFinitePolicy, check_same_config, config_from_dict, config_to_dict
+from ps_server.dense_table import DenseTable
+from ps_server.errors import (
+    CheckpointError,
+    NonFiniteGradientError,
+    TableInputError,
+    TableNotFoundError,
+    WrongShardError,
+)
+from ps_server.proto import ps_pb2, ps_pb2_grpc
+from ps_server.routing import shard_of
+from ps_server.sparse_table import PushStats, SparseTable
+from ps_server.status import RequestDecodeError, status_of
+from ps_server.sync import Barriers, DenseUploads, SyncRounds
+from ps_server.table import Table
+from ps_server.table_ops import add_dense_delta, add_sparse_delta, dense_numel, dense_slice
+from ps_server.tables import make_table
+from ps_server.wire import wire_message
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+"""``fleetrun.ps.v1.ParameterServer`` (also the name health checks report on)."""
+MAX_DETAILS_CHARS = 8000
+"""Status messages are cut to this length (they travel in a trailer)."""
+_MODES = {
+    ps_pb2.PUSH_MODE_APPLY: "apply",
+    ps_pb2.PUSH_MODE_SYNC: "sync",
+    ps_pb2.PUSH_MODE_DELTA: "delta",
+}
+
+
+@dataclass
+class ServerState:
+    """Everything one server holds: its tables and the coordination state."""
+
+    server_index: int = 0
+    num_servers: int = 1
+    tables: dict[str, Table] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Guards changes of ``tables`` (create, load); lookups read the dict without it."""
+    sync: SyncRounds = field(default_factory=SyncRounds)
+    barriers: Barriers = field(default_factory=Barriers)
+    uploads: DenseUploads = field(default_factory=DenseUploads)
+    counter_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Guards the three counters below (handlers run on many threads)."""
+    requests: collections.Counter = field(default_factory=collections.Counter)
+    """Requests per RPC name."""
+    errors: collections.Counter = field(default_factory=collections.Counter)
+    """Failed requests per ``"<RPC>:<STATUS>"``."""
+    events: collections.Counter = field(default_factory=collections.Counter)
+    """Server-level counters: nonfinite_rejected, sync_rounds_applied, dense_nonfinite_skipped."""
+    started: float = field(default_factory=time.time)
+    on_stop: Callable[[], None] | None = None
+    """Called by the Stop RPC (the server stops itself after replying)."""
+    endpoint: str = ""
+
+    def count_event(self, name: str) -> None:
+        """Add one to server-level counter ``name``."""
+        with self.counter_lock:
+            self.events[name] += 1
+
+    @property
+    def writer(self) -> str:
+        """This server's checkpoint manifest name."""
+        return f"server-{self.server_index}"
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def get_table(state: ServerState, name: str, kind: str | None = None) -> Table:
+    """Table ``name`` (TableNotFoundError naming the tables that exist; TableInputError when it
+    is of the other kind)."""
+    table = state.tables.get(name)
+    if table is None:
+        raise TableNotFoundError(
+            f"table {name!r} does not exist on server {state.server_index}; tables: "
+            f"{sorted(state.tables) or 'none'} (create it with CreateTable first)"
+        )
+    if kind is not None and table.KIND != kind:
+        raise TableInputError(
+            name, "table", f"is a {table.KIND} table; this call needs a {kind} table"
+        )
+    return table
+
+
+def _mode(table: str, mode: int) -> str:
+    name = _MODES.get(mode)
+    if name is None:
+        raise TableInputError(
+            table, "mode", f"must be APPLY, SYNC or DELTA, got {mode} (PUSH_MODE_UNSPECIFIED?)"
+        )
+    return name
+
+
+def _check_finite(table: Table, values: np.ndarray, field_name: str) -> None:
+    """Under ``nonfinite=reject``, a contribution with NaN/inf is refused on arrival."""
+    if table.config.nonfinite is NonFinitePolicy.REJECT and not np.isfinite(values).all():
+        bad = ~np.isfinite(values)
+        rows = int(bad.reshape(values.shape[0], -1).any(axis=1).sum()) if values.ndim == 2 else 1
+        raise NonFiniteGradientError(table.name, int(bad.sum()), rows, field=field_name)
+
+
+def _check_owned(table: SparseTable, keys: np.ndarray) -> None:
+    if keys.shape[0] == 0 or len(table.shards) == table.config.num_shards:
+        return
+    owned = np.zeros(table.config.num_shards, dtype=bool)
+    owned[list(table.shards)] = True
+    wrong = ~owned[shard_of(keys, table.config.num_shards)]
+    if wrong.any():
+        raise WrongShardError(
+            table.name,
+            "keys",
+            f"{int(wrong.sum())} of {keys.shape[0]} keys (e.g. {int(keys[wrong][0])}) belong to "
+            "shards this server does not own; route keys with ps_server.routing.group_by_server",
+        )
+
+
+def _push_response(stats: PushStats, arrived: int = 0) -> ps_pb2.PushSparseResponse:
+    return ps_pb2.PushSparseResponse(**stats.to_dict(), sync_arrived=arrived)
+
+
+# -- tables ----------------------------------------------------------------------------------
+def create_table(state: ServerState, req: ps_pb2.CreateTableRequest) -> ps_pb2.CreateTableResponse:
+    """Create this server's part of a table; idempotent, ALREADY_EXISTS for another config."""
+    try:
+        data = json.loads(req.config_json)
+    except ValueError as err:
+        raise ConfigError(f"is not valid JSON: {err}", key="config_json") from None
+    config = config_from_dict(data, "config")
+    with state.lock:
+        existing = state.tables.get(config.name)
+        if existing is not None:
+            check_same_config(existing.config, config)
+            return ps_pb2.CreateTableResponse(created=False)
+        state.tables[config.name] = make_table(config, state.server_index, state.num_servers)
+    logger.info("server %d: created table %s", state.server_index, config_to_dict(config))
+    return ps_pb2.CreateTableResponse(created=True)
+
+
+def list_tables(state: ServerState, req: ps_pb2.ListTablesRequest) -> ps_pb2.ListTablesResponse:
+    """The configs of every table, sorted by name."""
+    tables = dict(state.tables)
+    return ps_pb2.ListTablesResponse(
+        config_json=[json.dumps(config_to_dict(tables[n].config)) for n in sorted(tables)]
+    )
+
+
+# -- sparse ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PullSparseReply:
+    """The PullSparseResponse of :func:`pull_sparse`, kept as an array until it is written
+    (:mod:`ps_server.wire` encodes it with one copy)."""
+
+    values: np.ndarray
+    dim: int
+
+    def to_message(self) -> ps_pb2.PullSparseResponse:
+        """The same reply as a generated message (tests, tools)."""
+        return ps_pb2.PullSparseResponse(values=self.values.tobytes(), dim=self.dim)
+
+
+def pull_sparse(state: ServerState, req: Any) -> PullSparseReply:
+    """Rows of the keys (created with their initial value when admitted); ``req`` is a
+    PullSparseRequest (or its :mod:`ps_server.wire` view)."""
+    table = get_table(state, req.table, "sparse")
+    assert isinstance(table, SparseTable)
+    keys = decode_keys(table.name, req.keys)
+    return PullSparseReply(table.pull(keys), table.dim)
+
+
+def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
+    """APPLY / SYNC / DELTA push of gradients (or deltas) for the keys; ``req`` is a
+    PushSparseRequest (or its :mod:`ps_server.wire` view)."""
+    table = get_table(state, req.table, "sparse")
+    assert isinstance(table, SparseTable)
+    mode = _mode(table.name, req.mode)
+    keys = decode_keys(table.name, req.keys)
+    grads = decode_rows(table.name, req.grads, keys.shape[0], table.dim)
+    if mode == "apply":
+        return _push_response(table.push(keys, grads))
+    if mode == "delta":
+        return _push_response(add_sparse_delta(table, keys, grads))
+    _check_owned(table, keys)
+    _check_finite(table, grads, "grads")
+    arrived, parts = state.sync.add(
+        table.name, f"sparse/{table.name}", req.sync_count, (keys, grads), not req.more_parts
+    )
+    if parts is None:
+        return ps_pb2.PushSparseResponse(num_keys=keys.shape[0], sync_arrived=arrived)
+    all_keys = np.concatenate([p[0] for p in parts])
+    mean = np.concatenate([p[1] for p in parts]) / np.float32(req.sync_count)
+    stats = table.push(all_keys, mean)
+    state.count_event("sync_rounds_applied")
+    return _push_response(stats, arrived)
+
+
+def shrink(state: ServerState, req: ps_pb2.ShrinkRequest) -> ps_pb2.ShrinkResponse:
+    """Delete rows unseen for more than ``unseen_days`` days."""
+    table = get_table(state, req.table, "sparse")
+    assert isinstance(table, SparseTable)
+    return ps_pb2.ShrinkResponse(removed=table.shrink(int(req.unseen_days)))
+
+
+def end_day(state: ServerState, req: ps_pb2.EndDayRequest) -> ps_pb2.EndDayResponse:
+    """Close a day on every table."""
+    for name in sorted(state.tables):
+        state.tables[name].end_day()
+    return ps_pb2.EndDayResponse()
+
+
+# -- dense -----------------------------------------------------------------------------------
+def _dense_values(
+    state: ServerState, table: Table, name: str, data: bytes, upload: ps_pb2.DenseUpload, what: str
+) -> np.ndarray | None:
+    """The whole block of a request, or None while a split upload waits for more parts."""
+    values = decode_values(table.name, data, what)
+    if not upload.upload_id:
+        return values
+    return state.uploads.add_part(
+        table.name,
+        name,
+        upload.upload_id,
+        int(upload.offset),
+        int(upload.total),
+        values,
+        upload.more_parts,
+    )
+
+
+def init_dense(state: ServerState, req: ps_pb2.InitDenseRequest) -> ps_pb2.InitDenseResponse:
+    """Create block ``name`` with its initial values (idempotent with identical values)."""
+    table = get_table(state, req.table, "dense")
+    assert isinstance(table, DenseTable)
+    values = _dense_values(state, table, req.name, req.values, req.upload, "values")
+    if values is None:
+        return ps_pb2.InitDenseResponse(created=False)
+    return ps_pb2.InitDenseResponse(created=table.init(req.name, values))
+
+
+def pull_dense(state: ServerState, req: ps_pb2.PullDenseRequest) -> ps_pb2.PullDenseResponse:
+    """Elements ``[offset, offset + count)`` of block ``name`` (count 0: to the end)."""
+    table = get_table(state, req.table, "dense")
+    assert isinstance(table, DenseTable)
+    values, total = dense_slice(table, req.name, int(req.offset), int(req.count))
+    return ps_pb2.PullDenseResponse(values=values.tobytes(), total=total)
+
+
+def push_dense(state: ServerState, req: ps_pb2.PushDenseRequest) -> ps_pb2.PushDenseResponse:
+    """APPLY / SYNC / DELTA push of a block's gradient (or delta)."""
+    table = get_table(state, req.table, "dense")
+    assert isinstance(table, DenseTable)
+    mode = _mode(table.name, req.mode)
+    numel = dense_numel(table, req.name)  # NOT_FOUND / wrong shard before anything is staged
+    grad = _dense_values(state, table, req.name, req.grad, req.upload, "grad")
+    if grad is None:
+        return ps_pb2.PushDenseResponse(applied=False)
+    if grad.shape[0] != numel:
+        raise TableInputError(
+            table.name, "grad", f"has {grad.shape[0]} elements, block {req.name!r} has {numel}"
+        )
+    if mode == "apply":
+        return ps_pb2.PushDenseResponse(applied=table.push(req.name, grad))
+    if mode == "delta":
+        applied = add_dense_delta(table, req.name, grad)
+        if not applied:
+            state.count_event("dense_nonfinite_skipped")
+        return ps_pb2.PushDenseResponse(applied=applied)
+    _check_finite(table, grad, f"grad of {req.name!r}")
+    arrived, parts = state.sync.add(
+        table.name, f"dense/{table.name}/{req.name}", req.sync_count, grad, True
+    )
+    if parts is None:
+        return ps_pb2.PushDenseResponse(applied=False, sync_arrived=arrived)
+    mean = np.sum(parts, axis=0, dtype=np.float32) / np.float32(req.sync_count)
+    applied = table.push(req.name, mean)
+    state.count_event("sync_rounds_applied")
+    return ps_pb2.PushDenseResponse(applied=applied, sync_arrived=arrived)
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+def save(state: ServerState, req: ps_pb2.SaveRequest) -> ps_pb2.SaveResponse:
+    """Save this server's tables into ``dir`` (its own manifest, ``manifest.server-<i>.json``)."""
+    if not req.dir:
+        raise ConfigError("must name a directory on the server's file system", key="dir")
+    mode = req.mode or "all"
+    manifest = checkpoint.save(req.dir, dict(state.tables), mode=mode, writer=state.writer)
+    return ps_pb2.SaveResponse(manifest_json=json.dumps(manifest))
+
+
+def load_dir(state: ServerState, directory: str) -> tuple[dict[str, int], list[str]]:
+    """Load the shards this server owns from ``directory``; tables of the checkpoint this server
+    does not hold yet are created from the checkpoint's configs (a full checkpoint only).
+    Returns (rows read per table, tables created). Nothing changes if anything fails."""
+    if not directory:
+        raise ConfigError("must name a checkpoint directory", key="dir")
+    info = checkpoint.read_checkpoint(directory)
+    with state.lock:
+        targets: dict[str, Table] = {}
+        created: list[str] = []
+        for name, entry in sorted(info.tables.items()):
+            table = state.tables.get(name)
+            if table is None:
+                if info.mode == "delta":
+                    raise CheckpointError(
+                        f"{directory}: delta checkpoint of table {name!r}, which server "
+                        f"{state.server_index} does not hold: load the full checkpoint it "
+                        "follows first"
+                    )
+                table = make_table(entry.config, state.server_index, state.num_servers)
+                created.append(name)
+            targets[name] = table
+        rows = checkpoint.load(directory, targets)
+        state.tables.update(targets)
+    logger.info(
+        "server %d: loaded %s (%s), created tables %s",
+        state.server_index,
+        directory,
+        rows,
+        created,
+    )
+    return rows, created
+
+
+def load(state: ServerState, req: ps_pb2.LoadRequest) -> ps_pb2.LoadResponse:
+    """Load a checkpoint (see :func:`load_dir`)."""
+    rows, created = load_dir(state, req.dir)
+    return ps_pb2.LoadResponse(rows=rows, created_tables=created)
+
+
+# -- coordination ----------------------------------------------------------------------------
+def barrier(
+    state: ServerState, req: ps_pb2.BarrierRequest, is_active: Callable[[], bool] = lambda: True
+) -> ps_pb2.BarrierResponse:
+    """Wait until ``count`` callers of barrier ``name`` arrived."""
+    generation = state.barriers.wait(req.name, int(req.count), float(req.timeout_s), is_active)
+    return ps_pb2.BarrierResponse(generation=generation)
+
+
+def _counters(state: ServerState) -> dict[str, dict[str, int]]:
+    with state.counter_lock:
+        return {
+            "requests": dict(state.requests),
+            "errors": dict(state.errors),
+            "events": dict(state.events),
+        }
+
+
+def stats(state: ServerState, req: ps_pb2.StatsRequest) -> ps_pb2.StatsResponse:
+    """Sizes and counters of this server as JSON."""
+    tables = dict(state.tables)
+    data: dict[str, Any] = {
+        "server_index": state.server_index,
+        "num_servers": state.num_servers,
+        "endpoint": state.endpoint,
+        "uptime_s": round(time.time() - state.started, 3),
+        "tables": {n: tables[n].stats() for n in sorted(tables)},
+        **_counters(state),
+        "sync_rounds_open": state.sync.pending(),
+        "barriers": state.barriers.snapshot(),
+        "uploads_pending": state.uploads.num_pending(),
+    }
+    return ps_pb2.StatsResponse(stats_json=json.dumps(data, default=float))
+
+
+def stop(state: ServerState, req: ps_pb2.StopRequest) -> ps_pb2.StopResponse:
+    """Ask the server to stop after this reply (graceful: in-flight calls finish)."""
+    logger.info("server %d: Stop requested", state.server_index)
+    if state.on_stop is not None:
+        state.on_stop()
+    return ps_pb2.StopResponse()
+
+
+# -- the servicer ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Undecodable:
+    """Stands for a request body the lenient deserializer could not parse."""
+
+    type_name: str
+    size: int
+    error: str
+
+
+class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
+    """Thin servicer: count, delegate to the module functions, map errors to status codes."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def _run(self, op: str, fn: Callable[..., Message], request: Any, context: Any) -> Message:
+        st = self.state
+        with st.counter_lock:
+            st.requests[op] += 1
+        if isinstance(request, _Undecodable):
+            err: BaseException = RequestDecodeError(
+                f"{op}: the {request.size}-byte request body is not a valid "
+                f"fleetrun.ps.v1.{request.type_name}: {request.error}"
+            )
+        else:
+            try:
+                return fn(st, request)
+            except Exception as exc:  # noqa: BLE001 - every error becomes a status code
+                err = exc
+        code = status_of(err)
+        with st.counter_lock:
+            st.errors[f"{op}:{code.name}"] += 1
+            if isinstance(err, NonFiniteGradientError):
+                st.events["nonfinite_rejected"] += 1
+        if code is grpc.StatusCode.INTERNAL:
+            logger.error("%s failed with an unexpected error (a bug)", op, exc_info=err)
+            details = f"{type(err).__name__}: {err} (unexpected server error; see the server log)"
+        else:
+            logger.debug("%s -> %s: %s", op, code.name, err)
+            details = str(err)
+        if len(details) > MAX_DETAILS_CHARS:
+            details = details[: MAX_DETAILS_CHARS - 20] + " ... (cut)"
+        context.abort(code, details)
+        raise AssertionError("context.abort returned")  # pragma: no cover - abort raises
+
+    def CreateTable(self, request: Any, context: Any) -> Message:
+        return self._run("CreateTable", create_table, request, context)
+
+    def ListTables(self, request: Any, context: Any) -> Message:
+        return self._run("ListTables", list_tables, request, context)
+
+    def PullSparse(self, request: Any, context: Any) -> Message:
+        return self._run("PullSparse", pull_sparse, request, context)
+
+    def PushSparse(self, request: Any, context: Any) -> Message:
+        return self._run("PushSparse", push_sparse, request, context)
+
+    def InitDense(self, request: Any, context: Any) -> Message:
+        return self._run("InitDense", init_dense, request, context)
+
+    def PullDense(self, request: Any, context: Any) -> Message:
+        return self._run("PullDense", pull_dense, request, context)
+
+    def PushDense(self, request: Any, context: Any) -> Message:
+        return self._run("PushDense", push_dense, request, context)
+
+    def Save(self, request: Any, context: Any) -> Message:
+        return self._run("Save", save, request, context)
+
+    def Load(self, request: Any, context: Any) -> Message:
+        return self._run("Load", load, request, context)
+
+    def Shrink(self, request: Any, context: Any) -> Message:
+        return self._run("Shrink", shrink, request, context)
+
+    def EndDay(self, request: Any, context: Any) -> Message:
+        return self._run("EndDay", end_day, request, context)
+
+    def Barrier(self, request: Any, context: Any) -> Message:
+        return self._run(
+            "Barrier", lambda st, req: barrier(st, req, context.is_active), request, context
+        )
+
+    def Stats(self, request: Any, context: Any) -> Message:
+        return self._run("Stats", stats, request, context)
+
+    def Stop(self, request: Any, context: Any) -> Message:
+        return self._run("Stop", stop, request, context)
+
+
+_PULL_SPARSE_RESPONSE = wire_message(ps_pb2.PullSparseResponse)
+_FAST_REQUESTS = {
+    "PullSparse": wire_message(ps_pb2.PullSparseRequest).decode,
+    "PushSparse": wire_message(ps_pb2.PushSparseRequest).decode,
+}
+"""Requests parsed by :mod:`ps_server.wire` (zero-copy views of the packed arrays)."""
+
+
+def _lenient(type_name: str, parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def lenient_parse(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as err:
+            return _Undecodable(type_name, len(data), str(err))
+
+    return lenient_parse
+
+
+def _serialize(reply: Any) -> bytes:
+    if isinstance(reply, PullSparseReply):
+        return _PULL_SPARSE_RESPONSE.encode({"values": reply.values, "dim": reply.dim})
+    return reply.SerializeToString()
+
+
+def add_servicer_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
+    """Register ``servicer`` like the generated ``add_ParameterServerServicer_to_server``, but
+    with request parsing that turns an undecodable body into INVALID_ARGUMENT, and the
+    zero-copy codec of :mod:`ps_server.wire` for the sparse pull/push messages."""
+    service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
+    handlers = {
+        m.name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, m.name),
+            request_deserializer=_lenient(
+                m.input_type.name,
+                _FAST_REQUESTS.get(m.name, getattr(ps_pb2, m.input_type.name).FromString),
+            ),
+            response_serializer=_serialize,
+        )
+        for m in service.methods
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+__all__ = [
+    "SERVICE_NAME",
+    "ParameterServerServicer",
+    "PullSparseReply",
+    "ServerState",
+    "add_servicer_to_server",
+    "barrier",
+    "create_table",
+    "end_day",
+    "get_table",
+    "init_dense",
+    "list_tables",
+    "load",
+    "load_dir",
+    "pull_dense",
+    "pull_sparse",
+    "push_dense",
+    "push_sparse",
+    "save",
+    "shrink",
+    "stats",
+    "stop",
+]

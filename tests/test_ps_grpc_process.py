@@ -1,0 +1,112 @@
+"""``python -m ps_server`` as a real process: serve, talk, stop (Stop RPC or SIGTERM), exit 0;
+the env-contract entry (``--from_env`` / ``serve_from_env``); a busy port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collective.env import find_free_port
+from ps_server import PSClient, SparseTable, SparseTableConfig, Uniform
+from ps_server.optimizers import Adagrad
+
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+from ps_cluster import start_server_process, stop_process
+
+
+@pytest.mark.timeout(60)
+def test_two_server_processes_serve_and_stop_on_rpc(tmp_path: Path) -> None:
+    procs = []
+    try:
+        eps = []
+        for i in range(2):
+            proc, ep = start_server_process(
+                "--port",
+                "0",
+                "--server_index",
+                str(i),
+                "--num_servers",
+                "2",
+                "--max_message_mb",
+                "8",
+            )
+            procs.append(proc)
+            eps.append(ep)
+        assert all(ep.startswith("127.0.0.1:") for ep in eps)
+        cfg = SparseTableConfig("emb", 8, Adagrad(0.05), Uniform(-0.1, 0.1), num_shards=16)
+        ref = SparseTable(cfg)
+        with PSClient(eps, max_message_mb=8) as client:
+            client.wait_ready(20)
+            client.create_table_from_config(cfg)
+            keys = np.random.default_rng(0).integers(0, 10_000, 5000)
+            grads = np.ones((5000, 8), np.float32)
+            client.push_sparse("emb", keys, grads)
+            ref.push(keys, grads)
+            np.testing.assert_array_equal(client.pull_sparse("emb", keys), ref.pull(keys))
+            client.save(str(tmp_path / "ck"))
+            client.stop_servers()
+        for proc in procs:
+            assert proc.wait(timeout=20) == 0
+            _, err = proc.communicate()
+            assert "stopped" in err
+        assert sorted(p.name for p in (tmp_path / "ck").glob("manifest.*.json")) == [
+            "manifest.server-0.json",
+            "manifest.server-1.json",
+        ]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_is_graceful_and_from_env(tmp_path: Path) -> None:
+    port = find_free_port()
+    env = {
+        "TRAINING_ROLE": "PSERVER",
+        "POD_IP": "127.0.0.1",
+        "PADDLE_PORT": str(port),
+        "PADDLE_PSERVERS_IP_PORT_LIST": f"127.0.0.1:{find_free_port()},127.0.0.1:{port}",
+        "PADDLE_TRAINERS_NUM": "1",
+    }
+    proc, ep = start_server_process("--from_env", env=env)
+    try:
+        assert ep == f"127.0.0.1:{port}"
+        with PSClient([ep]) as client:
+            client.wait_ready(20)
+            stats = client.stats()[0]
+            assert (stats["server_index"], stats["num_servers"]) == (1, 2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert "SIGTERM received" in proc.communicate()[1]
+    finally:
+        stop_process(proc)
+
+
+@pytest.mark.timeout(30)
+def test_busy_port_and_bad_flags_fail_clearly() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(AssertionError, match=r"(?s)exit 1.*cannot listen on 127\.0\.0\.1:\d+"):
+            start_server_process("--port", str(port))
+    with pytest.raises(AssertionError, match=r"(?s)exit 2.*server_index: must be in \[0, 2\)"):
+        start_server_process("--server_index", "2", "--num_servers", "2")
+
+
+@pytest.mark.timeout(30)
+def test_serve_from_env_needs_the_pserver_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collective.errors import EnvContractError
+    from ps_server import serve_from_env
+
+    for k in list(os.environ):
+        if k.startswith(("PADDLE_", "TRAINING_ROLE", "POD_IP", "RANK", "WORLD_SIZE")):
+            monkeypatch.delenv(k)
+    with pytest.raises(EnvContractError, match="TRAINING_ROLE=PSERVER"):
+        serve_from_env()

@@ -33,11 +33,8 @@ def sum_duplicates(
     first[0] = True
     np.not_equal(sorted_rows[1:], sorted_rows[:-1], out=first[1:])
     starts = np.flatnonzero(first)
-    seg = np.cumsum(first) - 1
-    dim = grads.shape[1]
-    summed = np.zeros((starts.shape[0], dim), dtype=np.float32)
-    flat = (seg[:, None] * dim + np.arange(dim)).reshape(-1)
-    np.add.at(summed.reshape(-1), flat, grads[order].reshape(-1))
+    # one segmented reduction over the sorted rows (np.add.at is ~10x slower)
+    summed = np.add.reduceat(grads[order], starts, axis=0).astype(np.float32, copy=False)
     occ = np.diff(np.append(starts, n))
     return sorted_rows[starts], summed, occ
 

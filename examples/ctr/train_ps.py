@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import fleet  # noqa: E402
 from examples.ctr.data import CTRDataConfig, generate, roc_auc, shard  # noqa: E402
 from examples.ctr.model import WideDeep  # noqa: E402
-from ps_server import Adagrad, Constant, Normal  # noqa: E402
+from ps_server import SGD, Adagrad, Constant, Normal  # noqa: E402
 
 logger = logging.getLogger("ctr_ps")
 
@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dense_lr", type=float, default=1e-3)
     p.add_argument("--mode", choices=["sync", "async", "half_async", "geo"], default="sync")
     p.add_argument("--geo_k", type=int, default=10)
+    p.add_argument("--geo_sparse_lr", type=float, default=2.0,
+                   help="GEO trains rows locally with plain SGD: it needs a larger lr than Adagrad")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default="", help="save the tables here at the end")
     p.add_argument("--json", default="", help="also write rank 0's result here")
@@ -70,8 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     def embedding(num_slots: int, dim: int) -> torch.nn.Module:
         # wide rows start at 0 (a plain bias), deep rows N(0, 0.05): as the baseline
         init = Constant(0.0) if dim == 1 else Normal(0.0, 0.05)
-        return fleet.DistributedEmbedding(f"ctr_dim{dim}", dim, optimizer=Adagrad(args.sparse_lr),
-                                          initializer=init)
+        rule = SGD(args.geo_sparse_lr) if args.mode == "geo" else Adagrad(args.sparse_lr)
+        return fleet.DistributedEmbedding(f"ctr_dim{dim}", dim, optimizer=rule, initializer=init)
 
     data = CTRDataConfig(seed=args.seed)
     model = WideDeep(data.num_slots, data.num_dense, args.embedding_dim, (256, 128),

@@ -63,6 +63,16 @@ def rule_from_torch(opt: torch.optim.Optimizer) -> Any:
     raise refuse("this type")
 
 
+def _dense_exists(client: Any) -> bool:
+    from ps_server.status import PSNotFoundError
+
+    try:
+        client.pull_dense(DENSE_TABLE, DENSE_BLOCK)
+    except PSNotFoundError:
+        return False
+    return True
+
+
 class PSOptimizer(torch.optim.Optimizer):
     """The wrapped optimizer's param groups and state; ``step`` goes through the communicator."""
 
@@ -81,7 +91,9 @@ class PSOptimizer(torch.optim.Optimizer):
 
         client.create_dense_table(DENSE_TABLE, optimizer=rule or SGD(0.0))
         self.comm.add_dense(params)
-        if st.env.rank == 0:  # one trainer's initial values are the job's
+        if st.env.rank == 0 and not _dense_exists(client):
+            # one trainer's initial values are the job's; servers that loaded a checkpoint
+            # already hold the block, and their values win (as Paddle's init_worker pulls them)
             client.init_dense(DENSE_TABLE, DENSE_BLOCK, self.comm.dense_values())
         _barrier()
         self.comm._set_dense(self.comm.pull_dense())

@@ -42,6 +42,10 @@ def test_sync_two_trainers_equal_one_trainer_with_the_whole_batch(tmp_path: Path
         "__dense__", "emb", "manifest.server-0.json", "manifest.server-1.json"]
     geo = _train(tmp_path, "geo", 1, 1, "--mode", "geo", "--geo_k", "1")
     assert _max_diff(geo, one) < 1e-5  # local SGD + summed deltas == server-side SGD
+    # 3 servers start from the checkpoint 2 servers saved (resharding); no training steps
+    restored = _train(tmp_path, "restored", 3, 1, "--steps", "0", "--key_steps", "6",
+                      "--load", str(tmp_path / "ckpt"))
+    assert _max_diff(restored, two) < 1e-6
 
 
 @pytest.mark.timeout(300)

@@ -22,6 +22,8 @@ p.add_argument("--lr", type=float, default=0.1)
 p.add_argument("--vocab", type=int, default=40)
 p.add_argument("--save", default="")
 p.add_argument("--geo_k", type=int, default=2)
+p.add_argument("--load", default="", help="servers start from this checkpoint")
+p.add_argument("--key_steps", type=int, default=-1, help="report keys of this many steps (default: --steps)")
 args = p.parse_args()
 
 strategy = fleet.DistributedStrategy()
@@ -48,7 +50,7 @@ class Net(torch.nn.Module):
 
 model = Net()
 if fleet.is_server():
-    fleet.init_server()
+    fleet.init_server(args.load or None)
     fleet.run_server()
 else:
     fleet.init_worker()
@@ -57,11 +59,13 @@ else:
     b = args.global_batch // world
     gen = torch.Generator().manual_seed(1234)
     keys_seen = set()
-    for step in range(args.steps):
+    for step in range(max(args.steps, args.key_steps)):
         ids = torch.randint(-args.vocab, args.vocab, (args.global_batch, 3), generator=gen) * 1_000_003
         y = torch.randn(args.global_batch, generator=gen)
         mine = slice(rank * b, (rank + 1) * b)
         keys_seen.update(ids.reshape(-1).tolist())
+        if step >= args.steps:
+            continue
         loss = torch.nn.functional.mse_loss(model(ids[mine]), y[mine])
         loss.backward()
         opt.step()

@@ -59,3 +59,11 @@ def test_async_modes_train(tmp_path: Path, mode: str) -> None:
     table = make_table(SparseTableConfig("emb", dim=4, optimizer=SGD(0.1), initializer=Uniform(-0.5, 0.5)))
     init = table.initial_values(np.array(res["keys"], dtype=np.int64))
     assert np.abs(rows - init).max() > 1e-3  # the rows moved
+
+
+@pytest.mark.timeout(120)
+def test_embedding_input_forms_and_gradients(tmp_path: Path) -> None:
+    r = run_fleetrun("--server_num", "1", "--worker_num", "1", "--log_dir", str(tmp_path), "--tee", "all",
+                     str(SCRIPTS / "fleet_ps_bags.py"), timeout=100)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "BAGS_OK" in r.stdout

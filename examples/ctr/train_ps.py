@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--geo_k", type=int, default=10)
     p.add_argument("--geo_sparse_lr", type=float, default=2.0,
                    help="GEO trains rows locally with plain SGD: it needs a larger lr than Adagrad")
+    p.add_argument("--max_merge", type=int, default=1,
+                   help="async: steps merged into one send (a_sync_configs.max_merge_var_num)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default="", help="save the tables here at the end")
     p.add_argument("--json", default="", help="also write rank 0's result here")
@@ -56,6 +58,7 @@ def make_strategy(args: argparse.Namespace) -> fleet.DistributedStrategy:
     s = fleet.DistributedStrategy()
     if args.mode != "sync":
         s.a_sync = True
+        s.a_sync_configs = {"max_merge_var_num": args.max_merge}
     if args.mode == "half_async":
         s.a_sync_configs = {"barrier_interval": 20}
     if args.mode == "geo":

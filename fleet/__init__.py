@@ -47,9 +47,13 @@ _LAZY = {
     "shrink": "fleet.ps_runtime",
     "end_day": "fleet.ps_runtime",
     "DistributedEmbedding": "fleet.embedding",
+    "get_hybrid_communicate_group": "fleet.topology",
+    "CommunicateTopology": "fleet.topology",
+    "meta_parallel": "",
 }
 
 __all__ = [
+    "CommunicateTopology",
     "DistributedEmbedding",
     "DistributedStrategy",
     "end_day",
@@ -67,9 +71,11 @@ __all__ = [
     "barrier_worker",
     "distributed_model",
     "distributed_optimizer",
+    "get_hybrid_communicate_group",
     "init",
     "is_first_worker",
     "local_rank",
+    "meta_parallel",
     "metrics",
     "record",
     "role_maker",

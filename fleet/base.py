@@ -42,8 +42,8 @@ _NOT_LANDED: dict[str, str] = {
     "lars": "the LARS meta-optimizer",
     "lamb": "the LAMB meta-optimizer",
 }
+# Hybrid axes not landed yet (mp_degree has: fleet.init builds the topology, fleet.topology).
 _HYBRID_AXES: dict[str, str] = {
-    "mp_degree": "tensor parallelism",
     "pp_degree": "pipeline parallelism",
     "sharding_degree": "sharding parallelism",
 }
@@ -58,7 +58,9 @@ class FleetRuntime:
     strategy: DistributedStrategy
     """The active strategy (the object the user passed; later changes to it are seen)."""
     dp_degree: int
-    """Resolved data-parallel degree (= world size while only data parallel has landed)."""
+    """Resolved data-parallel degree (world size / mp_degree)."""
+    hcg: Any = None
+    """The :class:`~fleet.topology.HybridCommunicateGroup` when ``mp_degree > 1``, else None."""
     models: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
     """Models wrapped by ``distributed_model`` that are still alive."""
     optimizers: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
@@ -111,8 +113,9 @@ def check_strategy_supported(strategy: DistributedStrategy, where: str) -> None:
     raise FleetNotImplementedError(
         ", ".join(asked),
         hint=(
-            f"{where} was given a strategy that asks for it, but so far only pure data parallel "
-            f"and gradient_merge have landed; to train data-parallel, set {'; '.join(fixes)}"
+            f"{where} was given a strategy that asks for it, but so far only data parallel, "
+            f"tensor parallelism (hybrid_configs.mp_degree) and gradient_merge have landed; "
+            f"to train data-parallel, set {'; '.join(fixes)}"
         ),
     )
 
@@ -184,12 +187,25 @@ def init(
             f"{env.world_size}; do not call init_process_group yourself before fleet.init",
             key="world_size",
         )
-    _runtime = FleetRuntime(env=env, strategy=strategy, dp_degree=dp_degree)
+    _runtime = FleetRuntime(
+        env=env, strategy=strategy, dp_degree=dp_degree, hcg=_build_hybrid_group(strategy, env)
+    )
     if env.rank == 0:
         logger.info(
             "fleet initialised: %d worker(s), data-parallel degree %d\n%s",
             env.world_size, dp_degree, strategy,
         )
+
+
+def _build_hybrid_group(strategy: DistributedStrategy, env: WorkerEnv) -> Any:
+    """The hybrid topology's process groups when tensor parallelism is asked for, else None
+    (pure data parallel needs no sub-groups). Collective: every rank builds every group."""
+    hybrid = strategy.hybrid_configs
+    if hybrid.mp_degree == 1:
+        return None
+    from fleet.topology import HybridCommunicateGroup, build_topology
+
+    return HybridCommunicateGroup(build_topology(hybrid, env.world_size))
 
 
 def _init_ps(env: WorkerEnv, strategy: DistributedStrategy) -> None:

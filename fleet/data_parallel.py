@@ -81,9 +81,15 @@ def distributed_model(model: torch.nn.Module) -> DataParallel:
             key="model",
         )
     device_ids = [device.index] if device.type == "cuda" else None
+    # Tensor parallel (fleet.topology): the mp shards differ by rank, so DDP may only average
+    # over the data-parallel replicas; with dp_degree 1 there is nothing to average.
+    dp_group = runtime.hcg.get_data_parallel_group() if runtime.hcg is not None else None
+    if runtime.hcg is not None and runtime.hcg.get_data_parallel_world_size() == 1:
+        return model  # type: ignore[return-value]
     dp = DataParallel(
         model,
         device_ids=device_ids,
+        process_group=dp_group,
         find_unused_parameters=strategy.find_unused_parameters,
         bucket_cap_mb=strategy.fuse_grad_size_in_MB,
     )

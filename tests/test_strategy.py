@@ -246,7 +246,6 @@ def test_api_before_init_is_a_clear_error() -> None:
         ({"tensor_parallel": True}, "strategy.tensor_parallel"),
         ({"lars": True}, "strategy.lars"),
         ({"lamb": True}, "strategy.lamb"),
-        ({"hybrid_configs": {"mp_degree": 2}}, "strategy.hybrid_configs.mp_degree=2"),
         ({"hybrid_configs": {"pp_degree": 2}}, "strategy.hybrid_configs.pp_degree=2"),
         ({"hybrid_configs": {"sharding_degree": 2}}, "strategy.hybrid_configs.sharding_degree=2"),
     ],

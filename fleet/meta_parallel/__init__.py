@@ -1,0 +1,37 @@
+"""``fleet.meta_parallel``: tensor-parallel layers and the model-parallel RNG tracker.
+
+::
+
+    strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 2}
+    fleet.init(is_collective=True, strategy=strategy)
+    fc1 = fleet.meta_parallel.ColumnParallelLinear(512, 2048, gather_output=False)
+    fc2 = fleet.meta_parallel.RowParallelLinear(2048, 512, input_is_parallel=True)
+
+See :mod:`fleet.meta_parallel.tensor_parallel` for the shard layout.
+"""
+
+from __future__ import annotations
+
+from fleet.meta_parallel.random import (
+    MODEL_PARALLEL_RNG,
+    RNGStatesTracker,
+    get_rng_state_tracker,
+    model_parallel_random_seed,
+)
+from fleet.meta_parallel.tensor_parallel import (
+    ColumnParallelLinear,
+    ParallelCrossEntropy,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+
+__all__ = [
+    "MODEL_PARALLEL_RNG",
+    "ColumnParallelLinear",
+    "ParallelCrossEntropy",
+    "RNGStatesTracker",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "get_rng_state_tracker",
+    "model_parallel_random_seed",
+]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
 import time
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+logger = logging.getLogger(__name__)
 
 
 def _error_file() -> str | None:
@@ -97,7 +99,7 @@ def install_excepthook() -> None:
             try:
                 write_error_file(exc.with_traceback(tb))
             except OSError as err:  # the traceback still reaches stderr below
-                print(f"fleetrun: could not write error file: {err}", file=sys.stderr)
+                logger.warning("could not write the error file: %s", err)
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

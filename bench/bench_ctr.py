@@ -20,7 +20,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import REPO, Stats, bench_env, fleetrun_cmd, report, run_checked  # noqa: E402
+from common import REPO, Stats, bench_env, fleetrun_cmd, report, run_checked
 
 
 def run_baseline(train: int, test: int) -> dict:

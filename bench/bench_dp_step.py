@@ -18,9 +18,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Stats, fleetrun_cmd, report, run_checked, torchrun_cmd  # noqa: E402
+from common import Stats, fleetrun_cmd, report, run_checked, torchrun_cmd
 
-from collective.env import find_free_port  # noqa: E402
+from collective.env import find_free_port
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dp_step_worker.py")
 

@@ -18,9 +18,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Stats, bench_env, fleetrun_cmd, report, torchrun_cmd  # noqa: E402
+from common import Stats, bench_env, fleetrun_cmd, report, torchrun_cmd
 
-from collective.env import find_free_port  # noqa: E402
+from collective.env import find_free_port
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "barrier_job.py")
 
@@ -35,7 +35,7 @@ def launch_to_exit(which: str, log_dir: str) -> float:
     import subprocess
 
     t0 = time.perf_counter()
-    r = subprocess.run(_cmd(which, log_dir), capture_output=True, text=True, env=bench_env(), timeout=300)
+    r = subprocess.run(_cmd(which, log_dir), capture_output=True, text=True, env=bench_env(), timeout=300, check=False)
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"{which} failed:\n{r.stderr[-3000:]}")
@@ -47,7 +47,7 @@ def death_to_exit(which: str, log_dir: str) -> float:
 
     stamp = os.path.join(log_dir, f"{which}.stamp")
     r = subprocess.run(_cmd(which, log_dir, "--die_rank", "1", "--stamp", stamp),
-                       capture_output=True, text=True, env=bench_env(), timeout=300)
+                       capture_output=True, text=True, env=bench_env(), timeout=300, check=False)
     end = time.time()
     if r.returncode == 0:
         raise RuntimeError(f"{which} exited 0 although a rank died")

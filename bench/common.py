@@ -77,7 +77,7 @@ def torchrun_cmd(*args: str) -> list[str]:
 
 def run_checked(cmd: list[str], timeout: float = 600, **kw: Any) -> subprocess.CompletedProcess:
     """Run ``cmd``; raise with its output if it fails."""
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=kw.pop("env", bench_env()), **kw)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=kw.pop("env", bench_env()), check=False, **kw)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return r

@@ -43,7 +43,7 @@ _LAZY = {
     "record": "collective.record",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

@@ -429,11 +429,11 @@ __all__ = [
     "Backend",
     "NodeLayout",
     "PSLayout",
-    "make_ps_server_env",
-    "make_ps_trainer_env",
     "TrainingRole",
     "WorkerEnv",
     "find_free_port",
+    "make_ps_server_env",
+    "make_ps_trainer_env",
     "make_worker_env",
     "read_worker_env",
 ]

@@ -58,12 +58,12 @@ class PSError(FleetError):
 
 
 __all__ = [
-    "FleetError",
     "ConfigError",
     "EnvContractError",
+    "FleetError",
+    "FleetNotImplementedError",
     "LaunchError",
+    "PSError",
     "RendezvousError",
     "WorkerFailedError",
-    "FleetNotImplementedError",
-    "PSError",
 ]

@@ -82,7 +82,7 @@ def record(fn: F) -> F:
             return fn(*args, **kwargs)
         except SystemExit:
             raise
-        except BaseException as exc:  # noqa: BLE001 - recorded and re-raised unchanged
+        except BaseException as exc:
             write_error_file(exc)
             raise
 

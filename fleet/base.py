@@ -22,9 +22,9 @@ from typing import Any
 
 import torch.distributed as tdist
 
+from collective.comm import barrier
 from collective.env import TrainingRole, WorkerEnv, find_free_port, read_worker_env
 from collective.errors import ConfigError, FleetError, FleetNotImplementedError
-from collective.comm import barrier
 from collective.group import init_parallel_env
 from fleet.role_maker import PaddleCloudRoleMaker
 from fleet.strategy import DistributedStrategy

@@ -201,7 +201,7 @@ class AsyncCommunicator(Communicator):
                 batch.append(nxt)
             try:
                 self._send(batch)
-            except BaseException as err:  # noqa: BLE001 - surfaced on the trainer's next step
+            except BaseException as err:
                 self._error = err
                 logger.exception("async sender failed")
             finally:

@@ -17,13 +17,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
 import torch
 
+from collective.env import TrainingRole
 from collective.errors import ConfigError
 from fleet.ps_communicator import DENSE_BLOCK, DENSE_TABLE, GeoCommunicator
 from fleet.ps_runtime import _barrier, _require, get_client, get_communicator
-from collective.env import TrainingRole
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ def _dense_exists(client: Any) -> bool:
 class PSOptimizer(torch.optim.Optimizer):
     """The wrapped optimizer's param groups and state; ``step`` goes through the communicator."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:  # noqa: D107 - see class
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         st = _require("distributed_optimizer()", TrainingRole.TRAINER)
         self.inner = optimizer
         self.param_groups = optimizer.param_groups

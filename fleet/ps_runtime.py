@@ -48,7 +48,7 @@ class PSState:
     server: Any = None
     client: Any = None
     communicator: Communicator | None = None
-    tables: "weakref.WeakValueDictionary[str, Any]" = field(default_factory=weakref.WeakValueDictionary)
+    tables: weakref.WeakValueDictionary[str, Any] = field(default_factory=weakref.WeakValueDictionary)
     created: set[str] = field(default_factory=set)
 
 

@@ -314,7 +314,7 @@ class Agent:
                 try:
                     failures, remote = watch(
                         running, attempt, 0.25 if remote_tick else 3600.0,
-                        (lambda: plan.remote_failure(attempt)) if remote_tick else None,
+                        (lambda a=attempt: plan.remote_failure(a)) if remote_tick else None,
                         spec.ps.server_grace_s,
                     )
                 except Interrupted as sig:

@@ -17,7 +17,7 @@ import click
 import yaml
 from click.core import ParameterSource
 
-from collective.errors import ConfigError, FleetError, FleetNotImplementedError
+from collective.errors import ConfigError, FleetError
 from launcher.agent import Agent, CollectivePlan, Interrupted, Placement, PSPlan, check_port_free
 from launcher.spec import (
     DEFAULT_MULTINODE_PORT,
@@ -31,6 +31,9 @@ from launcher.spec import (
 )
 
 logger = logging.getLogger("launcher")
+
+SUBCOMMANDS = ("status", "logs", "delete", "dashboard")
+"""First words that select a tool subcommand (launcher/commands.py) instead of a launch."""
 
 # click parameter name -> job-spec key path
 FLAG_TO_KEY = {
@@ -122,6 +125,10 @@ def _opt(*names: str, **kw: Any) -> Any:
       help="How long nodes wait for each other at start (default 300).")
 @_opt("--grace_period", "grace_period", type=float, metavar="SECONDS",
       help="Seconds between SIGTERM and SIGKILL at teardown (default 5).")
+@_opt("--dry_run", "dry_run", is_flag=True,
+      help="k8s: print the manifests instead of applying them; other schedulers: print the plan.")
+@_opt("--dashboard", "dashboard", is_flag=True,
+      help="Also serve the live dashboard (fleetrun dashboard) on 127.0.0.1 while the job runs.")
 @click.option("-m", "--module", "module", is_flag=True, help="Run SCRIPT as a module (python -m).")
 @_opt("--no_python", "no_python", is_flag=True, help="Run SCRIPT directly, not through Python.")
 @click.argument("script", required=False)
@@ -131,7 +138,7 @@ def run_command(ctx: click.Context, **params: Any) -> None:
     """Launch a distributed training job: fleetrun [OPTIONS] SCRIPT [SCRIPT_ARGS]..."""
     try:
         spec = spec_from_params(ctx, params)
-        code = launch(spec)
+        code = launch(spec, dry_run=params["dry_run"], dashboard=params["dashboard"])
     except ConfigError as err:
         click.echo(f"fleetrun: error: {err}", err=True)
         ctx.exit(2)
@@ -242,8 +249,9 @@ def _layout_rows(spec: JobSpec, place: Placement) -> list[tuple[str, str]]:
         if ps.servers:
             return [("servers", ",".join(ps.servers)), ("trainers", ",".join(ps.workers)),
                     ("this node", ps.pod_ip or "detected from the lists")]
-        return [("processes", f"{spec.sizes.server_num} server(s) + {spec.sizes.worker_num} trainer(s) "
-                              f"on {place.node_ip}, free ports")]
+        what = (f"{spec.sizes.server_num} server(s) + {spec.sizes.worker_num} trainer(s) "
+                f"on {place.node_ip}, free ports")
+        return [("processes", what)]
     return [
         ("nodes", f"{place.num_nodes} x {spec.sizes.nproc_per_node} trainers = world {spec.world_size}"),
         ("this node", f"rank {place.node_rank}, ip {place.node_ip}"),
@@ -297,12 +305,29 @@ def _install_signal_handlers() -> None:
         signal.signal(sig, handler)
 
 
-def launch(spec: JobSpec) -> int:
+def launch(spec: JobSpec, *, dry_run: bool = False, dashboard: bool = False) -> int:
     """Run a validated spec on its scheduler; return the process exit code."""
-    if spec.scheduler is not SchedulerKind.LOCAL:
-        raise FleetNotImplementedError(
-            f"scheduler '{spec.scheduler}'", "only the local scheduler has landed; use --scheduler local"
-        )
+    if spec.scheduler is SchedulerKind.K8S:
+        from launcher.schedulers.k8s_job import run_k8s
+
+        return run_k8s(spec, dry_run=dry_run)
+    if dry_run:
+        raise ConfigError(
+            f"--dry_run prints Kubernetes manifests; scheduler '{spec.scheduler}' has none "
+            "(use --scheduler k8s, or drop --dry_run)", key="scheduler")
+    if dashboard:
+        from launcher.dashboard import start_dashboard_thread
+
+        start_dashboard_thread(spec.log_dir)
+    if spec.scheduler is SchedulerKind.RAY:
+        from launcher.schedulers.ray_job import run_ray
+
+        return run_ray(spec)
+    return launch_local(spec)
+
+
+def launch_local(spec: JobSpec) -> int:
+    """Run a validated spec on this machine (the local scheduler)."""
     entry = spec.entrypoint
     if entry.script and not os.path.exists(entry.script):
         raise ConfigError(
@@ -334,10 +359,17 @@ def init_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``fleetrun``)."""
+    """Console-script entry point (``fleetrun``): a tool subcommand (status, logs, delete,
+    dashboard) or a job launch."""
     init_logging()
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in SUBCOMMANDS:
+        from launcher.commands import tools
+
+        tools.main(args=args, prog_name="fleetrun", auto_envvar_prefix="FLEETRUN")
+        return
     run_command.main(
-        args=sys.argv[1:] if argv is None else argv,
+        args=args,
         prog_name="fleetrun",
         auto_envvar_prefix="FLEETRUN",
     )

@@ -107,7 +107,7 @@ class WorkerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_set_pdeathsig,
+            preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - only prctl, async-signal-safe
         )
         self.pid = self.proc.pid
         self.exit: ExitInfo | None = None

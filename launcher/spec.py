@@ -219,6 +219,64 @@ class PSEndpoints:
         require(self.server_grace_s >= 0, "server_grace_s", f"must be >= 0, got {self.server_grace_s}")
 
 
+class PlacementStrategy(StrEnum):
+    """How Ray places a job's actors on nodes (Ray placement-group strategies)."""
+
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """The ``ray:`` section: where the Ray scheduler runs the job."""
+
+    address: str | None = None
+    """Cluster to join: ``auto``, ``ray://host:port`` or ``host:port``; none = start a local
+    cluster bound to 127.0.0.1 (usage stats off) for this job."""
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    """Ray runtime_env for every actor (working_dir, pip, env_vars...)."""
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
+    """Placement-group strategy for the job's bundles."""
+    num_cpus: int | None = None
+    """CPUs of the local cluster started when ``address`` is none (default: this machine's)."""
+
+
+class PullPolicy(StrEnum):
+    """Kubernetes imagePullPolicy."""
+
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+@dataclass(frozen=True)
+class K8sConfig:
+    """The ``k8s:`` section: how the Kubernetes scheduler renders the job's objects."""
+
+    namespace: str = "default"
+    """Namespace of every object."""
+    image: str = "fleetrun:latest"
+    """Container image (see Dockerfile); it must hold fleetrun and the entrypoint."""
+    image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    """imagePullPolicy of every container."""
+    service_account: str | None = None
+    """serviceAccountName of the pods."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """nodeSelector of the pods."""
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    """Pod tolerations, as in the Kubernetes API."""
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    """Pod volumes, as in the Kubernetes API."""
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
+    """Container volumeMounts, as in the Kubernetes API."""
+    scheduler_name: str | None = None
+    """schedulerName of the pods (e.g. ``volcano``)."""
+    gang: bool = False
+    """Gang scheduling: a Volcano PodGroup with minAvailable = every pod of the job."""
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A whole job: what to run, how many, where, and how failures are handled."""
@@ -255,6 +313,10 @@ class JobSpec:
     """Which ranks' output the console shows: rank0, all (prefixed) or none."""
     grace_period_s: float = 5.0
     """After SIGTERM, seconds before remaining processes get SIGKILL."""
+    ray: RayConfig = RayConfig()
+    """Ray scheduler settings."""
+    k8s: K8sConfig = K8sConfig()
+    """Kubernetes scheduler settings."""
 
     def __post_init__(self) -> None:
         require(bool(self.name), "name", "must not be empty")
@@ -338,9 +400,9 @@ def build_spec(data: Mapping[str, Any]) -> JobSpec:
     """
     data = dict(data)
     sizes, ps = data.get("sizes") or {}, data.get("ps") or {}
-    if "mode" not in data and isinstance(sizes, Mapping) and isinstance(ps, Mapping):
-        if sizes.get("server_num") or ps.get("servers"):
-            data["mode"] = Mode.PS.value
+    if ("mode" not in data and isinstance(sizes, Mapping) and isinstance(ps, Mapping)
+            and (sizes.get("server_num") or ps.get("servers"))):
+        data["mode"] = Mode.PS.value
     return from_dict(JobSpec, data)
 
 

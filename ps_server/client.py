@@ -27,8 +27,8 @@ another client pushes to it may mix values from before and after that push.
 
 from __future__ import annotations
 
-import json
 import concurrent.futures
+import json
 import logging
 import time
 import uuid

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from fleet.strategy import DistributedStrategy
 from launcher.spec import build_spec, load_yaml
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import SCRIPTS, run_fleetrun
 
 SCRIPT = str(SCRIPTS / "fleet_ps_train.py")

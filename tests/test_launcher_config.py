@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SCRIPTS, run_fleetrun
 
 from collective.errors import ConfigError
-from conftest import SCRIPTS, run_fleetrun
 from launcher.agent import Decision, decide
 from launcher.spec import Mode, Tee, build_spec, spec_to_dict
 from launcher.summary import Failure, format_summary

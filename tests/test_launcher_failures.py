@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import SCRIPTS, live_pids, run_fleetrun, start_fleetrun, wait_gone
 
 WORKER = str(SCRIPTS / "launcher_worker.py")

@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import SCRIPTS, run_fleetrun, start_fleetrun
 
 from collective.env import find_free_port
-from conftest import SCRIPTS, run_fleetrun, start_fleetrun
 
 SCRIPT = str(SCRIPTS / "multinode_allreduce.py")
 
@@ -96,7 +96,7 @@ def test_paddle_style_ips(tmp_path: Path) -> None:
                        "--tee", "all", "--log_dir", str(tmp_path / f"n{n}"), SCRIPT)
         for n in range(2)
     ]
-    (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
+    (rc0, _out0, err0), (rc1, out1, err1) = _finish(procs)
     assert rc0 == 0 and rc1 == 0, err0 + err1
     assert "MULTINODE_OK rank=1 world=2 node=1" in out1
     r = run_fleetrun("--ips", "127.0.0.1,127.0.0.1", "--log_dir", str(tmp_path), SCRIPT)

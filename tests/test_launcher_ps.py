@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SCRIPTS, live_pids, run_fleetrun, start_fleetrun
 
 from collective.env import find_free_port, read_worker_env
-from conftest import SCRIPTS, live_pids, run_fleetrun, start_fleetrun
 
 SCRIPT = str(SCRIPTS / "launcher_ps_worker.py")
 

@@ -21,15 +21,14 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import fleet  # noqa: E402
-from examples.ctr.data import CTRDataConfig, generate, roc_auc, shard  # noqa: E402
-from examples.ctr.model import WideDeep  # noqa: E402
-from ps_server import SGD, Adagrad, Constant, Normal  # noqa: E402
+import fleet
+from examples.ctr.data import CTRDataConfig, generate, roc_auc, shard
+from examples.ctr.model import WideDeep
+from ps_server import SGD, Adagrad, Constant, Normal
 
 logger = logging.getLogger("ctr_ps")
 

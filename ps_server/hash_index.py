@@ -21,6 +21,7 @@ import sys
 
 import numpy as np
 
+from ps_server import kernels
 from ps_server.hashing import salted_hash
 
 EMPTY = -1
@@ -97,6 +98,8 @@ class HashIndex:
 
     def lookup(self, query: np.ndarray, stored_keys: np.ndarray) -> np.ndarray:
         """int64 row of each key, ``-1`` where absent."""
+        if kernels.ENABLED:
+            return kernels.probe(self._slots, stored_keys, query)
         return self._probe(query, stored_keys)[0]
 
     def insert(self, query: np.ndarray, rows: np.ndarray, stored_keys: np.ndarray) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from ps_server import kernels
 from ps_server.batch_ops import saturating_add, sum_duplicates
 from ps_server.config import NonFinitePolicy, SparseTableConfig
 from ps_server.errors import (
@@ -106,6 +107,8 @@ class SparseTable(Table):
         super().__init__(config, shards)
         self.dim = config.dim
         self._state_dim = config.optimizer.state_dim(config.dim)
+        self._fused = kernels.push_hyper(config.optimizer)
+        """(rule id, hyper-parameters) when pushes take the compiled kernel, else None."""
         self._owned = np.zeros(config.num_shards, dtype=bool)
         self._owned[list(self.shards)] = True
         self._all_owned = bool(self._owned.all())
@@ -361,12 +364,11 @@ class SparseTable(Table):
             keep = rows >= 0
             if not keep.all():
                 rows, grads = rows[keep], grads[keep]
-            urows, ugrads, occ_rows = sum_duplicates(rows, grads, self.store.high_water)
-            self._apply(urows, ugrads, occ_rows)
+            applied = self._apply_grads(rows, grads)
             self._counters["push_keys"] += n
             self._counters["pushes_filtered"] += filtered
             self._counters["nonfinite_skipped"] += skipped
-            return PushStats(n, int(urows.shape[0]), created, filtered, skipped, evicted)
+            return PushStats(n, applied, created, filtered, skipped, evicted)
 
     def _update_pending(
         self, keys: np.ndarray, prow: np.ndarray, counts: np.ndarray, admit: np.ndarray
@@ -385,6 +387,16 @@ class SparseTable(Table):
             pending.cols["count"][rows] = np.minimum(counts[order], _U32_MAX).astype(np.uint32)
             pending.cols["unseen_days"][rows] = 0
             pending.flags[rows] |= SEEN | DIRTY
+
+    def _apply_grads(self, rows: np.ndarray, grads: np.ndarray) -> int:
+        """Sum duplicated rows' gradients and apply the rule once per distinct row; returns the
+        distinct rows (compiled kernel for the built-in rules, see ps_server.kernels)."""
+        fused = self._fused
+        if fused is not None:
+            return kernels.push(fused[0], fused[1], self.store.cols, self.store.flags, rows, grads)
+        urows, ugrads, occ_rows = sum_duplicates(rows, grads, self.store.high_water)
+        self._apply(urows, ugrads, occ_rows)
+        return int(urows.shape[0])
 
     def _apply(self, rows: np.ndarray, grads: np.ndarray, occ: np.ndarray) -> None:
         if rows.shape[0] == 0:

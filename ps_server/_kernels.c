@@ -1,0 +1,290 @@
+/* Compiled kernels of the sparse table's hot path (lookup and push), optional.
+ *
+ * ps_server/kernels.py loads this module when it was built (pip install builds it with the C
+ * compiler it finds; setup.py makes the build optional) and falls back to the numpy code
+ * otherwise. Both paths compute the same thing; tests/test_ps_kernels.py checks them against
+ * each other. Arrays arrive through the buffer protocol (no numpy headers needed); kernels run
+ * without the GIL so gRPC threads keep moving bytes meanwhile.
+ *
+ *   probe(slots i32[S], stored_keys i64[C], query i64[n], out i64[n])
+ *       the row of each key in the open-addressing index of ps_server/hash_index.py
+ *       (home slot = mix64(key ^ INDEX_SALT) & (S - 1), linear probing, -1 empty,
+ *       -2 tombstone), -1 where absent.
+ *   push(rule, hyper f64[8], values f32[C,dim], state f32[C,sd], count u32[C], unseen u16[C],
+ *        flags u8[C], rows i64[n], grads f32[n,dim]) -> distinct rows updated
+ *       sums the gradients of duplicated rows (float64 accumulation, occurrence order), then
+ *       applies rule 0 = sgd, 1 = adagrad, 2 = adam with the same float32 arithmetic as
+ *       ps_server/optimizers.py, clips to the weight bounds, adds the occurrences to count
+ *       (saturating), sets unseen = 0 and flags |= SEEN | DIRTY.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define INDEX_SALT 0x2545F4914F6CDD1DULL
+#define FLAG_DIRTY 2
+#define FLAG_SEEN 4
+
+static inline uint64_t mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* A buffer with an expected item size and writability; returns 0 and sets an error if not. */
+static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable,
+                   const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous%s array", name,
+                     writable ? " writable" : "");
+        return 0;
+    }
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd", name, itemsize,
+                     view->itemsize);
+        PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *k_probe(PyObject *self, PyObject *args) {
+    PyObject *o_slots, *o_keys, *o_query, *o_out;
+    if (!PyArg_ParseTuple(args, "OOOO", &o_slots, &o_keys, &o_query, &o_out)) return NULL;
+    Py_buffer b_slots, b_keys, b_query, b_out;
+    if (!get_buf(o_slots, &b_slots, 4, 0, "slots")) return NULL;
+    if (!get_buf(o_keys, &b_keys, 8, 0, "stored_keys")) goto e1;
+    if (!get_buf(o_query, &b_query, 8, 0, "query")) goto e2;
+    if (!get_buf(o_out, &b_out, 8, 1, "out")) goto e3;
+    Py_ssize_t nslots = b_slots.len / 4, ncap = b_keys.len / 8, n = b_query.len / 8;
+    if (b_out.len / 8 != n || nslots == 0 || (nslots & (nslots - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "probe: out must match query; slots a power of two");
+        goto e4;
+    }
+    const int32_t *slots = (const int32_t *)b_slots.buf;
+    const int64_t *stored = (const int64_t *)b_keys.buf;
+    const int64_t *query = (const int64_t *)b_query.buf;
+    int64_t *out = (int64_t *)b_out.buf;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t mask = (uint64_t)nslots - 1;
+    /* memory latency dominates (random slots, random keys): keep many loads in flight by
+       prefetching the home slot PF keys ahead and the key it points to PF/2 ahead */
+    enum { PF = 16 };
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PF < n) __builtin_prefetch(&slots[mix64((uint64_t)query[i + PF] ^ INDEX_SALT) & mask]);
+        if (i + PF / 2 < n) {
+            int32_t ahead = slots[mix64((uint64_t)query[i + PF / 2] ^ INDEX_SALT) & mask];
+            if (ahead >= 0 && ahead < ncap) __builtin_prefetch(&stored[ahead]);
+        }
+        int64_t key = query[i];
+        uint64_t pos = mix64((uint64_t)key ^ INDEX_SALT) & mask;
+        int64_t row = -1;
+        for (Py_ssize_t step = 0; step < nslots; step++) {
+            int32_t r = slots[pos];
+            if (r == -1) break;
+            if (r >= 0) {
+                if (r >= ncap) { bad = 1; break; }
+                if (stored[r] == key) { row = r; break; }
+            }
+            pos = (pos + 1) & mask;
+        }
+        out[i] = row;
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) PyErr_SetString(PyExc_ValueError, "probe: a slot points past the key column");
+    PyBuffer_Release(&b_out); PyBuffer_Release(&b_query); PyBuffer_Release(&b_keys);
+    PyBuffer_Release(&b_slots);
+    if (bad) return NULL;
+    Py_RETURN_NONE;
+e4: PyBuffer_Release(&b_out);
+e3: PyBuffer_Release(&b_query);
+e2: PyBuffer_Release(&b_keys);
+e1: PyBuffer_Release(&b_slots);
+    return NULL;
+}
+
+enum { RULE_SGD = 0, RULE_ADAGRAD = 1, RULE_ADAM = 2 };
+
+/* One row's update: w[dim], st[sd], g[dim] (float32, summed). */
+static inline void apply_row(int rule, const double *h, float *w, float *st, const float *g,
+                             Py_ssize_t dim) {
+    float lr = (float)h[0];
+    if (rule == RULE_SGD) {
+        for (Py_ssize_t j = 0; j < dim; j++) w[j] -= lr * g[j];
+    } else if (rule == RULE_ADAGRAD) {
+        float eps = (float)h[1];
+        for (Py_ssize_t j = 0; j < dim; j++) {
+            st[j] += g[j] * g[j];
+            float sd = sqrtf(st[j]);
+            sd += eps;
+            w[j] -= lr * (g[j] / sd);
+        }
+    } else {
+        double b1 = h[1], b2 = h[2];
+        float eps = (float)h[3];
+        float *m = st, *v = st + dim, *step = st + 2 * dim;
+        float omb1 = (float)(1.0 - b1), fb2 = (float)b2, omb2 = (float)(1.0 - b2);
+        *step += 1.0f;
+        double t = (double)*step;
+        float step_size = (float)(h[0] / (1.0 - pow(b1, t)));
+        float bc2 = (float)sqrt(1.0 - pow(b2, t));
+        for (Py_ssize_t j = 0; j < dim; j++) {
+            m[j] += omb1 * (g[j] - m[j]);
+            v[j] *= fb2;
+            v[j] += omb2 * (g[j] * g[j]);
+            float denom = sqrtf(v[j]) / bc2;
+            denom += eps;
+            w[j] -= step_size * (m[j] / denom);
+        }
+    }
+    if (h[6] != 0.0) {
+        float lo = (float)h[4], hi = (float)h[5];
+        for (Py_ssize_t j = 0; j < dim; j++) w[j] = w[j] < lo ? lo : (w[j] > hi ? hi : w[j]);
+    }
+}
+
+static PyObject *k_push(PyObject *self, PyObject *args) {
+    int rule;
+    PyObject *o_h, *o_w, *o_st, *o_cnt, *o_uns, *o_flags, *o_rows, *o_g;
+    if (!PyArg_ParseTuple(args, "iOOOOOOOO", &rule, &o_h, &o_w, &o_st, &o_cnt, &o_uns, &o_flags,
+                          &o_rows, &o_g))
+        return NULL;
+    if (rule < RULE_SGD || rule > RULE_ADAM) {
+        PyErr_Format(PyExc_ValueError, "push: unknown rule %d", rule);
+        return NULL;
+    }
+    Py_buffer bh, bw, bst, bc, bu, bf, br, bg;
+    int got = 0;
+    PyObject *result = NULL;
+    if (!get_buf(o_h, &bh, 8, 0, "hyper")) goto done; got = 1;
+    if (!get_buf(o_w, &bw, 4, 1, "values")) goto done; got = 2;
+    if (!get_buf(o_st, &bst, 4, 1, "state")) goto done; got = 3;
+    if (!get_buf(o_cnt, &bc, 4, 1, "count")) goto done; got = 4;
+    if (!get_buf(o_uns, &bu, 2, 1, "unseen")) goto done; got = 5;
+    if (!get_buf(o_flags, &bf, 1, 1, "flags")) goto done; got = 6;
+    if (!get_buf(o_rows, &br, 8, 0, "rows")) goto done; got = 7;
+    if (!get_buf(o_g, &bg, 4, 0, "grads")) goto done; got = 8;
+    {
+        Py_ssize_t cap = bc.len / 4, n = br.len / 8;
+        if (bh.len / 8 < 7 || cap == 0 || bw.len / 4 % cap != 0 || bst.len / 4 % cap != 0 ||
+            bu.len / 2 != cap || bf.len != cap) {
+            PyErr_SetString(PyExc_ValueError, "push: column shapes disagree");
+            goto done;
+        }
+        Py_ssize_t dim = bw.len / 4 / cap, sd = bst.len / 4 / cap;
+        Py_ssize_t need_sd = rule == RULE_SGD ? 0 : (rule == RULE_ADAGRAD ? dim : 2 * dim + 1);
+        if ((n > 0 && bg.len / 4 != n * dim) || sd != need_sd) {
+            PyErr_SetString(PyExc_ValueError, "push: grads or state have the wrong width");
+            goto done;
+        }
+        const int64_t *rows = (const int64_t *)br.buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (rows[i] < 0 || rows[i] >= cap) {
+                PyErr_Format(PyExc_ValueError, "push: row %lld out of range", (long long)rows[i]);
+                goto done;
+            }
+        }
+        /* distinct rows through a small open-addressing table over the batch (slot = 1 +
+           index into urow, 0 = empty); gradients of a batch without duplicates are applied as
+           they are, otherwise summed per distinct row in float64 first */
+        Py_ssize_t tsize = 16;
+        while (tsize < 2 * n) tsize <<= 1;
+        int32_t *table = calloc(tsize, sizeof(int32_t));
+        int32_t *uid = malloc(sizeof(int32_t) * (n ? n : 1));
+        int64_t *urow = malloc(sizeof(int64_t) * (n ? n : 1));
+        uint32_t *occ = malloc(sizeof(uint32_t) * (n ? n : 1));
+        float *g32 = malloc(sizeof(float) * (dim ? dim : 1));
+        if (!table || !uid || !urow || !occ || !g32) {
+            free(table); free(uid); free(urow); free(occ); free(g32);
+            PyErr_NoMemory();
+            goto done;
+        }
+        Py_ssize_t nu = 0;
+        const double *h = (const double *)bh.buf;
+        float *w = (float *)bw.buf, *st = (float *)bst.buf;
+        uint32_t *count = (uint32_t *)bc.buf;
+        uint16_t *unseen = (uint16_t *)bu.buf;
+        uint8_t *flags = (uint8_t *)bf.buf;
+        const float *g = (const float *)bg.buf;
+        double *acc = NULL;
+        int oom = 0;
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t mask = (uint64_t)tsize - 1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t r = rows[i];
+            uint64_t p = mix64((uint64_t)r) & mask;
+            while (table[p] != 0 && urow[table[p] - 1] != r) p = (p + 1) & mask;
+            if (table[p] == 0) {
+                table[p] = (int32_t)(nu + 1);
+                urow[nu] = r;
+                occ[nu] = 0;
+                nu++;
+            }
+            uid[i] = table[p] - 1;
+            occ[uid[i]]++;
+        }
+        if (nu < n) {
+            acc = calloc((size_t)nu * (dim ? dim : 1), sizeof(double));
+            if (!acc) oom = 1;
+            else
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    double *a = acc + (Py_ssize_t)uid[i] * dim;
+                    for (Py_ssize_t j = 0; j < dim; j++) a[j] += (double)g[i * dim + j];
+                }
+        }
+        for (Py_ssize_t u = 0; !oom && u < nu; u++) {
+            int64_t r = urow[u];
+            if (u + 24 < nu) { /* the same latency argument as in probe */
+                int64_t q = urow[u + 24];
+                __builtin_prefetch(w + q * dim, 1);
+                if (sd) __builtin_prefetch(st + q * sd, 1);
+                __builtin_prefetch(count + q, 1);
+                __builtin_prefetch(unseen + q, 1);
+                __builtin_prefetch(flags + q, 1);
+            }
+            const float *gu = g + u * dim; /* no duplicates: distinct row u is occurrence u */
+            if (acc) {
+                for (Py_ssize_t j = 0; j < dim; j++) g32[j] = (float)acc[u * dim + j];
+                gu = g32;
+            }
+            apply_row(rule, h, w + r * dim, st + r * sd, gu, dim);
+            uint64_t c = (uint64_t)count[r] + occ[u];
+            count[r] = c > 0xFFFFFFFFULL ? 0xFFFFFFFFU : (uint32_t)c;
+            unseen[r] = 0;
+            flags[r] |= FLAG_SEEN | FLAG_DIRTY;
+        }
+        Py_END_ALLOW_THREADS
+        free(table); free(uid); free(urow); free(occ); free(acc); free(g32);
+        if (oom) { PyErr_NoMemory(); goto done; }
+        result = PyLong_FromSsize_t(nu);
+    }
+done:
+    if (got >= 8) PyBuffer_Release(&bg);
+    if (got >= 7) PyBuffer_Release(&br);
+    if (got >= 6) PyBuffer_Release(&bf);
+    if (got >= 5) PyBuffer_Release(&bu);
+    if (got >= 4) PyBuffer_Release(&bc);
+    if (got >= 3) PyBuffer_Release(&bst);
+    if (got >= 2) PyBuffer_Release(&bw);
+    if (got >= 1) PyBuffer_Release(&bh);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"probe", k_probe, METH_VARARGS, "probe(slots, stored_keys, query, out): rows of keys"},
+    {"push", k_push, METH_VARARGS,
+     "push(rule, hyper, values, state, count, unseen, flags, rows, grads) -> distinct rows"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
+                                    "Compiled sparse-table kernels (see kernels.py).", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

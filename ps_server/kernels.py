@@ -1,0 +1,80 @@
+"""The sparse table's hot loops: compiled (``_kernels.c``) when built, numpy otherwise.
+
+``pip install`` compiles ``ps_server/_kernels.c`` when a C compiler is there (setup.py makes it
+optional). The compiled path probes the hash index one key at a time in C and fuses a push —
+summing duplicated keys, the optimizer rule, the weight bounds, count / unseen_days / flags —
+into one pass over the batch without the GIL. The numpy path (``hash_index``, ``batch_ops``,
+``optimizers``) computes the same results and stays the reference: rules other than the
+built-in SGD / Adagrad / Adam (user subclasses of ``OptimizerRule``) always take it.
+
+Why: at 64k-key batches on 1 M rows (dim 8, Adagrad), the numpy push spends its time in ~20
+whole-batch passes (probe rounds, gathers and scatters of values and state, the rule's
+temporaries); see BENCHMARKS.md ("PS kernels") for the measured speed-up.
+
+``FLEET_PS_KERNELS=numpy`` forces the numpy path (for comparisons and tests).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:
+    from ps_server import _kernels as _c
+except ImportError:  # not built (no C compiler at install time)
+    _c = None
+
+ENABLED = _c is not None and os.environ.get("FLEET_PS_KERNELS", "c").lower() != "numpy"
+"""Whether the compiled kernels are in use in this process."""
+
+_RULE_IDS = {"sgd": 0, "adagrad": 1, "adam": 2}
+
+
+def probe(slots: np.ndarray, stored_keys: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """int64 row of each key in the index ``slots`` (-1 where absent); compiled path only."""
+    assert _c is not None
+    out = np.empty(query.shape[0], dtype=np.int64)
+    _c.probe(slots, stored_keys, np.ascontiguousarray(query, dtype=np.int64), out)
+    return out
+
+
+def push_hyper(rule: object) -> tuple[int, np.ndarray] | None:
+    """(rule id, float64 hyper-parameters) of a built-in rule, or None (use numpy)."""
+    from ps_server.optimizers import SGD, Adagrad, Adam
+
+    if not ENABLED or type(rule) not in (SGD, Adagrad, Adam):
+        return None
+    h = np.zeros(8, dtype=np.float64)
+    h[0] = rule.lr  # type: ignore[attr-defined]
+    if isinstance(rule, Adagrad):
+        h[1] = rule.eps
+    elif isinstance(rule, Adam):
+        h[1], h[2] = rule.betas
+        h[3] = rule.eps
+    bounds = rule.weight_bounds  # type: ignore[attr-defined]
+    if bounds is not None:
+        h[4], h[5], h[6] = bounds[0], bounds[1], 1.0
+    return _RULE_IDS[rule.TYPE], h  # type: ignore[attr-defined]
+
+
+def push(
+    rule_id: int,
+    hyper: np.ndarray,
+    cols: dict[str, np.ndarray],
+    flags: np.ndarray,
+    rows: np.ndarray,
+    grads: np.ndarray,
+) -> int:
+    """Fused push of ``grads`` into ``rows`` (duplicates allowed, all >= 0); distinct rows."""
+    assert _c is not None
+    return int(
+        _c.push(
+            rule_id, hyper, cols["values"], cols["state"], cols["count"], cols["unseen_days"],
+            flags, np.ascontiguousarray(rows, dtype=np.int64),
+            np.ascontiguousarray(grads, dtype=np.float32),
+        )
+    )
+
+
+__all__ = ["ENABLED", "probe", "push", "push_hyper"]

@@ -1,0 +1,43 @@
+"""Builds the optional C kernels of ps_server (everything else is in pyproject.toml).
+
+``ps_server/_kernels.c`` speeds up the sparse table's lookup and push; without a C compiler the
+build is skipped with a warning and ps_server uses its numpy code (same results, slower).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("fleetrun.setup")
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """Build extensions, but let the install succeed without them."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as err:  # noqa: BLE001 - any compiler failure means "use numpy"
+            log.warning("ps_server C kernels not built (%s); using the numpy path", err)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as err:  # noqa: BLE001
+            log.warning("ps_server C kernels not built (%s); using the numpy path", err)
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "ps_server._kernels",
+            ["ps_server/_kernels.c"],
+            extra_compile_args=["-O3", "-std=c99", "-fno-fast-math"],
+            optional=True,
+        )
+    ],
+    cmdclass={"build_ext": OptionalBuildExt},
+)

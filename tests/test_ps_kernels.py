@@ -1,0 +1,123 @@
+"""The compiled sparse-table kernels (ps_server/_kernels.c) against the numpy path they replace.
+
+Two tables see the same pulls and pushes — one with the kernels, one with ``kernels.ENABLED``
+switched off — and must hold the same rows, optimizer state, counts and flags afterwards.
+(tests/test_ps_core.py checks the default path, i.e. the kernels when built, against
+torch.optim.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ps_server import (
+    SGD,
+    Adagrad,
+    Adam,
+    CountFilterEntry,
+    SparseTable,
+    SparseTableConfig,
+    Uniform,
+    kernels,
+)
+from ps_server.config import NonFinitePolicy
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(kernels._c is None, reason="C kernels not built (no compiler at install)"),
+]
+
+RULES = {
+    "sgd": SGD(0.1),
+    "sgd_bounded": SGD(0.5, weight_bounds=(-0.02, 0.02)),
+    "adagrad": Adagrad(0.05, initial_accumulator_value=0.1),
+    "adam": Adam(0.01, betas=(0.8, 0.99), eps=1e-6),
+}
+
+
+def _pair(monkeypatch: pytest.MonkeyPatch, rule, dim: int, **kw) -> tuple[SparseTable, SparseTable]:
+    config = SparseTableConfig("k", dim, rule, Uniform(-0.1, 0.1), seed=3, **kw)
+    monkeypatch.setattr(kernels, "ENABLED", True)
+    fast = SparseTable(config)
+    monkeypatch.setattr(kernels, "ENABLED", False)
+    slow = SparseTable(config)
+    assert fast._fused is not None and slow._fused is None
+    return fast, slow
+
+
+def _same(fast: SparseTable, slow: SparseTable, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "ENABLED", False)
+    a, b = fast.store, slow.store
+    ka, kb = a.keys[a.live_rows()], b.keys[b.live_rows()]
+    assert sorted(ka.tolist()) == sorted(kb.tolist())
+    ra, rb = a.lookup(ka), b.lookup(ka)
+    np.testing.assert_allclose(a.cols["values"][ra], b.cols["values"][rb], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(a.cols["state"][ra], b.cols["state"][rb], rtol=1e-6, atol=1e-7)
+    for col in ("count", "unseen_days"):
+        np.testing.assert_array_equal(a.cols[col][ra], b.cols[col][rb])
+    np.testing.assert_array_equal(a.flags[ra], b.flags[rb])
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("dim", [1, 8, 13])
+def test_push_matches_numpy(monkeypatch: pytest.MonkeyPatch, name: str, dim: int) -> None:
+    fast, slow = _pair(monkeypatch, RULES[name], dim)
+    rng = np.random.default_rng(dim)
+    universe = rng.integers(-(2**63), 2**63 - 1, size=3000, dtype=np.int64)
+    for step in range(12):
+        keys = rng.choice(universe, size=2000)  # with duplicates
+        if step % 3 == 0:
+            keys = np.unique(keys)  # and batches without
+        grads = rng.standard_normal((keys.shape[0], dim)).astype(np.float32)
+        pulled, stats = [], []
+        for t in (fast, slow):
+            monkeypatch.setattr(kernels, "ENABLED", t is fast)
+            pulled.append(t.pull(keys))
+            stats.append(t.push(keys, grads))
+            if step % 5 == 4:
+                t.end_day()
+        np.testing.assert_allclose(pulled[0], pulled[1], rtol=1e-6, atol=1e-7)
+        assert stats[0] == stats[1]
+        assert stats[0].applied == np.unique(keys).shape[0]
+    _same(fast, slow, monkeypatch)
+
+
+def test_entry_and_nonfinite_skip_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, slow = _pair(
+        monkeypatch, Adagrad(0.1), 4, entry=CountFilterEntry(3), nonfinite=NonFinitePolicy.SKIP
+    )
+    rng = np.random.default_rng(7)
+    for _ in range(8):
+        keys = rng.integers(0, 500, size=700).astype(np.int64)
+        grads = rng.standard_normal((700, 4)).astype(np.float32)
+        grads[rng.integers(0, 700, size=5)] = np.nan
+        out = []
+        for t in (fast, slow):
+            monkeypatch.setattr(kernels, "ENABLED", t is fast)
+            out.append(t.push(keys, grads))
+        assert out[0] == out[1]
+    _same(fast, slow, monkeypatch)
+
+
+def test_kernel_rejects_bad_arguments() -> None:
+    c = kernels._c
+    cap, dim = 4, 2
+    cols = {
+        "values": np.zeros((cap, dim), np.float32),
+        "state": np.zeros((cap, dim), np.float32),
+        "count": np.zeros(cap, np.uint32),
+        "unseen_days": np.zeros(cap, np.uint16),
+    }
+    flags = np.zeros(cap, np.uint8)
+    hyper = np.zeros(8)
+    g = np.zeros((1, dim), np.float32)
+    with pytest.raises(ValueError, match="out of range"):
+        kernels.push(1, hyper, cols, flags, np.array([cap]), g)
+    with pytest.raises(ValueError, match="unknown rule"):
+        kernels.push(7, hyper, cols, flags, np.array([0]), g)
+    with pytest.raises(ValueError, match="wrong width"):
+        kernels.push(2, hyper, cols, flags, np.array([0]), g)  # adam needs 2*dim+1 state
+    with pytest.raises(TypeError, match="stored_keys"):
+        c.probe(np.full(8, -1, np.int32), np.zeros(4, np.int32), np.zeros(1, np.int64),
+                np.zeros(1, np.int64))

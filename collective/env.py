@@ -15,6 +15,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from collective.errors import EnvContractError
 
@@ -48,6 +49,8 @@ FLEET_BACKEND = "FLEET_BACKEND"
 FLEET_JOB_NAME = "FLEET_JOB_NAME"
 FLEET_NNODES = "FLEET_NNODES"
 FLEET_STRATEGY = "FLEET_STRATEGY"
+FLEET_METRICS_PORT = "FLEET_METRICS_PORT"
+FLEET_METRICS_HOST = "FLEET_METRICS_HOST"
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,10 @@ class WorkerEnv:
     """YAML file of the job's DistributedStrategy (FLEET_STRATEGY), if the job spec has one."""
     server_index: int = -1
     """This parameter server's index in ``pserver_endpoints`` (PSERVER role only, else -1)."""
+    metrics_port: int = 0
+    """Port of this process's Prometheus ``/metrics`` endpoint (FLEET_METRICS_PORT); 0 = none."""
+    metrics_host: str = "127.0.0.1"
+    """Address the ``/metrics`` endpoint binds (FLEET_METRICS_HOST; the pod IP on clusters)."""
     launched: bool = field(default=False)
     """True when a launcher set the contract; False for a plain ``python script.py``."""
 
@@ -226,8 +233,24 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         error_file=env.get(FLEET_ERROR_FILE) or env.get("TORCHELASTIC_ERROR_FILE") or None,
         log_dir=env.get(FLEET_LOG_DIR) or None,
         strategy_file=env.get(FLEET_STRATEGY) or None,
+        **read_metrics_endpoint(env),
         launched=launched,
     )
+
+
+def read_metrics_endpoint(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``{"metrics_port", "metrics_host"}`` from FLEET_METRICS_PORT / FLEET_METRICS_HOST (the
+    part of the contract a bare ``PSServer`` reads too); port 0 = no endpoint."""
+    env = os.environ if environ is None else environ
+    port = _get_int(env, FLEET_METRICS_PORT) or 0
+    if not 0 <= port < 65536:
+        raise EnvContractError(f"{FLEET_METRICS_PORT}={port} is not a port (0..65535; 0 = no endpoint)")
+    return {"metrics_port": port, "metrics_host": env.get(FLEET_METRICS_HOST) or "127.0.0.1"}
+
+
+def metrics_env(port: int, host: str = "127.0.0.1") -> dict[str, str]:
+    """FLEET_METRICS_PORT/HOST for a process given a metrics port (nothing for 0)."""
+    return {FLEET_METRICS_PORT: str(port), FLEET_METRICS_HOST: host} if port else {}
 
 
 def _read_server_env(env: Mapping[str, str]) -> WorkerEnv:
@@ -266,6 +289,7 @@ def _read_server_env(env: Mapping[str, str]) -> WorkerEnv:
         log_dir=env.get(FLEET_LOG_DIR) or None,
         strategy_file=env.get(FLEET_STRATEGY) or None,
         server_index=pservers.index(me),
+        **read_metrics_endpoint(env),
         launched=True,
     )
 
@@ -302,8 +326,9 @@ class NodeLayout:
         return os.path.join(self.error_dir, f"error.{self.global_rank(local_rank)}.json")
 
 
-def make_worker_env(layout: NodeLayout, local_rank: int) -> dict[str, str]:
-    """The env-contract variables for trainer ``local_rank`` of this node (both families)."""
+def make_worker_env(layout: NodeLayout, local_rank: int, metrics_port: int = 0) -> dict[str, str]:
+    """The env-contract variables for trainer ``local_rank`` of this node (both families);
+    ``metrics_port`` > 0 adds FLEET_METRICS_PORT (its ``/metrics`` endpoint)."""
     rank = layout.global_rank(local_rank)
     err = layout.error_file(local_rank)
     return {
@@ -340,6 +365,7 @@ def make_worker_env(layout: NodeLayout, local_rank: int) -> dict[str, str]:
         FLEET_JOB_NAME: layout.job_name,
         FLEET_NNODES: str(layout.num_nodes),
         **({FLEET_STRATEGY: layout.strategy_file} if layout.strategy_file else {}),
+        **metrics_env(metrics_port),
     }
 
 
@@ -384,22 +410,24 @@ class PSLayout:
         }
 
 
-def make_ps_server_env(layout: PSLayout, index: int) -> dict[str, str]:
+def make_ps_server_env(layout: PSLayout, index: int, metrics_port: int = 0) -> dict[str, str]:
     """Env of parameter server ``index`` (TRAINING_ROLE=PSERVER, POD_IP + PADDLE_PORT)."""
     ip, _, port = layout.server_endpoints[index].rpartition(":")
     env = layout._common(layout.server_error_file(index))
+    env.update(metrics_env(metrics_port))
     env.update({"TRAINING_ROLE": TrainingRole.PSERVER.value, "POD_IP": ip, "PADDLE_PORT": port})
     return env
 
 
 def make_ps_trainer_env(
-    layout: PSLayout, trainer_id: int, local_rank: int, local_world_size: int
+    layout: PSLayout, trainer_id: int, local_rank: int, local_world_size: int, metrics_port: int = 0
 ) -> dict[str, str]:
     """Env of PS trainer ``trainer_id``: the Paddle PS family plus RANK/WORLD_SIZE/MASTER_* for
     the trainers' own gloo group (barrier_worker, metrics), rooted at trainer 0's endpoint."""
     ip = layout.trainer_endpoints[trainer_id].rpartition(":")[0]
     master_addr, _, master_port = layout.trainer_endpoints[0].rpartition(":")
     env = layout._common(layout.trainer_error_file(trainer_id))
+    env.update(metrics_env(metrics_port))
     world = str(len(layout.trainer_endpoints))
     env.update({
         "TRAINING_ROLE": TrainingRole.TRAINER.value,
@@ -435,5 +463,7 @@ __all__ = [
     "make_ps_server_env",
     "make_ps_trainer_env",
     "make_worker_env",
+    "metrics_env",
+    "read_metrics_endpoint",
     "read_worker_env",
 ]

@@ -26,26 +26,20 @@ from collective.comm import barrier
 from collective.env import TrainingRole, WorkerEnv, find_free_port, read_worker_env
 from collective.errors import ConfigError, FleetError, FleetNotImplementedError
 from collective.group import init_parallel_env
+from fleet import telemetry
 from fleet.role_maker import PaddleCloudRoleMaker
 from fleet.strategy import DistributedStrategy
 
 logger = logging.getLogger(__name__)
 
-# Strategy switch -> what it is, for the not-implemented message. Only pure data parallel and
-# gradient merge have landed; each entry leaves this table when its implementation lands.
+# Strategy switch -> what it is, for the not-implemented message. Everything else has landed
+# (data parallel, gradient merge, AMP, recompute, LARS/LAMB, pipeline, sharding); each entry
+# leaves this table when its implementation lands.
 _NOT_LANDED: dict[str, str] = {
-    "amp": "automatic mixed precision",
-    "recompute": "activation recompute",
-    "sharding": "ZeRO-style sharding",
-    "pipeline": "pipeline parallelism",
     "tensor_parallel": "tensor parallelism",
-    "lars": "the LARS meta-optimizer",
-    "lamb": "the LAMB meta-optimizer",
 }
-# Hybrid axes not landed yet (mp_degree has: fleet.init builds the topology, fleet.topology).
+# Hybrid axes not landed yet (all have: mp, pp and sharding degrees build fleet.topology groups).
 _HYBRID_AXES: dict[str, str] = {
-    "pp_degree": "pipeline parallelism",
-    "sharding_degree": "sharding parallelism",
 }
 
 
@@ -60,7 +54,8 @@ class FleetRuntime:
     dp_degree: int
     """Resolved data-parallel degree (world size / mp_degree)."""
     hcg: Any = None
-    """The :class:`~fleet.topology.HybridCommunicateGroup` when ``mp_degree > 1``, else None."""
+    """The :class:`~fleet.topology.HybridCommunicateGroup` when any of ``mp_degree``,
+    ``pp_degree``, ``sharding_degree`` is > 1, else None."""
     models: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
     """Models wrapped by ``distributed_model`` that are still alive."""
     optimizers: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
@@ -101,6 +96,9 @@ def check_strategy_supported(strategy: DistributedStrategy, where: str) -> None:
     hybrid = strategy.hybrid_configs
     axes = [axis for axis in _HYBRID_AXES if getattr(hybrid, axis) > 1]
     if not keys and not axes:
+        from fleet.parallelize import check_composition
+
+        check_composition(strategy)  # contradictory settings / unsupported combinations
         return
     asked = [f"strategy.{key} ({_NOT_LANDED[key]})" for key in keys]
     asked += [
@@ -114,7 +112,8 @@ def check_strategy_supported(strategy: DistributedStrategy, where: str) -> None:
         ", ".join(asked),
         hint=(
             f"{where} was given a strategy that asks for it, but so far only data parallel, "
-            f"tensor parallelism (hybrid_configs.mp_degree) and gradient_merge have landed; "
+            f"tensor, pipeline and sharding parallelism (hybrid_configs) and gradient_merge "
+            f"have landed; "
             f"to train data-parallel, set {'; '.join(fixes)}"
         ),
     )
@@ -156,6 +155,7 @@ def init(
         )
 
     env = role_maker.worker_env() if role_maker is not None else read_worker_env()
+    telemetry.start_from_env(env)  # /metrics when the launcher gave a port (fleet/telemetry.py)
     if is_collective and env.training_role is TrainingRole.PSERVER:
         raise ConfigError(
             "this process was started as a parameter server (TRAINING_ROLE=PSERVER) but the script "
@@ -198,10 +198,11 @@ def init(
 
 
 def _build_hybrid_group(strategy: DistributedStrategy, env: WorkerEnv) -> Any:
-    """The hybrid topology's process groups when tensor parallelism is asked for, else None
-    (pure data parallel needs no sub-groups). Collective: every rank builds every group."""
+    """The hybrid topology's process groups when a tensor, pipeline or sharding degree is > 1,
+    else None (pure data parallel needs no sub-groups). Collective: every rank builds every
+    group."""
     hybrid = strategy.hybrid_configs
-    if hybrid.mp_degree == 1:
+    if hybrid.mp_degree == 1 and hybrid.pp_degree == 1 and hybrid.sharding_degree == 1:
         return None
     from fleet.topology import HybridCommunicateGroup, build_topology
 

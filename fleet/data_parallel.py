@@ -5,6 +5,9 @@ fleet adds only the strategy mapping (``find_unused_parameters``; ``fuse_grad_si
 ``bucket_cap_mb``) and one behaviour: when the optimizer of this model merges gradients over K
 micro-steps (``strategy.gradient_merge``), the forward of micro-steps 1..K-1 runs under DDP's
 ``no_sync`` so their backward skips the all-reduce (see :mod:`fleet.optimizer`).
+
+:func:`distributed_model` validates the model and hands it to :func:`fleet.parallelize.parallelize`,
+which picks the wrappers (pipeline, FSDP2, DDP over which group) from the strategy.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from collective.errors import ConfigError
+from fleet import telemetry
 from fleet.base import check_strategy_supported, get_runtime
-from fleet.optimizer import GradientMergeState, link_gradient_merge
+from fleet.optimizer import GradientMergeState
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +35,12 @@ class DataParallel(DistributedDataParallel):
     def __init__(self, module: torch.nn.Module, **kwargs: Any) -> None:
         super().__init__(module, **kwargs)
         self.grad_merge: GradientMergeState | None = None
+        telemetry.watch_ddp(self)  # all_reduce time, with metrics on (fleet/telemetry.py)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """DDP's forward; under ``no_sync`` when the coming backward is not a merge boundary."""
+        if self.training:
+            telemetry.on_forward(inputs)  # samples (fleet/telemetry.py)
         gm = self.grad_merge
         if gm is not None and not gm.sync_this_step():
             # DDP decides in forward whether the next backward all-reduces.
@@ -42,11 +49,15 @@ class DataParallel(DistributedDataParallel):
         return super().forward(*inputs, **kwargs)
 
 
-def distributed_model(model: torch.nn.Module) -> DataParallel:
-    """Wrap ``model`` for data-parallel training (a torch ``DistributedDataParallel``).
+def distributed_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Wrap ``model`` for distributed training as the strategy asks (:mod:`fleet.parallelize`).
 
-    The model must already be on its device: CPU, or ``cuda:<local_rank>`` under NCCL (then
-    ``device_ids=[that device]``). Parameters are broadcast from rank 0 when wrapping.
+    Pure data parallel gives a :class:`DataParallel` (torch ``DistributedDataParallel``); hybrid
+    strategies give DDP over the data-parallel (x sharding) group, a ``PipelineParallel``
+    (``pp_degree > 1``), an FSDP2 module (sharding stage 3), or the model itself when there is
+    no replica to average with (tensor parallel alone). The model must already be on its device:
+    CPU, or ``cuda:<local_rank>`` under NCCL (then ``device_ids=[that device]``). Parameters are
+    broadcast from the first rank of the group when wrapping.
     """
     runtime = get_runtime("distributed_model()")
     from fleet.ps_runtime import in_ps_mode
@@ -80,26 +91,11 @@ def distributed_model(model: torch.nn.Module) -> DataParallel:
             f"model.to(f'cuda:{{fleet.local_rank()}}')  (here cuda:{runtime.env.local_rank})",
             key="model",
         )
-    device_ids = [device.index] if device.type == "cuda" else None
-    # Tensor parallel (fleet.topology): the mp shards differ by rank, so DDP may only average
-    # over the data-parallel replicas; with dp_degree 1 there is nothing to average.
-    dp_group = runtime.hcg.get_data_parallel_group() if runtime.hcg is not None else None
-    if runtime.hcg is not None and runtime.hcg.get_data_parallel_world_size() == 1:
-        return model  # type: ignore[return-value]
-    dp = DataParallel(
-        model,
-        device_ids=device_ids,
-        process_group=dp_group,
-        find_unused_parameters=strategy.find_unused_parameters,
-        bucket_cap_mb=strategy.fuse_grad_size_in_MB,
-    )
-    runtime.models.add(dp)
-    link_gradient_merge(runtime)
-    logger.debug(
-        "distributed_model: DDP over %d rank(s), bucket %d MiB, find_unused_parameters=%s",
-        runtime.env.world_size, strategy.fuse_grad_size_in_MB, strategy.find_unused_parameters,
-    )
-    return dp
+    # Every wrapper (features, pipeline, FSDP2, DDP over the right group) is chosen and applied
+    # in one place, in one order: fleet.parallelize.
+    from fleet.parallelize import parallelize
+
+    return parallelize(runtime, model=model)  # type: ignore[no-any-return]
 
 
 __all__ = ["DataParallel", "distributed_model"]

@@ -100,6 +100,18 @@ class DistributedEmbedding(torch.nn.Module):
             return out.mean(dim=1)
         return out
 
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Start pulling the rows of ``ids`` (the next batch's, same shape rules as forward) in
+        the background, so the next :meth:`forward` with these ids does not wait for the
+        servers. Async / half-async modes only; sync and GEO ignore it (a sync pull must see
+        the last step's update). The rows may miss updates still queued: async semantics."""
+        from fleet.ps_runtime import get_communicator
+
+        comm = get_communicator()
+        if comm.prefetches:
+            keys = torch.unique(ids.reshape(-1).to(torch.int64)).numpy()
+            comm.prefetch(self.table, keys)
+
     def table_config(self) -> Any:
         """The :class:`ps_server.SparseTableConfig` this module's table is created with."""
         from ps_server import SparseTableConfig

@@ -15,6 +15,9 @@ With ``gradient_merge_configs = {k_steps: K, avg: A}`` the user's loop stays
 With data parallel the wrapper and the :class:`~fleet.data_parallel.DataParallel` model that owns
 its parameters share one :class:`GradientMergeState`, and the model skips DDP's gradient
 all-reduce on micro-steps 1..K-1 (DDP's ``no_sync``): K micro-steps cost one all-reduce.
+
+:func:`distributed_optimizer` validates its argument and hands it to
+:func:`fleet.parallelize.parallelize` (features -> sharding -> this wrapper, in that order).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 
 from collective.errors import ConfigError
+from fleet import telemetry
 from fleet.base import FleetRuntime, check_strategy_supported, get_runtime, require_strategy
 from fleet.strategy import DistributedStrategy
 
@@ -102,6 +106,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Update the parameters — with gradient merge, only on every ``k_steps``-th call."""
+        telemetry.on_step()  # a step ends here (fleet/telemetry.py)
         gm = self.grad_merge
         if gm is None:
             return self._inner.step(closure)
@@ -116,11 +121,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return None
         gm.micro_step = 0
         if gm.avg:
+            # Every parameter's gradient, not only param_groups': under sharding stage 2 the
+            # optimizer lists only its owned parameters but reduces all gradients.
+            all_params = getattr(self._inner, "all_params", None)
+            params = all_params() if callable(all_params) else [
+                p for group in self._inner.param_groups for p in group["params"]
+            ]
             with torch.no_grad():
-                for group in self._inner.param_groups:
-                    for p in group["params"]:
-                        if p.grad is not None:
-                            p.grad.div_(gm.k_steps)
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.div_(gm.k_steps)
         return self._inner.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -141,7 +151,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._inner.add_param_group(param_group)
 
     def param_ids(self) -> set[int]:
-        """``id()`` of every parameter this optimizer updates."""
+        """``id()`` of every parameter this optimizer updates (with sharding: of every
+        parameter it was built with, owned by this rank or not)."""
+        inner_ids = getattr(self._inner, "param_ids", None)
+        if callable(inner_ids):
+            return set(inner_ids())
         return {id(p) for group in self._inner.param_groups for p in group["params"]}
 
     def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
@@ -189,6 +203,13 @@ def distributed_optimizer(
         strategy = runtime.strategy
         check_strategy_supported(strategy, "fleet.distributed_optimizer")
     elif strategy is not runtime.strategy:
+        if strategy.hybrid_configs != runtime.strategy.hybrid_configs:
+            raise ConfigError(
+                f"the strategy's hybrid_configs ({strategy.hybrid_configs.to_dict()}) differ from "
+                f"the ones fleet.init built the process groups for "
+                f"({runtime.strategy.hybrid_configs.to_dict()}); set the degrees before fleet.init",
+                key="hybrid_configs",
+            )
         runtime.dp_degree = strategy.hybrid_configs.resolve_dp_degree(runtime.env.world_size)
         runtime.strategy = strategy
         if runtime.env.rank == 0:
@@ -202,16 +223,11 @@ def distributed_optimizer(
         raise ConfigError(
             f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}", key="optimizer"
         )
-    gm_cfg = strategy.gradient_merge_configs
-    grad_merge = (
-        GradientMergeState(k_steps=gm_cfg.k_steps, avg=gm_cfg.avg)
-        if strategy.gradient_merge and gm_cfg.k_steps > 1
-        else None
-    )
-    wrapper = DistributedOptimizer(optimizer, grad_merge)
-    runtime.optimizers.add(wrapper)
-    link_gradient_merge(runtime)
-    return wrapper
+    # Features, sharding and gradient merge are chosen and applied in one place, in one order:
+    # fleet.parallelize.
+    from fleet.parallelize import parallelize
+
+    return parallelize(runtime, optimizer=optimizer)  # type: ignore[no-any-return]
 
 
 def link_gradient_merge(runtime: FleetRuntime) -> None:

@@ -37,6 +37,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 
 from collective.errors import FleetError
+from fleet import telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,9 @@ class Communicator:
         self.dense_base: np.ndarray | None = None  # GEO: the dense values at the last exchange
         self.pending: dict[str, SparseGrads] = {}
         self.steps = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._prefetched: dict[str, tuple[np.ndarray, Future[np.ndarray]]] = {}
+        telemetry.instrument_communicator(self)  # ps_pull/ps_push time, step ends (fleet/telemetry.py)
 
     # -- registration ---------------------------------------------------------------------------
     def add_table(self, name: str, dim: int, lr: float) -> None:
@@ -94,9 +99,27 @@ class Communicator:
         self.dense = list(params)
 
     # -- the trainer's calls --------------------------------------------------------------------
+    prefetches = False
+    """Whether :meth:`prefetch` starts pulls early (async modes) or is ignored (sync: a pull
+    must see the previous step's update; GEO: pulls are local)."""
+
     def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
-        """Rows for unique ``keys`` (float32 [n, dim])."""
+        """Rows for unique ``keys`` (float32 [n, dim]); a prefetch of exactly these keys is
+        used when one was started."""
+        early = self._prefetched.pop(table, None) if self.prefetches else None
+        if early is not None and np.array_equal(early[0], keys):
+            return early[1].result()
         return self.client.pull_sparse(table, keys)
+
+    def prefetch(self, table: str, keys: np.ndarray) -> None:
+        """Start pulling the rows of unique ``keys`` in the background for the next forward of
+        ``table`` (one pending prefetch per table; a later one replaces it). The rows may miss
+        updates still queued when the pull runs: async semantics."""
+        if not self.prefetches:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleet-prefetch")
+        self._prefetched[table] = (keys, self._pool.submit(self.client.pull_sparse, table, keys))
 
     def record_sparse(self, table: str, keys: np.ndarray, grads: np.ndarray) -> None:
         """Gradients of this step for ``keys`` (called from backward)."""
@@ -114,6 +137,13 @@ class Communicator:
     def close(self) -> None:
         """Stop background work."""
         self.flush()
+        self._stop_prefetch()
+
+    def _stop_prefetch(self) -> None:
+        self._prefetched = {}
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     # -- helpers --------------------------------------------------------------------------------
     def _take_pending(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -167,6 +197,7 @@ class AsyncCommunicator(Communicator):
     it half-async (drain + barrier every N steps)."""
 
     mode = "async"
+    prefetches = True
 
     def __init__(self, client: Any, num_trainers: int, barrier: Callable[[], None], *,
                  queue_size: int, max_merge: int, barrier_interval: int) -> None:
@@ -250,6 +281,7 @@ class AsyncCommunicator(Communicator):
             self.flush()
             self._queue.put(None)
             self._thread.join(timeout=60)
+        self._stop_prefetch()
 
 
 class GeoCommunicator(Communicator):

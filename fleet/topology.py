@@ -11,9 +11,9 @@ so the ``mp`` ranks of one tensor-parallel group are neighbours (on one node whe
 :class:`HybridCommunicateGroup` creates one torch process group per group of every axis, plus
 Paddle's "check" group (the ranks of this pipeline stage: the whole world when ``pp == 1``).
 
-``fleet.init`` builds the :class:`HybridCommunicateGroup` when ``hybrid_configs.mp_degree > 1``
-(pipeline and sharding degrees > 1 are not implemented yet);
-``fleet.get_hybrid_communicate_group()`` returns it.
+``fleet.init`` builds the :class:`HybridCommunicateGroup` when any of ``hybrid_configs``
+``mp_degree``, ``pp_degree``, ``sharding_degree`` is > 1; ``fleet.get_hybrid_communicate_group()``
+returns it.
 """
 
 from __future__ import annotations
@@ -253,17 +253,18 @@ class HybridCommunicateGroup:
 def get_hybrid_communicate_group() -> HybridCommunicateGroup:
     """The :class:`HybridCommunicateGroup` that ``fleet.init`` built.
 
-    FleetError before ``fleet.init`` or when the strategy asked for no tensor parallelism
-    (``hybrid_configs.mp_degree == 1``: pure data parallel needs no sub-groups).
+    FleetError before ``fleet.init`` or when the strategy asked for no hybrid axis
+    (``mp_degree``, ``pp_degree`` and ``sharding_degree`` all 1: pure data parallel needs no
+    sub-groups).
     """
     from fleet.base import get_runtime
 
     hcg = get_runtime("get_hybrid_communicate_group()").hcg
     if hcg is None:
         raise FleetError(
-            "fleet.init built no hybrid topology: the strategy's hybrid_configs.mp_degree is 1 "
-            "(pure data parallel); set strategy.hybrid_configs = {'mp_degree': N} with N > 1 "
-            "for tensor parallelism"
+            "fleet.init built no hybrid topology: the strategy's hybrid_configs has mp_degree, "
+            "pp_degree and sharding_degree all 1 (pure data parallel); set one of them > 1, e.g. "
+            "strategy.hybrid_configs = {'mp_degree': 2}"
         )
     return hcg
 

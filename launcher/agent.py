@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
@@ -31,13 +31,16 @@ from collective.env import (
     make_ps_server_env,
     make_ps_trainer_env,
     make_worker_env,
+    metrics_env,
 )
-from collective.errors import ConfigError, LaunchError
+from collective.errors import ConfigError, LaunchError, RendezvousError
 from launcher.attempt import SERVER, TRAINER, ProcSpec, start_all, watch
+from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, terminate_all
 from launcher.rendezvous import NodeInfo, NodeRendezvous
 from launcher.spec import JobSpec, Tee
 from launcher.summary import Failure, format_summary
+from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +295,16 @@ def _label(f: Failure) -> str:
     return f"rank {f.rank}" if f.role == TRAINER else f"server {f.rank}"
 
 
+def make_monitor(spec: JobSpec, plan: Plan, node_rank: int) -> JobMonitor:
+    """The :class:`JobMonitor` of this node: metrics bind 127.0.0.1 on one node, the node's IP
+    when Prometheus must reach several."""
+    place: Placement = getattr(plan, "place")  # noqa: B009 - both plans have one
+    host = getattr(plan, "pod_ip", None) or place.node_ip
+    multi = place.num_nodes > 1 or bool(spec.ps.servers)
+    return JobMonitor(spec.name, place.run_id, plan.max_restarts, spec.log_dir, host, node_rank,
+                      metrics=spec.metrics, metrics_host=host if multi else "127.0.0.1")
+
+
 class Agent:
     """Runs this node's share of a job to the end; :meth:`run` returns the exit code."""
 
@@ -300,14 +313,43 @@ class Agent:
         self.console = console or ConsoleWriter()
 
     def run(self) -> int:
-        """Run all attempts; return fleetrun's exit code."""
+        """Run all attempts; return fleetrun's exit code. Keeps ``log_dir/job_state.json`` and
+        ``metrics_targets.json`` current (:class:`~launcher.telemetry.JobMonitor`)."""
+        monitor = make_monitor(self.spec, self.plan, self.node_rank)
+        status = StatusConsole(monitor)
+        status.start()
+        try:
+            return self._run(monitor)
+        except Interrupted as sig:
+            monitor.finished(JobState.STOPPED, f"fleetrun got {sig}; every process was stopped")
+            raise
+        except RendezvousError as err:
+            monitor.attempt_failed([FailureCause.RENDEZVOUS])
+            monitor.finished(JobState.FAILED, f"rendezvous failed: {err}")
+            raise
+        except BaseException as err:
+            monitor.finished(JobState.FAILED, f"fleetrun failed: {err}")
+            raise
+        finally:
+            status.stop()
+            monitor.close()
+
+    def _with_metrics(self, spec: ProcSpec, monitor: JobMonitor) -> ProcSpec:
+        port = monitor.metrics_port()
+        if not port:
+            return spec
+        return replace(spec, metrics_port=port, env={**spec.env, **metrics_env(port, monitor.metrics_host)})
+
+    def _run(self, monitor: JobMonitor) -> int:
         spec, plan = self.spec, self.plan
         argv = worker_argv(spec)
         history: list[str] = []
         attempt = 0
         remote_tick = isinstance(plan, CollectivePlan) and plan.rdzv is not None
         while True:
-            running = start_all(plan.specs(attempt), argv, attempt, self.console)
+            specs = [self._with_metrics(s, monitor) for s in plan.specs(attempt)]
+            running = start_all(specs, argv, attempt, self.console)
+            monitor.attempt_started(attempt, running)
             stopped: list[tuple[str, int]] = []
             failures, remote = [], None
             try:
@@ -315,7 +357,7 @@ class Agent:
                     failures, remote = watch(
                         running, attempt, 0.25 if remote_tick else 3600.0,
                         (lambda a=attempt: plan.remote_failure(a)) if remote_tick else None,
-                        spec.ps.server_grace_s,
+                        spec.ps.server_grace_s, monitor.refresh,
                     )
                 except Interrupted as sig:
                     plan.report_failure(attempt, f"fleetrun on node {self.node_rank} got {sig}")
@@ -329,25 +371,32 @@ class Agent:
                 terminate_all([r.proc for r in running], spec.grace_period_s)
             if not failures and remote is None:
                 remote = plan.finish(attempt)
+            failed_ids = [(f.role, f.rank) for f in failures]
+            monitor.attempt_failed([cause_of(f.exit_desc) for f in failures]
+                                   or ([FailureCause.NODE] if remote is not None else []))
             decision = decide(bool(failures) or remote is not None, attempt, plan.max_restarts)
             if decision is Decision.SUCCEED:
                 logger.info("job '%s' succeeded (%d restart(s) used)", spec.name, attempt)
+                monitor.finished(JobState.SUCCEEDED)
                 return 0
             what = remote or ", ".join(
                 f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
             history.append(f"attempt {attempt}: {what}")
             if decision is Decision.RESTART:
                 attempt += 1
+                monitor.restarting(attempt)
+                monitor.refresh(failed_ids)
                 logger.warning("attempt %d failed (%s); restarting the job (restart %d of %d)",
                                attempt - 1, what, attempt, plan.max_restarts)
                 continue
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
             if failures:
-                sys.stderr.write(format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
-                                                plan.max_restarts, note) + "\n")
+                text = format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
+                                      plan.max_restarts, note) + "\n"
             else:
-                sys.stderr.write(
-                    f"fleetrun: job '{spec.name}' FAILED: {remote}. This node's processes were "
-                    f"stopped; the root-cause summary is on that node's console. Logs: {spec.log_dir}/\n")
+                text = (f"fleetrun: job '{spec.name}' FAILED: {remote}. This node's processes were "
+                        f"stopped; the root-cause summary is on that node's console. Logs: {spec.log_dir}/\n")
+            monitor.finished(JobState.FAILED, text.rstrip("\n"), failed_ids)
+            sys.stderr.write(text)
             sys.stderr.flush()
             return 1

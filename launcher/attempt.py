@@ -45,6 +45,8 @@ class ProcSpec:
     """Whether its output also goes to the console."""
     prefix: bytes
     """Console prefix (``[rank N] ``) when shown."""
+    metrics_port: int = 0
+    """Port of its ``/metrics`` endpoint (FLEET_METRICS_PORT in ``env``); 0 = none."""
 
     @property
     def label(self) -> str:
@@ -108,14 +110,18 @@ def watch(
     tick_s: float,
     remote_check: Callable[[], str | None] | None = None,
     server_grace_s: float = 10.0,
+    on_change: Callable[[], None] | None = None,
 ) -> tuple[list[Failure], str | None]:
     """Block until the attempt ends: ``([], None)`` success, ``(failures, None)`` local failure,
-    ``([], text)`` another node's failure (``remote_check``)."""
+    ``([], text)`` another node's failure (``remote_check``). ``on_change`` is called after
+    every wake-up (a process exited, or a tick passed): the job-state file follows exits."""
     procs = [r.proc for r in running]
     trainers = [r for r in running if r.spec.role == TRAINER]
     servers = [r for r in running if r.spec.role == SERVER]
     while True:
         wait_any(procs, tick_s)
+        if on_change is not None:
+            on_change()
         failed = [failure_of(r, attempt) for r in running if r.proc.exit is not None and not r.proc.exit.ok]
         if failed:
             return failed, None

@@ -32,7 +32,7 @@ from launcher.spec import (
 
 logger = logging.getLogger("launcher")
 
-SUBCOMMANDS = ("status", "logs", "delete", "dashboard")
+SUBCOMMANDS = ("status", "logs", "delete", "dashboard", "pod")
 """First words that select a tool subcommand (launcher/commands.py) instead of a launch."""
 
 # click parameter name -> job-spec key path
@@ -59,6 +59,7 @@ FLAG_TO_KEY = {
     "servers": "ps.servers",
     "workers": "ps.workers",
     "pod_ip": "ps.pod_ip",
+    "metrics": "metrics",
 }
 
 EPILOG = """\b
@@ -127,6 +128,9 @@ def _opt(*names: str, **kw: Any) -> Any:
       help="Seconds between SIGTERM and SIGKILL at teardown (default 5).")
 @_opt("--dry_run", "dry_run", is_flag=True,
       help="k8s: print the manifests instead of applying them; other schedulers: print the plan.")
+@click.option("--metrics/--no-metrics", " /--no_metrics", "metrics", default=None,
+              help="Prometheus /metrics on every process, listed in LOG_DIR/metrics_targets.json "
+              "(default on).")
 @_opt("--dashboard", "dashboard", is_flag=True,
       help="Also serve the live dashboard (fleetrun dashboard) on 127.0.0.1 while the job runs.")
 @click.option("-m", "--module", "module", is_flag=True, help="Run SCRIPT as a module (python -m).")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from collective.errors import ConfigError, FleetError, FleetNotImplementedError
+from collective.errors import ConfigError, FleetError
 
 
 @click.group(name="fleetrun", context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,30 +20,135 @@ def _fail(err: FleetError) -> None:
     raise SystemExit(2 if isinstance(err, ConfigError) else 1)
 
 
+_NAMESPACE = click.option("-n", "--namespace", default="default", show_default=True,
+                          help="Kubernetes namespace of the job.")
+
+
 @tools.command(name="status")
 @click.argument("job")
-def status_cmd(job: str) -> None:
-    """Status of a Kubernetes job."""
-    _fail(FleetNotImplementedError("fleetrun status", "the Kubernetes scheduler has not landed"))
+@_NAMESPACE
+def status_cmd(job: str, namespace: str) -> None:
+    """Status of a Kubernetes job: its objects, the trainers' Job, every pod."""
+    from launcher.schedulers import k8s_client
+
+    try:
+        click.echo(k8s_client.job_status(job, namespace))
+    except FleetError as err:
+        _fail(err)
 
 
 @tools.command(name="logs")
 @click.argument("job")
-@click.option("--rank", type=int, default=None, help="Only this trainer's log.")
-def logs_cmd(job: str, rank: int | None) -> None:
-    """Logs of a Kubernetes job."""
-    _fail(FleetNotImplementedError("fleetrun logs", "the Kubernetes scheduler has not landed"))
+@click.option("--rank", type=int, default=None, help="Only this trainer's log (its pod's).")
+@click.option("--server", "server", type=int, default=None,
+              help="Only this parameter server's log.")
+@_NAMESPACE
+def logs_cmd(job: str, rank: int | None, server: int | None, namespace: str) -> None:
+    """Logs of a Kubernetes job's pods (each headed by the pod name)."""
+    from launcher.schedulers import k8s_client
+
+    try:
+        click.echo(k8s_client.job_logs(job, namespace, rank=rank, server=server), nl=False)
+    except FleetError as err:
+        _fail(err)
 
 
 @tools.command(name="delete")
 @click.argument("job")
-def delete_cmd(job: str) -> None:
-    """Delete a Kubernetes job's objects."""
-    _fail(FleetNotImplementedError("fleetrun delete", "the Kubernetes scheduler has not landed"))
+@_NAMESPACE
+def delete_cmd(job: str, namespace: str) -> None:
+    """Delete every Kubernetes object of a job (its pods go with them)."""
+    from launcher.schedulers import k8s_client
+
+    try:
+        deleted = k8s_client.delete_job(job, namespace)
+    except FleetError as err:
+        _fail(err)
+        return
+    click.echo(f"deleted {', '.join(deleted)}" if deleted
+               else f"job '{job}' has no objects in {namespace}")
+
+
+@tools.command(name="pod")
+@click.option("--role", type=click.Choice(["trainer", "server"]), required=True)
+@click.option("--job", required=True, help="Job name.")
+@click.option("--mode", type=click.Choice(["collective", "ps"]), default="collective")
+@click.option("--trainer_host", required=True, help="DNS name of trainer pod {index}.")
+@click.option("--master_port", type=int, required=True, help="Trainer 0's rendezvous port.")
+@click.option("--trainers", type=int, required=True, help="Trainer pods (collective: nodes).")
+@click.option("--nproc_per_node", type=int, default=1,
+              help="Trainer processes per pod (collective).")
+@click.option("--server_host", default="", help="DNS name of server pod {index} (PS).")
+@click.option("--server_port", type=int, default=0, help="Port of every server (PS).")
+@click.option("--servers", type=int, default=0, help="Server pods (PS).")
+@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto")
+@click.option("--log_dir", default="log")
+@click.option("--run_id", default="none")
+@click.option("--strategy", default=None, help="DistributedStrategy YAML (FLEET_STRATEGY).")
+@click.option("--grace_period", type=float, default=5.0)
+@click.option("--rdzv_timeout", type=float, default=300.0, help="Seconds to wait for DNS names.")
+@click.option("--index", type=int, default=None, help="Pod index (default: from the environment).")
+@click.option("-m", "--module", "module", is_flag=True, help="ENTRY is a module.")
+@click.option("--no_python", is_flag=True, help="ENTRY is an executable.")
+@click.argument("entry")
+@click.argument("entry_args", nargs=-1, type=click.UNPROCESSED)
+def pod_cmd(role: str, job: str, mode: str, trainer_host: str, master_port: int, trainers: int,
+            nproc_per_node: int, server_host: str, server_port: int, servers: int, backend: str,
+            log_dir: str, run_id: str, strategy: str | None, grace_period: float,
+            rdzv_timeout: float, index: int | None, module: bool, no_python: bool, entry: str,
+            entry_args: tuple[str, ...]) -> None:
+    """Inside a Kubernetes pod: derive rank/role/endpoints from the pod index, run ENTRY."""
+    from collective.env import Backend
+    from launcher.pod import PodConfig, run_pod
+    from launcher.spec import Entrypoint, Mode
+
+    try:
+        cfg = PodConfig(
+            role=role, job=job, mode=Mode(mode), trainer_host=trainer_host, master_port=master_port,
+            trainers=trainers, nproc_per_node=nproc_per_node,
+            entrypoint=Entrypoint(script=None if module else entry,
+                                  module=entry if module else None,
+                                  args=tuple(entry_args), no_python=no_python),
+            server_host=server_host, server_port=server_port, servers=servers,
+            backend=Backend(backend),
+            log_dir=log_dir, run_id=run_id, strategy=strategy, grace_period_s=grace_period,
+            rdzv_timeout_s=rdzv_timeout, index=index,
+        )
+        code = run_pod(cfg)
+    except FleetError as err:
+        _fail(err)
+        return
+    raise SystemExit(code)
 
 
 @tools.command(name="dashboard")
 @click.option("--log_dir", "--log-dir", "log_dir", default="log", help="The job's log_dir.")
-def dashboard_cmd(log_dir: str) -> None:
-    """Serve the live dashboard of a job on 127.0.0.1."""
-    _fail(FleetNotImplementedError("fleetrun dashboard", "the dashboard has not landed"))
+@click.option("--port", type=int, default=None,
+              help="Port on 127.0.0.1 (default 8270, or a free one if busy; 0 = any free port).")
+@click.option("--poll_interval", "--poll-interval", "poll_interval", type=float, default=1.0,
+              show_default=True, help="Seconds between two scrapes of the job.")
+def dashboard_cmd(log_dir: str, port: int | None, poll_interval: float) -> None:
+    """Serve the live dashboard of a job on 127.0.0.1 until Ctrl-C."""
+    import os
+    import signal
+    import threading
+
+    from launcher.dashboard import DashboardConfig, start_dashboard
+
+    try:
+        dash = start_dashboard(DashboardConfig(log_dir=log_dir, port=port,
+                                               poll_interval_s=poll_interval))
+    except FleetError as err:
+        _fail(err)
+        return
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: done.set())
+    waiting = "" if dash.monitor.job else f" (waiting for {os.path.join(log_dir, 'job_state.json')})"
+    click.echo(f"fleetrun dashboard: {dash.url} for {os.path.abspath(log_dir)}{waiting}; "
+               "Ctrl-C stops it")
+    try:
+        while not done.wait(1.0):
+            pass
+    finally:
+        dash.close()

@@ -240,7 +240,16 @@ class RayConfig:
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK
     """Placement-group strategy for the job's bundles."""
     num_cpus: int | None = None
-    """CPUs of the local cluster started when ``address`` is none (default: this machine's)."""
+    """CPUs of the local cluster started when ``address`` is none (default: this machine's, or
+    more when the job's bundles ask for more: logical CPUs, as Ray's ``num_cpus``)."""
+    placement_timeout_s: float = 120.0
+    """How long to wait for the placement group (all bundles) before failing, in seconds."""
+
+    def __post_init__(self) -> None:
+        if self.num_cpus is not None:
+            require(self.num_cpus >= 1, "num_cpus", f"must be >= 1, got {self.num_cpus}")
+        require(self.placement_timeout_s > 0, "placement_timeout_s",
+                f"must be > 0, got {self.placement_timeout_s}")
 
 
 class PullPolicy(StrEnum):
@@ -249,6 +258,14 @@ class PullPolicy(StrEnum):
     ALWAYS = "Always"
     IF_NOT_PRESENT = "IfNotPresent"
     NEVER = "Never"
+
+
+class CleanupPolicy(StrEnum):
+    """Which of a Kubernetes job's objects the launcher deletes when its trainers finish."""
+
+    ON_SUCCESS = "on_success"
+    ALWAYS = "always"
+    NEVER = "never"
 
 
 @dataclass(frozen=True)
@@ -274,7 +291,32 @@ class K8sConfig:
     scheduler_name: str | None = None
     """schedulerName of the pods (e.g. ``volcano``)."""
     gang: bool = False
-    """Gang scheduling: a Volcano PodGroup with minAvailable = every pod of the job."""
+    """Gang scheduling: a Volcano PodGroup whose minMember is every pod of the job (all or none
+    start); the pods get ``schedulerName: volcano`` unless ``scheduler_name`` says otherwise."""
+    cleanup: CleanupPolicy = CleanupPolicy.ON_SUCCESS
+    """What the launcher deletes when the trainers' Job ends: on_success (keep a failed job's
+    objects for ``kubectl``/``fleetrun logs``), always, or never."""
+    ttl_seconds_after_finished: int | None = None
+    """Job ttlSecondsAfterFinished: Kubernetes deletes the finished Job, and with it (owner
+    references) the job's other objects, this many seconds after it ends; none = keep."""
+    master_port: int = 29500
+    """Container port of the trainers' rendezvous (rank 0's store) and endpoints."""
+    server_port: int = 8500
+    """Container port every parameter server serves on (PS mode)."""
+    metrics_port: int = 9400
+    """Container port of the Prometheus ``/metrics`` endpoint (FLEET_METRICS_PORT; local rank r
+    of a pod uses metrics_port + r); the pods carry prometheus.io scrape annotations for it."""
+
+    def __post_init__(self) -> None:
+        for name in ("master_port", "server_port", "metrics_port"):
+            port = getattr(self, name)
+            require(0 < port < 65536, name, f"must be a port 1..65535, got {port}")
+        require(len({self.master_port, self.server_port, self.metrics_port}) == 3, "metrics_port",
+                f"master_port, server_port and metrics_port must differ (got {self.master_port}, "
+                f"{self.server_port}, {self.metrics_port})")
+        if self.ttl_seconds_after_finished is not None:
+            require(self.ttl_seconds_after_finished >= 0, "ttl_seconds_after_finished",
+                    f"must be >= 0 seconds, got {self.ttl_seconds_after_finished}")
 
 
 @dataclass(frozen=True)
@@ -311,6 +353,9 @@ class JobSpec:
     """Job id (TORCHELASTIC_RUN_ID); default: a fresh random id."""
     tee: Tee = Tee.RANK0
     """Which ranks' output the console shows: rank0, all (prefixed) or none."""
+    metrics: bool = True
+    """Prometheus ``/metrics`` on every process (and the launcher), listed in
+    ``log_dir/metrics_targets.json``; false = no endpoints (job_state.json is still written)."""
     grace_period_s: float = 5.0
     """After SIGTERM, seconds before remaining processes get SIGKILL."""
     ray: RayConfig = RayConfig()

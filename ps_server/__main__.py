@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         "in a barrier at once)",
     )
     add("load", default=None, metavar="DIR", help="load this checkpoint before serving")
+    add("metrics_port", type=int, default=None, metavar="PORT",
+        help="serve Prometheus /metrics on this port, on 127.0.0.1 or FLEET_METRICS_HOST (0: none; default: "
+        "FLEET_METRICS_PORT when set, else none)")
     add(
         "from_env",
         action="store_true",
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 threads=args.threads,
                 checkpoint_dir=args.load,
                 on_ready=_announce,
+                metrics_port=args.metrics_port,
             )
         else:
             serve(
@@ -101,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 threads=args.threads,
                 checkpoint_dir=args.load,
                 on_ready=_announce,
+                metrics_port=args.metrics_port,
             )
     except ConfigError as err:
         logger.error("ps_server: %s", err)

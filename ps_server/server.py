@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from concurrent import futures
 from types import FrameType
 from typing import Any
@@ -28,8 +29,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from collective.env import TrainingRole, read_worker_env
+from collective.env import TrainingRole, read_metrics_endpoint, read_worker_env
 from collective.errors import ConfigError, EnvContractError, PSError
+from ps_server import telemetry
 from ps_server.service import (
     SERVICE_NAME,
     ParameterServerServicer,
@@ -72,8 +74,12 @@ class PSServer:
         max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
         threads: int = DEFAULT_THREADS,
         grace_s: float = 5.0,
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
     ) -> None:
-        """``port=0`` picks a free port (``start()`` returns it)."""
+        """``port=0`` picks a free port (``start()`` returns it). ``metrics_port``: serve
+        Prometheus ``/metrics`` there from ``start()`` (0 = no endpoint; None = the env
+        contract's FLEET_METRICS_PORT / FLEET_METRICS_HOST, as fleetrun sets them)."""
         if not isinstance(num_servers, int) or num_servers < 1:
             raise ConfigError(f"must be an integer >= 1, got {num_servers!r}", key="num_servers")
         if not isinstance(server_index, int) or not 0 <= server_index < num_servers:
@@ -90,6 +96,11 @@ class PSServer:
         self._options = grpc_message_options(max_message_mb)
         self.state = ServerState(server_index=server_index, num_servers=num_servers)
         self.state.on_stop = self._stop_soon
+        if metrics_port is None:
+            endpoint = read_metrics_endpoint()
+            metrics_port, metrics_host = endpoint["metrics_port"], metrics_host or endpoint["metrics_host"]
+        self.metrics_port, self.metrics_host = int(metrics_port), metrics_host or "127.0.0.1"
+        telemetry.TABLES.add(self.state)
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
         self._stop_lock = threading.Lock()
@@ -104,7 +115,9 @@ class PSServer:
     def load_checkpoint(self, directory: str) -> dict[str, int]:
         """Load this server's shards of a checkpoint (before or after ``start()``); tables it
         does not hold are created from the checkpoint. Returns rows read per table."""
+        t0 = time.perf_counter()
         rows, _ = load_dir(self.state, directory)
+        telemetry.CHECKPOINT_SECONDS.labels(op="load").observe(time.perf_counter() - t0)
         return rows
 
     def start(self) -> int:
@@ -134,6 +147,8 @@ class PSServer:
         self._server = server
         self.port = port
         self.state.endpoint = self.endpoint
+        if self.metrics_port:
+            self.metrics_port = telemetry.start(self.metrics_port, self.metrics_host)
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         logger.info(
@@ -195,14 +210,16 @@ def serve(
     threads: int = DEFAULT_THREADS,
     checkpoint_dir: str | None = None,
     on_ready: Any = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Run one server until a Stop RPC or SIGTERM/SIGINT (graceful either way), then return.
 
     ``checkpoint_dir`` loads a checkpoint before serving; ``on_ready(server)`` is called once it
-    listens (``python -m ps_server`` prints the endpoint there). Signal handlers are installed
-    only when called from the main thread.
+    listens (``python -m ps_server`` prints the endpoint there). ``metrics_port``: as
+    :class:`PSServer`'s. Signal handlers are installed only when called from the main thread.
     """
-    server = PSServer(host, port, server_index, num_servers, max_message_mb, threads)
+    server = PSServer(host, port, server_index, num_servers, max_message_mb, threads,
+                      metrics_port=metrics_port)
     if checkpoint_dir:
         server.load_checkpoint(checkpoint_dir)
     server.start()

@@ -33,7 +33,7 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 
 from collective.errors import ConfigError
-from ps_server import checkpoint
+from ps_server import checkpoint, telemetry
 from ps_server.codec import decode_keys, decode_rows, decode_values
 from ps_server.config import NonFinitePolicy, check_same_config, config_from_dict, config_to_dict
 from ps_server.dense_table import DenseTable
@@ -87,6 +87,8 @@ class ServerState:
     """Failed requests per ``"<RPC>:<STATUS>"``."""
     events: collections.Counter = field(default_factory=collections.Counter)
     """Server-level counters: nonfinite_rejected, sync_rounds_applied, dense_nonfinite_skipped."""
+    nonfinite_rejected: collections.Counter = field(default_factory=collections.Counter)
+    """NaN/inf contributions refused on arrival, per table (``fleet_ps_nonfinite_gradients``)."""
     started: float = field(default_factory=time.time)
     on_stop: Callable[[], None] | None = None
     """Called by the Stop RPC (the server stops itself after replying)."""
@@ -417,6 +419,20 @@ class _Undecodable:
     error: str
 
 
+def _record(state: ServerState, op: str, request: Any, code: str, t0: float, reply: Any) -> None:
+    """Metrics of one RPC (:mod:`ps_server.telemetry`); the table label only for tables that
+    exist (a bad name in a request must not create a label)."""
+    table = getattr(request, "table", "")
+    if table not in state.tables:
+        table = ""
+    keys = 0
+    if isinstance(reply, PullSparseReply):
+        keys = int(reply.values.shape[0])
+    elif op == "PushSparse" and reply is not None:
+        keys = int(reply.num_keys)
+    telemetry.record_request(op, table, code, time.perf_counter() - t0, keys)
+
+
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     """Thin servicer: count, delegate to the module functions, map errors to status codes."""
 
@@ -427,6 +443,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         st = self.state
         with st.counter_lock:
             st.requests[op] += 1
+        t0 = time.perf_counter() if telemetry.enabled() else 0.0
         if isinstance(request, _Undecodable):
             err: BaseException = RequestDecodeError(
                 f"{op}: the {request.size}-byte request body is not a valid "
@@ -434,14 +451,20 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             )
         else:
             try:
-                return fn(st, request)
+                reply = fn(st, request)
+                if t0:
+                    _record(st, op, request, "OK", t0, reply)
+                return reply
             except Exception as exc:  # noqa: BLE001 - every error becomes a status code
                 err = exc
         code = status_of(err)
+        if t0:
+            _record(st, op, request, code.name, t0, None)
         with st.counter_lock:
             st.errors[f"{op}:{code.name}"] += 1
             if isinstance(err, NonFiniteGradientError):
                 st.events["nonfinite_rejected"] += 1
+                st.nonfinite_rejected[getattr(request, "table", "")] += 1
         if code is grpc.StatusCode.INTERNAL:
             logger.error("%s failed with an unexpected error (a bug)", op, exc_info=err)
             details = f"{type(err).__name__}: {err} (unexpected server error; see the server log)"

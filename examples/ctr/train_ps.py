@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="GEO trains rows locally with plain SGD: it needs a larger lr than Adagrad")
     p.add_argument("--max_merge", type=int, default=1,
                    help="async: steps merged into one send (a_sync_configs.max_merge_var_num)")
+    p.add_argument("--prefetch", type=int, default=1,
+                   help="async modes: pull the next batch's rows during this step (1) or not (0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default="", help="save the tables here at the end")
     p.add_argument("--json", default="", help="also write rank 0's result here")
@@ -100,6 +102,10 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     for step in range(steps):
         rows = slice(step * local_batch, (step + 1) * local_batch)
+        if args.prefetch and step + 1 < steps:  # async modes: the next batch's rows arrive
+            nxt = ids[(step + 1) * local_batch:(step + 2) * local_batch]  # during this step
+            for emb in model.embedding_modules():
+                emb.prefetch(nxt)
         loss = loss_fn(model(ids[rows], dense[rows]), labels[rows])
         loss.backward()
         opt.step()

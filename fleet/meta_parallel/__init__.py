@@ -7,11 +7,15 @@
     fc1 = fleet.meta_parallel.ColumnParallelLinear(512, 2048, gather_output=False)
     fc2 = fleet.meta_parallel.RowParallelLinear(2048, 512, input_is_parallel=True)
 
-See :mod:`fleet.meta_parallel.tensor_parallel` for the shard layout.
+See :mod:`fleet.meta_parallel.tensor_parallel` for the shard layout; pipeline parallelism is
+:class:`PipelineLayer` (:mod:`~fleet.meta_parallel.pipeline_layer`) run by
+:class:`PipelineParallel` (:mod:`~fleet.meta_parallel.pipeline_parallel`).
 """
 
 from __future__ import annotations
 
+from fleet.meta_parallel.pipeline_layer import LayerDesc, PipelineLayer, SharedLayerDesc
+from fleet.meta_parallel.pipeline_parallel import PipelineParallel
 from fleet.meta_parallel.random import (
     MODEL_PARALLEL_RNG,
     RNGStatesTracker,
@@ -28,9 +32,13 @@ from fleet.meta_parallel.tensor_parallel import (
 __all__ = [
     "MODEL_PARALLEL_RNG",
     "ColumnParallelLinear",
+    "LayerDesc",
     "ParallelCrossEntropy",
+    "PipelineLayer",
+    "PipelineParallel",
     "RNGStatesTracker",
     "RowParallelLinear",
+    "SharedLayerDesc",
     "VocabParallelEmbedding",
     "get_rng_state_tracker",
     "model_parallel_random_seed",

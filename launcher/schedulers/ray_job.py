@@ -1,11 +1,348 @@
-"""Ray scheduler (not landed yet)."""
+"""Ray scheduler: ``fleetrun --scheduler ray`` runs a collective or PS job on a Ray cluster.
+
+What runs where:
+
+* **driver** (this fleetrun process): joins ``ray.address`` or starts a local cluster on
+  127.0.0.1 (:mod:`launcher.schedulers.ray_cluster`); per attempt, one placement group with a
+  bundle per trainer and per PS server (``resources.trainer/server``, ``ray.placement_strategy``)
+  and one :class:`~launcher.schedulers.ray_actor.ProcessActor` per bundle; builds every process's
+  env with ``collective.env`` from where the actors landed (:mod:`launcher.schedulers.ray_plan`;
+  MASTER_ADDR = rank 0's node IP, ports found free on each actor's node); long-polls every actor
+  for output, writes ``log_dir/workerlog.N`` / ``serverlog.N`` and the console (``tee``), and
+  decides the attempt's outcome with the same rules as the local scheduler
+  (:mod:`launcher.attempt`).
+* **actors** (on the cluster's nodes): each runs the user's command as a child process (through
+  ``collective.bootstrap``, so a traceback lands in the error file, which the actor sends back).
+
+Failure of any process (non-zero exit or signal), actor or node ends the attempt: every actor is
+stopped (SIGTERM → grace → SIGKILL of the child's process group), killed, and the placement group
+removed; with restarts left (``max_restarts``) the whole group starts again, else the
+root-cause-first summary (:func:`launcher.summary.format_summary`) is printed and fleetrun exits 1.
+Ctrl-C / SIGTERM does the same teardown and also shuts down a local cluster fleetrun started.
+"""
 
 from __future__ import annotations
 
-from collective.errors import FleetNotImplementedError
-from launcher.spec import JobSpec
+import logging
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import yaml
+
+from collective.errors import ConfigError, LaunchError
+from launcher.agent import Decision, Interrupted, _write_endpoints, decide, worker_argv
+from launcher.attempt import SERVER, TRAINER, ProcSpec
+from launcher.process import ConsoleWriter
+from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
+from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect
+from launcher.schedulers.ray_plan import AttemptPaths, Placed, Slot, make_proc_specs, make_slots
+from launcher.spec import JobSpec, Mode, spec_to_dict
+from launcher.summary import Failure, read_error_file
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 1.0
+"""Long-poll period of each actor (output arrives as soon as it is written, not per period)."""
+ACTOR_CALL_TIMEOUT_S = 120.0
+"""Bound on actor start-up and its small calls (info, ports, start)."""
+ACTOR_CONCURRENCY = 4
+"""Threads per actor: ``poll`` and ``stop`` run concurrently."""
 
 
 def run_ray(spec: JobSpec) -> int:
-    """Run ``spec`` on a Ray cluster."""
-    raise FleetNotImplementedError("scheduler 'ray'", "use --scheduler local for now")
+    """Run ``spec`` on a Ray cluster; return fleetrun's exit code."""
+    from launcher.cli import _install_signal_handlers, _write_strategy
+
+    entry = spec.entrypoint
+    if entry.script and not os.path.exists(entry.script) and "working_dir" not in spec.ray.runtime_env:
+        raise ConfigError(f"script {entry.script!r} not found (working directory {os.getcwd()})",
+                          key="entrypoint.script")
+    slots = make_slots(spec)  # ConfigError before any cluster is touched
+    os.makedirs(spec.log_dir, exist_ok=True)
+    with open(os.path.join(spec.log_dir, "job.yaml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump(spec_to_dict(spec), f, sort_keys=False)
+    strategy_file = _write_strategy(spec)
+    handle: ClusterHandle | None = None
+    _install_signal_handlers()  # Ctrl-C during ray.init also tears down what started
+    try:
+        handle = connect(spec.ray, sum(s.bundle["CPU"] for s in slots), spec.ray.runtime_env or None)
+        _install_signal_handlers()  # again: ray.init installs its own SIGTERM handler
+        return RayJob(spec, slots, strategy_file).run()
+    except Interrupted as sig:
+        sys.stderr.write(f"fleetrun: got {sig}; stopped every actor and process of job '{spec.name}'\n")
+        return 128 + sig.signum
+    finally:
+        disconnect(handle)
+
+
+@dataclass
+class _Member:
+    """One process of a running attempt, as the driver sees it."""
+
+    actor: Any
+    info: ActorInfo
+    proc: ProcSpec
+    log: IO[bytes]
+    pid: int = 0
+    reply: PollReply | None = None
+    """The final poll reply (set once the process exited)."""
+    failure: Failure | None = None
+
+
+@dataclass
+class _Group:
+    """Placement group + actors of one attempt."""
+
+    pg: Any
+    actors: list[Any] = field(default_factory=list)
+    members: list[_Member] = field(default_factory=list)
+
+
+class RayJob:
+    """All attempts of one job on the connected cluster; :meth:`run` returns the exit code."""
+
+    def __init__(self, spec: JobSpec, slots: list[Slot], strategy_file: str | None) -> None:
+        import ray
+
+        self.ray = ray
+        self.spec, self.slots, self.strategy_file = spec, slots, strategy_file
+        self.run_id = spec.run_id or uuid.uuid4().hex[:12]
+        self.log_dir = os.path.abspath(spec.log_dir)
+        self.console = ConsoleWriter()
+        self.actor_cls = ray.remote(max_concurrency=ACTOR_CONCURRENCY)(ProcessActor)
+        self.argv = worker_argv(spec)
+        cwd_given = "working_dir" in spec.ray.runtime_env
+        self.cwd = None if cwd_given else os.getcwd()
+
+    def run(self) -> int:
+        spec = self.spec
+        history: list[str] = []
+        attempt = 0
+        while True:
+            group = _Group(pg=None)
+            failures: list[Failure] = []
+            stopped: list[tuple[str, int]] = []
+            try:
+                self._start(group, attempt)
+                failures = self._watch(group, attempt)
+                stopped = [(m.proc.role, m.proc.rank) for m in group.members
+                           if m.reply is None and m.failure is None and m.proc.role == TRAINER]
+            finally:
+                self._teardown(group)
+            decision = decide(bool(failures), attempt, spec.max_restarts)
+            if decision is Decision.SUCCEED:
+                logger.info("job '%s' succeeded on Ray (%d restart(s) used)", spec.name, attempt)
+                return 0
+            what = ", ".join(f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
+            history.append(f"attempt {attempt}: {what}")
+            if decision is Decision.RESTART:
+                attempt += 1
+                logger.warning("attempt %d failed (%s); restarting the whole group (restart %d of %d)",
+                               attempt - 1, what, attempt, spec.max_restarts)
+                continue
+            from launcher.summary import format_summary
+
+            note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
+            sys.stderr.write(format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
+                                            spec.max_restarts, note) + "\n")
+            sys.stderr.flush()
+            return 1
+
+    # -- one attempt ---------------------------------------------------------------------------
+    def _start(self, group: _Group, attempt: int) -> None:
+        """Placement group, actors, env, processes (filling ``group`` as it goes, for teardown)."""
+        ray, spec = self.ray, self.spec
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundles = [s.bundle for s in self.slots]
+        group.pg = placement_group(bundles, strategy=str(spec.ray.placement_strategy),
+                                   name=f"fleetrun-{spec.name}-{self.run_id}-{attempt}")
+        ready, _ = ray.wait([group.pg.ready()], timeout=spec.ray.placement_timeout_s)
+        if not ready:
+            raise LaunchError(
+                f"the Ray cluster could not place the job's {len(bundles)} bundles "
+                f"({_bundles_text(bundles)}, strategy {spec.ray.placement_strategy}) within "
+                f"{spec.ray.placement_timeout_s:g} s; available: {_resources_text(ray.available_resources())}. "
+                "Lower resources.trainer/server, add nodes, or pick another ray.placement_strategy")
+        for i, slot in enumerate(self.slots):
+            b = slot.bundle
+            group.actors.append(self.actor_cls.options(
+                num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), memory=b["memory"], max_restarts=0,
+                name=f"fleetrun-{self.run_id}-{attempt}-{slot.role}-{slot.index}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group.pg, placement_group_bundle_index=i),
+            ).remote())
+        infos: list[ActorInfo] = self._get([a.info.remote() for a in group.actors], "start the actors")
+        ports = self._get([a.free_port.remote(info.node_ip) for a, info in zip(group.actors, infos, strict=True)],
+                          "find free ports")
+        placed = [Placed(slot, info.node_ip, info.node_id, info.gpu_ids, port)
+                  for slot, info, port in zip(self.slots, infos, ports, strict=True)]
+        master_port = 0
+        if spec.mode is Mode.COLLECTIVE:  # rank 0 is slot 0's trainer (ray_plan numbers node by node)
+            master_port = self._get([group.actors[0].free_port.remote(infos[0].node_ip)], "find a port")[0]
+        paths = AttemptPaths(self.run_id, attempt, spec.max_restarts, self.log_dir, self.strategy_file)
+        procs, head = make_proc_specs(spec, placed, master_port, paths)
+        servers = [f"{p.env['POD_IP']}:{p.env['PADDLE_PORT']}" for p in procs if p.role == SERVER]
+        trainers = next(p.env["PADDLE_TRAINER_ENDPOINTS"] for p in procs if p.role == TRAINER).split(",")
+        _write_endpoints(self.log_dir, attempt, head, servers, tuple(trainers))
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        for actor, info, proc in zip(group.actors, infos, procs, strict=True):
+            log = open(proc.log_path, "ab" if attempt else "wb", buffering=0)  # noqa: SIM115 - closed in teardown
+            log.write(f"==== fleetrun: attempt {attempt}, {proc.label}, {stamp}, ray node {info.node_ip} "
+                      f"({info.hostname}) ====\n".encode())
+            group.members.append(_Member(actor, info, proc, log))
+        pids = self._get([m.actor.start.remote(self.argv, m.proc.env, self.cwd, sys.executable)
+                          for m in group.members], "start the processes")
+        for m, pid in zip(group.members, pids, strict=True):
+            m.pid = pid
+        logger.info("attempt %d: %d process(es) running on %d Ray node(s) (run_id %s)", attempt,
+                    len(group.members), len({i.node_id for i in infos}), self.run_id)
+
+    def _get(self, refs: list[Any], what: str) -> list[Any]:
+        from ray.exceptions import GetTimeoutError, RayError
+
+        try:
+            return list(self.ray.get(refs, timeout=ACTOR_CALL_TIMEOUT_S))
+        except GetTimeoutError:
+            raise LaunchError(f"Ray did not {what} within {ACTOR_CALL_TIMEOUT_S:g} s") from None
+        except RayError as err:
+            raise LaunchError(f"could not {what} on Ray: {_first_line(err)}") from None
+
+    def _watch(self, group: _Group, attempt: int) -> list[Failure]:
+        """Stream output until the attempt ends; the failures (empty = success)."""
+        pending = {m.actor.poll.remote(POLL_S): m for m in group.members}
+        server_deadline: float | None = None
+        while pending:
+            ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_S * 5)
+            for ref in ready:
+                m = pending.pop(ref)
+                if self._handle_poll(m, ref, attempt):
+                    pending[m.actor.poll.remote(POLL_S)] = m
+            failures = [m.failure for m in group.members if m.failure is not None]
+            if failures:
+                return failures
+            trainers_done = all(m.reply is not None for m in group.members if m.proc.role == TRAINER)
+            if trainers_done:
+                # as the local scheduler: servers get server_grace_s to stop on their own
+                server_deadline = server_deadline or time.monotonic() + self.spec.ps.server_grace_s
+                if time.monotonic() >= server_deadline:
+                    return []
+        return []
+
+    def _handle_poll(self, m: _Member, ref: Any, attempt: int) -> bool:
+        """Write a poll reply's output; record an exit. True while the process still runs."""
+        from ray.exceptions import RayError
+
+        try:
+            reply: PollReply = self.ray.get(ref)
+        except RayError as err:  # actor or node died
+            m.failure = Failure(
+                role=m.proc.role, rank=m.proc.rank, local_rank=m.proc.local_rank, node_rank=m.proc.node_rank,
+                host=_host(m.info), pid=m.info.pid, exit_desc=f"Ray actor died ({type(err).__name__})",
+                time=time.time(), attempt=attempt, log_path=m.proc.log_path, message=_first_line(err))
+            return False
+        if reply.output:
+            m.log.write(reply.output)
+            if m.proc.show:
+                for line in reply.output.splitlines(keepends=True):
+                    self.console.write(m.proc.prefix, line)
+        if reply.returncode is None:
+            return True
+        m.reply = reply
+        if reply.returncode != 0:
+            m.failure = self._failure(m, reply, attempt)
+        return False
+
+    def _failure(self, m: _Member, reply: PollReply, attempt: int) -> Failure:
+        parsed = None
+        if reply.error_text is not None:
+            os.makedirs(os.path.dirname(m.proc.error_file), exist_ok=True)
+            if not _same_file_written(m.proc.error_file, reply.error_text):
+                with open(m.proc.error_file, "w", encoding="utf-8") as f:
+                    f.write(reply.error_text)
+            parsed = read_error_file(m.proc.error_file)
+        return Failure(
+            role=m.proc.role, rank=m.proc.rank, local_rank=m.proc.local_rank, node_rank=m.proc.node_rank,
+            host=_host(m.info), pid=reply.pid, exit_desc=reply.exit_desc, time=reply.exit_time,
+            attempt=attempt, log_path=m.proc.log_path,
+            error_file=m.proc.error_file if parsed else None,
+            message=parsed[0] if parsed else "", traceback=parsed[1] if parsed else "")
+
+    def _teardown(self, group: _Group) -> None:
+        """Stop every process, flush the last output, kill the actors, remove the placement group."""
+        ray = self.ray
+        from ray.exceptions import RayError
+
+        grace = self.spec.grace_period_s
+        alive = [m for m in group.members if m.reply is None and m.failure is None]
+        try:
+            if group.members:
+                # every member, failed ones too: stop() also kills what is left of the child's
+                # process group (a dead actor's call just errors)
+                stops = [m.actor.stop.remote(grace) for m in group.members]
+                ray.wait(stops, num_returns=len(stops), timeout=grace + 10.0)
+            if alive:  # the output they wrote while stopping
+                finals = {m.actor.poll.remote(0.0): m for m in alive}
+                done, _ = ray.wait(list(finals), num_returns=len(finals), timeout=5.0)
+                for ref in done:
+                    try:
+                        reply = ray.get(ref)
+                    except RayError:
+                        continue
+                    finals[ref].log.write(reply.output)
+        finally:
+            for m in group.members:
+                m.log.close()
+            for actor in group.actors:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except (RayError, ValueError):
+                    pass
+            if group.pg is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                try:
+                    remove_placement_group(group.pg)
+                except (RayError, ValueError):
+                    pass
+
+
+def _label(f: Failure) -> str:
+    return f"rank {f.rank}" if f.role == TRAINER else f"{SERVER} {f.rank}"
+
+
+def _host(info: ActorInfo) -> str:
+    return info.hostname if info.hostname == info.node_ip else f"{info.hostname} ({info.node_ip})"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _same_file_written(path: str, text: str) -> bool:
+    """True when ``path`` already holds ``text`` (driver and actor on one machine)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == text
+    except OSError:
+        return False
+
+
+def _bundles_text(bundles: list[dict[str, float]]) -> str:
+    first = bundles[0]
+    each = ", ".join(f"{k} {v / 2**20:.0f}Mi" if k == "memory" else f"{k} {v:g}" for k, v in first.items())
+    same = all(b == first for b in bundles)
+    return f"each {each}" if same else "; ".join(str(b) for b in bundles)
+
+
+def _resources_text(res: dict[str, float]) -> str:
+    keys = [k for k in ("CPU", "GPU", "memory") if k in res]
+    return ", ".join(f"{k} {res[k] / 2**20:.0f}Mi" if k == "memory" else f"{k} {res[k]:g}" for k in keys) or "none"
+
+
+__all__ = ["RayJob", "run_ray"]

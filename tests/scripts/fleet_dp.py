@@ -131,15 +131,15 @@ def check_gradient_merge(rank: int, world: int, rec: dict) -> None:
 def check_not_implemented(rec: dict) -> None:
     """Switching on a feature that has not landed makes distributed_model/optimizer raise."""
     strategy = get_runtime("test").strategy
-    strategy.amp = True
+    strategy.tensor_parallel = True
     try:
         fleet.distributed_model(make_model())
         rec["ni_model"] = "no error"
     except FleetNotImplementedError as err:
         rec["ni_model"] = str(err)
     finally:
-        strategy.amp = False
-    amp = fleet.DistributedStrategy(recompute=True)
+        strategy.tensor_parallel = False
+    amp = fleet.DistributedStrategy(tensor_parallel=True)
     try:
         fleet.distributed_optimizer(torch.optim.SGD(make_model().parameters(), lr=0.1), amp)
         rec["ni_optimizer"] = "no error"

@@ -1,0 +1,74 @@
+"""Sparse-table kernels: the compiled path (ps_server/_kernels.c) against the numpy path, same
+process, same table contents, same key batches.
+
+One step = ``pull`` of 64k keys then ``push`` of their gradients (Adagrad, the CTR rule) on a
+1 M-row table, in-process (no RPC): the work a server does per request. The two paths run on two
+tables built from the same keys, interleaved per repetition so load drift hits both alike.
+Median of ``--reps`` (>= 5), [min .. max], ratio compiled / numpy (keys/s).
+
+Run: ``.venv/bin/python bench/bench_ps_kernels.py [--json bench/results/ps_kernels.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import Stats, report
+
+BATCH = 64 * 1024
+ROWS = 1_000_000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dims", default="8,16,64")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if args.reps < 5:
+        p.error("--reps must be >= 5")
+    from ps_server import Adagrad, SparseTable, SparseTableConfig, Uniform, kernels
+
+    if kernels._c is None:
+        sys.exit("the C kernels are not built (no compiler at install time): nothing to compare")
+    rng = np.random.default_rng(0)
+    universe = rng.integers(-(2**63), 2**63 - 1, size=ROWS, dtype=np.int64)
+    rows = []
+    for dim in (int(d) for d in args.dims.split(",")):
+        config = SparseTableConfig(f"k{dim}", dim, Adagrad(0.05), Uniform(-0.01, 0.01))
+        tables = {}
+        for fast in (True, False):
+            kernels.ENABLED = fast
+            t = tables[fast] = SparseTable(config)
+            for lo in range(0, ROWS, BATCH):
+                t.pull(universe[lo:lo + BATCH])
+        batches = [(rng.choice(universe, BATCH), rng.standard_normal((BATCH, dim), dtype=np.float32))
+                   for _ in range(4)]
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(args.reps):
+            for fast in (True, False):
+                kernels.ENABLED = fast
+                t = tables[fast]
+                t0 = time.perf_counter()
+                for i in range(args.steps):
+                    keys, grads = batches[i % len(batches)]
+                    t.pull(keys)
+                    t.push(keys, grads)
+                rates[fast].append(args.steps * BATCH / (time.perf_counter() - t0) / 1e6)
+        rows.append((f"dim {dim}, {ROWS} rows, adagrad, pull+push of {BATCH} keys (with repeats)",
+                     Stats.of(rates[True]), Stats.of(rates[False]), "compiled/numpy keys/s"))
+    kernels.ENABLED = kernels._c is not None
+    report("sparse table pull+push: compiled kernels vs numpy path", rows, goal="(speed-up)",
+           json_path=args.json, unit="M keys/s")
+
+
+if __name__ == "__main__":
+    main()

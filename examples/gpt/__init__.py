@@ -1,0 +1,1 @@
+"""A tiny GPT trained with hybrid parallelism (data x tensor x pipeline) under fleet."""

@@ -1,0 +1,442 @@
+"""Render a JobSpec into Kubernetes objects (plain dicts): pure functions, no cluster, no client.
+
+Collective job ``N`` (one pod per node, ``nproc_per_node`` trainers in each)::
+
+    ConfigMap N-config         strategy.yaml (if any), mounted at /etc/fleetrun
+    Service   N-trainer        headless, publishNotReadyAddresses (peers resolve before Ready)
+    Job       N-trainer        completionMode Indexed, completions = parallelism = nnodes,
+                               subdomain N-trainer -> pod i is N-trainer-i.N-trainer.NS.svc
+    PodGroup  N                (gang only) Volcano, minMember = every pod of the job
+
+PS job: the same, plus ``Service N-server`` + ``StatefulSet N-server`` (server i is
+``N-server-i.N-server.NS.svc``); the trainers' Job has one pod per trainer.
+
+Every container runs ``fleetrun pod ...`` (:mod:`launcher.pod`), which derives its rank / role /
+endpoints from the pod index and these DNS names and starts the user's entrypoint with the env
+contract. The pod-level settings are command-line arguments, so ``kubectl get -o yaml`` shows
+everything a pod does. Objects come out in apply order.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from collective.errors import ConfigError
+from launcher.spec import JobSpec, Mode, RoleResources
+
+CONFIG_MOUNT = "/etc/fleetrun"
+"""Where the job's ConfigMap is mounted in every container."""
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+"""Annotation the Job controller puts on each pod of an Indexed Job."""
+JOB_LABEL = "fleetrun.io/job"
+ROLE_LABEL = "fleetrun.io/role"
+NPROC_LABEL = "fleetrun.io/nproc-per-node"
+GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+"""Pod annotation naming its Volcano PodGroup."""
+PODGROUP_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+GPU_RESOURCE = "nvidia.com/gpu"
+MAX_NAME_LEN = 47
+"""Longest job name: ``NAME-trainer-INDEX`` must stay a 63-character DNS label."""
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+
+TRAINER, SERVER = "trainer", "server"
+
+
+def object_names(spec: JobSpec) -> dict[str, str]:
+    """Names of the job's objects: config, trainer (Service + Job), server (Service +
+    StatefulSet), group (PodGroup)."""
+    n = spec.name
+    return {"config": f"{n}-config", TRAINER: f"{n}-{TRAINER}", SERVER: f"{n}-{SERVER}", "group": n}
+
+
+def pod_host_pattern(spec: JobSpec, role: str) -> str:
+    """DNS name of pod ``{index}`` of a role (a ``str.format`` pattern), resolvable in the
+    namespace."""
+    svc = object_names(spec)[role]
+    return f"{svc}-{{index}}.{svc}.{spec.k8s.namespace}.svc"
+
+
+def num_pods(spec: JobSpec, role: str) -> int:
+    """Pods of a role: collective = one per node; PS = one per trainer / server."""
+    if spec.mode is Mode.PS:
+        return spec.sizes.worker_num if role == TRAINER else spec.sizes.server_num
+    return spec.num_nodes if role == TRAINER else 0
+
+
+def check_renderable(spec: JobSpec) -> None:
+    """ConfigError for what Kubernetes would reject or the pods could not run."""
+    if not _DNS_LABEL.match(spec.name) or len(spec.name) > MAX_NAME_LEN:
+        raise ConfigError(
+            f"{spec.name!r} cannot name Kubernetes objects: use lower-case letters, digits "
+            "and '-', "
+            f"starting and ending with a letter or digit, at most {MAX_NAME_LEN} characters "
+            "(e.g. 'dp-demo')",
+            key="name",
+        )
+    if not _DNS_LABEL.match(spec.k8s.namespace) or len(spec.k8s.namespace) > 63:
+        raise ConfigError(
+            f"{spec.k8s.namespace!r} is not a valid namespace name (a DNS label)",
+            key="k8s.namespace",
+        )
+    if spec.mode is Mode.PS and spec.ps.servers:
+        raise ConfigError(
+            "static ps.servers/ps.workers lists are for the local scheduler; on "
+            "Kubernetes give sizes.server_num and sizes.worker_num",
+            key="ps.servers",
+        )
+    if spec.rendezvous.ips or spec.rendezvous.master_addr:
+        raise ConfigError(
+            "rendezvous.ips / master_addr are for the local scheduler; on Kubernetes "
+            "the pods find each other through the job's Services",
+            key="rendezvous",
+        )
+    volumes = {v.get("name") for v in spec.k8s.volumes}
+    for i, mount in enumerate(spec.k8s.volume_mounts):
+        if mount.get("name") not in volumes:
+            raise ConfigError(
+                f"mounts volume {mount.get('name')!r} but k8s.volumes has "
+                f"{sorted(str(v) for v in volumes) or 'none'}; add it there",
+                key=f"k8s.volume_mounts[{i}].name",
+            )
+        if str(mount.get("mountPath", "")).rstrip("/") == CONFIG_MOUNT:
+            raise ConfigError(
+                f"{CONFIG_MOUNT} is where fleetrun mounts the job's ConfigMap; pick "
+                "another mountPath",
+                key=f"k8s.volume_mounts[{i}].mountPath",
+            )
+    for role in ("trainer", "server"):
+        scale_quantity(getattr(spec.resources, role).memory, 1, f"resources.{role}.memory")
+    if isinstance(spec.strategy, str):
+        _read_text(spec.strategy)
+
+
+def scale_quantity(quantity: str, factor: int, key: str) -> str:
+    """``quantity`` (Kubernetes syntax, e.g. ``2Gi``) times ``factor``; ConfigError when
+    malformed."""
+    m = _QUANTITY.match(str(quantity).strip())
+    if not m:
+        raise ConfigError(
+            f"{quantity!r} is not a Kubernetes quantity like 512Mi, 4Gi or 1000000000", key=key
+        )
+    if factor == 1:
+        return str(quantity).strip()
+    value = float(m.group(1)) * factor
+    text = str(int(value)) if value.is_integer() else f"{value:g}"
+    return text + (m.group(2) or "")
+
+
+def cpu_quantity(cores: float) -> str:
+    """``1.0`` -> ``"1"``, ``0.5`` -> ``"500m"``."""
+    return str(int(cores)) if float(cores).is_integer() else f"{round(cores * 1000)}m"
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as err:
+        raise ConfigError(
+            f"strategy file {path!r} cannot be read ({err.strerror}); it goes into the "
+            "job's ConfigMap",
+            key="strategy",
+        ) from None
+
+
+def labels(spec: JobSpec, role: str | None = None) -> dict[str, str]:
+    """Labels every object (and pod) of the job carries; ``role`` adds fleetrun.io/role."""
+    out = {
+        "app.kubernetes.io/name": "fleetrun",
+        "app.kubernetes.io/managed-by": "fleetrun",
+        JOB_LABEL: spec.name,
+    }
+    if role:
+        out[ROLE_LABEL] = role
+    return out
+
+
+def _meta(spec: JobSpec, name: str, role: str | None = None) -> dict[str, Any]:
+    return {"name": name, "namespace": spec.k8s.namespace, "labels": labels(spec, role)}
+
+
+def render_configmap(spec: JobSpec) -> dict[str, Any]:
+    """The DistributedStrategy the pods read as FLEET_STRATEGY (empty without one)."""
+    data: dict[str, str] = {}
+    if isinstance(spec.strategy, dict):
+        data["strategy.yaml"] = yaml.safe_dump(spec.strategy, sort_keys=False)
+    elif isinstance(spec.strategy, str):
+        data["strategy.yaml"] = _read_text(spec.strategy)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(spec, object_names(spec)["config"]),
+        "data": data,
+    }
+
+
+def render_service(spec: JobSpec, role: str) -> dict[str, Any]:
+    """Headless Service giving each pod of ``role`` a stable DNS name (ready or not)."""
+    port = spec.k8s.master_port if role == TRAINER else spec.k8s.server_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(spec, object_names(spec)[role], role),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": labels(spec, role),
+            "ports": [
+                {
+                    "name": "rendezvous" if role == TRAINER else "ps",
+                    "port": port,
+                    "targetPort": port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def pod_args(spec: JobSpec, role: str) -> list[str]:
+    """Arguments of ``fleetrun pod`` for a role (see launcher.pod)."""
+    k = spec.k8s
+    args = [
+        "pod",
+        "--role",
+        role,
+        "--job",
+        spec.name,
+        "--mode",
+        str(spec.mode),
+        "--trainer_host",
+        pod_host_pattern(spec, TRAINER),
+        "--master_port",
+        str(k.master_port),
+        "--trainers",
+        str(num_pods(spec, TRAINER)),
+        "--nproc_per_node",
+        str(spec.sizes.nproc_per_node if spec.mode is Mode.COLLECTIVE else 1),
+        "--backend",
+        str(spec.backend),
+        "--log_dir",
+        spec.log_dir,
+        "--run_id",
+        spec.run_id or spec.name,
+        "--grace_period",
+        f"{spec.grace_period_s:g}",
+        "--rdzv_timeout",
+        f"{spec.rendezvous.timeout_s:g}",
+    ]
+    if spec.mode is Mode.PS:
+        args += [
+            "--server_host",
+            pod_host_pattern(spec, SERVER),
+            "--server_port",
+            str(k.server_port),
+            "--servers",
+            str(num_pods(spec, SERVER)),
+        ]
+    if spec.strategy is not None:
+        args += ["--strategy", f"{CONFIG_MOUNT}/strategy.yaml"]
+    entry = spec.entrypoint
+    if entry.module:
+        args += ["--module"]
+    if entry.no_python:
+        args += ["--no_python"]
+    return [*args, "--", str(entry.module or entry.script), *entry.args]
+
+
+def _resources(res: RoleResources, nproc: int, role: str) -> dict[str, Any]:
+    cpu = cpu_quantity(res.cpu * nproc)
+    memory = scale_quantity(res.memory, nproc, f"resources.{role}.memory")
+    out: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
+    if res.gpu:
+        out["limits"][GPU_RESOURCE] = out["requests"][GPU_RESOURCE] = str(res.gpu * nproc)
+    return out
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
+    """Pod template of a role: container, resources, env, scheduling, volumes, scrape
+    annotations."""
+    k, names = spec.k8s, object_names(spec)
+    nproc = spec.sizes.nproc_per_node if spec.mode is Mode.COLLECTIVE and role == TRAINER else 1
+    env: list[dict[str, Any]] = [
+        {"name": key, "value": str(value)} for key, value in spec.env.items()
+    ]
+    env += [
+        _field_env("FLEET_POD_NAME", "metadata.name"),
+        _field_env("FLEET_POD_NAMESPACE", "metadata.namespace"),
+        _field_env("FLEET_POD_IP", "status.podIP"),
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    metrics = bool(getattr(spec, "metrics", True))
+    if metrics:  # Prometheus scrapes the pod IP, so the endpoint listens on every interface
+        env += [
+            {"name": "FLEET_METRICS_PORT", "value": str(k.metrics_port)},
+            {"name": "FLEET_METRICS_HOST", "value": "0.0.0.0"},
+        ]
+    if role == TRAINER:  # the StatefulSet's servers take their ordinal from FLEET_POD_NAME
+        env.insert(
+            len(spec.env),
+            _field_env("FLEET_POD_INDEX", f"metadata.annotations['{INDEX_ANNOTATION}']"),
+        )
+    own_port = k.master_port if role == TRAINER else k.server_port
+    ports = [{"name": "rendezvous" if role == TRAINER else "ps", "containerPort": own_port}]
+    ports += [
+        {"name": f"metrics-{r}" if r else "metrics", "containerPort": k.metrics_port + r}
+        for r in range(nproc if metrics else 0)
+    ]
+    container: dict[str, Any] = {
+        "name": role,
+        "image": k.image,
+        "imagePullPolicy": str(k.image_pull_policy),
+        "command": ["fleetrun"],
+        "args": pod_args(spec, role),
+        "env": env,
+        "ports": ports,
+        "resources": _resources(getattr(spec.resources, role), nproc, role),
+        "volumeMounts": [
+            {"name": "fleetrun-config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            *k.volume_mounts,
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    annotations = (
+        {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(k.metrics_port),
+            "prometheus.io/path": "/metrics",
+        }
+        if metrics
+        else {}
+    )
+    if k.gang:
+        annotations[GROUP_ANNOTATION] = names["group"]
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never" if role == TRAINER else "Always",
+        "containers": [container],
+        "volumes": [
+            {"name": "fleetrun-config", "configMap": {"name": names["config"]}},
+            *k.volumes,
+        ],
+        "terminationGracePeriodSeconds": int(spec.grace_period_s) + 25,
+    }
+    if role == TRAINER:
+        pod["subdomain"] = names[TRAINER]
+    if k.service_account:
+        pod["serviceAccountName"] = k.service_account
+    if k.node_selector:
+        pod["nodeSelector"] = dict(k.node_selector)
+    if k.tolerations:
+        pod["tolerations"] = list(k.tolerations)
+    scheduler = k.scheduler_name or ("volcano" if k.gang else None)
+    if scheduler:
+        pod["schedulerName"] = scheduler
+    pod_labels = labels(spec, role)
+    pod_labels[NPROC_LABEL] = str(nproc)
+    return {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
+
+
+def render_trainer_job(spec: JobSpec) -> dict[str, Any]:
+    """The trainers: an Indexed Job; pod index = node rank (collective) or trainer id (PS)."""
+    pods = num_pods(spec, TRAINER)
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": pods,
+        "parallelism": pods,
+        # A failed pod is re-created while the budget lasts; every pod of a group may fail once
+        # per restart of the group (its peers lose it), hence max_restarts x pods.
+        "backoffLimit": spec.max_restarts * pods,
+        "template": render_pod_template(spec, TRAINER),
+    }
+    if spec.k8s.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = spec.k8s.ttl_seconds_after_finished
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(spec, object_names(spec)[TRAINER], TRAINER),
+        "spec": job_spec,
+    }
+
+
+def render_server_statefulset(spec: JobSpec) -> dict[str, Any]:
+    """The parameter servers: a StatefulSet (stable names; ordinal = server index)."""
+    name = object_names(spec)[SERVER]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(spec, name, SERVER),
+        "spec": {
+            "serviceName": name,
+            "replicas": num_pods(spec, SERVER),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels(spec, SERVER)},
+            "template": render_pod_template(spec, SERVER),
+        },
+    }
+
+
+def render_podgroup(spec: JobSpec) -> dict[str, Any]:
+    """Volcano PodGroup: schedule every pod of the job at once or none (minMember = all pods)."""
+    group, version, _ = PODGROUP_API
+    total = num_pods(spec, TRAINER) + num_pods(spec, SERVER)
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": "PodGroup",
+        "metadata": _meta(spec, object_names(spec)["group"]),
+        "spec": {"minMember": total},
+    }
+
+
+def render_job(spec: JobSpec) -> list[dict[str, Any]]:
+    """Every object of the job, in apply order (ConfigMap, Services, PodGroup, StatefulSet, Job)."""
+    check_renderable(spec)
+    objs = [render_configmap(spec), render_service(spec, TRAINER)]
+    if spec.mode is Mode.PS:
+        objs.append(render_service(spec, SERVER))
+    if spec.k8s.gang:
+        objs.append(render_podgroup(spec))
+    if spec.mode is Mode.PS:
+        objs.append(render_server_statefulset(spec))
+    objs.append(render_trainer_job(spec))
+    return objs
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper writing multi-line strings (the ConfigMap's files) as ``|`` blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = (
+        "|"
+        if "\n" in value and not any(line != line.rstrip() for line in value.splitlines())
+        else None
+    )
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(objs: list[dict[str, Any]]) -> str:
+    """A YAML multi-document stream (``kubectl apply -f -`` reads it)."""
+    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+__all__ = [
+    "CONFIG_MOUNT",
+    "check_renderable",
+    "object_names",
+    "pod_args",
+    "pod_host_pattern",
+    "render_job",
+    "to_yaml",
+]

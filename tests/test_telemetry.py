@@ -1,0 +1,348 @@
+"""Prometheus metrics of trainers, parameter servers and the launcher (fleet/telemetry.py,
+ps_server/telemetry.py, launcher/telemetry.py): names, real jobs scraped while they run, the
+two files the launcher keeps in log_dir."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SCRIPTS, run_fleetrun, start_fleetrun
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.parser import text_string_to_metric_families
+
+JOB = SCRIPTS / "telemetry_job.py"
+WORKER = SCRIPTS / "launcher_worker.py"
+NAME = re.compile(r"^fleet_(trainer|ps|launcher)_[a-z][a-z0-9_]*[a-z0-9]$")
+ALLOWED_LABELS = {"op", "table", "code", "result", "state", "role", "cause"}
+CONTRACT = {
+    "fleet_trainer_steps_total", "fleet_trainer_samples_total", "fleet_trainer_step_seconds",
+    "fleet_trainer_loss", "fleet_trainer_throughput_samples_per_second",
+    "fleet_trainer_comm_seconds", "fleet_trainer_pipeline_bubble_ratio",
+    "fleet_trainer_amp_loss_scale", "fleet_trainer_amp_skipped_steps_total",
+    "fleet_ps_requests_total", "fleet_ps_request_seconds", "fleet_ps_keys_total",
+    "fleet_ps_table_rows", "fleet_ps_table_bytes", "fleet_ps_entry_keys_total",
+    "fleet_ps_nonfinite_gradients_total", "fleet_ps_checkpoint_seconds",
+    "fleet_launcher_job_state", "fleet_launcher_processes_up", "fleet_launcher_restarts_total",
+    "fleet_launcher_failures_total",
+}
+JOB_STATE_KEYS = {"name", "run_id", "state", "attempt", "restarts", "max_restarts", "started_at",
+                  "updated_at", "launcher_metrics", "processes", "failure_summary"}
+PROC_KEYS = {"role", "rank", "host", "pid", "state", "exit_code", "signal", "metrics", "log"}
+
+
+def defined_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Exposed name -> (type, label names) of every metric in the three definition modules."""
+    import fleet.telemetry
+    import launcher.telemetry
+    import ps_server.telemetry
+
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for mod in (fleet.telemetry, ps_server.telemetry, launcher.telemetry):
+        for value in vars(mod).values():
+            if isinstance(value, (Counter, Gauge, Histogram)) and value._name.startswith("fleet_"):
+                kind = value._type
+                name = value._name + ("_total" if kind == "counter" else "")
+                out[name] = (kind, tuple(value._labelnames))
+    for family in ps_server.telemetry.TABLES.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = {k for s in family.samples for k in s.labels} or (
+            {"table", "result"} if "entry" in name else {"table"})
+        out[name] = (family.type, tuple(sorted(labels)))
+    for name in ps_server.telemetry.COLLECTED:
+        out.setdefault(name, ("gauge" if not name.endswith("_total") else "counter", ("table",)))
+    return out
+
+
+def scrape(endpoint: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """sample name -> [(labels, value)] from http://ENDPOINT/metrics."""
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+
+
+def wait_for(fn: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def read_state(log: Path) -> dict[str, Any]:
+    return json.loads((log / "job_state.json").read_text())
+
+
+def stop(proc: subprocess.Popen, release: Path, timeout: float = 90) -> tuple[str, str]:
+    release.touch()
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+# -- names ---------------------------------------------------------------------------------------
+def test_metric_names_follow_the_convention_and_the_contract() -> None:
+    metrics = defined_metrics()
+    assert CONTRACT <= set(metrics), f"missing: {CONTRACT - set(metrics)}"
+    for name, (kind, labels) in metrics.items():
+        assert NAME.match(name), name
+        if kind == "counter":
+            assert name.endswith("_total"), name
+        if kind == "histogram":
+            assert name.endswith("_seconds"), name
+        if "bytes" in name:
+            assert name.endswith("_bytes"), name
+        assert set(labels) <= ALLOWED_LABELS, (name, labels)
+        assert not {"rank", "job", "host"} & set(labels), f"{name}: role/rank/job are target labels"
+
+
+def test_status_line_text() -> None:
+    from launcher.console import Status
+
+    assert Status(2, 2, 120, 9.81, 0.43125, 640).text() == (
+        "2/2 up | step 120 | 9.8 steps/s | loss 0.4313 | 640 samples/s")
+    assert Status(1, 3, 0, None, None, None).text() == "1/3 up | step 0"
+
+
+# -- real jobs -----------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_dp_job_metrics_targets_and_state(tmp_path: Path) -> None:
+    log, release = tmp_path / "log", tmp_path / "release"
+    proc = start_fleetrun("--nproc_per_node", "2", "--log_dir", str(log), "--job_name", "dpjob",
+                          str(JOB), "--steps", "20", "--hold_file", str(release))
+    try:
+        targets = wait_for(lambda: json.loads((log / "metrics_targets.json").read_text()), 60,
+                           "metrics_targets.json")
+        roles = sorted((g["labels"]["role"], g["labels"]["rank"]) for g in targets)
+        assert roles == [("launcher", "0"), ("trainer", "0"), ("trainer", "1")]
+        for g in targets:
+            assert g["labels"]["job"] == "dpjob" and g["labels"]["host"]
+            assert re.match(r"^127\.0\.0\.1:\d+$", g["targets"][0])
+        trainers = {g["labels"]["rank"]: g["targets"][0] for g in targets
+                    if g["labels"]["role"] == "trainer"}
+        for ep in trainers.values():
+            wait_for(lambda ep=ep: value(scrape(ep), "fleet_trainer_steps_total") >= 20, 120,
+                     f"20 steps at {ep}")
+            m = scrape(ep)
+            assert value(m, "fleet_trainer_samples_total") == 20 * 32
+            assert value(m, "fleet_trainer_step_seconds_count") == 19
+            assert math.isfinite(value(m, "fleet_trainer_loss"))
+            assert value(m, "fleet_trainer_throughput_samples_per_second") > 0
+            assert value(m, "fleet_trainer_comm_seconds_count", op="all_reduce") >= 5  # sampled
+        state = read_state(log)
+        assert set(state) == JOB_STATE_KEYS and state["state"] == "running"
+        assert state["name"] == "dpjob" and state["attempt"] == 0
+        assert [(p["role"], p["rank"], p["state"]) for p in state["processes"]] == [
+            ("trainer", 0, "up"), ("trainer", 1, "up")]
+        for p in state["processes"]:
+            assert set(p) == PROC_KEYS and Path(p["log"]).is_absolute()
+            assert p["metrics"] == trainers[str(p["rank"])]
+        launcher = scrape(state["launcher_metrics"])
+        assert value(launcher, "fleet_launcher_job_state", state="running") == 1
+        assert value(launcher, "fleet_launcher_job_state", state="starting") == 0
+        assert value(launcher, "fleet_launcher_processes_up", role="trainer") == 2
+    finally:
+        _out, err = stop(proc, release)
+    assert proc.returncode == 0, err
+    state = read_state(log)
+    assert state["state"] == "succeeded" and state["failure_summary"] is None
+    assert {(p["state"], p["exit_code"]) for p in state["processes"]} == {("exited", 0)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ps_job_metrics(tmp_path: Path) -> None:
+    log, release = tmp_path / "log", tmp_path / "release"
+    proc = start_fleetrun("--server_num", "1", "--worker_num", "2", "--log_dir", str(log),
+                          str(JOB), "--mode", "ps", "--steps", "10", "--hold_file", str(release))
+    try:
+        targets = wait_for(lambda: json.loads((log / "metrics_targets.json").read_text()), 60,
+                           "metrics_targets.json")
+        by_role = {(g["labels"]["role"], g["labels"]["rank"]): g["targets"][0] for g in targets}
+        assert set(by_role) == {("launcher", "0"), ("server", "0"), ("trainer", "0"), ("trainer", "1")}
+        for rank in ("0", "1"):
+            ep = by_role[("trainer", rank)]
+            wait_for(lambda ep=ep: value(scrape(ep), "fleet_trainer_steps_total") >= 10, 120,
+                     f"10 steps at {ep}")
+            m = scrape(ep)
+            assert value(m, "fleet_trainer_samples_total") == 10 * 16
+            assert value(m, "fleet_trainer_comm_seconds_count", op="ps_pull") >= 10
+            assert value(m, "fleet_trainer_comm_seconds_count", op="ps_push") >= 10
+        s = scrape(by_role[("server", "0")])
+        assert value(s, "fleet_ps_requests_total", op="PullSparse", table="emb", code="OK") >= 20
+        assert value(s, "fleet_ps_requests_total", op="PushSparse", table="emb", code="OK") >= 20
+        assert value(s, "fleet_ps_request_seconds_count", op="PullSparse") >= 20
+        assert value(s, "fleet_ps_keys_total", op="pull", table="emb") > 0
+        assert value(s, "fleet_ps_keys_total", op="push", table="emb") > 0
+        rows = value(s, "fleet_ps_table_rows", table="emb")
+        assert rows > 0 and value(s, "fleet_ps_table_bytes", table="emb") > 0
+        assert value(s, "fleet_ps_entry_keys_total", table="emb", result="admitted") == rows
+        assert value(s, "fleet_ps_nonfinite_gradients_total", table="emb") == 0
+        state = read_state(log)
+        assert sorted((p["role"], p["rank"]) for p in state["processes"]) == [
+            ("server", 0), ("trainer", 0), ("trainer", 1)]
+        assert value(scrape(state["launcher_metrics"]), "fleet_launcher_processes_up", role="server") == 1
+    finally:
+        _out, err = stop(proc, release)
+    assert proc.returncode == 0, err
+    assert read_state(log)["state"] == "succeeded"
+
+
+@pytest.mark.timeout(120)
+def test_failed_rank_in_job_state(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    r = run_fleetrun("--nproc_per_node", "2", "--log_dir", str(log), str(WORKER), "--out",
+                     str(tmp_path / "out"), "--sigkill_ranks", "1", "--hang")
+    assert r.returncode == 1
+    state = read_state(log)
+    assert state["state"] == "failed"
+    procs = {p["rank"]: p for p in state["processes"]}
+    assert (procs[1]["state"], procs[1]["signal"], procs[1]["exit_code"]) == ("failed", "SIGKILL", None)
+    assert procs[0]["state"] == "exited"  # stopped by fleetrun's teardown, not a failure
+    assert "Root cause" in state["failure_summary"] and "SIGKILL" in state["failure_summary"]
+
+
+@pytest.mark.timeout(120)
+def test_restart_counts_in_job_state(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    r = run_fleetrun("--nproc_per_node", "2", "--log_dir", str(log), "--max_restarts", "1",
+                     str(WORKER), "--out", str(tmp_path / "out"), "--exit_code_ranks", "1",
+                     "--fail_attempts", "1")
+    assert r.returncode == 0, r.stderr
+    state = read_state(log)
+    assert (state["state"], state["attempt"], state["restarts"], state["max_restarts"]) == (
+        "succeeded", 1, 1, 1)
+
+
+@pytest.mark.timeout(120)
+def test_no_metrics_flag(tmp_path: Path) -> None:
+    log, out = tmp_path / "log", tmp_path / "out"
+    r = run_fleetrun("--no-metrics", "--nproc_per_node", "2", "--log_dir", str(log), str(WORKER),
+                     "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert not (log / "metrics_targets.json").exists()
+    state = read_state(log)
+    assert state["state"] == "succeeded" and state["launcher_metrics"] is None
+    assert all(p["metrics"] is None for p in state["processes"])
+    env = json.loads((out / "rank0.attempt0.json").read_text())["env"]
+    assert "FLEET_METRICS_PORT" not in env
+
+
+@pytest.mark.timeout(60)
+def test_metrics_port_in_the_env_contract() -> None:
+    from collective.env import EnvContractError, read_worker_env
+
+    env = read_worker_env({"FLEET_METRICS_PORT": "9400", "FLEET_METRICS_HOST": "10.0.0.5"})
+    assert (env.metrics_port, env.metrics_host) == (9400, "10.0.0.5")
+    assert read_worker_env({}).metrics_port == 0
+    with pytest.raises(EnvContractError, match="FLEET_METRICS_PORT"):
+        read_worker_env({"FLEET_METRICS_PORT": "http"})
+
+
+@pytest.mark.timeout(60)
+def test_in_process_ps_server_records_and_collects(tmp_path: Path) -> None:
+    """A real gRPC PSServer and PSClient in this process; metrics read from the endpoint."""
+    import numpy as np
+
+    from ps_server import PSClient, PSServer
+    from ps_server import telemetry as ps_telemetry
+
+    port = ps_telemetry.start(0)
+    try:
+        with PSServer(metrics_port=0) as server:
+            client = PSClient([server.endpoint])
+            try:
+                client.create_table("tel", dim=4)
+                keys = np.arange(10, dtype=np.int64)
+                client.pull_sparse("tel", keys)
+                with pytest.raises(Exception, match="(?i)nan|non-finite|finite"):
+                    client.push_sparse("tel", keys, np.full((10, 4), np.nan, np.float32))
+            finally:
+                client.close()
+            m = scrape(f"127.0.0.1:{port}")
+    finally:
+        ps_telemetry.stop()
+    assert value(m, "fleet_ps_keys_total", op="pull", table="tel") >= 10
+    assert value(m, "fleet_ps_requests_total", op="PullSparse", table="tel", code="OK") >= 1
+    assert value(m, "fleet_ps_table_rows", table="tel") == 10
+    assert value(m, "fleet_ps_nonfinite_gradients_total", table="tel") >= 1
+
+
+@pytest.mark.timeout(60)
+def test_trainer_hooks_in_process() -> None:
+    """fleet.telemetry's hooks against its own endpoint: off by default, on after start()."""
+    import torch
+
+    from fleet import telemetry
+
+    before = telemetry.STEPS._value.get()
+    telemetry.on_step()  # metrics off: nothing recorded
+    assert telemetry.STEPS._value.get() == before
+    port = telemetry.start(0)
+    try:
+        assert telemetry.start(0) == port  # one endpoint per process
+        for _ in range(4):
+            telemetry.on_forward((torch.zeros(8, 3),))
+            telemetry.on_step()
+        telemetry.report(loss=torch.tensor(0.25))
+        telemetry.set_amp_loss_scale(1024.0)
+        telemetry.count_amp_skipped_step()
+        telemetry.set_pipeline_bubble_ratio(0.125)
+
+        class Client:
+            def pull_sparse(self, table: str, keys: Any) -> int:
+                return 7
+
+            def stats(self) -> str:
+                return "untimed"
+
+        class Comm:
+            def __init__(self) -> None:
+                self.client = Client()
+
+            def step(self) -> None:
+                self.client.pull_sparse("t", [1])
+
+        comm = Comm()
+        telemetry.instrument_communicator(comm)
+        comm.step()
+        assert comm.client.stats() == "untimed"
+        m = scrape(f"127.0.0.1:{port}")
+        with pytest.raises(Exception, match="samples"):
+            telemetry.report(samples=-1)
+    finally:
+        telemetry.stop()
+    assert value(m, "fleet_trainer_steps_total") == before + 5
+    assert value(m, "fleet_trainer_samples_total") >= 32
+    assert value(m, "fleet_trainer_loss") == 0.25
+    assert value(m, "fleet_trainer_amp_loss_scale") == 1024.0
+    assert value(m, "fleet_trainer_amp_skipped_steps_total") >= 1
+    assert value(m, "fleet_trainer_pipeline_bubble_ratio") == 0.125
+    assert value(m, "fleet_trainer_comm_seconds_count", op="ps_pull") >= 1
+    assert value(m, "fleet_trainer_throughput_samples_per_second") > 0

@@ -35,6 +35,7 @@ import torch.distributed as tdist
 from torch.overrides import TorchFunctionMode
 
 from collective.errors import ConfigError, FleetError
+from fleet import telemetry
 from fleet.strategy_configs import AmpConfig, AmpDtype
 
 logger = logging.getLogger(__name__)
@@ -179,6 +180,7 @@ class GradScaler:
             if gm is not None:
                 gm.micro_step = 0  # the merged gradients are dropped; zero_grad() clears them
             logger.debug("GradScaler: inf/nan gradients, step skipped (scale %g)", self._scale)
+            telemetry.count_amp_skipped_step()
             return None
         return optimizer.step(*args, **kwargs)
 
@@ -193,6 +195,7 @@ class GradScaler:
         found = any(s["found_inf"] for s in stepped)
         cfg = self.config
         if not cfg.use_dynamic_loss_scaling:
+            telemetry.set_amp_loss_scale(self._scale)
             return
         if found:
             self._incr_count = 0
@@ -208,6 +211,7 @@ class GradScaler:
                 if grown < float("inf"):
                     self._scale = grown
                 self._incr_count = 0
+        telemetry.set_amp_loss_scale(self._scale)
 
     def minimize(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
         """Paddle's ``scaler.minimize(optimizer, scaled_loss)``: :meth:`step` then
@@ -295,8 +299,11 @@ def _patch_torch_scaler(scaler: torch.amp.GradScaler, sync: bool) -> torch.amp.G
         out = original_step(optimizer, *args, **kwargs)
         stepped[0] = True
         found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-        if gm is not None and sum(float(v.item()) for v in found.values()):
-            gm.micro_step = 0  # skipped at the boundary: drop the merged gradients
+        skipped = sum(float(v.item()) for v in found.values()) > 0
+        if skipped:
+            telemetry.count_amp_skipped_step()
+            if gm is not None:
+                gm.micro_step = 0  # skipped at the boundary: drop the merged gradients
         return out
 
     def update(new_scale: Any = None) -> None:
@@ -304,6 +311,8 @@ def _patch_torch_scaler(scaler: torch.amp.GradScaler, sync: bool) -> torch.amp.G
             return  # only merge micro-steps since the last update
         stepped[0] = False
         original_update(new_scale)
+        if telemetry.enabled():  # get_scale() syncs with the GPU: only when metrics are on
+            telemetry.set_amp_loss_scale(scaler.get_scale())
 
     scaler.unscale_ = unscale_  # type: ignore[method-assign]
     scaler.step = step  # type: ignore[method-assign]

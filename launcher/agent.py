@@ -53,6 +53,21 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+def install_signal_handlers() -> None:
+    """SIGINT/SIGTERM/SIGHUP raise Interrupted once; later ones are ignored while we tear down
+    (teardown is bounded: SIGTERM, grace period, SIGKILL)."""
+    fired = False
+
+    def handler(signum: int, _frame: object) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Interrupted(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
 class Decision(Enum):
     """What the agent does after an attempt ended."""
 
@@ -114,7 +129,7 @@ def _base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:
     return env
 
 
-def _console(spec: JobSpec, role: str, rank: int) -> tuple[bool, bytes]:
+def console_prefix(spec: JobSpec, role: str, rank: int) -> tuple[bool, bytes]:
     tag = f"[rank {rank}] " if role == TRAINER else f"[server {rank}] "
     show = spec.tee is Tee.ALL or (spec.tee is Tee.RANK0 and role == TRAINER and rank == 0)
     return show, (tag.encode() if spec.tee is Tee.ALL else b"")
@@ -171,13 +186,13 @@ class CollectivePlan:
 
     def specs(self, attempt: int) -> list[ProcSpec]:
         layout = self.layout(attempt)
-        _write_endpoints(self.spec.log_dir, attempt, f"run_id {layout.run_id} master "
+        write_endpoints(self.spec.log_dir, attempt, f"run_id {layout.run_id} master "
                          f"{layout.master_addr}:{layout.master_port}", [], layout.trainer_endpoints)
         base = _base_env(self.spec, layout.nproc_per_node)
         out = []
         for local_rank in range(layout.nproc_per_node):
             rank = layout.global_rank(local_rank)
-            show, prefix = _console(self.spec, TRAINER, rank)
+            show, prefix = console_prefix(self.spec, TRAINER, rank)
             out.append(ProcSpec(
                 TRAINER, rank, local_rank, layout.node_rank, {**base, **make_worker_env(layout, local_rank)},
                 os.path.join(layout.log_dir, f"workerlog.{rank}"), layout.error_file(local_rank), show, prefix,
@@ -252,7 +267,7 @@ class PSPlan:
 
     def specs(self, attempt: int) -> list[ProcSpec]:
         layout = self.layout(attempt)
-        _write_endpoints(self.spec.log_dir, attempt, f"run_id {layout.run_id}",
+        write_endpoints(self.spec.log_dir, attempt, f"run_id {layout.run_id}",
                          layout.server_endpoints, layout.trainer_endpoints)
         servers = [i for i, e in enumerate(layout.server_endpoints) if self._here(e)]
         trainers = [i for i, e in enumerate(layout.trainer_endpoints) if self._here(e)]
@@ -261,12 +276,12 @@ class PSPlan:
         base = _base_env(self.spec, len(servers) + len(trainers))
         out = []
         for i in servers:
-            show, prefix = _console(self.spec, SERVER, i)
+            show, prefix = console_prefix(self.spec, SERVER, i)
             out.append(ProcSpec(SERVER, i, i, 0, {**base, **make_ps_server_env(layout, i)},
                                 os.path.join(layout.log_dir, f"serverlog.{i}"),
                                 layout.server_error_file(i), show, prefix))
         for local_rank, t in enumerate(trainers):
-            show, prefix = _console(self.spec, TRAINER, t)
+            show, prefix = console_prefix(self.spec, TRAINER, t)
             out.append(ProcSpec(TRAINER, t, local_rank, 0,
                                 {**base, **make_ps_trainer_env(layout, t, local_rank, len(trainers))},
                                 os.path.join(layout.log_dir, f"workerlog.{t}"),
@@ -283,7 +298,7 @@ class PSPlan:
         return None
 
 
-def _write_endpoints(log_dir: str, attempt: int, head: str, servers: tuple[str, ...] | list[str],
+def write_endpoints(log_dir: str, attempt: int, head: str, servers: tuple[str, ...] | list[str],
                      trainers: tuple[str, ...]) -> None:
     with open(os.path.join(log_dir, "endpoints.log"), "a" if attempt else "w", encoding="utf-8") as f:
         f.write(f"# attempt {attempt} {head}\n")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
 import uuid
@@ -18,7 +17,15 @@ import yaml
 from click.core import ParameterSource
 
 from collective.errors import ConfigError, FleetError
-from launcher.agent import Agent, CollectivePlan, Interrupted, Placement, PSPlan, check_port_free
+from launcher.agent import (
+    Agent,
+    CollectivePlan,
+    Interrupted,
+    Placement,
+    PSPlan,
+    check_port_free,
+    install_signal_handlers,
+)
 from launcher.spec import (
     DEFAULT_MULTINODE_PORT,
     JobSpec,
@@ -281,7 +288,7 @@ def format_config_table(spec: JobSpec, place: Placement) -> str:
     return "\n".join(f"  {k:<{width}} : {v}" for k, v in rows)
 
 
-def _write_strategy(spec: JobSpec) -> str | None:
+def write_strategy(spec: JobSpec) -> str | None:
     if spec.strategy is None:
         return None
     if isinstance(spec.strategy, str):
@@ -292,21 +299,6 @@ def _write_strategy(spec: JobSpec) -> str | None:
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(spec.strategy, f, sort_keys=False)
     return path
-
-
-def _install_signal_handlers() -> None:
-    """SIGINT/SIGTERM/SIGHUP raise Interrupted once; later ones are ignored while we tear down
-    (teardown is bounded: SIGTERM, grace period, SIGKILL)."""
-    fired = False
-
-    def handler(signum: int, _frame: Any) -> None:
-        nonlocal fired
-        if not fired:
-            fired = True
-            raise Interrupted(signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
 
 
 def launch(spec: JobSpec, *, dry_run: bool = False, dashboard: bool = False) -> int:
@@ -342,8 +334,8 @@ def launch_local(spec: JobSpec) -> int:
     with open(os.path.join(spec.log_dir, "job.yaml"), "w", encoding="utf-8") as f:
         yaml.safe_dump(spec_to_dict(spec), f, sort_keys=False)
     logger.info("resolved configuration:\n%s", format_config_table(spec, place))
-    strategy_file = _write_strategy(spec)
-    _install_signal_handlers()
+    strategy_file = write_strategy(spec)
+    install_signal_handlers()
     try:
         plan = (PSPlan if spec.mode is Mode.PS else CollectivePlan)(spec, place, strategy_file)
         return Agent(spec, plan, place.node_rank).run()

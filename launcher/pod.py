@@ -33,7 +33,7 @@ from collective.env import (
     make_worker_env,
 )
 from collective.errors import ConfigError, LaunchError
-from launcher.agent import Interrupted, worker_argv
+from launcher.agent import Interrupted, install_signal_handlers, worker_argv
 from launcher.attempt import SERVER, TRAINER, ProcSpec, Running, failure_of, start_all, watch
 from launcher.process import ConsoleWriter, terminate_all, wait_any
 from launcher.spec import Entrypoint, JobSpec, Mode
@@ -293,26 +293,11 @@ def _write_termination_log(text: str) -> None:
             logger.warning("could not write %s: %s", TERMINATION_LOG, err.strerror)
 
 
-def _install_signal_handlers() -> None:
-    """SIGTERM (pod deletion), SIGINT, SIGHUP raise Interrupted once (we may be PID 1, which gets
-    no default signal actions); later ones are ignored while the processes are stopped."""
-    fired = False
-
-    def handler(signum: int, _frame: object) -> None:
-        nonlocal fired
-        if not fired:
-            fired = True
-            raise Interrupted(signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
-
-
 def run_pod(cfg: PodConfig) -> int:
     """Run this pod's share of the job; return the container's exit code."""
     index = cfg.index if cfg.index is not None else pod_index(os.environ, cfg.role)
     os.makedirs(cfg.log_dir, exist_ok=True)
-    _install_signal_handlers()
+    install_signal_handlers()  # as PID 1 we get no default signal actions
     running: list[Running] = []
     try:
         wait_resolvable(_hosts_needed(cfg, index), cfg.rdzv_timeout_s)

@@ -123,8 +123,8 @@ def test_bad_flag_values(tmp_path: Path) -> None:
     assert r.returncode == 2 and "script 'missing_script.py' not found" in r.stderr
     r = run_fleetrun("--run_mode", "ps", "--log_dir", str(tmp_path), WORKER)
     assert r.returncode == 2 and "PS mode needs server_num >= 1 and worker_num >= 1" in r.stderr
-    r = run_fleetrun("--scheduler", "ray", "--log_dir", str(tmp_path), WORKER)
-    assert r.returncode == 1 and "scheduler 'ray' is not implemented yet" in r.stderr
+    r = run_fleetrun("--dry_run", "--log_dir", str(tmp_path), WORKER)
+    assert r.returncode == 2 and "--dry_run prints Kubernetes manifests" in r.stderr
     r = run_fleetrun("-c", str(tmp_path / "nope.yaml"), WORKER)
     assert r.returncode == 2 and "nope.yaml' does not exist" in r.stderr
 

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
+        fleet.report(loss=loss, samples=local_batch)  # Prometheus / dashboard (no-op without)
         if rank == 0 and step % 100 == 0:
             logger.info("step %d/%d loss %.4f", step, steps, loss.item())
     seconds = fleet.metrics.max(time.perf_counter() - t0)

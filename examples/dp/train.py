@@ -90,6 +90,7 @@ def main() -> None:
             loss.backward()
             opt.step()
             opt.zero_grad()
+            fleet.report(loss=loss)  # the dashboard's loss curve (no-op without metrics)
             step += 1
             if step == 1 or step % args.log_every == 0 or step == args.steps:
                 mean = loss.detach().clone()

@@ -94,6 +94,7 @@ def main() -> None:
     for step in range(args.steps):
         x, y = data.shard(step, local_batch, dp_rank, dp)
         loss = model.train_batch([x, y], opt, sched)
+        fleet.report(loss=loss)  # the dashboard's loss curve (no-op without metrics)
         if dp > 1:  # report the mean over replicas
             tdist.all_reduce(loss, group=hcg.get_data_parallel_group())
             loss /= dp

@@ -45,6 +45,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from collective.errors import ConfigError, FleetError
+from fleet import telemetry
 from fleet.meta_parallel.pipeline_layer import PipelineLayer
 from fleet.meta_parallel.pp_schedule import P2P, Action, as_tensor_tuple, make_schedule
 from fleet.strategy_configs import PipelineSchedule
@@ -194,6 +195,8 @@ class PipelineParallel(nn.Module):
         optimizer.zero_grad()
         loss = self._broadcast_loss(losses)
         self.last_step_stats = {"step_s": time.perf_counter() - t0, "compute_s": compute_s}
+        step_s = self.last_step_stats["step_s"]
+        telemetry.set_pipeline_bubble_ratio(max(0.0, 1.0 - compute_s / step_s) if step_s > 0 else 0.0)
         return loss
 
     @torch.no_grad()

@@ -34,7 +34,14 @@ from typing import IO, Any
 import yaml
 
 from collective.errors import ConfigError, LaunchError
-from launcher.agent import Decision, Interrupted, _write_endpoints, decide, worker_argv
+from launcher.agent import (
+    Decision,
+    Interrupted,
+    decide,
+    install_signal_handlers,
+    worker_argv,
+    write_endpoints,
+)
 from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.process import ConsoleWriter
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
@@ -55,7 +62,7 @@ ACTOR_CONCURRENCY = 4
 
 def run_ray(spec: JobSpec) -> int:
     """Run ``spec`` on a Ray cluster; return fleetrun's exit code."""
-    from launcher.cli import _install_signal_handlers, _write_strategy
+    from launcher.cli import write_strategy
 
     entry = spec.entrypoint
     if entry.script and not os.path.exists(entry.script) and "working_dir" not in spec.ray.runtime_env:
@@ -65,12 +72,12 @@ def run_ray(spec: JobSpec) -> int:
     os.makedirs(spec.log_dir, exist_ok=True)
     with open(os.path.join(spec.log_dir, "job.yaml"), "w", encoding="utf-8") as f:
         yaml.safe_dump(spec_to_dict(spec), f, sort_keys=False)
-    strategy_file = _write_strategy(spec)
+    strategy_file = write_strategy(spec)
     handle: ClusterHandle | None = None
-    _install_signal_handlers()  # Ctrl-C during ray.init also tears down what started
+    install_signal_handlers()  # Ctrl-C during ray.init also tears down what started
     try:
         handle = connect(spec.ray, sum(s.bundle["CPU"] for s in slots), spec.ray.runtime_env or None)
-        _install_signal_handlers()  # again: ray.init installs its own SIGTERM handler
+        install_signal_handlers()  # again: ray.init installs its own SIGTERM handler
         return RayJob(spec, slots, strategy_file).run()
     except Interrupted as sig:
         sys.stderr.write(f"fleetrun: got {sig}; stopped every actor and process of job '{spec.name}'\n")
@@ -188,7 +195,7 @@ class RayJob:
         procs, head = make_proc_specs(spec, placed, master_port, paths)
         servers = [f"{p.env['POD_IP']}:{p.env['PADDLE_PORT']}" for p in procs if p.role == SERVER]
         trainers = next(p.env["PADDLE_TRAINER_ENDPOINTS"] for p in procs if p.role == TRAINER).split(",")
-        _write_endpoints(self.log_dir, attempt, head, servers, tuple(trainers))
+        write_endpoints(self.log_dir, attempt, head, servers, tuple(trainers))
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         for actor, info, proc in zip(group.actors, infos, procs, strict=True):
             log = open(proc.log_path, "ab" if attempt else "wb", buffering=0)  # noqa: SIM115 - closed in teardown

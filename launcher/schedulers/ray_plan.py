@@ -31,7 +31,7 @@ from collective.env import (
     make_worker_env,
 )
 from collective.errors import ConfigError
-from launcher.agent import _console
+from launcher.agent import console_prefix
 from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.spec import JobSpec, Mode, RoleResources
 
@@ -138,7 +138,7 @@ def _gpu_env(members: Sequence[Placed]) -> dict[str, str]:
 
 def _spec(spec: JobSpec, role: str, rank: int, local_rank: int, node_rank: int, env: dict[str, str],
           paths: AttemptPaths, error_file: str) -> ProcSpec:
-    show, prefix = _console(spec, role, rank)
+    show, prefix = console_prefix(spec, role, rank)
     name = f"workerlog.{rank}" if role == TRAINER else f"serverlog.{rank}"
     return ProcSpec(role, rank, local_rank, node_rank, env, os.path.join(paths.log_dir, name), error_file,
                     show, prefix)

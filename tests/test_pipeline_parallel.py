@@ -159,7 +159,7 @@ def _run(tmp_path: Path, world: int, scenarios: list[str], dp: int = 1, mp: int 
         PIPELINE, world,
         ["--out", str(out), "--dp", str(dp), "--mp", str(mp), "--pp", "2",
          "--scenarios", ",".join(scenarios)],
-        timeout=150, tmp_path=tmp_path,
+        timeout=150 if world <= 4 else 280, tmp_path=tmp_path,
     )
     assert_all_ok(results)
     recs = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
@@ -213,3 +213,12 @@ def test_dp2_pp2_equals_the_single_process_model(tmp_path: Path) -> None:
 def test_mp2_pp2_with_tensor_parallel_layers(tmp_path: Path) -> None:
     recs = _run(tmp_path, 4, ["tp:1F1B", "tp:FThenB"], mp=2)
     assert [r["stage"] for r in recs] == [0, 0, 1, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dp2_mp2_pp2_at_world_8(tmp_path: Path) -> None:
+    """The 4-D case of the issue at world 8 (dp2 x mp2 x pp2, sharding 1): TP layers inside the
+    stages, data parallel across two pipelines — equal to the single-process model."""
+    recs = _run(tmp_path, 8, ["tp:1F1B"], dp=2, mp=2)
+    assert [r["stage"] for r in recs] == [0, 0, 1, 1, 0, 0, 1, 1]

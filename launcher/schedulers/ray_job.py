@@ -79,11 +79,25 @@ def run_ray(spec: JobSpec) -> int:
         handle = connect(spec.ray, sum(s.bundle["CPU"] for s in slots), spec.ray.runtime_env or None)
         install_signal_handlers()  # again: ray.init installs its own SIGTERM handler
         return RayJob(spec, slots, strategy_file).run()
-    except Interrupted as sig:
+    except (Interrupted, SystemError) as err:
+        sig = _interruption(err)
+        if sig is None:
+            raise
         sys.stderr.write(f"fleetrun: got {sig}; stopped every actor and process of job '{spec.name}'\n")
         return 128 + sig.signum
     finally:
         disconnect(handle)
+
+
+def _interruption(err: BaseException) -> Interrupted | None:
+    """The Interrupted behind ``err``: itself, or the cause of the SystemError Ray's Cython
+    ``wait``/``get`` raise when our signal handler fires inside them."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, Interrupted):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 @dataclass

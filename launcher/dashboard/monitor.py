@@ -227,7 +227,9 @@ class Monitor:
             elif job_error:  # keep the last good state through a bad read, say so
                 self.job_error = job_error
             job = self.job
-        targets = targets_from(job, sd)
+            # the process list changes together with the job state it came from (a snapshot
+            # between here and the end of the scrape must not pair a new attempt with old pids)
+            targets = self.targets = targets_from(job, sd)
         finished = bool(job) and job.get("state") in TERMINAL_STATES
         wanted = [t for t in targets if t.address and t.info.get("state", "up") == "up" and not finished]
         launcher_addr = None if finished else (job or {}).get("launcher_metrics")
@@ -238,7 +240,6 @@ class Monitor:
         now = time.time()
         by_key = {t.key: t for t in targets}
         with self._lock:
-            self.targets = targets
             for key in set(self.scrape_errors) - {k for k, _ in jobs}:  # no longer scraped
                 del self.scrape_errors[key]
             for key, samples, err in results:

@@ -14,7 +14,10 @@ Implementations (the benchmark process is the only trainer of each; 1 server pro
 
 * ``ours``: ``python -m ps_server`` on 127.0.0.1 (1 process; also 2 with ``--ours_servers 1,2``,
   keys routed by the client), driven through :class:`ps_server.PSClient`. Rows are created on
-  first pull (hash table, any int64 key).
+  first pull (hash table, any int64 key). By default the client moves the large arrays through
+  shared memory, as it does whenever client and server share a host (:mod:`ps_server.shm`; the
+  peers do the same: Ray's object store, TensorPipe's shm channel); ``--ours_transport tcp``
+  sends everything through gRPC over loopback TCP instead.
 * ``ray``: the "Parameter Server" example of Ray's documentation (Ray Core examples) adapted to a
   sparse table: an actor ``ParameterServer`` that, as in the docs, owns a torch module and a
   ``torch.optim.SGD`` over its parameters; here the module is ``torch.nn.Embedding(2**20, D,
@@ -298,12 +301,12 @@ def _kill(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         proc.wait()
 
 
-def start_ours(num_servers: int, stack: contextlib.ExitStack) -> Any:
+def start_ours(num_servers: int, stack: contextlib.ExitStack, shm: bool = True) -> Any:
     """Start ``num_servers`` servers; returns a ready client (servers stopped on exit)."""
     from ps_server import PSClient
 
     endpoints = [start_ps_server(i, num_servers, stack) for i in range(num_servers)]
-    client = PSClient(endpoints)
+    client = PSClient(endpoints, shm=shm)
     stack.callback(client.close)
     stack.callback(_stop_servers, client)
     client.wait_ready(30)
@@ -478,7 +481,7 @@ def run(
     results: dict[tuple[str, int], dict[str, Measured]] = {}
     with contextlib.ExitStack() as stack:
         clients = {
-            name: start_ours(n, stack)
+            name: start_ours(n, stack, shm=args.ours_transport == "shm")
             for name, n in zip(ours_names(args.ours_servers), args.ours_servers)
         }
         actor_cls = start_ray(stack) if "ray" in args.peers else None
@@ -589,6 +592,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="int64: keys are ids over the full 64-bit range (the workload of the issue; the "
         "peers map them to rows with a dict); dense: keys are 0..2**20-1 (peers index directly)",
     )
+    p.add_argument(
+        "--ours_transport",
+        default="shm",
+        choices=["shm", "tcp"],
+        help="shm: PSClient's default on one host (the arrays through shared memory, as the "
+        "peers' Ray object store and TensorPipe shm channel do); tcp: everything through gRPC",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.rpc_server:
@@ -624,8 +634,8 @@ def main(argv: list[str] | None = None) -> None:
     for (dist, dim), row in results.items():
         for o in ours:
             for peer in args.peers:
-                label = (f"{dist} {args.key_space} keys, dim {dim}: {o} vs {peer} "
-                         f"({BATCH} keys/round, SGD)")
+                label = (f"{dist} {args.key_space} keys, dim {dim}: {o} ({args.ours_transport}) "
+                         f"vs {peer} ({BATCH} keys/round, SGD)")
                 rows.append((label, row[o].keys_per_s, row[peer].keys_per_s, "ours/peer keys/s"))
     extra = {
         "config": {
@@ -637,6 +647,7 @@ def main(argv: list[str] | None = None) -> None:
             "rep_seconds": args.rep_seconds,
             "seed": args.seed,
             "key_space": args.key_space,
+            "ours_transport": args.ours_transport,
         },
         "versions": _versions(),
         "listeners": [addr for addr, _ in listeners],

@@ -18,6 +18,11 @@ as long as the whole echo round trip, which caps ``ours / echo`` near 0.5 whatev
 does; ``ours / bound`` shows how much of that cap the RPC layer keeps. (With 2 servers the table
 work is split over two processes, so that bound is conservative.)
 
+``ours`` is the TCP path (``PSClient(shm=False)``), the like-for-like comparison with the echo;
+a second row per case times the same client with the same-host shared-memory path
+(:mod:`ps_server.shm`, the default when client and servers share a host), which moves the
+arrays outside gRPC and so is not bounded by the echo.
+
 Run: ``.venv/bin/python bench/bench_ps_rpc.py [--json bench/results/ps_rpc.json]`` (~2 minutes
 on 2 cores).
 """
@@ -152,8 +157,8 @@ def start_servers(num_servers: int, max_mb: int) -> tuple[list[subprocess.Popen]
     return procs, eps, echo_eps
 
 
-def bench_dim(client, echo, num_servers: int, dim: int, rule, rng, universe, args) -> dict:
-    """ours / echo / table-only rates (M keys/s, lists of --reps) at one dim."""
+def bench_dim(client, shm_client, echo, num_servers: int, dim: int, rule, rng, universe, args) -> dict:
+    """ours (TCP) / ours (shm) / echo / table-only rates (M keys/s, lists of --reps) at one dim."""
     from ps_server import SparseTable, SparseTableConfig, Uniform
     from ps_server.routing import group_by_server
 
@@ -176,6 +181,10 @@ def bench_dim(client, echo, num_servers: int, dim: int, rule, rng, universe, arg
         client.pull_sparse(table, keys)
         client.push_sparse(table, keys, grads)
 
+    def ours_shm(keys: np.ndarray, grads: np.ndarray) -> None:
+        shm_client.pull_sparse(table, keys)
+        shm_client.push_sparse(table, keys, grads)
+
     def peer(keys: np.ndarray, grads: np.ndarray) -> None:
         echo.step(parts[id(keys)], keys, grads, dim)
 
@@ -186,13 +195,13 @@ def bench_dim(client, echo, num_servers: int, dim: int, rule, rng, universe, arg
     for keys, _ in batches:  # create every row first: steady state, not growth
         client.pull_sparse(table, keys)
         local.pull(keys)
-    out: dict[str, list[float]] = {"ours": [], "peer": [], "table": []}
-    for f in (ours, peer, table_only):
+    fns = {"ours": ours, "shm": ours_shm, "peer": peer, "table": table_only}
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for f in fns.values():
         measure(f, batches, 0, 2)  # warm-up
-    for r in range(args.reps):  # interleaved, so drift hits all three alike
-        out["ours"].append(measure(ours, batches, r * args.steps, args.steps))
-        out["peer"].append(measure(peer, batches, r * args.steps, args.steps))
-        out["table"].append(measure(table_only, batches, r * args.steps, args.steps))
+    for r in range(args.reps):  # interleaved, so drift hits all alike
+        for k, f in fns.items():
+            out[k].append(measure(f, batches, r * args.steps, args.steps))
     return out
 
 
@@ -224,21 +233,24 @@ def main() -> None:
         procs: list[subprocess.Popen] = []
         try:
             procs, eps, echo_eps = start_servers(num_servers, args.max_message_mb)
-            client = PSClient(eps, max_message_mb=args.max_message_mb)
+            client = PSClient(eps, max_message_mb=args.max_message_mb, shm=False)
             client.wait_ready(30)
+            shm_client = PSClient(eps, max_message_mb=args.max_message_mb, shm=True)
             echo = EchoClient(echo_eps, args.max_message_mb)
             for dim in [int(d) for d in args.dims.split(",")]:
-                r = bench_dim(client, echo, num_servers, dim, rule, rng, universe, args)
-                ours, peer, table = (Stats.of(r[k]) for k in ("ours", "peer", "table"))
+                r = bench_dim(client, shm_client, echo, num_servers, dim, rule, rng, universe, args)
+                ours, shm, peer, table = (Stats.of(r[k]) for k in ("ours", "shm", "peer", "table"))
                 mib = BATCH * (8 + 4 * dim) * 2 / 2**20
                 label = (
                     f"dim {dim}, {num_servers} server(s), {BATCH} keys/request, "
                     f"{args.optimizer}, ~{mib:.1f} MiB moved per step"
                 )
                 rows.append((label, ours, peer, "ours/echo keys/s"))
+                rows.append((f"{label} [ours through shared memory]", shm, peer, "ours/echo keys/s"))
                 bound = 1 / (1 / table.median + 1 / peer.median)
                 extra.append((label, table, bound, ours.median / bound))
             echo.close()
+            shm_client.close()
             client.stop_servers()
             client.close()
             for proc in procs[::2]:

@@ -191,17 +191,25 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
             }
         }
         /* distinct rows through a small open-addressing table over the batch (slot = 1 +
-           index into urow, 0 = empty); gradients of a batch without duplicates are applied as
-           they are, otherwise summed per distinct row in float64 first */
+           index into urow, 0 = empty). Without duplicates distinct row u is occurrence u and
+           its gradient is applied as it is. With duplicates the occurrences are grouped per
+           distinct row by a stable counting sort (start/order: 4 bytes per key), and each
+           group is summed in float64 in occurrence order into one dim-wide buffer — no
+           batch-sized float64 array, whose fresh pages cost more than the sum itself. */
         Py_ssize_t tsize = 16;
         while (tsize < 2 * n) tsize <<= 1;
+        Py_ssize_t n1 = n ? n : 1, d1 = dim ? dim : 1;
         int32_t *table = calloc(tsize, sizeof(int32_t));
-        int32_t *uid = malloc(sizeof(int32_t) * (n ? n : 1));
-        int64_t *urow = malloc(sizeof(int64_t) * (n ? n : 1));
-        uint32_t *occ = malloc(sizeof(uint32_t) * (n ? n : 1));
-        float *g32 = malloc(sizeof(float) * (dim ? dim : 1));
-        if (!table || !uid || !urow || !occ || !g32) {
-            free(table); free(uid); free(urow); free(occ); free(g32);
+        int32_t *uid = malloc(sizeof(int32_t) * n1);
+        int64_t *urow = malloc(sizeof(int64_t) * n1);
+        uint32_t *occ = malloc(sizeof(uint32_t) * n1);
+        int32_t *start = malloc(sizeof(int32_t) * (n1 + 1));
+        int32_t *order = malloc(sizeof(int32_t) * n1);
+        float *g32 = malloc(sizeof(float) * d1);
+        double *acc = malloc(sizeof(double) * d1);
+        if (!table || !uid || !urow || !occ || !start || !order || !g32 || !acc) {
+            free(table); free(uid); free(urow); free(occ); free(start); free(order);
+            free(g32); free(acc);
             PyErr_NoMemory();
             goto done;
         }
@@ -212,8 +220,6 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
         uint16_t *unseen = (uint16_t *)bu.buf;
         uint8_t *flags = (uint8_t *)bf.buf;
         const float *g = (const float *)bg.buf;
-        double *acc = NULL;
-        int oom = 0;
         Py_BEGIN_ALLOW_THREADS
         uint64_t mask = (uint64_t)tsize - 1;
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -229,16 +235,15 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
             uid[i] = table[p] - 1;
             occ[uid[i]]++;
         }
-        if (nu < n) {
-            acc = calloc((size_t)nu * (dim ? dim : 1), sizeof(double));
-            if (!acc) oom = 1;
-            else
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    double *a = acc + (Py_ssize_t)uid[i] * dim;
-                    for (Py_ssize_t j = 0; j < dim; j++) a[j] += (double)g[i * dim + j];
-                }
+        int dups = nu < n;
+        if (dups) {
+            start[0] = 0;
+            for (Py_ssize_t u = 0; u < nu; u++) start[u + 1] = start[u] + (int32_t)occ[u];
+            for (Py_ssize_t i = 0; i < n; i++) order[start[uid[i]]++] = (int32_t)i;
+            for (Py_ssize_t u = nu; u > 0; u--) start[u] = start[u - 1];  /* back to starts */
+            start[0] = 0;
         }
-        for (Py_ssize_t u = 0; !oom && u < nu; u++) {
+        for (Py_ssize_t u = 0; u < nu; u++) {
             int64_t r = urow[u];
             if (u + 24 < nu) { /* the same latency argument as in probe */
                 int64_t q = urow[u + 24];
@@ -249,9 +254,18 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
                 __builtin_prefetch(flags + q, 1);
             }
             const float *gu = g + u * dim; /* no duplicates: distinct row u is occurrence u */
-            if (acc) {
-                for (Py_ssize_t j = 0; j < dim; j++) g32[j] = (float)acc[u * dim + j];
-                gu = g32;
+            if (dups) {
+                const int32_t *o = order + start[u];
+                gu = g + (Py_ssize_t)o[0] * dim;
+                if (occ[u] > 1) {
+                    for (Py_ssize_t j = 0; j < dim; j++) acc[j] = (double)gu[j];
+                    for (uint32_t k = 1; k < occ[u]; k++) {
+                        const float *gk = g + (Py_ssize_t)o[k] * dim;
+                        for (Py_ssize_t j = 0; j < dim; j++) acc[j] += (double)gk[j];
+                    }
+                    for (Py_ssize_t j = 0; j < dim; j++) g32[j] = (float)acc[j];
+                    gu = g32;
+                }
             }
             apply_row(rule, h, w + r * dim, st + r * sd, gu, dim);
             uint64_t c = (uint64_t)count[r] + occ[u];
@@ -260,8 +274,8 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
             flags[r] |= FLAG_SEEN | FLAG_DIRTY;
         }
         Py_END_ALLOW_THREADS
-        free(table); free(uid); free(urow); free(occ); free(acc); free(g32);
-        if (oom) { PyErr_NoMemory(); goto done; }
+        free(table); free(uid); free(urow); free(occ); free(start); free(order); free(g32);
+        free(acc);
         result = PyLong_FromSsize_t(nu);
     }
 done:

@@ -7,13 +7,8 @@ into the caller's key order (duplicates allowed). Dense blocks live on the serve
 ``block_shard(name) % num_servers``; a block larger than one message is uploaded in parts (one
 ``upload_id``; the server acts on the last part) and pulled in ranges.
 
-Retries: idempotent calls (pulls, CreateTable, ListTables, InitDense, Stats, health) are retried
-up to ``retries`` times with exponential backoff on UNAVAILABLE / DEADLINE_EXCEEDED, each attempt
-with its own deadline of ``timeout_s``. Pushes, Save, Load, Shrink, EndDay, Barrier and Stop are
-never retried: when a reply is lost the server may already have acted, and a second push would
-apply a gradient twice (APPLY), count one trainer twice toward a SYNC round (the mean and the
-round boundary go wrong) or add a GEO delta twice. (gRPC's built-in retry policy is not used: it
-shares one deadline across attempts and cannot retry DEADLINE_EXCEEDED.)
+Transport, retries, deadlines and the same-host shared-memory path are
+:class:`~ps_server.rpc_client.RpcClient`'s (its module docstring says which calls are retried).
 
 Errors: a failed call raises a :class:`ps_server.status.PSRpcError` subclass naming the method,
 the server endpoint, the status code and the server's message; local argument checks raise
@@ -27,19 +22,16 @@ another client pushes to it may mix values from before and after that push.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
-import time
+import sys
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import numpy as np
 from google.protobuf.message import Message
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from collective.errors import ConfigError
 from ps_server.codec import (
@@ -67,59 +59,23 @@ from ps_server.initializers import Initializer, Uniform
 from ps_server.optimizers import SGD, OptimizerRule
 from ps_server.proto import ps_pb2
 from ps_server.routing import block_shard, group_by_server, shards_of_server
-from ps_server.server import DEFAULT_MAX_MESSAGE_MB, MIB, grpc_message_options
-from ps_server.service import SERVICE_NAME
-from ps_server.status import PSDeadlineExceededError, PSNotFoundError, rpc_error
+from ps_server.rpc_client import RETRYABLE, Call, RpcClient
+from ps_server.status import PSNotFoundError, PSRpcError
 from ps_server.wire import wire_message
 
 logger = logging.getLogger(__name__)
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-"""Status codes an idempotent call is retried on."""
 DEFAULT_OPTIMIZER = SGD(0.01)
 """Default server-side rule of tables created through the client (immutable)."""
 DEFAULT_INITIALIZER = Uniform(-0.01, 0.01)
 """Default initializer of sparse tables created through the client (immutable)."""
-MESSAGE_OVERHEAD_BYTES = 64 * 1024
-"""Room left in each message for everything but the packed arrays (names, framing)."""
 _MODES = {
     "apply": ps_pb2.PUSH_MODE_APPLY,
     "sync": ps_pb2.PUSH_MODE_SYNC,
     "delta": ps_pb2.PUSH_MODE_DELTA,
 }
-
-
 _PULL_SPARSE_REQUEST = wire_message(ps_pb2.PullSparseRequest)
-_PULL_SPARSE_RESPONSE = wire_message(ps_pb2.PullSparseResponse)
 _PUSH_SPARSE_REQUEST = wire_message(ps_pb2.PushSparseRequest)
-
-
-def _methods(channel: grpc.Channel) -> dict[str, Any]:
-    """The service's methods on ``channel``: generated (de)serializers, except the sparse
-    pull/push, which go through :mod:`ps_server.wire` (requests are encoded by the caller)."""
-    service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
-    out = {}
-    for m in service.methods:
-        serializer = getattr(ps_pb2, m.input_type.name).SerializeToString
-        deserializer = getattr(ps_pb2, m.output_type.name).FromString
-        if m.name in ("PullSparse", "PushSparse"):
-            serializer = None  # already wire-encoded bytes
-        if m.name == "PullSparse":
-            deserializer = _PULL_SPARSE_RESPONSE.decode
-        out[m.name] = channel.unary_unary(
-            f"/{SERVICE_NAME}/{m.name}",
-            request_serializer=serializer,
-            response_deserializer=deserializer,
-        )
-    return out
-
-
-@dataclass
-class _Call:
-    server: int
-    method: str
-    request: Any
-    """A generated message, or wire-encoded bytes (PullSparse, PushSparse)."""
 
 
 def _le(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -127,119 +83,14 @@ def _le(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtype)
 
 
-class _Inline:
-    """A call run on the spot, with a future's ``result()``."""
-
-    def __init__(self, fn: Any, call: Any) -> None:
-        self._fn, self._call = fn, call
-
-    def result(self) -> Any:
-        return self._fn(self._call)
-
-
-class PSClient:
+class PSClient(RpcClient):
     """Client of the servers at ``endpoints`` (``["host:port", ...]`` or ``"h:p,h:p"``), in
-    server-index order."""
+    server-index order; the keyword arguments are :class:`~ps_server.rpc_client.RpcClient`'s
+    (``timeout_s``, ``retries``, ``max_message_mb``, ``backoff_s``, ``shm``, ``shm_max_mb``)."""
 
-    def __init__(
-        self,
-        endpoints: Sequence[str] | str,
-        *,
-        timeout_s: float = 60.0,
-        retries: int = 3,
-        max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
-        backoff_s: float = 0.2,
-    ) -> None:
-        """``timeout_s``: deadline of each attempt; ``retries``: extra attempts of idempotent
-        calls; ``max_message_mb``: largest message this client sends or accepts (larger requests
-        are split)."""
-        eps = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
-        eps = [e.strip() for e in eps if e.strip()]
-        if not eps:
-            raise ConfigError("must name at least one server (host:port)", key="endpoints")
-        if not timeout_s > 0:
-            raise ConfigError(f"must be > 0, got {timeout_s!r}", key="timeout_s")
-        if not isinstance(retries, int) or retries < 0:
-            raise ConfigError(f"must be an integer >= 0, got {retries!r}", key="retries")
-        options = grpc_message_options(max_message_mb)
-        self.endpoints: tuple[str, ...] = tuple(eps)
-        self.timeout_s = float(timeout_s)
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_message_bytes = int(max_message_mb * MIB)
-        self._payload_bytes = max(self.max_message_bytes - MESSAGE_OVERHEAD_BYTES, 1024)
-        self._channels = [grpc.insecure_channel(e, options=options) for e in self.endpoints]
-        self._methods = [_methods(c) for c in self._channels]
-        self._health = [health_pb2_grpc.HealthStub(c) for c in self._channels]
+    def __init__(self, endpoints: Sequence[str] | str, **options: Any) -> None:
+        super().__init__(endpoints, **options)
         self._configs: dict[str, TableConfig] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(4, 2 * len(self.endpoints)), thread_name_prefix="psclient"
-        )
-
-    @property
-    def num_servers(self) -> int:
-        """Number of servers."""
-        return len(self.endpoints)
-
-    # -- plumbing ---------------------------------------------------------------------------
-    def _invoke(
-        self, calls: list[_Call], idempotent: bool, timeout_s: float | None = None
-    ) -> list[Any]:
-        """Send ``calls`` at once, wait for every reply; raise the first failure."""
-        timeout = self.timeout_s if timeout_s is None else timeout_s
-
-        def blocking(c: _Call) -> Any:
-            return self._methods[c.server][c.method](c.request, timeout=timeout)
-
-        # grpc's .future() starts a thread per call (~1 ms each on this class of machine): one
-        # call runs inline, several run on the client's long-lived pool, in parallel.
-        if len(calls) == 1:
-            futs: list[Any] = [_Inline(blocking, calls[0])]
-        else:
-            futs = [self._pool.submit(blocking, c) for c in calls]
-        results: list[Any] = [None] * len(calls)
-        error: Exception | None = None
-        for i, (call, fut) in enumerate(zip(calls, futs)):
-            try:
-                results[i] = fut.result()
-            except grpc.RpcError as err:
-                if idempotent and err.code() in RETRYABLE and self.retries:
-                    try:
-                        results[i] = self._retry(call, timeout, err)
-                        continue
-                    except grpc.RpcError as last:
-                        err = last
-                error = error or rpc_error(call.method, self.endpoints[call.server], err)
-        if error is not None:
-            raise error
-        return results
-
-    def _retry(self, call: _Call, timeout: float, err: grpc.RpcError) -> Any:
-        method = self._methods[call.server][call.method]
-        for attempt in range(1, self.retries + 1):
-            delay = self.backoff_s * 2 ** (attempt - 1)
-            logger.warning(
-                "%s on %s: %s; retry %d/%d in %.1fs",
-                call.method,
-                self.endpoints[call.server],
-                err.code().name,
-                attempt,
-                self.retries,
-                delay,
-            )
-            time.sleep(delay)
-            try:
-                return method(call.request, timeout=timeout)
-            except grpc.RpcError as again:
-                if again.code() not in RETRYABLE or attempt == self.retries:
-                    raise
-                err = again
-        raise err  # pragma: no cover - the loop returns or raises
-
-    def _all(self, method: str, request: Message, idempotent: bool) -> list[Any]:
-        return self._invoke(
-            [_Call(s, method, request) for s in range(self.num_servers)], idempotent
-        )
 
     # -- tables -----------------------------------------------------------------------------
     def create_table(
@@ -287,7 +138,7 @@ class PSClient:
         config = self._configs.get(table)
         if config is not None:
             return config
-        (reply,) = self._invoke([_Call(0, "ListTables", ps_pb2.ListTablesRequest())], True)
+        (reply,) = self._invoke([Call(0, "ListTables", ps_pb2.ListTablesRequest())], True)
         configs = [config_from_dict(json.loads(c)) for c in reply.config_json]
         self._configs.update({c.name: c for c in configs})
         if table not in self._configs:
@@ -314,50 +165,50 @@ class PSClient:
         if self.num_servers == 1:
             return [None]
         return list(group_by_server(keys, self.num_servers, num_shards))
-
-    def _chunks(self, keys: np.ndarray, row_bytes: int, keep_keys_together: bool) -> list[Any]:
-        """Slices (or position arrays) of ``keys`` that each fit one message."""
-        per = max(1, self._payload_bytes // row_bytes)
-        n = keys.shape[0]
-        if n <= per:
-            return [slice(0, n)]
-        if not keep_keys_together:
-            return [slice(s, min(s + per, n)) for s in range(0, n, per)]
-        order = np.argsort(keys, kind="stable")
-        sorted_keys = keys[order]
-        out, start = [], 0
-        while start < n:
-            stop = min(start + per, n)
-            if stop < n:  # move the cut back to the start of the key run it falls in
-                run_start = int(np.searchsorted(sorted_keys, sorted_keys[stop], "left"))
-                stop = (
-                    run_start
-                    if run_start > start
-                    else int(np.searchsorted(sorted_keys, sorted_keys[stop], "right"))
-                )
-            out.append(order[start:stop])
-            start = stop
-        return out
-
     def pull_sparse(self, table: str, keys: Any) -> np.ndarray:
         """float32[len(keys), dim]: the rows of ``keys`` (any order, duplicates allowed)."""
+        return self._pull_sparse(table, keys, retry=True)
+
+    def _pull_sparse(self, table: str, keys: Any, retry: bool) -> np.ndarray:
         config: SparseTableConfig = self._config(table, SparseTableConfig)
         keys = as_keys(table, keys)
         out = np.empty((keys.shape[0], config.dim), dtype=np.float32)
-        calls, targets = [], []
+        calls, targets, segs = [], [], []
         for server, pos in enumerate(self._route(keys, config.num_shards)):
             skeys = keys if pos is None else keys[pos]
-            if skeys.shape[0] == 0:
+            n = skeys.shape[0]
+            if n == 0:
                 continue
-            for part in self._chunks(skeys, config.dim * VALUE_BYTES + KEY_BYTES, False):
-                request = _PULL_SPARSE_REQUEST.encode(
-                    {"table": table, "keys": _le(skeys[part], KEY_DTYPE)}
-                )
-                calls.append(_Call(server, "PullSparse", request))
+            seg = self._lease(server, n, config.dim)
+            if seg is not None:
+                seg.views(n, config.dim)[0][...] = skeys
+                fields: dict[str, Any] = {"table": table, "shm_segment": seg.name,
+                                          "shm_num_keys": n}
+                parts: list[Any] = [slice(0, n)]
+            else:
+                parts = self._chunks(skeys, config.dim * VALUE_BYTES + KEY_BYTES, False)
+            for part in parts:
+                if seg is None:
+                    fields = {"table": table, "keys": _le(skeys[part], KEY_DTYPE)}
+                calls.append(Call(server, "PullSparse", _PULL_SPARSE_REQUEST.encode(fields)))
                 targets.append(part if pos is None else pos[part])
-        for target, reply in zip(targets, self._invoke(calls, idempotent=True)):
-            n = target.stop - target.start if isinstance(target, slice) else target.shape[0]
-            out[target] = decode_rows(table, reply.values, n, config.dim, "values (reply)")
+                segs.append(seg)
+        try:
+            replies = self._invoke(calls, idempotent=True)
+            for target, reply, seg in zip(targets, replies, segs):
+                n = target.stop - target.start if isinstance(target, slice) else target.shape[0]
+                if seg is not None:
+                    out[target] = seg.views(n, config.dim)[1]
+                else:
+                    out[target] = decode_rows(table, reply.values, n, config.dim, "values (reply)")
+        except PSRpcError as err:
+            if self._release(segs, err) and retry:  # a server lost its segment: once more
+                return self._pull_sparse(table, keys, retry=False)
+            raise
+        except BaseException:
+            self._release(segs, None)
+            raise
+        self._release(segs, None)
         return out
 
     def push_sparse(
@@ -389,28 +240,41 @@ class PSClient:
         keys = as_keys(table, keys)
         grads = as_rows(table, grads, keys.shape[0], config.dim)
         row_bytes = config.dim * VALUE_BYTES + KEY_BYTES
-        first, last = [], []  # SYNC: every part but a server's last goes first
+        first, last, segs = [], [], []  # SYNC: every part but a server's last goes first
+        common = {"mode": _MODES[mode], "sync_count": sync_count or 0, "table": table}
         for server, pos in enumerate(self._route(keys, config.num_shards)):
             skeys = keys if pos is None else keys[pos]
             sgrads = grads if pos is None else grads[pos]
-            if skeys.shape[0] == 0 and not sync:
+            n = skeys.shape[0]
+            if n == 0 and not sync:
+                continue
+            seg = self._lease(server, n, config.dim)
+            if seg is not None:
+                k, g = seg.views(n, config.dim)
+                k[...], g[...] = skeys, sgrads
+                request = _PUSH_SPARSE_REQUEST.encode(
+                    {**common, "shm_segment": seg.name, "shm_num_keys": n})
+                last.append(Call(server, "PushSparse", request))
+                segs.append(seg)
                 continue
             parts = self._chunks(skeys, row_bytes, keep_keys_together=mode == "apply")
             for i, part in enumerate(parts):
                 more = sync and i < len(parts) - 1
                 request = _PUSH_SPARSE_REQUEST.encode(
                     {
-                        "table": table,
+                        **common,
                         "keys": _le(skeys[part], KEY_DTYPE),
                         "grads": _le(sgrads[part], VALUE_DTYPE),
-                        "mode": _MODES[mode],
-                        "sync_count": sync_count or 0,
                         "more_parts": more,
                     }
                 )
-                (first if more else last).append(_Call(server, "PushSparse", request))
-        replies = self._invoke(first, idempotent=False) if first else []
-        replies += self._invoke(last, idempotent=False)
+                (first if more else last).append(Call(server, "PushSparse", request))
+        try:
+            replies = self._invoke(first, idempotent=False) if first else []
+            replies += self._invoke(last, idempotent=False)
+        finally:
+            if segs:
+                self._release(segs, sys.exc_info()[1])
         fields = ("num_keys", "applied", "created", "filtered", "skipped_nonfinite", "evicted")
         return {f: int(sum(getattr(r, f) for r in replies)) for f in fields}
 
@@ -434,10 +298,10 @@ class PSClient:
         per = max(1, self._payload_bytes // VALUE_BYTES)
         total = values.shape[0]
         if total <= per:
-            return self._invoke([_Call(server, method, make(values, None))], idem)[0]
+            return self._invoke([Call(server, method, make(values, None))], idem)[0]
         upload_id = uuid.uuid4().hex
         calls = [
-            _Call(
+            Call(
                 server,
                 method,
                 make(
@@ -470,9 +334,9 @@ class PSClient:
         server = self._dense_server(table, name)
         per = max(1, self._payload_bytes // VALUE_BYTES)
 
-        def call(offset: int) -> _Call:
+        def call(offset: int) -> Call:
             request = ps_pb2.PullDenseRequest(table=table, name=name, offset=offset, count=per)
-            return _Call(server, "PullDense", request)
+            return Call(server, "PullDense", request)
 
         (head,) = self._invoke([call(0)], idempotent=True)
         replies = [head] + self._invoke(
@@ -538,7 +402,7 @@ class PSClient:
         its generation. PSDeadlineExceededError names how many arrived."""
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         request = ps_pb2.BarrierRequest(name=name, count=count, timeout_s=timeout)
-        (reply,) = self._invoke([_Call(0, "Barrier", request)], False, timeout_s=timeout + 10.0)
+        (reply,) = self._invoke([Call(0, "Barrier", request)], False, timeout_s=timeout + 10.0)
         return int(reply.generation)
 
     def stats(self) -> list[dict[str, Any]]:
@@ -549,45 +413,6 @@ class PSClient:
     def stop_servers(self) -> None:
         """Ask every server to stop (each replies, then shuts down gracefully)."""
         self._all("Stop", ps_pb2.StopRequest(), idempotent=False)
-
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Wait until every server answers its health check with SERVING."""
-        deadline = time.monotonic() + timeout_s
-        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
-        for server, stub in enumerate(self._health):
-            while True:
-                remaining = deadline - time.monotonic()
-                status, err = None, None
-                if remaining > 0:
-                    try:
-                        reply = stub.Check(request, timeout=remaining, wait_for_ready=True)
-                        status = reply.status
-                    except grpc.RpcError as exc:
-                        err = exc
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    break
-                if time.monotonic() >= deadline:
-                    raise PSDeadlineExceededError(
-                        "health check",
-                        self.endpoints[server],
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"not serving after {timeout_s:g}s (last: "
-                        f"{err.code().name if err is not None else status}); servers not "
-                        f"checked yet: {list(self.endpoints[server + 1 :])}",
-                    )
-                time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
-
-    def close(self) -> None:
-        """Close the channels and the call pool."""
-        self._pool.shutdown(wait=False)
-        for channel in self._channels:
-            channel.close()
-
-    def __enter__(self) -> PSClient:  # noqa: PYI034 - py3.10 has no typing.Self
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 __all__ = ["RETRYABLE", "PSClient"]

@@ -9,6 +9,8 @@ The gRPC layer maps these to status codes in one place (suggested mapping in bra
   (``RESOURCE_EXHAUSTED``).
 * :class:`CheckpointError` and subclasses — saving or loading failed (``DATA_LOSS`` for a corrupt
   file, ``FAILED_PRECONDITION`` otherwise).
+* :class:`ShmSegmentError` — the same-host shared-memory path cannot be used
+  (``FAILED_PRECONDITION``).
 
 Configuration mistakes (a bad table config, a bad optimizer argument) raise
 :class:`collective.errors.ConfigError` naming the field, not these.
@@ -85,11 +87,18 @@ class CheckpointVersionError(CheckpointError):
     """A shard file or manifest was written in a format version this code cannot read."""
 
 
+class ShmSegmentError(PSError):
+    """A shared-memory segment cannot be used: the server cannot open it (another host or
+    container), it is not attached (the server restarted) or the server maps too many
+    (``FAILED_PRECONDITION``; the client falls back to TCP or re-attaches)."""
+
+
 __all__ = [
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointVersionError",
     "NonFiniteGradientError",
+    "ShmSegmentError",
     "TableCapacityError",
     "TableConfigMismatchError",
     "TableInputError",

@@ -12,6 +12,8 @@ routed by a stable hash of their name (:func:`block_shard`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from collective.errors import ConfigError
@@ -79,6 +81,32 @@ def block_shard(name: str, num_shards: int) -> int:
     return name_hash(name) % num_shards
 
 
+def split_for_messages(keys: np.ndarray, per: int, keep_keys_together: bool) -> list[Any]:
+    """Slices (or position arrays) of ``keys`` with at most ``per`` keys each (one message
+    each). ``keep_keys_together``: every occurrence of a key lands in the same part (keys are
+    sorted first; a part may then be a little shorter), so an APPLY push sees each key once."""
+    n = keys.shape[0]
+    if n <= per:
+        return [slice(0, n)]
+    if not keep_keys_together:
+        return [slice(s, min(s + per, n)) for s in range(0, n, per)]
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    out, start = [], 0
+    while start < n:
+        stop = min(start + per, n)
+        if stop < n:  # move the cut back to the start of the key run it falls in
+            run_start = int(np.searchsorted(sorted_keys, sorted_keys[stop], "left"))
+            stop = (
+                run_start
+                if run_start > start
+                else int(np.searchsorted(sorted_keys, sorted_keys[stop], "right"))
+            )
+        out.append(order[start:stop])
+        start = stop
+    return out
+
+
 __all__ = [
     "ROUTE_SALT",
     "block_shard",
@@ -86,4 +114,5 @@ __all__ = [
     "server_of_shard",
     "shard_of",
     "shards_of_server",
+    "split_for_messages",
 ]

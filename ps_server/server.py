@@ -185,6 +185,7 @@ class PSServer:
         self.state.barriers.stop()
         if self._server is not None:
             self._server.stop(grace).wait()
+        self.state.shm.close()
         self._stopped.set()
         logger.info("parameter server %d stopped", self.state.server_index)
 

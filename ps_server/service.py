@@ -33,7 +33,7 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 
 from collective.errors import ConfigError
-from ps_server import checkpoint, telemetry
+from ps_server import checkpoint, shm, telemetry
 from ps_server.codec import decode_keys, decode_rows, decode_values
 from ps_server.config import NonFinitePolicy, check_same_config, config_from_dict, config_to_dict
 from ps_server.dense_table import DenseTable
@@ -93,6 +93,8 @@ class ServerState:
     on_stop: Callable[[], None] | None = None
     """Called by the Stop RPC (the server stops itself after replying)."""
     endpoint: str = ""
+    shm: shm.ShmRegistry = field(default_factory=shm.ShmRegistry)
+    """Shared-memory segments of same-host clients (:mod:`ps_server.shm`)."""
 
     def count_event(self, name: str) -> None:
         """Add one to server-level counter ``name``."""
@@ -192,10 +194,27 @@ class PullSparseReply:
 
     values: np.ndarray
     dim: int
+    in_shm: bool = False
+    """The rows were written to the request's shared-memory segment (the reply carries none)."""
 
     def to_message(self) -> ps_pb2.PullSparseResponse:
         """The same reply as a generated message (tests, tools)."""
-        return ps_pb2.PullSparseResponse(values=self.values.tobytes(), dim=self.dim)
+        values = b"" if self.in_shm else self.values.tobytes()
+        return ps_pb2.PullSparseResponse(values=values, dim=self.dim)
+
+
+def _sparse_arrays(
+    state: ServerState, table: SparseTable, req: Any, with_rows: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(keys, rows / grads or None) of a sparse request: views of its shared-memory segment
+    (:mod:`ps_server.shm`) or of its packed bytes."""
+    if req.shm_segment:
+        if req.keys or getattr(req, "grads", b""):
+            raise RequestDecodeError(f"{table.name}: a shm request carries no keys / grads bytes")
+        return state.shm.views(req.shm_segment, req.shm_num_keys, table.dim)
+    keys = decode_keys(table.name, req.keys)
+    rows = decode_rows(table.name, req.grads, keys.shape[0], table.dim) if with_rows else None
+    return keys, rows
 
 
 def pull_sparse(state: ServerState, req: Any) -> PullSparseReply:
@@ -203,8 +222,12 @@ def pull_sparse(state: ServerState, req: Any) -> PullSparseReply:
     PullSparseRequest (or its :mod:`ps_server.wire` view)."""
     table = get_table(state, req.table, "sparse")
     assert isinstance(table, SparseTable)
-    keys = decode_keys(table.name, req.keys)
-    return PullSparseReply(table.pull(keys), table.dim)
+    keys, out = _sparse_arrays(state, table, req, with_rows=False)
+    values = table.pull(keys)
+    if out is None:
+        return PullSparseReply(values, table.dim)
+    out[...] = values
+    return PullSparseReply(out, table.dim, in_shm=True)
 
 
 def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
@@ -213,14 +236,16 @@ def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
     table = get_table(state, req.table, "sparse")
     assert isinstance(table, SparseTable)
     mode = _mode(table.name, req.mode)
-    keys = decode_keys(table.name, req.keys)
-    grads = decode_rows(table.name, req.grads, keys.shape[0], table.dim)
+    keys, grads = _sparse_arrays(state, table, req, with_rows=True)
+    assert grads is not None
     if mode == "apply":
         return _push_response(table.push(keys, grads))
     if mode == "delta":
         return _push_response(add_sparse_delta(table, keys, grads))
     _check_owned(table, keys)
     _check_finite(table, grads, "grads")
+    if req.shm_segment:  # kept until the round completes: the segment is reused meanwhile
+        keys, grads = keys.copy(), grads.copy()
     arrived, parts = state.sync.add(
         table.name, f"sparse/{table.name}", req.sync_count, (keys, grads), not req.more_parts
     )
@@ -409,6 +434,17 @@ def stop(state: ServerState, req: ps_pb2.StopRequest) -> ps_pb2.StopResponse:
     return ps_pb2.StopResponse()
 
 
+def shm_attach(state: ServerState, req: ps_pb2.ShmAttachRequest) -> ps_pb2.ShmAttachResponse:
+    """Map a same-host client's shared-memory segment (:mod:`ps_server.shm`)."""
+    state.shm.attach(req.segment, req.token)
+    return ps_pb2.ShmAttachResponse()
+
+
+def shm_detach(state: ServerState, req: ps_pb2.ShmDetachRequest) -> ps_pb2.ShmDetachResponse:
+    """Unmap a client's segment (the client closes)."""
+    return ps_pb2.ShmDetachResponse(detached=state.shm.detach(req.segment))
+
+
 # -- the servicer ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Undecodable:
@@ -514,6 +550,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             "Barrier", lambda st, req: barrier(st, req, context.is_active), request, context
         )
 
+    def ShmAttach(self, request: Any, context: Any) -> Message:
+        return self._run("ShmAttach", shm_attach, request, context)
+
+    def ShmDetach(self, request: Any, context: Any) -> Message:
+        return self._run("ShmDetach", shm_detach, request, context)
+
     def Stats(self, request: Any, context: Any) -> Message:
         return self._run("Stats", stats, request, context)
 
@@ -541,7 +583,8 @@ def _lenient(type_name: str, parse: Callable[[bytes], Any]) -> Callable[[bytes],
 
 def _serialize(reply: Any) -> bytes:
     if isinstance(reply, PullSparseReply):
-        return _PULL_SPARSE_RESPONSE.encode({"values": reply.values, "dim": reply.dim})
+        values = b"" if reply.in_shm else reply.values
+        return _PULL_SPARSE_RESPONSE.encode({"values": values, "dim": reply.dim})
     return reply.SerializeToString()
 
 
@@ -584,6 +627,8 @@ __all__ = [
     "push_dense",
     "push_sparse",
     "save",
+    "shm_attach",
+    "shm_detach",
     "shrink",
     "stats",
     "stop",

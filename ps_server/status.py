@@ -3,7 +3,7 @@
 Server side, :func:`status_of` turns an exception raised while serving a request into a status
 code (the servicer aborts the call with it and the exception's message):
 
-* ``WrongShardError`` (a client routing bug) → FAILED_PRECONDITION
+* ``WrongShardError`` (a client routing bug), ``ShmSegmentError`` → FAILED_PRECONDITION
 * ``TableInputError`` (incl. ``NonFiniteGradientError``), ``collective.errors.ConfigError``,
   ``RequestDecodeError`` (a body that is not the method's message) → INVALID_ARGUMENT
 * ``TableNotFoundError`` → NOT_FOUND
@@ -30,6 +30,7 @@ from collective.errors import ConfigError, PSError
 from ps_server.errors import (
     CheckpointCorruptError,
     CheckpointError,
+    ShmSegmentError,
     TableCapacityError,
     TableConfigMismatchError,
     TableInputError,
@@ -54,6 +55,7 @@ class ServerStoppingError(PSError):
 _SERVER_MAP: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     # order matters: subclasses before their bases
     (WrongShardError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ShmSegmentError, grpc.StatusCode.FAILED_PRECONDITION),
     (TableInputError, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (RequestDecodeError, grpc.StatusCode.INVALID_ARGUMENT),

@@ -31,7 +31,7 @@ from ps_server.status import PSDeadlineExceededError, PSNotFoundError, PSUnavail
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from ps_cluster import cluster
 
-SMALL = {"timeout_s": 20, "max_message_mb": 0.1}  # ~40 KB of payload per request
+SMALL = {"timeout_s": 20, "max_message_mb": 0.1, "shm": False}  # ~40 KB of payload per request
 
 
 @pytest.mark.timeout(60)

@@ -35,7 +35,7 @@ KEYS = np.arange(20, dtype=np.int64)
 def live() -> Iterator[tuple[Any, Any, Any, SparseTable]]:
     """One server (max message 1 MiB) with tables 'emb' and 'skip' holding KEYS after one push;
     yields (server, client, raw stub, reference table in the same state)."""
-    with cluster(1, client_kw={"timeout_s": 20, "max_message_mb": 1}, max_message_mb=1) as (
+    with cluster(1, client_kw={"timeout_s": 20, "max_message_mb": 1, "shm": False}, max_message_mb=1) as (
         servers,
         client,
     ):
@@ -238,7 +238,7 @@ def test_oversize_request_and_client_splitting(live: Any) -> None:
 
     keys = np.arange(100_000, dtype=np.int64)  # 100k * (8 + 16) bytes = 2.3 MiB
     grads = np.full((100_000, DIM), 0.25, np.float32)
-    with PSClient([server.endpoint], max_message_mb=8, timeout_s=20) as big:
+    with PSClient([server.endpoint], max_message_mb=8, timeout_s=20, shm=False) as big:
         with pytest.raises(PSResourceExhaustedError) as info:
             big.push_sparse("emb", keys, grads)
         assert "RESOURCE_EXHAUSTED" in str(info.value) and server.endpoint in str(info.value)

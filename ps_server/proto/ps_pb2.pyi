@@ -43,12 +43,16 @@ class ListTablesResponse(_message.Message):
     def __init__(self, config_json: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PullSparseRequest(_message.Message):
-    __slots__ = ("table", "keys")
+    __slots__ = ("table", "keys", "shm_segment", "shm_num_keys")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SHM_NUM_KEYS_FIELD_NUMBER: _ClassVar[int]
     table: str
     keys: bytes
-    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ...) -> None: ...
+    shm_segment: str
+    shm_num_keys: int
+    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., shm_segment: _Optional[str] = ..., shm_num_keys: _Optional[int] = ...) -> None: ...
 
 class PullSparseResponse(_message.Message):
     __slots__ = ("values", "dim")
@@ -59,20 +63,24 @@ class PullSparseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table", "keys", "grads", "mode", "sync_count", "more_parts")
+    __slots__ = ("table", "keys", "grads", "mode", "sync_count", "more_parts", "shm_segment", "shm_num_keys")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     SYNC_COUNT_FIELD_NUMBER: _ClassVar[int]
     MORE_PARTS_FIELD_NUMBER: _ClassVar[int]
+    SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SHM_NUM_KEYS_FIELD_NUMBER: _ClassVar[int]
     table: str
     keys: bytes
     grads: bytes
     mode: PushMode
     sync_count: int
     more_parts: bool
-    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., mode: _Optional[_Union[PushMode, str]] = ..., sync_count: _Optional[int] = ..., more_parts: _Optional[bool] = ...) -> None: ...
+    shm_segment: str
+    shm_num_keys: int
+    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., mode: _Optional[_Union[PushMode, str]] = ..., sync_count: _Optional[int] = ..., more_parts: _Optional[bool] = ..., shm_segment: _Optional[str] = ..., shm_num_keys: _Optional[int] = ...) -> None: ...
 
 class PushSparseResponse(_message.Message):
     __slots__ = ("num_keys", "applied", "created", "filtered", "skipped_nonfinite", "evicted", "sync_arrived")
@@ -238,6 +246,30 @@ class BarrierResponse(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     generation: int
     def __init__(self, generation: _Optional[int] = ...) -> None: ...
+
+class ShmAttachRequest(_message.Message):
+    __slots__ = ("segment", "token")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    token: bytes
+    def __init__(self, segment: _Optional[str] = ..., token: _Optional[bytes] = ...) -> None: ...
+
+class ShmAttachResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ShmDetachRequest(_message.Message):
+    __slots__ = ("segment",)
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    def __init__(self, segment: _Optional[str] = ...) -> None: ...
+
+class ShmDetachResponse(_message.Message):
+    __slots__ = ("detached",)
+    DETACHED_FIELD_NUMBER: _ClassVar[int]
+    detached: bool
+    def __init__(self, detached: _Optional[bool] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -99,6 +99,16 @@ class ParameterServerStub:
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.BarrierRequest.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.BarrierResponse.FromString,
                 _registered_method=True)
+        self.ShmAttach = channel.unary_unary(
+                '/fleetrun.ps.v1.ParameterServer/ShmAttach',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.ShmAttachRequest.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ShmAttachResponse.FromString,
+                _registered_method=True)
+        self.ShmDetach = channel.unary_unary(
+                '/fleetrun.ps.v1.ParameterServer/ShmDetach',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.ShmDetachRequest.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ShmDetachResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/Stats',
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.StatsRequest.SerializeToString,
@@ -201,6 +211,19 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShmAttach(self, request, context):
+        """Map / unmap a client's shared-memory segment (same-host fast path of PullSparse / PushSparse).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShmDetach(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Sizes and counters (JSON).
         """
@@ -277,6 +300,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Barrier,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.BarrierRequest.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.BarrierResponse.SerializeToString,
+            ),
+            'ShmAttach': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShmAttach,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ShmAttachRequest.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ShmAttachResponse.SerializeToString,
+            ),
+            'ShmDetach': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShmDetach,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ShmDetachRequest.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ShmDetachResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -616,6 +649,60 @@ class ParameterServer:
             '/fleetrun.ps.v1.ParameterServer/Barrier',
             ps__server_dot_proto_dot_ps__pb2.BarrierRequest.SerializeToString,
             ps__server_dot_proto_dot_ps__pb2.BarrierResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShmAttach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrun.ps.v1.ParameterServer/ShmAttach',
+            ps__server_dot_proto_dot_ps__pb2.ShmAttachRequest.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.ShmAttachResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShmDetach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrun.ps.v1.ParameterServer/ShmDetach',
+            ps__server_dot_proto_dot_ps__pb2.ShmDetachRequest.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.ShmDetachResponse.FromString,
             options,
             channel_credentials,
             insecure,

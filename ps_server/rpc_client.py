@@ -1,0 +1,292 @@
+"""The transport under :class:`ps_server.client.PSClient`: one gRPC channel per server, calls
+sent at once and awaited, retries and deadlines, health checks, and the same-host shared-memory
+path (:mod:`ps_server.shm`).
+
+Retries: idempotent calls (pulls, CreateTable, ListTables, InitDense, Stats, health) are retried
+up to ``retries`` times with exponential backoff on UNAVAILABLE / DEADLINE_EXCEEDED, each attempt
+with its own deadline of ``timeout_s``. Pushes, Save, Load, Shrink, EndDay, Barrier and Stop are
+never retried: when a reply is lost the server may already have acted, and a second push would
+apply a gradient twice (APPLY), count one trainer twice toward a SYNC round (the mean and the
+round boundary go wrong) or add a GEO delta twice. (gRPC's built-in retry policy is not used: it
+shares one deadline across attempts and cannot retry DEADLINE_EXCEEDED.)
+
+Shared memory: a large sparse request to a server on this host leases a segment of this client
+(created and attached on first use, see :mod:`ps_server.shm`); a server that cannot attach one
+(another host or container, an older server) gets TCP from then on. A server that lost its
+segments (it restarted) answers FAILED_PRECONDITION; the client drops them, and a pull is retried
+once over fresh ones (a push is not: it raises, as any failed push does).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from collective.errors import ConfigError
+from ps_server import shm as shm_mod
+from ps_server.proto import ps_pb2
+from ps_server.routing import split_for_messages
+from ps_server.server import DEFAULT_MAX_MESSAGE_MB, MIB, grpc_message_options
+from ps_server.service import SERVICE_NAME
+from ps_server.shm import Segment
+from ps_server.status import (
+    PSDeadlineExceededError,
+    PSFailedPreconditionError,
+    PSRpcError,
+    rpc_error,
+)
+from ps_server.wire import wire_message
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+"""Status codes an idempotent call is retried on."""
+MESSAGE_OVERHEAD_BYTES = 64 * 1024
+"""Room left in each message for everything but the packed arrays (names, framing)."""
+_PULL_SPARSE_RESPONSE = wire_message(ps_pb2.PullSparseResponse)
+
+
+def _methods(channel: grpc.Channel) -> dict[str, Any]:
+    """The service's methods on ``channel``: generated (de)serializers, except the sparse
+    pull/push, which go through :mod:`ps_server.wire` (requests are encoded by the caller)."""
+    service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
+    out = {}
+    for m in service.methods:
+        serializer = getattr(ps_pb2, m.input_type.name).SerializeToString
+        deserializer = getattr(ps_pb2, m.output_type.name).FromString
+        if m.name in ("PullSparse", "PushSparse"):
+            serializer = None  # already wire-encoded bytes
+        if m.name == "PullSparse":
+            deserializer = _PULL_SPARSE_RESPONSE.decode
+        out[m.name] = channel.unary_unary(
+            f"/{SERVICE_NAME}/{m.name}",
+            request_serializer=serializer,
+            response_deserializer=deserializer,
+        )
+    return out
+
+
+@dataclass
+class Call:
+    server: int
+    method: str
+    request: Any
+    """A generated message, or wire-encoded bytes (PullSparse, PushSparse)."""
+
+
+class _Inline:
+    """A call run on the spot, with a future's ``result()``."""
+
+    def __init__(self, fn: Any, call: Any) -> None:
+        self._fn, self._call = fn, call
+
+    def result(self) -> Any:
+        return self._fn(self._call)
+
+
+class RpcClient:
+    """The channels to the servers at ``endpoints`` (``["host:port", ...]`` or ``"h:p,h:p"``),
+    in server-index order; base of :class:`~ps_server.client.PSClient`."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] | str,
+        *,
+        timeout_s: float = 60.0,
+        retries: int = 3,
+        max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
+        backoff_s: float = 0.2,
+        shm: bool | None = None,
+        shm_max_mb: float = 512.0,
+    ) -> None:
+        """``timeout_s``: deadline of each attempt; ``retries``: extra attempts of idempotent
+        calls; ``max_message_mb``: largest message this client sends or accepts (larger requests
+        are split); ``shm``: move large sparse requests to servers on this host through shared
+        memory (:mod:`ps_server.shm`; None: unless ``FLEET_PS_SHM=0``), for requests up to
+        ``shm_max_mb``."""
+        eps = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+        eps = [e.strip() for e in eps if e.strip()]
+        if not eps:
+            raise ConfigError("must name at least one server (host:port)", key="endpoints")
+        if not timeout_s > 0:
+            raise ConfigError(f"must be > 0, got {timeout_s!r}", key="timeout_s")
+        if not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"must be an integer >= 0, got {retries!r}", key="retries")
+        options = grpc_message_options(max_message_mb)
+        self.endpoints: tuple[str, ...] = tuple(eps)
+        self.timeout_s = float(timeout_s)
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_message_bytes = int(max_message_mb * MIB)
+        self._payload_bytes = max(self.max_message_bytes - MESSAGE_OVERHEAD_BYTES, 1024)
+        self._channels = [grpc.insecure_channel(e, options=options) for e in self.endpoints]
+        self._methods = [_methods(c) for c in self._channels]
+        self._health = [health_pb2_grpc.HealthStub(c) for c in self._channels]
+        use_shm = shm_mod.enabled_by_env() if shm is None else bool(shm)
+        self._shm = shm_mod.ShmPool(int(shm_max_mb * MIB)) if use_shm else None
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(4, 2 * len(self.endpoints)), thread_name_prefix="psclient"
+        )
+
+    @property
+    def num_servers(self) -> int:
+        """Number of servers."""
+        return len(self.endpoints)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _invoke(
+        self, calls: list[Call], idempotent: bool, timeout_s: float | None = None
+    ) -> list[Any]:
+        """Send ``calls`` at once, wait for every reply; raise the first failure."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+
+        def blocking(c: Call) -> Any:
+            return self._methods[c.server][c.method](c.request, timeout=timeout)
+
+        # grpc's .future() starts a thread per call (~1 ms each on this class of machine): one
+        # call runs inline, several run on the client's long-lived pool, in parallel.
+        if len(calls) == 1:
+            futs: list[Any] = [_Inline(blocking, calls[0])]
+        else:
+            futs = [self._pool.submit(blocking, c) for c in calls]
+        results: list[Any] = [None] * len(calls)
+        error: Exception | None = None
+        for i, (call, fut) in enumerate(zip(calls, futs)):
+            try:
+                results[i] = fut.result()
+            except grpc.RpcError as err:
+                if idempotent and err.code() in RETRYABLE and self.retries:
+                    try:
+                        results[i] = self._retry(call, timeout, err)
+                        continue
+                    except grpc.RpcError as last:
+                        err = last
+                error = error or rpc_error(call.method, self.endpoints[call.server], err)
+        if error is not None:
+            raise error
+        return results
+
+    def _retry(self, call: Call, timeout: float, err: grpc.RpcError) -> Any:
+        method = self._methods[call.server][call.method]
+        for attempt in range(1, self.retries + 1):
+            delay = self.backoff_s * 2 ** (attempt - 1)
+            logger.warning(
+                "%s on %s: %s; retry %d/%d in %.1fs",
+                call.method,
+                self.endpoints[call.server],
+                err.code().name,
+                attempt,
+                self.retries,
+                delay,
+            )
+            time.sleep(delay)
+            try:
+                return method(call.request, timeout=timeout)
+            except grpc.RpcError as again:
+                if again.code() not in RETRYABLE or attempt == self.retries:
+                    raise
+                err = again
+        raise err  # pragma: no cover - the loop returns or raises
+
+    def _all(self, method: str, request: Message, idempotent: bool) -> list[Any]:
+        return self._invoke(
+            [Call(s, method, request) for s in range(self.num_servers)], idempotent
+        )
+
+    def _chunks(self, keys: np.ndarray, row_bytes: int, keep_keys_together: bool) -> list[Any]:
+        """Slices (or position arrays) of ``keys`` that each fit one message."""
+        per = max(1, self._payload_bytes // row_bytes)
+        return split_for_messages(keys, per, keep_keys_together)
+
+    # -- same-host shared memory (ps_server/shm.py) -----------------------------------------------
+    def _lease(self, server: int, num_keys: int, dim: int) -> Segment | None:
+        """A shared-memory segment for a request of ``num_keys`` rows to ``server``, or None
+        (TCP: small request, shm off, or the server is not on this host)."""
+        nbytes = shm_mod.bytes_needed(num_keys, dim)
+        if self._shm is None or not self._shm.usable(server, nbytes):
+            return None
+        return self._shm.lease(server, nbytes, self._attach)
+
+    def _attach(self, server: int, name: str, token: bytes) -> bool:
+        request = ps_pb2.ShmAttachRequest(segment=name, token=token)
+        try:
+            self._invoke([Call(server, "ShmAttach", request)], idempotent=True)
+        except PSRpcError as err:
+            if err.code not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED):
+                raise
+            logger.info("%s: no shared memory with this client, using TCP: %s",
+                        self.endpoints[server], err.details)
+            return False
+        return True
+
+    def _release(self, segs: list[Segment | None], lost: BaseException | None) -> bool:
+        """Give the call's segments back; True when ``lost`` says a server no longer knows its
+        segment (it restarted): its segments are dropped and the caller may retry once."""
+        leased = [s for s in segs if s is not None]
+        if self._shm is None or not leased:
+            return False
+        for seg in leased:
+            self._shm.release(seg)
+        if not (isinstance(lost, PSFailedPreconditionError) and "shm:" in lost.details):
+            return False
+        for server in {s.server for s in leased}:
+            self._shm.forget_server(server)
+        return True
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until every server answers its health check with SERVING."""
+        deadline = time.monotonic() + timeout_s
+        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+        for server, stub in enumerate(self._health):
+            while True:
+                remaining = deadline - time.monotonic()
+                status, err = None, None
+                if remaining > 0:
+                    try:
+                        reply = stub.Check(request, timeout=remaining, wait_for_ready=True)
+                        status = reply.status
+                    except grpc.RpcError as exc:
+                        err = exc
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+                if time.monotonic() >= deadline:
+                    raise PSDeadlineExceededError(
+                        "health check",
+                        self.endpoints[server],
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"not serving after {timeout_s:g}s (last: "
+                        f"{err.code().name if err is not None else status}); servers not "
+                        f"checked yet: {list(self.endpoints[server + 1 :])}",
+                    )
+                time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+    def close(self) -> None:
+        """Detach this client's shared-memory segments, close the channels and the call pool."""
+        if self._shm is not None:
+            for seg in self._shm.close():
+                request = ps_pb2.ShmDetachRequest(segment=seg.name)
+                try:  # best effort: a stopped server has unmapped them already
+                    self._methods[seg.server]["ShmDetach"](request, timeout=2.0)
+                except grpc.RpcError:
+                    pass
+        self._pool.shutdown(wait=False)
+        for channel in self._channels:
+            channel.close()
+
+    def __enter__(self) -> RpcClient:  # noqa: PYI034 - py3.10 has no typing.Self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["MESSAGE_OVERHEAD_BYTES", "RETRYABLE", "Call", "RpcClient"]

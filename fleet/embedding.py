@@ -25,6 +25,38 @@ logger = logging.getLogger(__name__)
 _POOLINGS = (None, "sum", "mean")
 
 
+class _UniqueIds:
+    """``np.unique(ids, return_inverse=True)`` of the last few id tensors.
+
+    A model's embeddings often take the same ids (wide & deep: both tables, the same slots), and
+    :meth:`DistributedEmbedding.prefetch` deduplicates a batch one step before its forward: with
+    this cache each batch is deduplicated once. A tensor is recognised by (data pointer, shape,
+    strides, dtype, version counter); the cache keeps a reference to it, so its memory cannot be
+    reused by another tensor while the entry lives, and an in-place change bumps the version.
+    """
+
+    SIZE = 4
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[torch.Tensor, tuple, np.ndarray, torch.Tensor]] = []
+
+    def get(self, ids: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+        """(sorted unique int64 keys, int64 inverse of ``ids``' flat shape)."""
+        key = (ids.data_ptr(), tuple(ids.shape), ids.stride(), ids.dtype, ids._version)
+        for _, k, keys, inverse in self._entries:
+            if k == key:
+                return keys, inverse
+        flat = ids.detach().reshape(-1).to(torch.int64).cpu().numpy()
+        keys, inv = np.unique(flat, return_inverse=True)
+        inverse = torch.from_numpy(inv.reshape(-1).astype(np.int64, copy=False))
+        self._entries.append((ids, key, keys, inverse))
+        del self._entries[: -self.SIZE]
+        return keys, inverse
+
+
+_UNIQUE = _UniqueIds()
+
+
 class DistributedEmbedding(torch.nn.Module):
     """A sparse table on the parameter servers, used like ``nn.Embedding`` / ``nn.EmbeddingBag``.
 
@@ -79,9 +111,7 @@ class DistributedEmbedding(torch.nn.Module):
             raise ConfigError(f"ids must be [batch, bag_len] (or 1-D with offsets), got shape "
                               f"{tuple(ids.shape)}", key=f"{self.table}.ids")
         comm = get_communicator()
-        flat = ids.reshape(-1).to(torch.int64)
-        unique, inverse = torch.unique(flat, return_inverse=True)
-        keys = unique.numpy()
+        keys, inverse = _UNIQUE.get(ids)
         rows = torch.from_numpy(np.ascontiguousarray(comm.pull_sparse(self.table, keys)))
         rows.requires_grad_(self.training and torch.is_grad_enabled())
         if rows.requires_grad:
@@ -109,8 +139,7 @@ class DistributedEmbedding(torch.nn.Module):
 
         comm = get_communicator()
         if comm.prefetches:
-            keys = torch.unique(ids.reshape(-1).to(torch.int64)).numpy()
-            comm.prefetch(self.table, keys)
+            comm.prefetch(self.table, _UNIQUE.get(ids)[0])
 
     def table_config(self) -> Any:
         """The :class:`ps_server.SparseTableConfig` this module's table is created with."""

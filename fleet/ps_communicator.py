@@ -56,6 +56,8 @@ DENSE_TABLE = "__dense__"
 DENSE_BLOCK = "dense"
 """All dense parameters of a trainer travel as ONE flat float32 block: one push and one pull per
 step, however many parameter tensors the model has."""
+PREFETCH_DEPTH = 2
+"""Prefetches kept pending per table (this step's and the next one's)."""
 
 
 @dataclass
@@ -87,7 +89,7 @@ class Communicator:
         self.pending: dict[str, SparseGrads] = {}
         self.steps = 0
         self._pool: ThreadPoolExecutor | None = None
-        self._prefetched: dict[str, tuple[np.ndarray, Future[np.ndarray]]] = {}
+        self._prefetched: dict[str, list[tuple[np.ndarray, Future[np.ndarray]]]] = {}
         telemetry.instrument_communicator(self)  # ps_pull/ps_push time, step ends (fleet/telemetry.py)
 
     # -- registration ---------------------------------------------------------------------------
@@ -106,20 +108,26 @@ class Communicator:
     def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
         """Rows for unique ``keys`` (float32 [n, dim]); a prefetch of exactly these keys is
         used when one was started."""
-        early = self._prefetched.pop(table, None) if self.prefetches else None
-        if early is not None and np.array_equal(early[0], keys):
-            return early[1].result()
+        pending = self._prefetched.get(table, []) if self.prefetches else []
+        for i, (early_keys, future) in enumerate(pending):
+            if np.array_equal(early_keys, keys):
+                del pending[: i + 1]  # this one, and any older one nobody asked for
+                return future.result()
         return self.client.pull_sparse(table, keys)
 
     def prefetch(self, table: str, keys: np.ndarray) -> None:
-        """Start pulling the rows of unique ``keys`` in the background for the next forward of
-        ``table`` (one pending prefetch per table; a later one replaces it). The rows may miss
-        updates still queued when the pull runs: async semantics."""
+        """Start pulling the rows of unique ``keys`` in the background for a coming forward of
+        ``table``. Up to :data:`PREFETCH_DEPTH` prefetches per table stay pending (so a loop
+        may prefetch batch s + 1 before the forward of batch s, which uses the prefetch made
+        one step earlier); older ones are dropped. The rows may miss updates still queued when
+        the pull runs: async semantics."""
         if not self.prefetches:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleet-prefetch")
-        self._prefetched[table] = (keys, self._pool.submit(self.client.pull_sparse, table, keys))
+        pending = self._prefetched.setdefault(table, [])
+        pending.append((keys, self._pool.submit(self.client.pull_sparse, table, keys)))
+        del pending[:-PREFETCH_DEPTH]
 
     def record_sparse(self, table: str, keys: np.ndarray, grads: np.ndarray) -> None:
         """Gradients of this step for ``keys`` (called from backward)."""

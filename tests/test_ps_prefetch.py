@@ -32,7 +32,7 @@ def test_async_prefetch_is_used_only_for_the_same_keys() -> None:
         try:
             keys = np.array([3, 9, 42, -7], np.int64)
             comm.prefetch("t", keys)
-            comm._prefetched["t"][1].result()  # the background pull has reached the servers
+            comm._prefetched["t"][-1][1].result()  # the background pull has reached the servers
             before = _counts(servers)
             rows = comm.pull_sparse("t", keys)  # served by the prefetch: no new request
             np.testing.assert_array_equal(rows, np.full((4, 3), 0.5, np.float32))
@@ -44,6 +44,32 @@ def test_async_prefetch_is_used_only_for_the_same_keys() -> None:
             comm.step()
             comm.flush()
             np.testing.assert_allclose(comm.pull_sparse("t", keys[:1]), [[-0.5, -0.5, -0.5]])
+        finally:
+            comm.close()
+
+
+def test_prefetch_of_the_next_batch_before_this_forward() -> None:
+    """The training-loop order prefetch(batch s + 1) -> forward(batch s): the forward still
+    gets the prefetch made one step earlier, with no request of its own."""
+    with cluster(1) as (servers, client):
+        client.create_table("t", dim=2, optimizer=SGD(1.0), initializer=Constant(0.5))
+        comm = AsyncCommunicator(client, 1, lambda: None, queue_size=4, max_merge=1,
+                                 barrier_interval=0)
+        comm.add_table("t", 2, 1.0)
+        try:
+            batches = [np.array([10 * s + 1, 10 * s + 2], np.int64) for s in range(5)]
+            comm.prefetch("t", batches[0])
+            forwards = 0
+            for s in range(4):
+                comm.prefetch("t", batches[s + 1])
+                for _, fut in comm._prefetched["t"]:
+                    fut.result()
+                before = _counts(servers)
+                rows = comm.pull_sparse("t", batches[s])
+                forwards += _counts(servers) - before
+                np.testing.assert_array_equal(rows, np.full((2, 2), 0.5, np.float32))
+            assert forwards == 0
+            assert [k.tolist() for k, _ in comm._prefetched["t"]] == [batches[4].tolist()]
         finally:
             comm.close()
 

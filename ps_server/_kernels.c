@@ -16,6 +16,10 @@
  *       applies rule 0 = sgd, 1 = adagrad, 2 = adam with the same float32 arithmetic as
  *       ps_server/optimizers.py, clips to the weight bounds, adds the occurrences to count
  *       (saturating), sets unseen = 0 and flags |= SEEN | DIRTY.
+ *   group(keys i64[n], salt u64, num_shards, num_servers, out i64[n]) -> [count per server]
+ *       the client's routing (ps_server/routing.py): server = mix64(key ^ salt) % num_shards
+ *       % num_servers; out = the positions of the keys grouped by server, ascending within
+ *       a server (a stable counting sort).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -290,10 +294,64 @@ done:
     return result;
 }
 
+static PyObject *k_group(PyObject *self, PyObject *args) {
+    PyObject *o_keys, *o_out;
+    unsigned long long salt;
+    long long shards, servers;
+    if (!PyArg_ParseTuple(args, "OKLLO", &o_keys, &salt, &shards, &servers, &o_out)) return NULL;
+    if (shards < 1 || servers < 1 || servers > shards) {
+        PyErr_Format(PyExc_ValueError, "group: need 1 <= num_servers <= num_shards, got %lld, %lld",
+                     servers, shards);
+        return NULL;
+    }
+    Py_buffer bk, bo;
+    if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
+    if (!get_buf(o_out, &bo, 8, 1, "out")) { PyBuffer_Release(&bk); return NULL; }
+    PyObject *result = NULL;
+    Py_ssize_t n = bk.len / 8;
+    int32_t *srv = malloc(sizeof(int32_t) * (n ? n : 1));
+    int64_t *start = calloc((size_t)servers + 1, sizeof(int64_t));
+    int32_t *owner = malloc(sizeof(int32_t) * (size_t)shards); /* shard -> server */
+    if (owner)
+        for (long long h = 0; h < shards; h++) owner[h] = (int32_t)(h % servers);
+    if (bo.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "group: out must have one slot per key");
+    } else if (!srv || !start || !owner) {
+        PyErr_NoMemory();
+    } else {
+        const uint64_t *k = (const uint64_t *)bk.buf;
+        int64_t *out = (int64_t *)bo.buf;
+        uint64_t ns = (uint64_t)shards, pow2 = (ns & (ns - 1)) == 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t h = mix64(k[i] ^ (uint64_t)salt);
+            int32_t s = owner[pow2 ? (h & (ns - 1)) : (h % ns)];
+            srv[i] = s;
+            start[s + 1]++;
+        }
+        for (long long s = 0; s < servers; s++) start[s + 1] += start[s];
+        for (Py_ssize_t i = 0; i < n; i++) out[start[srv[i]]++] = i;
+        Py_END_ALLOW_THREADS
+        /* start[s] is now the end of server s's run: counts are the differences */
+        result = PyList_New((Py_ssize_t)servers);
+        for (long long s = 0; result && s < servers; s++) {
+            long long c = start[s] - (s ? start[s - 1] : 0);
+            PyObject *v = PyLong_FromLongLong(c);
+            if (!v) { Py_CLEAR(result); break; }
+            PyList_SET_ITEM(result, (Py_ssize_t)s, v);
+        }
+    }
+    free(srv); free(start); free(owner);
+    PyBuffer_Release(&bo); PyBuffer_Release(&bk);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"probe", k_probe, METH_VARARGS, "probe(slots, stored_keys, query, out): rows of keys"},
     {"push", k_push, METH_VARARGS,
      "push(rule, hyper, values, state, count, unseen, flags, rows, grads) -> distinct rows"},
+    {"group", k_group, METH_VARARGS,
+     "group(keys, salt, num_shards, num_servers, out) -> [count per server]"},
     {NULL, NULL, 0, NULL},
 };
 

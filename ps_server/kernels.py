@@ -77,4 +77,13 @@ def push(
     )
 
 
-__all__ = ["ENABLED", "probe", "push", "push_hyper"]
+def group(keys: np.ndarray, salt: int, num_shards: int, num_servers: int) -> list[np.ndarray]:
+    """Positions of ``keys`` per server (the compiled twin of ``routing.group_by_server``)."""
+    assert _c is not None
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    out = np.empty(keys.shape[0], dtype=np.int64)
+    counts = _c.group(keys, salt, num_shards, num_servers, out)
+    return np.split(out, np.cumsum(counts)[:-1])
+
+
+__all__ = ["ENABLED", "group", "probe", "push", "push_hyper"]

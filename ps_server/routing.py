@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from collective.errors import ConfigError
+from ps_server import kernels
 from ps_server.hashing import name_hash, salted_hash
 
 ROUTE_SALT = 0x5851F42D4C957F2D
@@ -67,6 +68,8 @@ def group_by_server(keys: np.ndarray, num_servers: int, num_shards: int) -> list
     ``result[out[s]] = reply_s``.
     """
     _check_counts(num_shards, num_servers)
+    if kernels.ENABLED:
+        return kernels.group(keys, ROUTE_SALT, num_shards, num_servers)
     server = shard_of(keys, num_shards) % num_servers
     if num_servers <= 8:  # one linear scan per server beats a stable argsort of int64 here
         return [np.flatnonzero(server == s) for s in range(num_servers)]

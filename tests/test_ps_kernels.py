@@ -121,3 +121,23 @@ def test_kernel_rejects_bad_arguments() -> None:
     with pytest.raises(TypeError, match="stored_keys"):
         c.probe(np.full(8, -1, np.int32), np.zeros(4, np.int32), np.zeros(1, np.int64),
                 np.zeros(1, np.int64))
+
+
+@pytest.mark.parametrize(("num_servers", "num_shards"), [(1, 64), (2, 64), (3, 64), (7, 100), (16, 16)])
+def test_group_by_server_matches_numpy(
+    monkeypatch: pytest.MonkeyPatch, num_servers: int, num_shards: int
+) -> None:
+    """The client's routing: the compiled counting sort gives the numpy path's groups."""
+    from ps_server.routing import group_by_server
+
+    keys = np.random.default_rng(num_servers).integers(-(2**63), 2**63 - 1, 50_000, dtype=np.int64)
+    keys[:100] = keys[100:200]  # duplicates keep their positions
+    monkeypatch.setattr(kernels, "ENABLED", True)
+    fast = group_by_server(keys, num_servers, num_shards)
+    monkeypatch.setattr(kernels, "ENABLED", False)
+    ref = group_by_server(keys, num_servers, num_shards)
+    assert len(fast) == len(ref) == num_servers
+    for a, b in zip(fast, ref):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="num_servers <= num_shards"):
+        kernels._c.group(keys, 1, 4, 5, np.empty_like(keys))

@@ -171,6 +171,52 @@ class DenseTable(Table):
             self._counters["pushes"] += 1
             return True
 
+    def add(self, name: str, delta: np.ndarray) -> bool:
+        """Add ``delta`` (float32, the block's element count) to block ``name``, no optimizer
+        rule (GEO); False when skipped for NaN/inf under ``nonfinite="skip"``."""
+        name = self._check_name(name)
+        with self.lock:
+            block = self._block(name)
+            flat = np.asarray(delta, dtype=np.float32).reshape(1, -1)
+            if flat.shape[1] != block.values.shape[1]:
+                raise TableInputError(
+                    self.name,
+                    "grad",
+                    f"delta of {name!r} has {flat.shape[1]} elements, the block has "
+                    f"{block.values.shape[1]}",
+                )
+            bad = int((~np.isfinite(flat)).sum())
+            if bad:
+                if self.config.nonfinite is NonFinitePolicy.REJECT:
+                    raise NonFiniteGradientError(self.name, bad, 1, field=f"delta of {name!r}")
+                return False  # counted by the server (dense_nonfinite_skipped)
+            block.values += flat
+            block.dirty = True
+            self._counters["pushes"] += 1
+            return True
+
+    def numel(self, name: str) -> int:
+        """Elements of block ``name``."""
+        name = self._check_name(name)
+        with self.lock:
+            return int(self._block(name).values.shape[1])
+
+    def pull_slice(self, name: str, offset: int, count: int) -> tuple[np.ndarray, int]:
+        """(a copy of elements ``[offset, offset + count)`` of block ``name``, the block's
+        size); ``count == 0`` means up to the end. A block larger than one message is pulled in
+        ranges, without copying the whole block each time."""
+        name = self._check_name(name)
+        with self.lock:
+            values = self._block(name).values[0]
+            total = int(values.shape[0])
+            if offset > total:
+                raise TableInputError(
+                    self.name, "offset", f"{offset} is past the end of {name!r} ({total} elements)"
+                )
+            end = total if count == 0 else min(total, offset + count)
+            self._counters["pulls"] += 1
+            return values[offset:end].copy(), total
+
     # -- checkpoint hooks ---------------------------------------------------------------------
     def export_shards(self, delta: bool) -> dict[int, DenseShardData]:
         """Per owned shard, its blocks (delta: only those pushed or created since the last save)."""

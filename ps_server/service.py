@@ -50,7 +50,7 @@ from ps_server.sparse_table import PushStats, SparseTable
 from ps_server.status import RequestDecodeError, status_of
 from ps_server.sync import Barriers, DenseUploads, SyncRounds
 from ps_server.table import Table
-from ps_server.table_ops import add_dense_delta, add_sparse_delta, dense_numel, dense_slice
+from ps_server.table_ops import add_sparse_delta
 from ps_server.tables import make_table
 from ps_server.wire import wire_message
 
@@ -305,7 +305,7 @@ def pull_dense(state: ServerState, req: ps_pb2.PullDenseRequest) -> ps_pb2.PullD
     """Elements ``[offset, offset + count)`` of block ``name`` (count 0: to the end)."""
     table = get_table(state, req.table, "dense")
     assert isinstance(table, DenseTable)
-    values, total = dense_slice(table, req.name, int(req.offset), int(req.count))
+    values, total = table.pull_slice(req.name, int(req.offset), int(req.count))
     return ps_pb2.PullDenseResponse(values=values.tobytes(), total=total)
 
 
@@ -314,7 +314,7 @@ def push_dense(state: ServerState, req: ps_pb2.PushDenseRequest) -> ps_pb2.PushD
     table = get_table(state, req.table, "dense")
     assert isinstance(table, DenseTable)
     mode = _mode(table.name, req.mode)
-    numel = dense_numel(table, req.name)  # NOT_FOUND / wrong shard before anything is staged
+    numel = table.numel(req.name)  # NOT_FOUND / wrong shard before anything is staged
     grad = _dense_values(state, table, req.name, req.grad, req.upload, "grad")
     if grad is None:
         return ps_pb2.PushDenseResponse(applied=False)
@@ -325,7 +325,7 @@ def push_dense(state: ServerState, req: ps_pb2.PushDenseRequest) -> ps_pb2.PushD
     if mode == "apply":
         return ps_pb2.PushDenseResponse(applied=table.push(req.name, grad))
     if mode == "delta":
-        applied = add_dense_delta(table, req.name, grad)
+        applied = table.add(req.name, grad)
         if not applied:
             state.count_event("dense_nonfinite_skipped")
         return ps_pb2.PushDenseResponse(applied=applied)

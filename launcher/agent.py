@@ -40,7 +40,7 @@ from launcher.process import ConsoleWriter, terminate_all
 from launcher.rendezvous import NodeInfo, NodeRendezvous
 from launcher.spec import JobSpec, Tee
 from launcher.summary import Failure, format_summary
-from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of
+from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of, node_file
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,8 @@ class CollectivePlan:
     def specs(self, attempt: int) -> list[ProcSpec]:
         layout = self.layout(attempt)
         write_endpoints(self.spec.log_dir, attempt, f"run_id {layout.run_id} master "
-                         f"{layout.master_addr}:{layout.master_port}", [], layout.trainer_endpoints)
+                         f"{layout.master_addr}:{layout.master_port}", [], layout.trainer_endpoints,
+                         node_file("endpoints.log", self.place.node_rank, self.place.num_nodes))
         base = _base_env(self.spec, layout.nproc_per_node)
         out = []
         for local_rank in range(layout.nproc_per_node):
@@ -299,8 +300,9 @@ class PSPlan:
 
 
 def write_endpoints(log_dir: str, attempt: int, head: str, servers: tuple[str, ...] | list[str],
-                     trainers: tuple[str, ...]) -> None:
-    with open(os.path.join(log_dir, "endpoints.log"), "a" if attempt else "w", encoding="utf-8") as f:
+                     trainers: tuple[str, ...], name: str = "endpoints.log") -> None:
+    """Append the attempt's endpoints to ``log_dir/name`` (node-scoped on several nodes)."""
+    with open(os.path.join(log_dir, name), "a" if attempt else "w", encoding="utf-8") as f:
         f.write(f"# attempt {attempt} {head}\n")
         f.writelines(f"server {i} {ep}\n" for i, ep in enumerate(servers))
         f.writelines(f"trainer {i} {ep}\n" for i, ep in enumerate(trainers))
@@ -316,8 +318,22 @@ def make_monitor(spec: JobSpec, plan: Plan, node_rank: int) -> JobMonitor:
     place: Placement = getattr(plan, "place")  # noqa: B009 - both plans have one
     host = getattr(plan, "pod_ip", None) or place.node_ip
     multi = place.num_nodes > 1 or bool(spec.ps.servers)
+    node_rank, num_nodes = node_scope(spec, plan, node_rank)
     return JobMonitor(spec.name, place.run_id, plan.max_restarts, spec.log_dir, host, node_rank,
-                      metrics=spec.metrics, metrics_host=host if multi else "127.0.0.1")
+                      metrics=spec.metrics, metrics_host=host if multi else "127.0.0.1",
+                      num_nodes=num_nodes)
+
+
+def node_scope(spec: JobSpec, plan: Plan, node_rank: int) -> tuple[int, int]:
+    """(node rank, node count) that name this node's files in a shared ``log_dir``
+    (``job_state.node<R>.json``...): the placement's, or for a static PS layout the position of
+    this node's IP among the layout's IPs (in order of first appearance)."""
+    place: Placement = getattr(plan, "place")  # noqa: B009 - both plans have one
+    if not spec.ps.servers:
+        return node_rank, place.num_nodes
+    ips = list(dict.fromkeys(e.rpartition(":")[0] for e in (*spec.ps.servers, *spec.ps.workers)))
+    pod_ip = getattr(plan, "pod_ip", None)
+    return (ips.index(pod_ip) if pod_ip in ips else 0), len(ips)
 
 
 class Agent:

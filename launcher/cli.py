@@ -36,6 +36,7 @@ from launcher.spec import (
     set_path,
     spec_to_dict,
 )
+from launcher.telemetry import node_file
 
 logger = logging.getLogger("launcher")
 
@@ -296,8 +297,12 @@ def write_strategy(spec: JobSpec) -> str | None:
             raise ConfigError(f"strategy file {spec.strategy!r} does not exist", key="strategy")
         return os.path.abspath(spec.strategy)
     path = os.path.abspath(os.path.join(spec.log_dir, "strategy.yaml"))
-    with open(path, "w", encoding="utf-8") as f:
+    # every node of a job writes the same text here; tmp + os.replace so that in a shared
+    # log_dir no process ever reads a half-written file
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
         yaml.safe_dump(spec.strategy, f, sort_keys=False)
+    os.replace(tmp, path)
     return path
 
 
@@ -331,7 +336,8 @@ def launch_local(spec: JobSpec) -> int:
         )
     place = resolve_placement(spec)
     os.makedirs(spec.log_dir, exist_ok=True)
-    with open(os.path.join(spec.log_dir, "job.yaml"), "w", encoding="utf-8") as f:
+    job_file = node_file("job.yaml", place.node_rank, place.num_nodes)  # node_rank differs per node
+    with open(os.path.join(spec.log_dir, job_file), "w", encoding="utf-8") as f:
         yaml.safe_dump(spec_to_dict(spec), f, sort_keys=False)
     logger.info("resolved configuration:\n%s", format_config_table(spec, place))
     strategy_file = write_strategy(spec)

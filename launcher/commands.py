@@ -5,9 +5,13 @@
 
 from __future__ import annotations
 
+import os
+import time
+from typing import Any
+
 import click
 
-from collective.errors import ConfigError, FleetError
+from collective.errors import ConfigError, FleetError, LaunchError
 
 
 @click.group(name="fleetrun", context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,11 +28,54 @@ _NAMESPACE = click.option("-n", "--namespace", default="default", show_default=T
                           help="Kubernetes namespace of the job.")
 
 
+def format_job_state(state: dict[str, Any], log_dir: str) -> str:
+    """``fleetrun status --log_dir``: the job line, one row per process (every node's), and the
+    failure summary when there is one."""
+    when = time.strftime("%H:%M:%S", time.localtime(float(state.get("updated_at") or 0)))
+    head = (f"job '{state.get('name')}' {str(state.get('state')).upper()} (attempt "
+            f"{state.get('attempt')}, restarts {state.get('restarts')}/{state.get('max_restarts')}, "
+            f"updated {when}) — {os.path.abspath(log_dir)}")
+    lines = [head]
+    rows = [("ROLE", "RANK", "HOST", "STATE", "EXIT", "PID", "METRICS")]
+    for p in state.get("processes") or []:
+        exit_desc = (f"signal {p['signal']}" if p.get("signal") else
+                     "-" if p.get("exit_code") is None else f"code {p['exit_code']}")
+        rows.append((str(p.get("role")), str(p.get("rank")), str(p.get("host")), str(p.get("state")),
+                     exit_desc, str(p.get("pid") or "-"), str(p.get("metrics") or "-")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    launchers = state.get("launchers") or [state.get("launcher_metrics")]
+    if any(launchers):
+        lines.append("launcher metrics: " + ", ".join(str(x) for x in launchers if x))
+    if state.get("failure_summary"):
+        lines += ["", str(state["failure_summary"])]
+    return "\n".join(lines)
+
+
 @tools.command(name="status")
-@click.argument("job")
+@click.argument("job", required=False)
+@click.option("--log_dir", "--log-dir", "log_dir", default=None,
+              help="A local or Ray job's log_dir: show its job_state.json (every node's "
+                   "job_state.node<R>.json, merged, for a job of several nodes).")
 @_NAMESPACE
-def status_cmd(job: str, namespace: str) -> None:
-    """Status of a Kubernetes job: its objects, the trainers' Job, every pod."""
+def status_cmd(job: str | None, log_dir: str | None, namespace: str) -> None:
+    """Status of a Kubernetes JOB (its objects, the trainers' Job, every pod), or with
+    --log_dir of a local / Ray / multi-node job from the files fleetrun keeps there."""
+    if log_dir is not None:
+        from launcher.telemetry import read_job_states
+
+        state, error = read_job_states(log_dir)
+        if state is None:
+            _fail(LaunchError(f"{error}; is --log_dir the job's log_dir, and has fleetrun started?"))
+            return
+        click.echo(format_job_state(state, log_dir))
+        if error:
+            click.echo(f"fleetrun: warning: {error}", err=True)
+        return
+    if job is None:
+        _fail(ConfigError("give the Kubernetes job's name (fleetrun status JOB), or a local / Ray "
+                          "job's log directory (fleetrun status --log_dir DIR)", key="status"))
+        return
     from launcher.schedulers import k8s_client
 
     try:
@@ -144,7 +191,7 @@ def dashboard_cmd(log_dir: str, port: int | None, poll_interval: float) -> None:
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: done.set())
-    waiting = "" if dash.monitor.job else f" (waiting for {os.path.join(log_dir, 'job_state.json')})"
+    waiting = "" if dash.monitor.job else f" (waiting for {os.path.join(log_dir, 'job_state*.json')})"
     click.echo(f"fleetrun dashboard: {dash.url} for {os.path.abspath(log_dir)}{waiting}; "
                "Ctrl-C stops it")
     try:

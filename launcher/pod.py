@@ -140,15 +140,15 @@ def wait_resolvable(hosts: list[str], timeout_s: float) -> None:
 
 
 def _metrics(env: dict[str, str], local_rank: int) -> dict[str, str]:
-    """FLEET_METRICS_PORT of local rank r = the pod's port + r; host as the pod says (0.0.0.0)."""
+    """FLEET_METRICS_PORT of local rank r = the pod's port + r. Host: FLEET_METRICS_HOST as the
+    pod says (the rendered pods set it to the pod IP), else FLEET_POD_IP (downward API, what
+    Prometheus scrapes), else 127.0.0.1 — never every interface."""
     base = os.environ.get("FLEET_METRICS_PORT", "")
     if not base.isdigit() or int(base) == 0:
         return env
-    return {
-        **env,
-        "FLEET_METRICS_PORT": str(int(base) + local_rank),
-        "FLEET_METRICS_HOST": os.environ.get("FLEET_METRICS_HOST", "0.0.0.0"),
-    }
+    host = (os.environ.get("FLEET_METRICS_HOST") or os.environ.get("FLEET_POD_IP")
+            or "127.0.0.1")
+    return {**env, "FLEET_METRICS_PORT": str(int(base) + local_rank), "FLEET_METRICS_HOST": host}
 
 
 def build_proc_specs(cfg: PodConfig, index: int) -> list[ProcSpec]:

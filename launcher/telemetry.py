@@ -14,30 +14,66 @@ Files (formats documented in README "Metrics"; the dashboard reads them):
 * ``job_state.json`` — the job and every process, rewritten atomically (tmp + ``os.replace``)
   on every state change.
 
-:class:`JobMonitor` is the one object the agent talks to; it holds no torch and no locks the
-agent's hot loop waits on (the console thread reads a snapshot under a short lock).
+Both are node-scoped: a job of several nodes (``nnodes > 1``) may share one ``log_dir`` (NFS, a
+Kubernetes volume), so there **every** node, node 0 included, writes ``job_state.node<R>.json``
+and ``metrics_targets.node<R>.json`` (:func:`job_state_file`, :func:`targets_file`); readers
+take every ``job_state*.json`` (:func:`read_job_states`, :func:`merge_job_states`) and
+Prometheus file-SD the glob ``metrics_targets*.json``.
+
+:class:`JobMonitor` is the one object the agent (local scheduler) and the Ray driver talk to; it
+holds no torch and no locks the agent's hot loop waits on (the console thread reads a snapshot
+under a short lock). What it needs of a process is a :class:`MemberView`; the local scheduler's
+``Running`` objects are viewed by :meth:`JobMonitor.view_running`, the Ray driver passes its own
+``view`` function.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
+import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge, start_http_server
 
 from collective.env import StrEnum, find_free_port
-from launcher.process import signal_name
+from launcher.process import ExitInfo, signal_name
 
 logger = logging.getLogger(__name__)
 
 JOB_STATE_FILE = "job_state.json"
 TARGETS_FILE = "metrics_targets.json"
+JOB_STATE_GLOB = "job_state*.json"
+TARGETS_GLOB = "metrics_targets*.json"
+"""What readers (dashboard, ``fleetrun status``, Prometheus file-SD) take: every node's file."""
+
+
+def node_file(name: str, node_rank: int, num_nodes: int) -> str:
+    """``name`` of a file one node writes in a ``log_dir`` the nodes may share:
+    ``endpoints.log`` → ``endpoints.node1.log`` on node 1 of 2; unchanged on a single node."""
+    if num_nodes <= 1:
+        return name
+    stem, ext = os.path.splitext(name)
+    return f"{stem}.node{node_rank}{ext}"
+
+
+def job_state_file(node_rank: int = 0, num_nodes: int = 1) -> str:
+    """``job_state.json`` on one node; ``job_state.node<R>.json`` on every node of several."""
+    return node_file(JOB_STATE_FILE, node_rank, num_nodes)
+
+
+def targets_file(node_rank: int = 0, num_nodes: int = 1) -> str:
+    """``metrics_targets.json`` on one node; ``metrics_targets.node<R>.json`` on several."""
+    return node_file(TARGETS_FILE, node_rank, num_nodes)
+
+
+_NODE_FILE = re.compile(r"^job_state(?:\.node(\d+))?\.json$")
 
 
 class JobState(StrEnum):
@@ -107,6 +143,27 @@ class ProcRecord:
     """Absolute path of its workerlog.N / serverlog.N."""
 
 
+@dataclass(frozen=True)
+class MemberView:
+    """What :class:`JobMonitor` needs of one process, whichever scheduler started it."""
+
+    role: str
+    rank: int
+    log_path: str
+    metrics_port: int
+    """0 = no ``/metrics`` endpoint."""
+    pid: int | None
+    exit: ExitInfo | None
+    """How it ended; None while it runs (or when it is gone without a known exit)."""
+    host: str
+    """The node it runs on (``job_state.json``'s ``host``, the targets' ``host`` label)."""
+    metrics_host: str
+    """The address its ``/metrics`` endpoint binds."""
+    gone: bool = False
+    """Gone without a known exit status (its Ray actor or node died, or it was stopped and
+    its exit was not seen): shows as failed or exited with no exit code / signal."""
+
+
 def write_json_atomic(path: str, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` via a temporary file and ``os.replace`` (readers never
     see a half-written file)."""
@@ -132,10 +189,15 @@ class JobMonitor:
     """
 
     def __init__(self, name: str, run_id: str, max_restarts: int, log_dir: str, host: str,
-                 node_rank: int = 0, metrics: bool = True, metrics_host: str = "127.0.0.1") -> None:
+                 node_rank: int = 0, metrics: bool = True, metrics_host: str = "127.0.0.1",
+                 num_nodes: int = 1, view: Callable[[Any], MemberView] | None = None) -> None:
         self.name, self.run_id, self.max_restarts = name, run_id, max_restarts
         self.log_dir, self.host, self.node_rank = log_dir, host, node_rank
+        self.num_nodes = num_nodes
         self.metrics_enabled, self.metrics_host = metrics, metrics_host
+        self.view: Callable[[Any], MemberView] = view or self.view_running
+        self.state_path = os.path.join(log_dir, job_state_file(node_rank, num_nodes))
+        self.targets_path = os.path.join(log_dir, targets_file(node_rank, num_nodes))
         self.state = JobState.STARTING
         self.attempt = 0
         self.restarts = 0
@@ -158,7 +220,8 @@ class JobMonitor:
         return find_free_port(self.metrics_host) if self.metrics_enabled else 0
 
     def attempt_started(self, attempt: int, running: Sequence[Any]) -> None:
-        """The processes of ``attempt`` are started (``running``: launcher.attempt.Running)."""
+        """The processes of ``attempt`` are started (``running``: launcher.attempt.Running, or
+        whatever the ``view`` function given to the constructor takes)."""
         self.attempt = attempt
         self._running = list(running)
         self._write_targets()
@@ -169,7 +232,7 @@ class JobMonitor:
         """Re-read the processes' exits; write ``job_state.json`` if anything changed.
         ``failed``: (role, rank) of the processes that failed on their own (the rest of the
         non-zero exits were stopped by fleetrun and show as ``exited``)."""
-        records = [self._record(r, failed) for r in self._running]
+        records = [self._record(self.view(r), failed) for r in self._running]
         up = dict.fromkeys(ROLES, 0)
         for rec in records:
             if rec.state == ProcState.UP:
@@ -231,33 +294,36 @@ class JobMonitor:
         for s in JobState:
             JOB_STATE.labels(state=s.value).set(1 if s is state else 0)
         try:
-            write_json_atomic(os.path.join(self.log_dir, JOB_STATE_FILE), self.snapshot())
+            write_json_atomic(self.state_path, self.snapshot())
         except OSError as err:  # a watcher's file must never take the job down
-            logger.warning("could not write %s in %s: %s", JOB_STATE_FILE, self.log_dir, err)
+            logger.warning("could not write %s: %s", self.state_path, err)
 
-    def _record(self, r: Any, failed: Sequence[tuple[str, int]]) -> ProcRecord:
-        spec, proc = r.spec, r.proc
-        exit_info = proc.exit
+    def view_running(self, r: Any) -> MemberView:
+        """The view of a local ``launcher.attempt.Running`` (this node's host and metrics host)."""
+        return MemberView(r.spec.role, r.spec.rank, r.spec.log_path, r.spec.metrics_port, r.proc.pid,
+                          r.proc.exit, self.host, self.metrics_host)
+
+    def _record(self, v: MemberView, failed: Sequence[tuple[str, int]]) -> ProcRecord:
+        exit_info = v.exit
         code: int | None = None
         sig: str | None = None
-        if exit_info is None:
+        if exit_info is None and not v.gone:
             state = ProcState.UP
         else:
-            if exit_info.returncode < 0:
+            if exit_info is not None and exit_info.returncode < 0:
                 sig = signal_name(-exit_info.returncode)
-            else:
+            elif exit_info is not None:
                 code = exit_info.returncode
+            bad = exit_info is None or not exit_info.ok
             # While running, any bad exit is a failure; once the job ended, only the processes
             # that failed on their own are (the others were stopped by fleetrun's teardown).
-            failing = (spec.role, spec.rank) in failed or (
-                not exit_info.ok and self.state is JobState.RUNNING)
+            failing = (v.role, v.rank) in failed or (bad and self.state is JobState.RUNNING)
             state = ProcState.FAILED if failing else ProcState.EXITED
-        port = getattr(spec, "metrics_port", 0)
         return ProcRecord(
-            role=spec.role, rank=spec.rank, host=self.host, pid=proc.pid, state=state.value,
+            role=v.role, rank=v.rank, host=v.host, pid=v.pid, state=state.value,
             exit_code=code, signal=sig,
-            metrics=f"{self.metrics_host}:{port}" if port else None,
-            log=os.path.abspath(spec.log_path),
+            metrics=f"{v.metrics_host}:{v.metrics_port}" if v.metrics_port else None,
+            log=os.path.abspath(v.log_path),
         )
 
     def _write_targets(self) -> None:
@@ -265,34 +331,126 @@ class JobMonitor:
             return
         groups = []
         if self.launcher_metrics:
-            groups.append(self._group(self.launcher_metrics, "launcher", self.node_rank))
-        for r in self._running:
-            port = getattr(r.spec, "metrics_port", 0)
-            if port:
-                groups.append(self._group(f"{self.metrics_host}:{port}", r.spec.role, r.spec.rank))
+            groups.append(self._group(self.launcher_metrics, "launcher", self.node_rank, self.host))
+        for v in map(self.view, self._running):
+            if v.metrics_port:
+                groups.append(self._group(f"{v.metrics_host}:{v.metrics_port}", v.role, v.rank, v.host))
         try:
-            write_json_atomic(os.path.join(self.log_dir, TARGETS_FILE), groups)
+            write_json_atomic(self.targets_path, groups)
         except OSError as err:
-            logger.warning("could not write %s in %s: %s", TARGETS_FILE, self.log_dir, err)
+            logger.warning("could not write %s: %s", self.targets_path, err)
 
-    def _group(self, target: str, role: str, rank: int) -> dict[str, Any]:
+    def _group(self, target: str, role: str, rank: int, host: str) -> dict[str, Any]:
         return {"targets": [target],
-                "labels": {"job": self.name, "role": role, "rank": str(rank), "host": self.host}}
+                "labels": {"job": self.name, "role": role, "rank": str(rank), "host": host}}
+
+
+# -- readers (dashboard, ``fleetrun status``) ----------------------------------------------------
+def job_state_paths(log_dir: str) -> list[tuple[int, str]]:
+    """Every node's ``job_state*.json`` in ``log_dir`` as (node rank, path), in node order: the
+    plain file (one node: rank 0) and/or the ``job_state.node<R>.json`` files (several)."""
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(log_dir), JOB_STATE_GLOB)):
+        m = _NODE_FILE.match(os.path.basename(path))
+        if m:
+            found.append((int(m.group(1)) if m.group(1) else 0, path))
+    return sorted(found)
+
+
+_STATE_ORDER = [JobState.FAILED, JobState.STOPPED, JobState.RESTARTING, JobState.STARTING,
+                JobState.RUNNING, JobState.SUCCEEDED]
+"""Merged job state: the first of these that any node reports (a failed node fails the job; the
+job succeeded only when every node did)."""
+
+
+def merge_job_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One ``job_state.json``-shaped dict from several nodes' (given in node order): processes
+    in (role, rank) order, the worst state, the first failure summary, ``launcher_metrics`` of
+    the first node, plus ``launchers`` listing every node's launcher endpoint."""
+    if len(states) == 1:
+        return states[0]
+    ordered = list(states)
+    seen = {str(s.get("state")) for s in ordered}
+    state = next((x.value for x in _STATE_ORDER if x.value in seen), str(ordered[0].get("state")))
+    procs = [p for s in ordered for p in s.get("processes") or [] if isinstance(p, dict)]
+    procs.sort(key=lambda p: (str(p.get("role")), p.get("rank") if isinstance(p.get("rank"), int) else 0))
+    summaries = [s["failure_summary"] for s in ordered if s.get("failure_summary")]
+    merged = dict(ordered[0])
+    merged.update(
+        state=state, processes=procs, failure_summary=summaries[0] if summaries else None,
+        attempt=max(int(s.get("attempt") or 0) for s in ordered),
+        restarts=max(int(s.get("restarts") or 0) for s in ordered),
+        started_at=min(float(s.get("started_at") or 0) for s in ordered),
+        updated_at=max(float(s.get("updated_at") or 0) for s in ordered),
+        launchers=[s.get("launcher_metrics") for s in ordered if s.get("launcher_metrics")],
+    )
+    return merged
+
+
+def read_job_states(log_dir: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(merged job state of every node's file in ``log_dir``, error text); (None, why) when no
+    file is there or none is readable. A file that cannot be read (torn write, not JSON) is
+    named in the error text and left out."""
+    paths = job_state_paths(log_dir)
+    if not paths:
+        return None, f"no {JOB_STATE_FILE} (or {JOB_STATE_GLOB}) in {log_dir} yet"
+    states, errors = [], []
+    for _node, path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError) as err:
+            errors.append(f"cannot read {path}: {err}")
+            continue
+        if not isinstance(data, dict):
+            errors.append(f"{path} is not a JSON object")
+            continue
+        states.append(data)
+    if not states:
+        return None, "; ".join(errors)
+    return merge_job_states(states), "; ".join(errors) or None
+
+
+def read_targets(log_dir: str) -> list[Any]:
+    """Every node's ``metrics_targets*.json`` groups in ``log_dir``, concatenated (files that
+    cannot be read are skipped: the next poll reads them again)."""
+    groups: list[Any] = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(log_dir), TARGETS_GLOB))):
+        if ".tmp." in os.path.basename(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, list):
+            groups.extend(data)
+    return groups
 
 
 __all__ = [
     "FAILURES",
     "JOB_STATE",
     "JOB_STATE_FILE",
+    "JOB_STATE_GLOB",
     "PROCESSES_UP",
     "RESTARTS",
     "TARGETS_FILE",
+    "TARGETS_GLOB",
     "FailureCause",
     "JobMonitor",
     "JobState",
+    "MemberView",
     "ProcRecord",
     "ProcState",
     "cause_of",
+    "job_state_file",
+    "job_state_paths",
+    "merge_job_states",
+    "node_file",
+    "read_job_states",
+    "read_targets",
     "serve_metrics",
+    "targets_file",
     "write_json_atomic",
 ]

@@ -3,8 +3,10 @@
 #
 #   scripts/prometheus.sh LOG_DIR [WORK_DIR]
 #
-# LOG_DIR  : the job's log_dir; Prometheus discovers its targets from LOG_DIR/metrics_targets.json
-#            (file_sd, re-read on change) and scrapes them every 1 s.
+# LOG_DIR  : the job's log_dir; Prometheus discovers its targets from LOG_DIR/metrics_targets*.json
+#            (file_sd, re-read on change: metrics_targets.json of a one-node job, and every
+#            node's metrics_targets.node<R>.json of a job of several nodes sharing LOG_DIR)
+#            and scrapes them every 1 s.
 # WORK_DIR : where the config and the TSDB go (default: a new mktemp -d directory).
 #
 # Installs Debian's `prometheus` package with apt-get when /usr/bin/prometheus is missing.
@@ -47,7 +49,7 @@ global:
 scrape_configs:
   - job_name: fleetrun
     file_sd_configs:
-      - files: ["$log_dir/metrics_targets.json"]
+      - files: ["$log_dir/metrics_targets*.json"]
         refresh_interval: 1s
 YAML
 

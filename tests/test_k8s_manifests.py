@@ -18,6 +18,7 @@ import yaml
 from conftest import REPO
 
 from collective.errors import ConfigError, LaunchError
+from launcher.pod import _metrics as _pod_metrics
 from launcher.pod import pod_index
 from launcher.schedulers.k8s_render import GROUP_ANNOTATION, render_job, to_yaml
 from launcher.spec import build_spec
@@ -162,8 +163,39 @@ def test_collective_pod_details() -> None:
     assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "9400"
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FLEET_METRICS_PORT"] == "9400"
+    # /metrics binds the pod IP (downward API), never 0.0.0.0; the kubelet expands $(VAR) only
+    # from variables defined earlier in the list
+    names = [e["name"] for e in c["env"]]
+    assert env["FLEET_METRICS_HOST"] == "$(FLEET_POD_IP)"
+    assert names.index("FLEET_POD_IP") < names.index("FLEET_METRICS_HOST")
+    pod_ip = next(e for e in c["env"] if e["name"] == "FLEET_POD_IP")
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert {p["containerPort"] for p in c["ports"]} == {29500, 9400, 9401}
     assert job["spec"]["backoffLimit"] == 4
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("environ", "host"),
+    [
+        ({"FLEET_POD_IP": "10.1.2.3"}, "10.1.2.3"),
+        ({"FLEET_POD_IP": "10.1.2.3", "FLEET_METRICS_HOST": "10.9.9.9"}, "10.9.9.9"),
+        ({}, "127.0.0.1"),
+    ],
+    ids=["pod-ip", "explicit", "loopback"],
+)
+def test_pod_metrics_host(
+    environ: dict[str, str], host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleetrun pod` gives each process FLEET_METRICS_HOST = the manifest's value, else the pod
+    IP, else 127.0.0.1 (never every interface); local rank r gets port + r."""
+    for key in ("FLEET_POD_IP", "FLEET_METRICS_HOST"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("FLEET_METRICS_PORT", "9400")
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    env = _pod_metrics({}, 1)
+    assert env == {"FLEET_METRICS_PORT": "9401", "FLEET_METRICS_HOST": host}
 
 
 def test_ps_server_statefulset() -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import SCRIPTS, run_fleetrun, start_fleetrun
 
 from collective.env import find_free_port
+from launcher.dashboard.config import DashboardConfig
+from launcher.dashboard.monitor import Monitor
+from launcher.telemetry import merge_job_states
 
 SCRIPT = str(SCRIPTS / "multinode_allreduce.py")
 
@@ -101,3 +107,109 @@ def test_paddle_style_ips(tmp_path: Path) -> None:
     assert "MULTINODE_OK rank=1 world=2 node=1" in out1
     r = run_fleetrun("--ips", "127.0.0.1,127.0.0.1", "--log_dir", str(tmp_path), SCRIPT)
     assert r.returncode == 2 and "pass --node_rank" in r.stderr
+
+
+TELEMETRY_JOB = str(SCRIPTS / "telemetry_job.py")
+
+
+def _wait(fn: Any, timeout: float, what: str) -> Any:
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def _node_state(log: Path, node: int) -> dict[str, Any]:
+    return json.loads((log / f"job_state.node{node}.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_shared_log_dir_keeps_each_nodes_files(tmp_path: Path) -> None:
+    """Two nodes, one log_dir (as on NFS or a k8s volume): each node writes its own
+    job_state.node<R>.json / metrics_targets.node<R>.json / endpoints.node<R>.log / job.node<R>.yaml
+    with its own processes; the dashboard's monitor and `fleetrun status --log_dir` merge them
+    (all 4 processes)."""
+    log, release = tmp_path / "log", tmp_path / "release"
+    port = str(find_free_port())
+    procs = [
+        start_fleetrun("--nnodes", "2", "--node_rank", str(n), "--master_addr", "127.0.0.1",
+                       "--master_port", port, "--nproc_per_node", "2", "--log_dir", str(log),
+                       "--job_name", "shared", TELEMETRY_JOB, "--steps", "5", "--hold_file", str(release))
+        for n in range(2)
+    ]
+    try:
+        for node in (0, 1):
+            _wait(lambda node=node: (s := _node_state(log, node))["state"] == "running"
+                  and [p["state"] for p in s["processes"]] == ["up", "up"], 150,
+                  f"node {node} running")
+        assert not (log / "job_state.json").exists() and not (log / "metrics_targets.json").exists()
+        for node in (0, 1):
+            ranks = [p["rank"] for p in _node_state(log, node)["processes"]]
+            assert ranks == [2 * node, 2 * node + 1]  # each node's own processes
+            targets = json.loads((log / f"metrics_targets.node{node}.json").read_text())
+            assert sorted((g["labels"]["role"], g["labels"]["rank"]) for g in targets) == [
+                ("launcher", str(node)), ("trainer", str(2 * node)), ("trainer", str(2 * node + 1))]
+            assert (log / f"endpoints.node{node}.log").exists() and (log / f"job.node{node}.yaml").exists()
+        assert not (log / "endpoints.log").exists() and not (log / "job.yaml").exists()
+
+        monitor = Monitor(DashboardConfig(log_dir=str(log), poll_interval_s=0.2))
+        try:
+            _wait(lambda: monitor.poll_once() or len(monitor.last_ok) >= 5, 60,
+                  "the dashboard scraping 4 trainers and a launcher")
+            snap = monitor.snapshot()
+            assert snap["job"]["state"] == "running" and snap["job_error"] is None
+            assert [(p["role"], p["rank"]) for p in snap["processes"]] == [("trainer", r) for r in range(4)]
+        finally:
+            monitor.close()
+
+        r = run_fleetrun("status", "--log_dir", str(log), timeout=60)
+        assert r.returncode == 0, r.stderr
+        rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  trainer")]
+        assert [(row[1], row[3]) for row in rows] == [(str(rank), "up") for rank in range(4)], r.stdout
+        assert "job 'shared' RUNNING" in r.stdout
+        release.touch()
+        results = _finish(procs, timeout=120)
+    finally:
+        release.touch()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [rc for rc, _, _ in results] == [0, 0], [err for _, _, err in results]
+    r = run_fleetrun("status", "--log_dir", str(log), timeout=60)
+    assert r.returncode == 0 and "job 'shared' SUCCEEDED" in r.stdout, r.stdout + r.stderr
+    assert r.stdout.count("exited") == 4
+
+
+@pytest.mark.timeout(60)
+def test_status_without_job_files_says_so(tmp_path: Path) -> None:
+    r = run_fleetrun("status", "--log_dir", str(tmp_path), timeout=50)
+    assert r.returncode == 1 and f"no job_state.json (or job_state*.json) in {tmp_path}" in r.stderr
+    r = run_fleetrun("status", timeout=50)
+    assert r.returncode == 2 and "fleetrun status --log_dir DIR" in r.stderr
+
+
+@pytest.mark.timeout(30)
+def test_merge_of_node_states() -> None:
+    """The merged job state: the worst node state, every process in rank order, the first
+    failure summary; one node's file is returned as is."""
+    def node(state: str, ranks: list[int], summary: str | None = None) -> dict[str, Any]:
+        return {"name": "j", "state": state, "attempt": 0, "restarts": 0, "max_restarts": 0,
+                "started_at": 1.0, "updated_at": 2.0, "launcher_metrics": f"h:{ranks[0]}",
+                "failure_summary": summary,
+                "processes": [{"role": "trainer", "rank": r, "state": "up"} for r in ranks]}
+
+    one = node("running", [0, 1])
+    assert merge_job_states([one]) is one
+    merged = merge_job_states([node("succeeded", [2, 3]), node("failed", [0, 1], "Root cause: rank 1")])
+    assert merged["state"] == "failed" and merged["failure_summary"] == "Root cause: rank 1"
+    assert [p["rank"] for p in merged["processes"]] == [0, 1, 2, 3]
+    assert merged["launchers"] == ["h:2", "h:0"]
+    assert merge_job_states([node("running", [0]), node("succeeded", [1])])["state"] == "running"

@@ -124,6 +124,71 @@ def metric_names_in(expr: str) -> set[str]:
     return {w for w in words if w not in PROMQL_WORDS}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not (Path("/usr/bin/prometheus").exists() or shutil.which("apt-get")),
+                    reason="needs /usr/bin/prometheus (or apt-get to install it)")
+def test_real_prometheus_finds_every_node_of_a_shared_log_dir(tmp_path: Path) -> None:
+    """Two nodes sharing one log_dir write metrics_targets.node0/1.json; the file_sd glob of
+    scripts/prometheus.sh finds both: all 4 trainers and both launchers are scraped."""
+    from collective.env import find_free_port
+
+    log, release = tmp_path / "log", tmp_path / "release"
+    port = str(find_free_port())
+    nodes = [
+        start_fleetrun("--nnodes", "2", "--node_rank", str(n), "--master_addr", "127.0.0.1",
+                       "--master_port", port, "--nproc_per_node", "2", "--log_dir", str(log),
+                       "--job_name", "prom2", str(SCRIPTS / "telemetry_job.py"), "--steps", "5",
+                       "--hold_file", str(release))
+        for n in range(2)
+    ]
+    prom: subprocess.Popen | None = None
+    try:
+        deadline = time.monotonic() + 90
+        while not all((log / f"metrics_targets.node{n}.json").exists() for n in (0, 1)):
+            assert time.monotonic() < deadline, "no metrics_targets.node<R>.json"
+            assert all(p.poll() is None for p in nodes), [p.communicate() for p in nodes]
+            time.sleep(0.2)
+        prom = subprocess.Popen(
+            ["bash", str(PROMETHEUS_SH), str(log), str(tmp_path / "prom")],
+            env={**base_env(), "PYTHON": "python3"}, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )
+        assert prom.stdout is not None
+        first = prom.stdout.readline().strip()
+        assert first.startswith("PROMETHEUS_URL="), (first, prom.stderr.read() if prom.poll() else "")
+        url = first.split("=", 1)[1]
+        deadline = time.monotonic() + 150
+        while True:
+            try:
+                steps = query(url, 'fleet_trainer_steps_total{job="prom2"} >= 5')
+            except OSError:  # Prometheus still starting
+                steps = []
+            if len(steps) == 4:
+                break
+            assert time.monotonic() < deadline, f"Prometheus saw {len(steps)} of 4 trainers: {steps}"
+            time.sleep(0.5)
+        assert sorted(r["metric"]["rank"] for r in steps) == ["0", "1", "2", "3"]
+        launchers = wait_series(url, 'fleet_launcher_job_state{job="prom2", state="running"}', 30)
+        deadline = time.monotonic() + 30
+        while len(launchers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            launchers = query(url, 'fleet_launcher_job_state{job="prom2", state="running"} > 0')
+        assert sorted(r["metric"]["rank"] for r in launchers) == ["0", "1"]  # node ranks
+    finally:
+        if prom is not None:
+            stop_group(prom)
+        release.touch()
+        for p in nodes:
+            try:
+                p.communicate(timeout=90)
+            finally:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.communicate()
+    assert [p.returncode for p in nodes] == [0, 0]
+
+
 def test_grafana_dashboard_queries_name_existing_metrics() -> None:
     dash = json.loads(GRAFANA.read_text())
     known: set[str] = {"up"}

@@ -17,12 +17,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO, SCRIPTS, base_env, live_pids, run_fleetrun, start_fleetrun
+from prometheus_client.parser import text_string_to_metric_families
 
 from collective.env import find_free_port
 from collective.errors import ConfigError
@@ -45,6 +47,7 @@ WORKER = str(SCRIPTS / "launcher_worker.py")
 PS_WORKER = str(SCRIPTS / "launcher_ps_worker.py")
 ALLREDUCE = str(SCRIPTS / "ray_allreduce.py")
 STATE = str(SCRIPTS / "ray_cluster_state.py")
+TELEMETRY_JOB = str(SCRIPTS / "telemetry_job.py")
 SMALL = {"trainer": {"cpu": 0.5, "memory": "256Mi"}, "server": {"cpu": 0.5, "memory": "256Mi"}}
 
 
@@ -200,6 +203,38 @@ def _records(out: Path) -> dict[str, dict]:
     return {f.stem: json.loads(f.read_text()) for f in out.glob("*.json")}
 
 
+def _job_state(tmp: Path) -> dict:
+    return json.loads((tmp / "log" / "job_state.json").read_text())
+
+
+def _scrape(endpoint: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """sample name -> [(labels, value)] from http://ENDPOINT/metrics."""
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+
+
+def _wait(fn: object, timeout: float, what: str) -> object:
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()  # type: ignore[operator]
+            if last:
+                return last
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
 def _assert_nothing_left(address: str, pids: list[int]) -> None:
     """No job process alive; no fleetrun actor or placement group alive on the cluster."""
     deadline = time.monotonic() + 20
@@ -241,15 +276,64 @@ def test_collective_job_env_logs_and_cleanup(cluster: str, tmp_path: Path) -> No
 def test_ps_job(cluster: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     job = _job(tmp_path, cluster, PS_WORKER, ["--out", str(out)], mode="ps",
-               sizes={"server_num": 1, "worker_num": 2})
+               sizes={"server_num": 1, "worker_num": 2}, metrics=False)
     r = run_fleetrun("-c", str(job), timeout=200)
     assert r.returncode == 0, r.stdout + r.stderr
     recs = _records(out)
     assert {"server0"} <= set(recs), sorted(recs)
+    # metrics: false → no endpoints, no targets file; job_state.json is still written
+    assert all("FLEET_METRICS_PORT" not in rec["env"] for rec in recs.values())
+    assert not (tmp_path / "log" / "metrics_targets.json").exists()
+    state = _job_state(tmp_path)
+    assert state["state"] == "succeeded" and state["launcher_metrics"] is None
+    assert sorted((p["role"], p["rank"], p["metrics"]) for p in state["processes"]) == [
+        ("server", 0, None), ("trainer", 0, None), ("trainer", 1, None)]
     assert recs["server0"]["env"]["TRAINING_ROLE"] == "PSERVER"
     assert "[server 0] server 0 serving on 127.0.0.1:" in r.stdout
     assert (tmp_path / "log" / "serverlog.0").exists() and (tmp_path / "log" / "workerlog.1").exists()
     _assert_nothing_left(cluster, [rec["pid"] for rec in recs.values()])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_metrics_endpoints_and_job_state(cluster: str, tmp_path: Path) -> None:
+    """Every trainer serves /metrics on its node's IP (the actor's pick), job_state.json and
+    metrics_targets.json list them, the driver serves fleet_launcher_*; all while it runs."""
+    log, release = tmp_path / "log", tmp_path / "release"
+    job = _job(tmp_path, cluster, TELEMETRY_JOB, ["--steps", "10", "--hold_file", str(release)],
+               sizes={"nproc_per_node": 2}, name="raymetrics")
+    p = start_fleetrun("-c", str(job))
+    try:
+        state = _wait(lambda: (s := _job_state(tmp_path))["state"] == "running"
+                      and len(s["processes"]) == 2 and s, 150, "a running job_state.json")
+        assert isinstance(state, dict)
+        procs = {q["rank"]: q for q in state["processes"]}
+        assert sorted(procs) == [0, 1] and {q["role"] for q in procs.values()} == {"trainer"}
+        targets = json.loads((log / "metrics_targets.json").read_text())
+        by_role = {(g["labels"]["role"], g["labels"]["rank"]): g["targets"][0] for g in targets}
+        assert set(by_role) == {("launcher", "0"), ("trainer", "0"), ("trainer", "1")}
+        for rank, q in procs.items():
+            assert q["state"] == "up" and q["host"] == "127.0.0.1" and q["pid"]
+            assert q["metrics"].startswith("127.0.0.1:") and by_role[("trainer", str(rank))] == q["metrics"]
+            assert q["log"] == str(log / f"workerlog.{rank}")
+            _wait(lambda ep=q["metrics"]: _value(_scrape(ep), "fleet_trainer_steps_total") >= 10, 120,
+                  f"10 steps at {q['metrics']}")
+            assert _value(_scrape(q["metrics"]), "fleet_trainer_samples_total") == 10 * 32
+        launcher = _scrape(state["launcher_metrics"])
+        assert state["launcher_metrics"].startswith("127.0.0.1:")
+        assert _value(launcher, "fleet_launcher_job_state", state="running") == 1
+        assert _value(launcher, "fleet_launcher_processes_up", role="trainer") == 2
+        release.touch()
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 0, err
+    state = _job_state(tmp_path)
+    assert state["state"] == "succeeded" and state["failure_summary"] is None
+    assert {(q["state"], q["exit_code"]) for q in state["processes"]} == {("exited", 0)}
+    _assert_nothing_left(cluster, [q["pid"] for q in state["processes"]])
 
 
 @pytest.mark.slow
@@ -266,6 +350,13 @@ def test_failing_rank_prints_root_cause_summary(cluster: str, tmp_path: Path) ->
     assert "error    : ValueError: injected failure on rank 1" in err
     assert "traceback (last" in err and "raise ValueError" in err
     assert "Stopped by fleetrun after the root cause: rank 0" in err
+    state = _job_state(tmp_path)  # the watcher's view, as the local scheduler writes it
+    assert state["state"] == "failed" and "Root cause" in state["failure_summary"]
+    assert "injected failure on rank 1" in state["failure_summary"]
+    procs = {p["rank"]: p for p in state["processes"]}
+    assert (procs[1]["state"], procs[1]["exit_code"], procs[1]["signal"]) == ("failed", 1, None)
+    assert procs[0]["state"] == "exited"  # stopped by fleetrun's teardown, not a failure
+    assert {p["host"] for p in procs.values()} == {"127.0.0.1"}
     recs = _records(out)
     _assert_nothing_left(cluster, [rec["pid"] for rec in recs.values()])
 
@@ -282,6 +373,10 @@ def test_restart_succeeds_on_second_attempt(cluster: str, tmp_path: Path) -> Non
     assert {"rank0.attempt0", "rank0.attempt1", "rank1.attempt1"} <= set(recs), sorted(recs)
     assert recs["rank1.attempt1"]["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"
     assert "restarting the whole group (restart 1 of 1)" in r.stderr
+    state = _job_state(tmp_path)
+    assert (state["state"], state["attempt"], state["restarts"], state["max_restarts"]) == (
+        "succeeded", 1, 1, 1)
+    assert {(p["state"], p["exit_code"]) for p in state["processes"]} == {("exited", 0)}
     log0 = (tmp_path / "log" / "workerlog.0").read_text()
     assert "attempt 0, rank 0" in log0 and "attempt 1, rank 0" in log0
     _assert_nothing_left(cluster, [rec["pid"] for rec in recs.values()])
@@ -376,6 +471,10 @@ def test_dead_actor_fails_the_job(cluster: str, tmp_path: Path) -> None:
             p.wait()
     assert p.returncode == 1, err
     assert "trainer  : rank 1" in err and "Ray actor died" in err, err
+    state = _job_state(tmp_path)
+    rank1 = next(q for q in state["processes"] if q["rank"] == 1)
+    assert state["state"] == "failed" and "Ray actor died" in state["failure_summary"]
+    assert (rank1["state"], rank1["exit_code"], rank1["signal"]) == ("failed", None, None)
     assert "Stopped by fleetrun after the root cause: rank 0" in err
     _assert_nothing_left(cluster, [rec["pid"] for rec in recs.values()])
 

@@ -1,7 +1,9 @@
 """The dashboard's poller: read ``job_state.json``, scrape every process, keep bounded history.
 
 One background thread (:meth:`Monitor.run`) polls every ``poll_interval_s``: it re-reads the
-launcher's ``job_state.json`` and ``metrics_targets.json`` in the job's ``log_dir``, scrapes the
+launcher's ``job_state.json`` and ``metrics_targets.json`` in the job's ``log_dir`` (a job of
+several nodes: every node's ``job_state.node<R>.json`` / ``metrics_targets.node<R>.json``,
+merged by :func:`launcher.telemetry.read_job_states`), scrapes the
 ``/metrics`` page of every process that is up (in parallel, each bounded by a timeout), and
 appends to fixed-size time series (``collections.deque(maxlen=...)``). :meth:`Monitor.snapshot`
 turns the latest state into the plain JSON the page polls. Rates (throughput, QPS) and the
@@ -11,7 +13,6 @@ restarted process (counters back at 0) only loses one window.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -36,23 +37,11 @@ from launcher.dashboard.scrape import (
     server_stats,
     trainer_stats,
 )
+from launcher.telemetry import read_job_states, read_targets
 
 logger = logging.getLogger(__name__)
 
-JOB_STATE_FILE = "job_state.json"
-TARGETS_FILE = "metrics_targets.json"
 TERMINAL_STATES = frozenset({"succeeded", "failed", "stopped"})
-
-
-def read_json(path: str) -> tuple[Any, str | None]:
-    """(parsed JSON, None), or (None, why not) when the file is missing or unreadable."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f), None
-    except FileNotFoundError:
-        return None, f"no {os.path.basename(path)} in {os.path.dirname(path) or '.'} yet"
-    except (OSError, ValueError) as err:
-        return None, f"cannot read {path}: {err}"
 
 
 @dataclass(frozen=True)
@@ -217,14 +206,12 @@ class Monitor:
 
     def poll_once(self) -> None:
         """One round: re-read the state files, scrape every live process, update history."""
-        job, job_error = read_json(os.path.join(self.log_dir, JOB_STATE_FILE))
-        if job is not None and not isinstance(job, dict):
-            job, job_error = None, f"{JOB_STATE_FILE} is not a JSON object"
-        sd, _ = read_json(os.path.join(self.log_dir, TARGETS_FILE))
+        job, job_error = read_job_states(self.log_dir)  # every node's file, merged
+        sd = read_targets(self.log_dir)
         with self._lock:
-            if job is not None or self.job is None:
+            if self.job is None or (job is not None and job_error is None):
                 self.job, self.job_error = job, job_error
-            elif job_error:  # keep the last good state through a bad read, say so
+            elif job_error:  # keep the last good state through a bad read (of any node), say so
                 self.job_error = job_error
             job = self.job
             # the process list changes together with the job state it came from (a snapshot

@@ -277,10 +277,10 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     metrics = bool(getattr(spec, "metrics", True))
-    if metrics:  # Prometheus scrapes the pod IP, so the endpoint listens on every interface
-        env += [
+    if metrics:  # Prometheus scrapes the pod IP: the endpoint binds that address, not 0.0.0.0
+        env += [  # $(FLEET_POD_IP) is expanded by the kubelet (defined above, downward API)
             {"name": "FLEET_METRICS_PORT", "value": str(k.metrics_port)},
-            {"name": "FLEET_METRICS_HOST", "value": "0.0.0.0"},
+            {"name": "FLEET_METRICS_HOST", "value": "$(FLEET_POD_IP)"},
         ]
     if role == TRAINER:  # the StatefulSet's servers take their ordinal from FLEET_POD_NAME
         env.insert(

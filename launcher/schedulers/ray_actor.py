@@ -6,7 +6,8 @@ unit-testable without a cluster). Per attempt and per process one actor, in its 
 bundle:
 
 * :meth:`ProcessActor.info` — where it landed (node IP, node id, host name, GPU ids);
-* :meth:`ProcessActor.free_port` — a free port on its node (rendezvous/endpoints);
+* :meth:`ProcessActor.free_port` / :meth:`ProcessActor.free_ports` — free ports on its node
+  (rendezvous/endpoints, and the process's ``/metrics``);
 * :meth:`ProcessActor.start` — the user's command (``launcher.agent.worker_argv``: through
   ``collective.bootstrap``, so an uncaught exception lands in the error file) with the env the
   driver built from ``collective.env``; the child runs in its own session with
@@ -104,6 +105,19 @@ class ProcessActor:
     def free_port(self, host: str) -> int:
         """A TCP port free on ``host`` (this node's address) a moment ago."""
         return find_free_port(host)
+
+    def free_ports(self, host: str, count: int) -> list[int]:
+        """``count`` distinct TCP ports free on ``host`` a moment ago (all bound at once, so
+        they differ from each other)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        socks = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
+        try:
+            for sock in socks:
+                sock.bind((host, 0))
+            return [int(sock.getsockname()[1]) for sock in socks]
+        finally:
+            for sock in socks:
+                sock.close()
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str | None, driver_python: str) -> int:
         """Start the child; return its pid. ``env`` holds the job's variables (spec env and the

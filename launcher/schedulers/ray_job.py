@@ -14,6 +14,14 @@ What runs where:
 * **actors** (on the cluster's nodes): each runs the user's command as a child process (through
   ``collective.bootstrap``, so a traceback lands in the error file, which the actor sends back).
 
+Metrics and watcher files, as the local scheduler (:class:`launcher.telemetry.JobMonitor`, one
+code path): every trainer/server gets FLEET_METRICS_PORT/HOST — a port its actor found free on
+its node, bound to that node's IP (127.0.0.1 on a loopback cluster); the driver serves
+``fleet_launcher_*`` on its own node IP and keeps ``log_dir/job_state.json`` (every process
+with role, rank, node, state, exit, endpoint, log) and ``log_dir/metrics_targets.json`` current
+as members start, exit, fail and restart. ``metrics: false`` / ``--no-metrics`` turns the
+endpoints off (job_state.json is still written).
+
 Failure of any process (non-zero exit or signal), actor or node ends the attempt: every actor is
 stopped (SIGTERM → grace → SIGKILL of the child's process group), killed, and the placement group
 removed; with restarts left (``max_restarts``) the whole group starts again, else the
@@ -28,11 +36,12 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 import yaml
 
+from collective.env import metrics_env
 from collective.errors import ConfigError, LaunchError
 from launcher.agent import (
     Decision,
@@ -43,12 +52,13 @@ from launcher.agent import (
     write_endpoints,
 )
 from launcher.attempt import SERVER, TRAINER, ProcSpec
-from launcher.process import ConsoleWriter
+from launcher.process import ConsoleWriter, ExitInfo
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
 from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect
 from launcher.schedulers.ray_plan import AttemptPaths, Placed, Slot, make_proc_specs, make_slots
 from launcher.spec import JobSpec, Mode, spec_to_dict
 from launcher.summary import Failure, read_error_file
+from launcher.telemetry import FailureCause, JobMonitor, JobState, MemberView, cause_of
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +122,16 @@ class _Member:
     reply: PollReply | None = None
     """The final poll reply (set once the process exited)."""
     failure: Failure | None = None
+    torn_down: bool = False
+    """The attempt's teardown ran (a member with no reply by then is gone, exit unknown)."""
+
+    def view(self) -> MemberView:
+        """What :class:`~launcher.telemetry.JobMonitor` records of this member."""
+        exit_info = ExitInfo(self.reply.returncode, self.reply.exit_time) if self.reply else None
+        gone = self.reply is None and (self.failure is not None or self.torn_down)
+        ip = self.info.node_ip
+        return MemberView(self.proc.role, self.proc.rank, self.proc.log_path, self.proc.metrics_port,
+                          self.pid or None, exit_info, ip, ip, gone)
 
 
 @dataclass
@@ -140,6 +160,25 @@ class RayJob:
         self.cwd = None if cwd_given else os.getcwd()
 
     def run(self) -> int:
+        """Run all attempts; return fleetrun's exit code (keeps ``job_state.json`` current)."""
+        spec = self.spec
+        host = self.ray.util.get_node_ip_address()  # the driver's node: serves fleet_launcher_*
+        monitor = JobMonitor(spec.name, self.run_id, spec.max_restarts, self.log_dir, host,
+                             metrics=spec.metrics, metrics_host=host, view=_Member.view)
+        self.monitor = monitor
+        try:
+            return self._run(monitor)
+        except BaseException as err:
+            sig = _interruption(err)
+            if sig is not None:
+                monitor.finished(JobState.STOPPED, f"fleetrun got {sig}; every actor and process was stopped")
+            else:
+                monitor.finished(JobState.FAILED, f"fleetrun failed: {err}")
+            raise
+        finally:
+            monitor.close()
+
+    def _run(self, monitor: JobMonitor) -> int:
         spec = self.spec
         history: list[str] = []
         attempt = 0
@@ -149,27 +188,36 @@ class RayJob:
             stopped: list[tuple[str, int]] = []
             try:
                 self._start(group, attempt)
+                monitor.attempt_started(attempt, group.members)
                 failures = self._watch(group, attempt)
                 stopped = [(m.proc.role, m.proc.rank) for m in group.members
                            if m.reply is None and m.failure is None and m.proc.role == TRAINER]
             finally:
                 self._teardown(group)
+            failed_ids = [(f.role, f.rank) for f in failures]
+            monitor.attempt_failed([FailureCause.NODE if f.exit_desc.startswith("Ray actor died")
+                                    else cause_of(f.exit_desc) for f in failures])
             decision = decide(bool(failures), attempt, spec.max_restarts)
             if decision is Decision.SUCCEED:
                 logger.info("job '%s' succeeded on Ray (%d restart(s) used)", spec.name, attempt)
+                monitor.finished(JobState.SUCCEEDED)
                 return 0
             what = ", ".join(f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
             history.append(f"attempt {attempt}: {what}")
             if decision is Decision.RESTART:
                 attempt += 1
+                monitor.restarting(attempt)
+                monitor.refresh(failed_ids)
                 logger.warning("attempt %d failed (%s); restarting the whole group (restart %d of %d)",
                                attempt - 1, what, attempt, spec.max_restarts)
                 continue
             from launcher.summary import format_summary
 
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
-            sys.stderr.write(format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
-                                            spec.max_restarts, note) + "\n")
+            text = format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
+                                  spec.max_restarts, note)
+            monitor.finished(JobState.FAILED, text, failed_ids)
+            sys.stderr.write(text + "\n")
             sys.stderr.flush()
             return 1
 
@@ -198,15 +246,22 @@ class RayJob:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group.pg, placement_group_bundle_index=i),
             ).remote())
         infos: list[ActorInfo] = self._get([a.info.remote() for a in group.actors], "start the actors")
-        ports = self._get([a.free_port.remote(info.node_ip) for a, info in zip(group.actors, infos, strict=True)],
+        # per actor, on its node: its endpoint port, its /metrics port (metrics on), and for
+        # actor 0 of a collective job the master port (rank 0 is slot 0's trainer: ray_plan
+        # numbers node by node)
+        metrics = self.monitor.metrics_enabled
+        collective = spec.mode is Mode.COLLECTIVE
+        ports = self._get([a.free_ports.remote(info.node_ip, 1 + int(metrics) + int(collective and i == 0))
+                           for i, (a, info) in enumerate(zip(group.actors, infos, strict=True))],
                           "find free ports")
-        placed = [Placed(slot, info.node_ip, info.node_id, info.gpu_ids, port)
-                  for slot, info, port in zip(self.slots, infos, ports, strict=True)]
-        master_port = 0
-        if spec.mode is Mode.COLLECTIVE:  # rank 0 is slot 0's trainer (ray_plan numbers node by node)
-            master_port = self._get([group.actors[0].free_port.remote(infos[0].node_ip)], "find a port")[0]
+        placed = [Placed(slot, info.node_ip, info.node_id, info.gpu_ids, got[0])
+                  for slot, info, got in zip(self.slots, infos, ports, strict=True)]
+        master_port = ports[0][-1] if collective else 0
         paths = AttemptPaths(self.run_id, attempt, spec.max_restarts, self.log_dir, self.strategy_file)
         procs, head = make_proc_specs(spec, placed, master_port, paths)
+        if metrics:  # bound to the node IP the actor runs on
+            procs = [replace(p, metrics_port=got[1], env={**p.env, **metrics_env(got[1], info.node_ip)})
+                     for p, got, info in zip(procs, ports, infos, strict=True)]
         servers = [f"{p.env['POD_IP']}:{p.env['PADDLE_PORT']}" for p in procs if p.role == SERVER]
         trainers = next(p.env["PADDLE_TRAINER_ENDPOINTS"] for p in procs if p.role == TRAINER).split(",")
         write_endpoints(self.log_dir, attempt, head, servers, tuple(trainers))
@@ -243,6 +298,8 @@ class RayJob:
                 m = pending.pop(ref)
                 if self._handle_poll(m, ref, attempt):
                     pending[m.actor.poll.remote(POLL_S)] = m
+            if ready:
+                self.monitor.refresh()
             failures = [m.failure for m in group.members if m.failure is not None]
             if failures:
                 return failures
@@ -315,9 +372,12 @@ class RayJob:
                     except RayError:
                         continue
                     finals[ref].log.write(reply.output)
+                    if reply.returncode is not None:
+                        finals[ref].reply = reply
         finally:
             for m in group.members:
                 m.log.close()
+                m.torn_down = True
             for actor in group.actors:
                 try:
                     ray.kill(actor, no_restart=True)

@@ -52,6 +52,7 @@ from launcher.agent import (
     write_endpoints,
 )
 from launcher.attempt import SERVER, TRAINER, ProcSpec
+from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, ExitInfo
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
 from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect
@@ -166,6 +167,8 @@ class RayJob:
         monitor = JobMonitor(spec.name, self.run_id, spec.max_restarts, self.log_dir, host,
                              metrics=spec.metrics, metrics_host=host, view=_Member.view)
         self.monitor = monitor
+        status = StatusConsole(monitor)  # the same live status line as a local job
+        status.start()
         try:
             return self._run(monitor)
         except BaseException as err:
@@ -176,6 +179,7 @@ class RayJob:
                 monitor.finished(JobState.FAILED, f"fleetrun failed: {err}")
             raise
         finally:
+            status.stop()
             monitor.close()
 
     def _run(self, monitor: JobMonitor) -> int:

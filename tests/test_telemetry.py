@@ -51,13 +51,13 @@ def defined_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
                 kind = value._type
                 name = value._name + ("_total" if kind == "counter" else "")
                 out[name] = (kind, tuple(value._labelnames))
-    for family in ps_server.telemetry.TABLES.collect():
-        name = family.name + ("_total" if family.type == "counter" else "")
-        labels = {k for s in family.samples for k in s.labels} or (
-            {"table", "result"} if "entry" in name else {"table"})
-        out[name] = (family.type, tuple(sorted(labels)))
-    for name in ps_server.telemetry.COLLECTED:
-        out.setdefault(name, ("gauge" if not name.endswith("_total") else "counter", ("table",)))
+    collected = ps_server.telemetry.COLLECTED  # scrape-time metrics: exposed name -> labels
+    for collector in (ps_server.telemetry.REQUEST_STATS, ps_server.telemetry.TABLES):
+        for family in collector.collect():
+            name = family.name + ("_total" if family.type == "counter" else "")
+            assert name in collected, f"{name} is collected but not declared in COLLECTED"
+            out[name] = (family.type, collected[name])
+    assert set(collected) <= set(out), f"declared, never collected: {set(collected) - set(out)}"
     return out
 
 
@@ -290,8 +290,71 @@ def test_in_process_ps_server_records_and_collects(tmp_path: Path) -> None:
         ps_telemetry.stop()
     assert value(m, "fleet_ps_keys_total", op="pull", table="tel") >= 10
     assert value(m, "fleet_ps_requests_total", op="PullSparse", table="tel", code="OK") >= 1
+    assert value(m, "fleet_ps_request_seconds_count", op="PullSparse") >= 1
     assert value(m, "fleet_ps_table_rows", table="tel") == 10
     assert value(m, "fleet_ps_nonfinite_gradients_total", table="tel") >= 1
+
+
+def _samples(registry: Any) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+    """(name, sorted labels, value) of every sample a registry exposes, ``_created`` left out."""
+    from prometheus_client import generate_latest
+
+    return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                  for fam in text_string_to_metric_families(generate_latest(registry).decode())
+                  for s in fam.samples if not s.name.endswith("_created"))
+
+
+@pytest.mark.timeout(30)
+def test_request_collector_exposes_what_prometheus_client_would() -> None:
+    """ps_server's per-request collector against prometheus_client's own Counter/Histogram fed
+    the same requests (bucket bounds hit exactly included): the same samples."""
+    from prometheus_client import CollectorRegistry
+
+    from ps_server.telemetry import COLLECTED, LATENCY_BUCKETS, RequestCollector
+
+    ours, ref = CollectorRegistry(), CollectorRegistry()
+    collector = RequestCollector()
+    ours.register(collector)
+    requests = Counter("fleet_ps_requests", "r", COLLECTED["fleet_ps_requests_total"], registry=ref)
+    latency = Histogram("fleet_ps_request_seconds", "l", ["op"], buckets=LATENCY_BUCKETS,
+                        registry=ref)
+    keys = Counter("fleet_ps_keys", "k", ["op", "table"], registry=ref)
+    cases = [("PullSparse", "emb", "OK", 0.0001, 4), ("PushSparse", "emb", "OK", 0.0003, 4),
+             ("PullSparse", "", "NOT_FOUND", 0.003, 0), ("Stats", "", "OK", 20.0, 0),
+             ("PullSparse", "emb", "OK", 0.00025, 2), ("PushSparse", "emb", "INVALID_ARGUMENT",
+                                                        0.0, 0)]
+    for op, table, code, seconds, num_keys in cases:
+        collector.record(op, table, code, seconds, num_keys)
+        requests.labels(op, table, code).inc()
+        latency.labels(op).observe(seconds)
+        if num_keys:
+            keys.labels("pull" if op == "PullSparse" else "push", table).inc(num_keys)
+    assert _samples(ours) == _samples(ref)
+
+
+@pytest.mark.timeout(30)
+def test_request_collector_loses_no_count_across_threads() -> None:
+    import threading
+
+    from ps_server.telemetry import RequestCollector
+
+    collector = RequestCollector()
+
+    def work() -> None:
+        for _ in range(5000):
+            collector.record("PushSparse", "emb", "OK", 0.001, 3)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = {s.name: s.value for fam in collector.collect() for s in fam.samples
+           if s.labels.get("le") in (None, "0.001")}
+    assert got == {"fleet_ps_requests_total": 20000, "fleet_ps_request_seconds_bucket": 20000,
+                   "fleet_ps_request_seconds_count": 20000,
+                   "fleet_ps_request_seconds_sum": pytest.approx(20.0),
+                   "fleet_ps_keys_total": 60000}
 
 
 @pytest.mark.timeout(60)

@@ -32,13 +32,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from collective.env import TrainingRole, read_metrics_endpoint, read_worker_env
 from collective.errors import ConfigError, EnvContractError, PSError
 from ps_server import telemetry
-from ps_server.service import (
-    SERVICE_NAME,
-    ParameterServerServicer,
-    ServerState,
-    add_servicer_to_server,
-    load_dir,
-)
+from ps_server.service import SERVICE_NAME, ServerState, load_dir
+from ps_server.servicer import ParameterServerServicer, add_servicer_to_server
 
 logger = logging.getLogger(__name__)
 

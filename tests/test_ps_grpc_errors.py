@@ -19,7 +19,8 @@ import pytest
 from ps_server import SGD, Adagrad, DenseTableConfig, SparseTable, SparseTableConfig, Uniform
 from ps_server.proto import ps_pb2, ps_pb2_grpc
 from ps_server.routing import shard_of
-from ps_server.service import SERVICE_NAME, ParameterServerServicer, ServerState
+from ps_server.service import SERVICE_NAME, ServerState
+from ps_server.servicer import ParameterServerServicer
 from ps_server.status import PSResourceExhaustedError, status_of
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))

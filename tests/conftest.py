@@ -6,8 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,3 +175,19 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.1)
+
+
+def wait_for(fn: Any, timeout: float, what: str) -> Any:
+    """Call ``fn`` every 0.3 s until it returns something truthy (OSError, ValueError and
+    KeyError count as not yet); AssertionError naming ``what`` and the last value after
+    ``timeout`` seconds."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SCRIPTS, run_fleetrun, start_fleetrun
+from conftest import SCRIPTS, run_fleetrun, start_fleetrun, wait_for
 
 from collective.env import find_free_port
 from launcher.dashboard.config import DashboardConfig
@@ -112,19 +111,6 @@ def test_paddle_style_ips(tmp_path: Path) -> None:
 TELEMETRY_JOB = str(SCRIPTS / "telemetry_job.py")
 
 
-def _wait(fn: Any, timeout: float, what: str) -> Any:
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
 def _node_state(log: Path, node: int) -> dict[str, Any]:
     return json.loads((log / f"job_state.node{node}.json").read_text())
 
@@ -146,7 +132,7 @@ def test_shared_log_dir_keeps_each_nodes_files(tmp_path: Path) -> None:
     ]
     try:
         for node in (0, 1):
-            _wait(lambda node=node: (s := _node_state(log, node))["state"] == "running"
+            wait_for(lambda node=node: (s := _node_state(log, node))["state"] == "running"
                   and [p["state"] for p in s["processes"]] == ["up", "up"], 150,
                   f"node {node} running")
         assert not (log / "job_state.json").exists() and not (log / "metrics_targets.json").exists()
@@ -161,7 +147,7 @@ def test_shared_log_dir_keeps_each_nodes_files(tmp_path: Path) -> None:
 
         monitor = Monitor(DashboardConfig(log_dir=str(log), poll_interval_s=0.2))
         try:
-            _wait(lambda: monitor.poll_once() or len(monitor.last_ok) >= 5, 60,
+            wait_for(lambda: monitor.poll_once() or len(monitor.last_ok) >= 5, 60,
                   "the dashboard scraping 4 trainers and a launcher")
             snap = monitor.snapshot()
             assert snap["job"]["state"] == "running" and snap["job_error"] is None

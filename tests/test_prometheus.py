@@ -51,6 +51,19 @@ def wait_series(url: str, promql: str, timeout: float) -> list[dict[str, Any]]:
     raise AssertionError(f"Prometheus at {url} never returned {promql!r}")
 
 
+def start_prometheus(log_dir: Path, work_dir: Path) -> tuple[subprocess.Popen, str]:
+    """``scripts/prometheus.sh LOG_DIR WORK_DIR`` in its own session; (process, its URL)."""
+    prom = subprocess.Popen(
+        ["bash", str(PROMETHEUS_SH), str(log_dir), str(work_dir)],
+        env={**base_env(), "PYTHON": "python3"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    assert prom.stdout is not None
+    first = prom.stdout.readline().strip()
+    assert first.startswith("PROMETHEUS_URL="), (first, prom.stderr.read() if prom.poll() else "")
+    return prom, first.split("=", 1)[1]
+
+
 def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM the process group, SIGKILL after ``grace``; reap."""
     if proc.poll() is None:
@@ -78,15 +91,7 @@ def test_real_prometheus_scrapes_a_running_job(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "no metrics_targets.json"
             assert job.poll() is None, job.communicate()
             time.sleep(0.2)
-        prom = subprocess.Popen(
-            ["bash", str(PROMETHEUS_SH), str(log), str(tmp_path / "prom")],
-            env={**base_env(), "PYTHON": "python3"}, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )
-        assert prom.stdout is not None
-        first = prom.stdout.readline().strip()
-        assert first.startswith("PROMETHEUS_URL="), (first, prom.stderr.read() if prom.poll() else "")
-        url = first.split("=", 1)[1]
+        prom, url = start_prometheus(log, tmp_path / "prom")
         steps = wait_series(url, 'fleet_trainer_steps_total{job="promjob", role="trainer"}', 150)
         assert steps[0]["metric"]["role"] == "trainer" and steps[0]["metric"]["rank"] == "0"
         ps = wait_series(url, 'fleet_ps_requests_total{job="promjob", op="PullSparse", code="OK"}', 60)
@@ -149,15 +154,7 @@ def test_real_prometheus_finds_every_node_of_a_shared_log_dir(tmp_path: Path) ->
             assert time.monotonic() < deadline, "no metrics_targets.node<R>.json"
             assert all(p.poll() is None for p in nodes), [p.communicate() for p in nodes]
             time.sleep(0.2)
-        prom = subprocess.Popen(
-            ["bash", str(PROMETHEUS_SH), str(log), str(tmp_path / "prom")],
-            env={**base_env(), "PYTHON": "python3"}, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )
-        assert prom.stdout is not None
-        first = prom.stdout.readline().strip()
-        assert first.startswith("PROMETHEUS_URL="), (first, prom.stderr.read() if prom.poll() else "")
-        url = first.split("=", 1)[1]
+        prom, url = start_prometheus(log, tmp_path / "prom")
         deadline = time.monotonic() + 150
         while True:
             try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SCRIPTS, base_env, live_pids, run_fleetrun, start_fleetrun
+from conftest import REPO, SCRIPTS, base_env, live_pids, run_fleetrun, start_fleetrun, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from collective.env import find_free_port
@@ -222,19 +222,6 @@ def _value(samples: dict, name: str, **labels: str) -> float:
     return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
 
 
-def _wait(fn: object, timeout: float, what: str) -> object:
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()  # type: ignore[operator]
-            if last:
-                return last
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
 def _assert_nothing_left(address: str, pids: list[int]) -> None:
     """No job process alive; no fleetrun actor or placement group alive on the cluster."""
     deadline = time.monotonic() + 20
@@ -304,7 +291,7 @@ def test_metrics_endpoints_and_job_state(cluster: str, tmp_path: Path) -> None:
                sizes={"nproc_per_node": 2}, name="raymetrics")
     p = start_fleetrun("-c", str(job))
     try:
-        state = _wait(lambda: (s := _job_state(tmp_path))["state"] == "running"
+        state = wait_for(lambda: (s := _job_state(tmp_path))["state"] == "running"
                       and len(s["processes"]) == 2 and s, 150, "a running job_state.json")
         assert isinstance(state, dict)
         procs = {q["rank"]: q for q in state["processes"]}
@@ -316,7 +303,7 @@ def test_metrics_endpoints_and_job_state(cluster: str, tmp_path: Path) -> None:
             assert q["state"] == "up" and q["host"] == "127.0.0.1" and q["pid"]
             assert q["metrics"].startswith("127.0.0.1:") and by_role[("trainer", str(rank))] == q["metrics"]
             assert q["log"] == str(log / f"workerlog.{rank}")
-            _wait(lambda ep=q["metrics"]: _value(_scrape(ep), "fleet_trainer_steps_total") >= 10, 120,
+            wait_for(lambda ep=q["metrics"]: _value(_scrape(ep), "fleet_trainer_steps_total") >= 10, 120,
                   f"10 steps at {q['metrics']}")
             assert _value(_scrape(q["metrics"]), "fleet_trainer_samples_total") == 10 * 32
         launcher = _scrape(state["launcher_metrics"])

@@ -149,12 +149,15 @@ class _ParallelLayer(nn.Module):
         self.mp_degree = tdist.get_world_size(self.mp_group)
 
 
-def _mark_distributed(layer: _ParallelLayer, *params: nn.Parameter | None) -> None:
+def _mark_distributed(layer: _ParallelLayer, axis: int, *params: nn.Parameter | None) -> None:
     """Paddle's ``param.is_distributed``: this tensor is one mp rank's shard (global-norm
-    clipping, fleet.clip, sums it over the model-parallel group; replicated ones count once)."""
+    clipping, fleet.clip, sums it over the model-parallel group; replicated ones count once),
+    and Paddle's ``param.split_axis``: the dimension the full tensor is split along, in mp-rank
+    order (fleet.checkpoint re-slices shards with it when the mp degree changes)."""
     for p in params:
         if p is not None and layer.mp_degree > 1:
             p.is_distributed = True  # shadows torch's Tensor.is_distributed() on this instance
+            p.split_axis = axis
 
 
 def _keep_global_rng() -> Any:
@@ -189,7 +192,7 @@ class ColumnParallelLinear(_ParallelLayer):
         self.gather_output = gather_output
         self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features))
         self.bias = nn.Parameter(torch.empty(self.out_per_rank)) if bias else None
-        _mark_distributed(self, self.weight, self.bias)
+        _mark_distributed(self, 0, self.weight, self.bias)
         self._load_dense(_dense_linear_init(out_features, in_features, bias))
 
     @classmethod
@@ -245,7 +248,7 @@ class RowParallelLinear(_ParallelLayer):
         self.input_is_parallel = input_is_parallel
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        _mark_distributed(self, self.weight)  # the bias is replicated
+        _mark_distributed(self, 1, self.weight)  # the bias is replicated
         self._load_dense(_dense_linear_init(out_features, in_features, bias))
 
     @classmethod
@@ -292,7 +295,7 @@ class VocabParallelEmbedding(_ParallelLayer):
         self.vocab_start = self.mp_rank * self.vocab_per_rank
         self.vocab_end = self.vocab_start + self.vocab_per_rank
         self.weight = nn.Parameter(torch.empty(self.vocab_per_rank, embedding_dim))
-        _mark_distributed(self, self.weight)
+        _mark_distributed(self, 0, self.weight)
         self._load_dense(nn.Embedding(num_embeddings, embedding_dim))
 
     @classmethod

@@ -20,7 +20,7 @@ import torch
 from sharding_train import full_params, global_batch, make_model, make_optimizer
 
 import fleet
-from collective.errors import ConfigError, FleetNotImplementedError
+from collective.errors import ConfigError
 from fleet.checkpoint import load_checkpoint, read_manifest, save_checkpoint
 
 CONTINUE = 2
@@ -91,18 +91,18 @@ def main() -> None:
         rec["bad_path"] = str(err)
     manifest_file = os.path.join(args.ckpt, "fleet_manifest.json")
     if rank == 0 and world == 1:
-        # A checkpoint that claims another tensor-parallel degree is refused, clearly.
+        # A checkpoint of the old format (per-mp-rank keys) is refused, clearly.
         with open(manifest_file) as f:
             m = json.load(f)
-        m["degrees"]["mp_degree"] = 2
-        other = os.path.join(args.out, "mp2_manifest")
+        m["format"] = 1
+        other = os.path.join(args.out, "format1_manifest")
         os.makedirs(other, exist_ok=True)
         with open(os.path.join(other, "fleet_manifest.json"), "w") as f:
             json.dump(m, f)
         try:
             load_checkpoint(other, model, opt)
-        except FleetNotImplementedError as err:
-            rec["other_mp"] = str(err)
+        except ConfigError as err:
+            rec["old_format"] = str(err)
     with open(os.path.join(args.out, f"load_rank{rank}.json"), "w") as f:
         json.dump(rec, f)
 

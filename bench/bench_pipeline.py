@@ -3,12 +3,17 @@ Schedule1F1B on the same 2-stage model (CPU, gloo, 1 thread per rank), in one ru
 
 Printed:
 * step time, median [min .. max] of ``--reps`` repetitions (each the median of ``--steps``
-  steps, slowest stage), for both engines (order alternates); ratio torch/ours (speed, goal >= 0.95);
+  steps, slowest stage), for both engines; ratio torch/ours (speed, goal >= 0.95). Both engines
+  are built once and run alternately step by step (order flipped every step, a barrier before
+  each), so load from other jobs hits both alike; the per-step ratios (median, quartiles) are
+  printed too;
 * the measured bubble ``1 - compute/step`` of our stages (compute = forward + backward time
   inside the stage, mean over stages) at m = 4 and 8 micro-batches vs. ``(p-1)/(m+p-1)``;
 * peak saved-activation bytes (``SavedActivationMeter``) at 4 vs 16 micro-batches of the same
   size, 1F1B and FThenB (goal for 1F1B: ratio <= 1.1);
-* the cost of the once-per-step shape message (64 int64) as a gloo round trip.
+* the cost of the once-per-step shape message (64 int64) as a gloo round trip;
+* the load average before and after (the machine is shared: judge the ratio, which both engines
+  see under the same load, rep by rep in alternating order).
 
 Usage: ``python bench/bench_pipeline.py [--reps 5] [--steps 8] [--hidden 512] [--json PATH]``
 """
@@ -60,7 +65,21 @@ def _strategy(m: int, schedule: str = "1F1B") -> Any:
     return s
 
 
-def _time_ours(hcg: Any, hidden: int, m: int, steps: int) -> tuple[list[float], list[float]]:
+def _bubbles(hcg: Any, hidden: int, m: int, steps: int) -> list[float]:
+    """``1 - compute / step`` of our engine's stage over ``steps`` steps at ``m`` micro-batches."""
+    step = _make_ours(hcg, hidden, m)
+    model = step.model
+    step()  # warm-up
+    bubbles = []
+    for _ in range(steps):
+        step()
+        st = model.last_step_stats
+        bubbles.append(1 - st["compute_s"] / st["step_s"])
+    return bubbles
+
+
+def _make_ours(hcg: Any, hidden: int, m: int) -> Any:
+    """One train_batch of our engine as a callable."""
     import torch
     from torch import nn
 
@@ -71,17 +90,16 @@ def _time_ours(hcg: Any, hidden: int, m: int, steps: int) -> tuple[list[float], 
     model = PipelineParallel(pipe, hcg, _strategy(m))
     opt = torch.optim.SGD(pipe.parameters(), lr=1e-3)
     x, y = torch.randn(MBS * m, hidden), torch.randn(MBS * m, hidden)
-    model.train_batch([x, y], opt)  # warm-up
-    times, bubbles = [], []
-    for _ in range(steps):
+
+    def step() -> None:
         model.train_batch([x, y], opt)
-        st = model.last_step_stats
-        times.append(st["step_s"])
-        bubbles.append(1 - st["compute_s"] / st["step_s"])
-    return times, bubbles
+
+    step.model = model  # type: ignore[attr-defined]
+    return step
 
 
-def _time_torch(rank: int, hidden: int, m: int, steps: int) -> list[float]:
+def _make_torch(rank: int, hidden: int, m: int) -> Any:
+    """One Schedule1F1B step (+ optimizer step and zero_grad, as train_batch does) as a callable."""
     import torch
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -97,18 +115,42 @@ def _time_torch(rank: int, hidden: int, m: int, steps: int) -> list[float]:
     opt = torch.optim.SGD(sub.parameters(), lr=1e-3)
     x, y = torch.randn(MBS * m, hidden), torch.randn(MBS * m, hidden)
 
-    def step() -> float:
-        t0 = time.perf_counter()
+    def step() -> None:
         if rank == 0:
             sched.step(x)
         else:
             sched.step(target=y, losses=[])
         opt.step()
         opt.zero_grad()
-        return time.perf_counter() - t0
 
-    step()  # warm-up
-    return [step() for _ in range(steps)]
+    return step
+
+
+def _interleaved(rank: int, hcg: Any, hidden: int, reps: int, steps: int) -> dict[str, Any]:
+    """Both engines built once, then ``reps`` x ``steps`` steps alternating ours / torch step by
+    step (order flipped every step, a barrier before each): load that comes and goes hits both
+    alike. Per step the slowest stage counts; per rep the median step."""
+    import torch.distributed as tdist
+
+    fns = {"ours": _make_ours(hcg, hidden, 8), "torch": _make_torch(rank, hidden, 8)}
+    for fn in fns.values():  # warm-up (torch infers shapes at its first step)
+        fn()
+    times: dict[str, list[float]] = {"ours": [], "torch": []}
+    for i in range(reps * steps):
+        for impl in ("ours", "torch") if i % 2 == 0 else ("torch", "ours"):
+            tdist.barrier()
+            t0 = time.perf_counter()
+            fns[impl]()
+            times[impl].append(time.perf_counter() - t0)
+    gathered: list[Any] = [None, None]
+    tdist.all_gather_object(gathered, times)
+    out: dict[str, Any] = {"ours": [], "torch": [], "paired": []}
+    for impl in ("ours", "torch"):
+        slow = [max(a, b) for a, b in zip(gathered[0][impl], gathered[1][impl])]
+        out[impl] = [statistics.median(slow[r * steps:(r + 1) * steps]) for r in range(reps)]
+        out[f"{impl}_steps"] = slow
+    out["paired"] = [t / o for t, o in zip(out["torch_steps"], out["ours_steps"])]
+    return out
 
 
 def _memory(hcg: Any, hidden: int, schedule: str, m: int) -> int:
@@ -153,22 +195,10 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
                              world_size=2)
     hcg = _hcg(_strategy(1))
 
-    def slowest(values: list[float]) -> float:
-        gathered: list[Any] = [None, None]
-        tdist.all_gather_object(gathered, statistics.median(values))
-        return max(gathered)
-
-    res: dict[str, Any] = {"ours": [], "torch": [], "bubble": {}, "memory": {}}
-    for rep in range(args.reps):
-        for impl in ("ours", "torch") if rep % 2 == 0 else ("torch", "ours"):
-            tdist.barrier()
-            if impl == "ours":
-                times, _ = _time_ours(hcg, args.hidden, 8, args.steps)
-            else:
-                times = _time_torch(rank, args.hidden, 8, args.steps)
-            res[impl].append(slowest(times))
+    res: dict[str, Any] = {"bubble": {}, "memory": {}}
+    res.update(_interleaved(rank, hcg, args.hidden, args.reps, args.steps))
     for m in (4, 8):
-        _, bubbles = _time_ours(hcg, args.hidden, m, args.steps)
+        bubbles = _bubbles(hcg, args.hidden, m, args.steps)
         gathered: list[Any] = [None, None]
         tdist.all_gather_object(gathered, statistics.median(bubbles))
         res["bubble"][m] = {"measured": sum(gathered) / 2, "theory": 1 / (m + 1)}
@@ -196,13 +226,16 @@ def main() -> None:
 
     from collective.env import find_free_port
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "res.json")
         tmp_mp.spawn(worker, args=(find_free_port(), args, out), nprocs=2, join=True)
         with open(out) as f:
             res = json.load(f)
     ours, peer = Stats.of(res["ours"]), Stats.of(res["torch"])
-    extra = {"bubble": res["bubble"], "memory": res["memory"], "meta_rtt_s": res["meta_rtt_s"]}
+    extra = {"bubble": res["bubble"], "memory": res["memory"], "meta_rtt_s": res["meta_rtt_s"],
+             "paired_speed": res["paired"],
+             "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     report(
         f"Pipeline 1F1B step, 2 stages x {LAYERS // 2} Linear({args.hidden})+GELU, 8 micro-batches "
         f"of {MBS}, gloo CPU: fleet PipelineParallel vs torch.distributed.pipelining Schedule1F1B",
@@ -210,7 +243,10 @@ def main() -> None:
         goal="ours/torch time <= 1.05 (speed torch/ours >= 0.95)", extra=extra,
         json_path=args.json,
     )
-    print(f"  speed ratio torch/ours = {peer.median / ours.median:.3f}")
+    q = statistics.quantiles(res["paired"], n=4)
+    print(f"  speed ratio torch/ours = {peer.median / ours.median:.3f} (of the medians); "
+          f"step by step: median {statistics.median(res['paired']):.3f}, quartiles "
+          f"{q[0]:.3f} .. {q[2]:.3f} over {len(res['paired'])} paired steps")
     for m, b in res["bubble"].items():
         print(f"bubble at m={m}, p=2: measured {b['measured']:.3f} (incl. communication) "
               f"vs (p-1)/(m+p-1) = {b['theory']:.3f}")
@@ -222,8 +258,11 @@ def main() -> None:
               f"{', '.join(f'{x:.2f}' for x in r)}" + ("  (goal <= 1.1)" if schedule == "1F1B"
                                                          else ""))
     print(f"shape message (64 x int64) round trip: {res['meta_rtt_s'] * 1e6:.0f} us, once per "
-          f"step vs step {ours.median * 1e3:.1f} ms")
-    print(f"machine: {machine_info()['cpus']} CPUs shared with other jobs (numbers are noisy)")
+          f"step vs step {ours.median * 1e3:.1f} ms (an upper bound: its receive is posted when "
+          "the step starts)")
+    load = ", ".join(f"{a:.1f}->{b:.1f}" for a, b in zip(load_before, os.getloadavg()))
+    print(f"machine: {machine_info()['cpus']} CPUs shared with other jobs (numbers are noisy); "
+          f"load average 1/5/15 min before->after: {load}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from torch.overrides import TorchFunctionMode
 
 from collective.errors import ConfigError, FleetError
 from fleet import telemetry
+from fleet.optimizer_base import DelegatingOptimizer
 from fleet.strategy_configs import AmpConfig, AmpDtype
 
 logger = logging.getLogger(__name__)
@@ -377,7 +378,7 @@ def autocast(config: AmpConfig, device_type: str) -> Iterator[None]:
 # ---- O2 master weights --------------------------------------------------------------------------
 
 
-class MasterWeightOptimizer(torch.optim.Optimizer):
+class MasterWeightOptimizer(DelegatingOptimizer):
     """AMP O2: the model's parameters are low precision; the wrapped optimizer updates float32
     master copies, which are copied back into the parameters after each step.
 
@@ -385,45 +386,14 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     schedulers, loss scalers and gradient merge see the model's tensors); during ``step``,
     ``state_dict`` and ``load_state_dict`` the groups hold the masters instead, so optimizer state
     is float32 and keyed by the masters. Masters are made lazily from the parameters as they are
-    when first needed; float32 parameters are their own master. Like fleet's
-    ``DistributedOptimizer`` it does not call ``Optimizer.__init__`` (one set of groups).
+    when first needed; float32 parameters are their own master. Like every fleet optimizer
+    wrapper it delegates the rest to the wrapped optimizer
+    (:class:`~fleet.optimizer_base.DelegatingOptimizer`: one set of groups).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self._inner = optimizer
+        super().__init__(optimizer)
         self._masters: dict[int, torch.Tensor] = {}
-
-    @property
-    def inner_optimizer(self) -> torch.optim.Optimizer:
-        """The wrapped optimizer (it updates the masters)."""
-        return self._inner
-
-    @property  # type: ignore[override]
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The wrapped optimizer's groups (model parameters)."""
-        return self._inner.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self._inner.param_groups = value
-
-    @property  # type: ignore[override]
-    def state(self) -> Any:
-        """The wrapped optimizer's state (keyed by the masters)."""
-        return self._inner.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self._inner.state = value
-
-    @property  # type: ignore[override]
-    def defaults(self) -> dict[str, Any]:
-        """The wrapped optimizer's defaults."""
-        return self._inner.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self._inner.defaults = value
 
     def master(self, p: torch.Tensor) -> torch.Tensor:
         """The float32 master of parameter ``p`` (created on first use)."""
@@ -468,10 +438,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                     m.grad = None
         return out
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the model parameters' gradients."""
-        self._inner.zero_grad(set_to_none=set_to_none)
-
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """The wrapped optimizer's state dict (float32 state)."""
         with self._masters_in_groups():
@@ -481,18 +447,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         """Load into the wrapped optimizer (state attaches to the masters)."""
         with self._masters_in_groups():
             self._inner.load_state_dict(state_dict)
-
-    def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.__dict__
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def __getattr__(self, name: str) -> Any:
-        inner = self.__dict__.get("_inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def __repr__(self) -> str:
         return f"MasterWeightOptimizer({self._inner!r})"

@@ -25,13 +25,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from collective.errors import ConfigError
 from fleet import telemetry
 from fleet.base import FleetRuntime, check_strategy_supported, get_runtime, require_strategy
+from fleet.optimizer_base import DelegatingOptimizer
 from fleet.strategy import DistributedStrategy
 
 logger = logging.getLogger(__name__)
@@ -53,56 +53,20 @@ class GradientMergeState:
         return self.micro_step + 1 >= self.k_steps
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(DelegatingOptimizer):
     """What :func:`distributed_optimizer` returns: ``optimizer`` plus optional gradient merge.
 
-    It does not call ``Optimizer.__init__``: ``param_groups``, ``state``, ``defaults`` and the hook
-    tables are the wrapped optimizer's own objects, so an LR scheduler, a ``GradScaler``, a
-    checkpoint or a step hook sees one optimizer.
+    ``param_groups``, ``state``, ``defaults`` and the hook tables are the wrapped optimizer's own
+    objects (:class:`~fleet.optimizer_base.DelegatingOptimizer`), so an LR scheduler, a
+    ``GradScaler``, a checkpoint or a step hook sees one optimizer; with gradient merge a step
+    hook registered on the wrapper runs once per K micro-steps.
     """
 
     def __init__(
         self, optimizer: torch.optim.Optimizer, grad_merge: GradientMergeState | None = None
     ) -> None:
-        # Deliberately no super().__init__(): that would build a second set of param groups.
-        # The hook tables (``_optimizer_step_pre_hooks``, ...) are not created either: reads fall
-        # through __getattr__ to the wrapped optimizer, so ``register_step_post_hook`` on the
-        # wrapper registers on the optimizer that really updates (with gradient merge: once per
-        # K micro-steps).
-        self._inner = optimizer
+        super().__init__(optimizer)
         self.grad_merge = grad_merge
-
-    @property
-    def inner_optimizer(self) -> torch.optim.Optimizer:
-        """The wrapped torch optimizer."""
-        return self._inner
-
-    @property  # type: ignore[override]
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The wrapped optimizer's parameter groups (the same list object)."""
-        return self._inner.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self._inner.param_groups = value
-
-    @property  # type: ignore[override]
-    def state(self) -> Any:
-        """The wrapped optimizer's per-parameter state."""
-        return self._inner.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self._inner.state = value
-
-    @property  # type: ignore[override]
-    def defaults(self) -> dict[str, Any]:
-        """The wrapped optimizer's default hyper-parameters."""
-        return self._inner.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self._inner.defaults = value
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Update the parameters — with gradient merge, only on every ``k_steps``-th call."""
@@ -138,18 +102,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.grad_merge is None or self.grad_merge.micro_step == 0:
             self._inner.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """The wrapped optimizer's state dict (interchangeable with an unwrapped one)."""
-        return self._inner.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
-        """Load into the wrapped optimizer."""
-        self._inner.load_state_dict(state_dict)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a parameter group to the wrapped optimizer."""
-        self._inner.add_param_group(param_group)
-
     def param_ids(self) -> set[int]:
         """``id()`` of every parameter this optimizer updates (with sharding: of every
         parameter it was built with, owned by this rank or not)."""
@@ -157,19 +109,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if callable(inner_ids):
             return set(inner_ids())
         return {id(p) for group in self._inner.param_groups for p in group["params"]}
-
-    def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.__dict__
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names the wrapper lacks: optimizer-specific extras.
-        inner = self.__dict__.get("_inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def __repr__(self) -> str:
         gm = self.grad_merge

@@ -45,6 +45,7 @@ import torch.distributed as tdist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from collective.errors import ConfigError
+from fleet.optimizer_base import DelegatingOptimizer
 
 logger = logging.getLogger(__name__)
 
@@ -90,11 +91,11 @@ def _buckets(params: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tens
     return out
 
 
-class ShardedOptimizer(torch.optim.Optimizer):
+class ShardedOptimizer(DelegatingOptimizer):
     """Stage 1/2 sharding around the user's optimizer (which then updates only owned params).
 
-    Like :class:`fleet.optimizer.DistributedOptimizer`, it does not call
-    ``Optimizer.__init__``: ``param_groups`` and ``state`` are the wrapped optimizer's.
+    Like every fleet optimizer wrapper (:class:`~fleet.optimizer_base.DelegatingOptimizer`),
+    ``param_groups`` and ``state`` are the wrapped optimizer's.
     ``param_groups`` lists only this rank's parameters; :meth:`zero_grad` clears all of them.
     ``state_dict()`` is this rank's shard; use :func:`fleet.save_checkpoint` for a full one.
     """
@@ -110,7 +111,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         offload: bool = False,
         segment_MB: float = 32.0,
     ) -> None:
-        # Deliberately no super().__init__() (see DistributedOptimizer).
         if stage not in (1, 2):
             raise ConfigError(f"ShardedOptimizer handles stages 1 and 2, got {stage}",
                               key="sharding_configs.stage")
@@ -120,7 +120,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "state, so pass it to fleet.distributed_optimizer before the first step",
                 key="optimizer",
             )
-        self._inner = optimizer
+        super().__init__(optimizer)
         self.stage = stage
         self.group = group
         self.group_ranks = list(group_ranks)
@@ -163,11 +163,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ---- ownership -------------------------------------------------------------------------
 
-    @property
-    def inner_optimizer(self) -> torch.optim.Optimizer:
-        """The wrapped torch optimizer (it holds only this rank's parameters)."""
-        return self._inner
-
     def is_owned(self, p: torch.Tensor) -> bool:
         """True when this rank updates ``p`` and holds its optimizer state."""
         return self._owner[id(p)] == self.shard_rank
@@ -192,33 +187,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
     state_param = _state_param
 
     # ---- torch.optim.Optimizer surface -------------------------------------------------------
-
-    @property  # type: ignore[override]
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The wrapped optimizer's parameter groups (this rank's parameters only)."""
-        return self._inner.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self._inner.param_groups = value
-
-    @property  # type: ignore[override]
-    def state(self) -> Any:
-        """The wrapped optimizer's state (this rank's shard)."""
-        return self._inner.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self._inner.state = value
-
-    @property  # type: ignore[override]
-    def defaults(self) -> dict[str, Any]:
-        """The wrapped optimizer's default hyper-parameters."""
-        return self._inner.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self._inner.defaults = value
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Reduce gradients (stage 2, or stage 1 when nobody did), update the owned parameters,
@@ -255,14 +223,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for m in self._master.values():
             m.grad = None
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """This rank's shard of the state (the inner optimizer's state dict)."""
-        return self._inner.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
-        """Load a shard saved by :meth:`state_dict` on the same rank and degree."""
-        self._inner.load_state_dict(state_dict)
-
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Not supported: the partition is fixed when sharding starts."""
         raise ConfigError(
@@ -278,18 +238,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def local_state_bytes(self) -> int:
         """Bytes of optimizer state on this rank."""
         return optimizer_state_bytes(self._inner)
-
-    def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.__dict__
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def __getattr__(self, name: str) -> Any:
-        inner = self.__dict__.get("_inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def __repr__(self) -> str:
         return (f"ShardedOptimizer(stage={self.stage}, shard {self.shard_rank} of "

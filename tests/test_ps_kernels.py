@@ -80,6 +80,7 @@ def test_push_matches_numpy(monkeypatch: pytest.MonkeyPatch, name: str, dim: int
         np.testing.assert_allclose(pulled[0], pulled[1], rtol=1e-6, atol=1e-7)
         assert stats[0] == stats[1]
         assert stats[0].applied == np.unique(keys).shape[0]
+        assert not (fast.store.flags & 0x80).any(), "the kernel's transient row mark leaked"
     _same(fast, slow, monkeypatch)
 
 

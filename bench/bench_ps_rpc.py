@@ -6,8 +6,8 @@ For each dim (8, 16, 64) and server count (1, 2): one step = ``pull_sparse`` of 
 is an echo service (this script with ``--echo_server``, one process per server) that receives and
 returns the same number of bytes per request (keys in, rows out; keys + grads in, a few bytes
 out), with the same split of keys over servers (the same routing), the same number of round
-trips and the same parallelism (gRPC futures, one request per server at once), and no work
-besides allocating the reply. The ratio ``ours / echo`` (keys/s) is the share of the raw
+trips and the same parallelism (one blocking call per server at once on a thread pool, as
+PSClient does), and no work besides allocating the reply. The ratio ``ours / echo`` (keys/s) is the share of the raw
 transport rate the PS keeps after protobuf, routing, the hash-table lookups and the optimizer
 (goal >= 0.5). Median of ``--reps`` (>= 5) repetitions of ``--steps`` steps each, [min .. max].
 
@@ -94,7 +94,9 @@ def start_process(cmd: list[str]) -> tuple[subprocess.Popen, str]:
 
 
 class EchoClient:
-    """Moves the bytes PSClient would move, with the same routing, splits and parallelism."""
+    """Moves the bytes PSClient would move, with the same routing, splits and parallelism: one
+    blocking call per server at once on a long-lived thread pool, as PSClient does (grpc's
+    ``.future()`` starts a thread per call)."""
 
     def __init__(self, endpoints: list[str], max_mb: int) -> None:
         import grpc
@@ -104,25 +106,30 @@ class EchoClient:
         self.channels = [grpc.insecure_channel(e, options=opts) for e in endpoints]
         self.pull_calls = [c.unary_unary(ECHO_PULL) for c in self.channels]
         self.push_calls = [c.unary_unary(ECHO_PUSH) for c in self.channels]
+        self.pool = futures.ThreadPoolExecutor(max_workers=max(4, 2 * len(endpoints)))
+
+    def _call(self, calls: list, requests: list[bytes]) -> list[bytes]:
+        if len(requests) == 1:
+            return [calls[0](requests[0], timeout=60)]
+        futs = [self.pool.submit(c, r, timeout=60) for c, r in zip(calls, requests)]
+        return [f.result() for f in futs]
 
     def step(self, parts: list[np.ndarray], keys: np.ndarray, grads: np.ndarray, dim: int) -> None:
         head = dim.to_bytes(4, "little")
-        futs = [
-            self.pull_calls[s].future(head + keys[p].tobytes(), timeout=60)
-            for s, p in enumerate(parts)
-            if p.shape[0]
-        ]
-        for f in futs:
-            np.frombuffer(f.result(), np.float32)
-        futs = [
-            self.push_calls[s].future(keys[p].tobytes() + grads[p].tobytes(), timeout=60)
-            for s, p in enumerate(parts)
-            if p.shape[0]
-        ]
-        for f in futs:
-            f.result()
+        used = [(s, p) for s, p in enumerate(parts) if p.shape[0]]
+        replies = self._call(
+            [self.pull_calls[s] for s, _ in used],
+            [head + np.take(keys, p).tobytes() for _, p in used],
+        )
+        for r in replies:
+            np.frombuffer(r, np.float32)
+        self._call(
+            [self.push_calls[s] for s, _ in used],
+            [np.take(keys, p).tobytes() + np.take(grads, p, axis=0).tobytes() for _, p in used],
+        )
 
     def close(self) -> None:
+        self.pool.shutdown()
         for c in self.channels:
             c.close()
 

@@ -10,6 +10,12 @@
  *       the row of each key in the open-addressing index of ps_server/hash_index.py
  *       (home slot = mix64(key ^ INDEX_SALT) & (S - 1), linear probing, -1 empty,
  *       -2 tombstone), -1 where absent.
+ *   gather(values f32[C,dim], rows i64[n], out f32[n,dim]) -> rows < 0
+ *       out[i] = values[rows[i]] where rows[i] >= 0 (out[i] untouched where < 0), prefetching
+ *       the rows ahead; returns how many rows were < 0.
+ *   owned(keys i64[n], salt u64, owned u8[num_shards]) -> position or -1
+ *       the first key whose shard (mix64(key ^ salt) % num_shards) has owned[shard] == 0,
+ *       -1 when this server owns every key (the servers' routing check).
  *   push(rule, hyper f64[8], values f32[C,dim], state f32[C,sd], count u32[C], unseen u16[C],
  *        flags u8[C], rows i64[n], grads f32[n,dim]) -> distinct rows updated
  *       sums the gradients of duplicated rows (float64 accumulation, occurrence order), then
@@ -231,7 +237,10 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
            the update touches anyway, instead of the batch hash table. The bit is cleared by
            the update below, or right here when a duplicate turns up. */
         Py_ssize_t marked = 0;
-        while (marked < n && !(flags[rows[marked]] & FLAG_MARK)) flags[rows[marked++]] |= FLAG_MARK;
+        while (marked < n && !(flags[rows[marked]] & FLAG_MARK)) {
+            if (marked + 16 < n) __builtin_prefetch(flags + rows[marked + 16], 1);
+            flags[rows[marked++]] |= FLAG_MARK;
+        }
         int distinct = marked == n;
         if (!distinct)
             for (Py_ssize_t i = 0; i < marked; i++) flags[rows[i]] &= (uint8_t)~FLAG_MARK;
@@ -361,7 +370,78 @@ static PyObject *k_group(PyObject *self, PyObject *args) {
     return result;
 }
 
+static PyObject *k_gather(PyObject *self, PyObject *args) {
+    PyObject *o_vals, *o_rows, *o_out;
+    if (!PyArg_ParseTuple(args, "OOO", &o_vals, &o_rows, &o_out)) return NULL;
+    Py_buffer bv, br, bo;
+    if (!get_buf(o_vals, &bv, 4, 0, "values")) return NULL;
+    if (!get_buf(o_rows, &br, 8, 0, "rows")) { PyBuffer_Release(&bv); return NULL; }
+    if (!get_buf(o_out, &bo, 4, 1, "out")) {
+        PyBuffer_Release(&br); PyBuffer_Release(&bv); return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = br.len / 8;
+    Py_ssize_t dim = n ? bo.len / 4 / n : 0;
+    Py_ssize_t cap = dim ? bv.len / 4 / dim : 0;
+    if (n && (bo.len / 4 != n * dim || (dim && bv.len / 4 != cap * dim))) {
+        PyErr_SetString(PyExc_ValueError, "gather: out must be [len(rows), dim] of values' dim");
+        goto done;
+    }
+    const int64_t *rows = (const int64_t *)br.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (rows[i] >= cap && dim) {
+            PyErr_Format(PyExc_ValueError, "gather: row %lld out of range", (long long)rows[i]);
+            goto done;
+        }
+    }
+    Py_ssize_t missing = 0;
+    const float *vals = (const float *)bv.buf;
+    float *out = (float *)bo.buf;
+    Py_BEGIN_ALLOW_THREADS
+    enum { PF = 16 };
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PF < n && rows[i + PF] >= 0) __builtin_prefetch(vals + rows[i + PF] * dim);
+        int64_t r = rows[i];
+        if (r < 0) { missing++; continue; }
+        memcpy(out + i * dim, vals + r * dim, sizeof(float) * (size_t)dim);
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(missing);
+done:
+    PyBuffer_Release(&bo); PyBuffer_Release(&br); PyBuffer_Release(&bv);
+    return result;
+}
+
+static PyObject *k_owned(PyObject *self, PyObject *args) {
+    PyObject *o_keys, *o_owned;
+    unsigned long long salt;
+    if (!PyArg_ParseTuple(args, "OKO", &o_keys, &salt, &o_owned)) return NULL;
+    Py_buffer bk, bw;
+    if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
+    if (!get_buf(o_owned, &bw, 1, 0, "owned")) { PyBuffer_Release(&bk); return NULL; }
+    Py_ssize_t n = bk.len / 8, bad = -1;
+    uint64_t ns = (uint64_t)bw.len;
+    if (ns == 0) {
+        PyErr_SetString(PyExc_ValueError, "owned: the shard mask is empty");
+        PyBuffer_Release(&bw); PyBuffer_Release(&bk);
+        return NULL;
+    }
+    const uint64_t *k = (const uint64_t *)bk.buf;
+    const uint8_t *own = (const uint8_t *)bw.buf;
+    Py_BEGIN_ALLOW_THREADS
+    int pow2 = (ns & (ns - 1)) == 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t h = mix64(k[i] ^ (uint64_t)salt);
+        if (!own[pow2 ? (h & (ns - 1)) : (h % ns)]) { bad = i; break; }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&bw); PyBuffer_Release(&bk);
+    return PyLong_FromSsize_t(bad);
+}
+
 static PyMethodDef methods[] = {
+    {"gather", k_gather, METH_VARARGS, "gather(values, rows, out) -> rows < 0 (left untouched)"},
+    {"owned", k_owned, METH_VARARGS, "owned(keys, salt, owned) -> first unowned position or -1"},
     {"probe", k_probe, METH_VARARGS, "probe(slots, stored_keys, query, out): rows of keys"},
     {"push", k_push, METH_VARARGS,
      "push(rule, hyper, values, state, count, unseen, flags, rows, grads) -> distinct rows"},

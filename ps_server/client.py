@@ -34,6 +34,7 @@ import numpy as np
 from google.protobuf.message import Message
 
 from collective.errors import ConfigError
+from ps_server.batch_ops import put_rows, take_rows
 from ps_server.codec import (
     KEY_BYTES,
     KEY_DTYPE,
@@ -165,6 +166,7 @@ class PSClient(RpcClient):
         if self.num_servers == 1:
             return [None]
         return list(group_by_server(keys, self.num_servers, num_shards))
+
     def pull_sparse(self, table: str, keys: Any) -> np.ndarray:
         """float32[len(keys), dim]: the rows of ``keys`` (any order, duplicates allowed)."""
         return self._pull_sparse(table, keys, retry=True)
@@ -175,15 +177,18 @@ class PSClient(RpcClient):
         out = np.empty((keys.shape[0], config.dim), dtype=np.float32)
         calls, targets, segs = [], [], []
         for server, pos in enumerate(self._route(keys, config.num_shards)):
-            skeys = keys if pos is None else keys[pos]
+            skeys = keys if pos is None else take_rows(keys, pos)
             n = skeys.shape[0]
             if n == 0:
                 continue
             seg = self._lease(server, n, config.dim)
             if seg is not None:
                 seg.views(n, config.dim)[0][...] = skeys
-                fields: dict[str, Any] = {"table": table, "shm_segment": seg.name,
-                                          "shm_num_keys": n}
+                fields: dict[str, Any] = {
+                    "table": table,
+                    "shm_segment": seg.name,
+                    "shm_num_keys": n,
+                }
                 parts: list[Any] = [slice(0, n)]
             else:
                 parts = self._chunks(skeys, config.dim * VALUE_BYTES + KEY_BYTES, False)
@@ -198,9 +203,10 @@ class PSClient(RpcClient):
             for target, reply, seg in zip(targets, replies, segs):
                 n = target.stop - target.start if isinstance(target, slice) else target.shape[0]
                 if seg is not None:
-                    out[target] = seg.views(n, config.dim)[1]
+                    put_rows(out, target, seg.views(n, config.dim)[1])
                 else:
-                    out[target] = decode_rows(table, reply.values, n, config.dim, "values (reply)")
+                    rows = decode_rows(table, reply.values, n, config.dim, "values (reply)")
+                    put_rows(out, target, rows)
         except PSRpcError as err:
             if self._release(segs, err) and retry:  # a server lost its segment: once more
                 return self._pull_sparse(table, keys, retry=False)
@@ -243,8 +249,8 @@ class PSClient(RpcClient):
         first, last, segs = [], [], []  # SYNC: every part but a server's last goes first
         common = {"mode": _MODES[mode], "sync_count": sync_count or 0, "table": table}
         for server, pos in enumerate(self._route(keys, config.num_shards)):
-            skeys = keys if pos is None else keys[pos]
-            sgrads = grads if pos is None else grads[pos]
+            skeys = keys if pos is None else take_rows(keys, pos)
+            sgrads = grads if pos is None else take_rows(grads, pos)
             n = skeys.shape[0]
             if n == 0 and not sync:
                 continue
@@ -253,7 +259,8 @@ class PSClient(RpcClient):
                 k, g = seg.views(n, config.dim)
                 k[...], g[...] = skeys, sgrads
                 request = _PUSH_SPARSE_REQUEST.encode(
-                    {**common, "shm_segment": seg.name, "shm_num_keys": n})
+                    {**common, "shm_segment": seg.name, "shm_num_keys": n}
+                )
                 last.append(Call(server, "PushSparse", request))
                 segs.append(seg)
                 continue
@@ -264,7 +271,7 @@ class PSClient(RpcClient):
                     {
                         **common,
                         "keys": _le(skeys[part], KEY_DTYPE),
-                        "grads": _le(sgrads[part], VALUE_DTYPE),
+                        "grads": _le(take_rows(sgrads, part), VALUE_DTYPE),
                         "more_parts": more,
                     }
                 )

@@ -39,6 +39,24 @@ def probe(slots: np.ndarray, stored_keys: np.ndarray, query: np.ndarray) -> np.n
     return out
 
 
+def gather(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
+    """``out[i] = values[rows[i]]`` where ``rows[i] >= 0`` (others untouched); how many were
+    < 0. Compiled path only."""
+    assert _c is not None
+    if values.shape[1:] != out.shape[1:] or out.shape[0] != rows.shape[0]:
+        raise ValueError(
+            f"gather: out must be [len(rows), dim] = [{rows.shape[0]}, {values.shape[1:]}] of "
+            f"the values' dim, got {out.shape}"
+        )
+    return int(_c.gather(values, np.ascontiguousarray(rows, dtype=np.int64), out))
+
+
+def first_unowned(keys: np.ndarray, salt: int, owned: np.ndarray) -> int:
+    """Position of the first key whose shard ``owned`` (uint8 per shard) marks 0, or -1."""
+    assert _c is not None
+    return int(_c.owned(np.ascontiguousarray(keys, dtype=np.int64), salt, owned))
+
+
 def push_hyper(rule: object) -> tuple[int, np.ndarray] | None:
     """(rule id, float64 hyper-parameters) of a built-in rule, or None (use numpy)."""
     from ps_server.optimizers import SGD, Adagrad, Adam
@@ -70,8 +88,14 @@ def push(
     assert _c is not None
     return int(
         _c.push(
-            rule_id, hyper, cols["values"], cols["state"], cols["count"], cols["unseen_days"],
-            flags, np.ascontiguousarray(rows, dtype=np.int64),
+            rule_id,
+            hyper,
+            cols["values"],
+            cols["state"],
+            cols["count"],
+            cols["unseen_days"],
+            flags,
+            np.ascontiguousarray(rows, dtype=np.int64),
             np.ascontiguousarray(grads, dtype=np.float32),
         )
     )
@@ -86,4 +110,4 @@ def group(keys: np.ndarray, salt: int, num_shards: int, num_servers: int) -> lis
     return np.split(out, np.cumsum(counts)[:-1])
 
 
-__all__ = ["ENABLED", "group", "probe", "push", "push_hyper"]
+__all__ = ["ENABLED", "first_unowned", "gather", "group", "probe", "push", "push_hyper"]

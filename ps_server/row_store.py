@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from ps_server import kernels
+from ps_server.batch_ops import row_view
 from ps_server.errors import TableCapacityError
 from ps_server.hash_index import HashIndex, KeyIndex
 
@@ -61,12 +63,6 @@ LOOKUP_CACHE_MIN_KEYS = 4096
 """Lookups of at least this many keys are remembered for the next one (see RowStore.lookup)."""
 
 ColumnSpec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
-
-
-def _void_view(a: np.ndarray) -> np.ndarray:
-    """1-D view with one opaque element per row (fast row scatter: ``v[rows] = other``)."""
-    row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
-    return a.reshape(a.shape[0], -1).view(np.dtype((np.void, row_bytes))).reshape(a.shape[0])
 
 
 class RowStore:
@@ -132,13 +128,21 @@ class RowStore:
         The last large lookup is remembered until the mapping changes: a trainer pushes exactly
         the keys it pulled (``DistributedEmbedding``), and comparing the keys (one memcmp) costs
         ~1/40 of probing them again."""
+        rows = self._remembered(keys)
+        if rows is None:
+            rows = self.index.lookup(keys, self.keys)
+            self._remember(keys, rows)
+        return rows
+
+    def _remembered(self, keys: np.ndarray) -> np.ndarray | None:
         last = self._last
         if last is not None and last[0].shape == keys.shape and np.array_equal(last[0], keys):
             return last[1].copy()
-        rows = self.index.lookup(keys, self.keys)
+        return None
+
+    def _remember(self, keys: np.ndarray, rows: np.ndarray) -> None:
         if keys.shape[0] >= LOOKUP_CACHE_MIN_KEYS:
             self._last = (keys.copy(), rows.copy())
-        return rows
 
     def _grow(self, needed: int) -> None:
         cap = self.capacity
@@ -216,6 +220,19 @@ class RowStore:
         """A copy of column ``name`` at ``rows``."""
         return np.take(self.cols[name], rows, axis=0)
 
+    def gather_into(self, name: str, rows: np.ndarray, out: np.ndarray) -> None:
+        """``out[i] = column[rows[i]]`` for the float32 column ``name`` where ``rows[i] >= 0``;
+        the other rows of ``out`` keep what they held (compiled: one pass, prefetching)."""
+        col = self.cols[name]
+        if kernels.ENABLED and col.dtype == np.float32 and out.flags.c_contiguous:
+            kernels.gather(col, rows, out)
+            return
+        hit = rows >= 0
+        if hit.all():
+            np.take(col, rows, axis=0, out=out)
+        else:
+            out[hit] = np.take(col, rows[hit], axis=0)
+
     def scatter(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
         """Write ``values`` into column ``name`` at distinct ``rows``."""
         col = self.cols[name]
@@ -225,7 +242,7 @@ class RowStore:
             src = np.ascontiguousarray(values, dtype=col.dtype).reshape(
                 rows.shape[0], *col.shape[1:]
             )
-            _void_view(col)[rows] = _void_view(src)
+            row_view(col)[rows] = row_view(src)
 
     # -- change tracking -----------------------------------------------------------------------
     def take_deleted(self) -> np.ndarray:

@@ -36,10 +36,8 @@ from ps_server.errors import (
     NonFiniteGradientError,
     TableInputError,
     TableNotFoundError,
-    WrongShardError,
 )
 from ps_server.proto import ps_pb2
-from ps_server.routing import shard_of
 from ps_server.sparse_table import PushStats, SparseTable
 from ps_server.status import RequestDecodeError
 from ps_server.sync import Barriers, DenseUploads, SyncRounds
@@ -134,21 +132,6 @@ def _check_finite(table: Table, values: np.ndarray, field_name: str) -> None:
         raise NonFiniteGradientError(table.name, int(bad.sum()), rows, field=field_name)
 
 
-def _check_owned(table: SparseTable, keys: np.ndarray) -> None:
-    if keys.shape[0] == 0 or len(table.shards) == table.config.num_shards:
-        return
-    owned = np.zeros(table.config.num_shards, dtype=bool)
-    owned[list(table.shards)] = True
-    wrong = ~owned[shard_of(keys, table.config.num_shards)]
-    if wrong.any():
-        raise WrongShardError(
-            table.name,
-            "keys",
-            f"{int(wrong.sum())} of {keys.shape[0]} keys (e.g. {int(keys[wrong][0])}) belong to "
-            "shards this server does not own; route keys with ps_server.routing.group_by_server",
-        )
-
-
 def _push_response(stats: PushStats, arrived: int = 0) -> ps_pb2.PushSparseResponse:
     return ps_pb2.PushSparseResponse(**stats.to_dict(), sync_arrived=arrived)
 
@@ -216,11 +199,8 @@ def pull_sparse(state: ServerState, req: Any) -> PullSparseReply:
     table = get_table(state, req.table, "sparse")
     assert isinstance(table, SparseTable)
     keys, out = _sparse_arrays(state, table, req, with_rows=False)
-    values = table.pull(keys)
-    if out is None:
-        return PullSparseReply(values, table.dim)
-    out[...] = values
-    return PullSparseReply(out, table.dim, in_shm=True)
+    values = table.pull(keys, out)
+    return PullSparseReply(values, table.dim, in_shm=out is not None)
 
 
 def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
@@ -235,7 +215,7 @@ def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
         return _push_response(table.push(keys, grads))
     if mode == "delta":
         return _push_response(add_sparse_delta(table, keys, grads))
-    _check_owned(table, keys)
+    table.check_owned(keys)
     _check_finite(table, grads, "grads")
     if req.shm_segment:  # kept until the round completes: the segment is reused meanwhile
         keys, grads = keys.copy(), grads.copy()

@@ -55,7 +55,7 @@ from ps_server.errors import (
 from ps_server.hash_index import HashIndex, KeyIndex
 from ps_server.hashing import KeyRNG
 from ps_server.optimizers import RowsMeta
-from ps_server.routing import shard_of
+from ps_server.routing import ROUTE_SALT, shard_of
 from ps_server.row_store import DIRTY, LIVE, SEEN, RowStore
 from ps_server.shard_file import SparseShardData
 from ps_server.table import Table
@@ -200,18 +200,28 @@ class SparseTable(Table):
         if keys.ndim != 1:
             raise TableInputError(self.name, "keys", f"must be 1-D, got shape {keys.shape}")
         keys = np.ascontiguousarray(keys)
-        if not self._all_owned and keys.shape[0]:
-            wrong = ~self._owned[shard_of(keys, self.config.num_shards)]
-            if wrong.any():
-                raise WrongShardError(
-                    self.name,
-                    "keys",
-                    f"{int(wrong.sum())} of {keys.shape[0]} keys (e.g. {int(keys[wrong][0])}) "
-                    "belong "
-                    f"to shards this server does not own (it owns {len(self.shards)} of "
-                    f"{self.config.num_shards}); route keys with ps_server.routing.group_by_server",
-                )
+        self.check_owned(keys)
         return keys
+
+    def check_owned(self, keys: np.ndarray) -> None:
+        """:class:`WrongShardError` unless this server owns the shard of every key (int64[n])."""
+        if self._all_owned or keys.shape[0] == 0:
+            return
+        if (
+            kernels.ENABLED
+            and kernels.first_unowned(keys, ROUTE_SALT, self._owned.view(np.uint8)) < 0
+        ):
+            return  # the common case, in one compiled pass; the message is built below
+        wrong = ~self._owned[shard_of(keys, self.config.num_shards)]
+        if wrong.any():
+            raise WrongShardError(
+                self.name,
+                "keys",
+                f"{int(wrong.sum())} of {keys.shape[0]} keys (e.g. {int(keys[wrong][0])}) "
+                "belong "
+                f"to shards this server does not own (it owns {len(self.shards)} of "
+                f"{self.config.num_shards}); route keys with ps_server.routing.group_by_server",
+            )
 
     def _check_grads(self, keys: np.ndarray, grads: Any) -> np.ndarray:
         if not isinstance(grads, np.ndarray):
@@ -304,10 +314,18 @@ class SparseTable(Table):
         return rows, evicted
 
     # -- pull / push --------------------------------------------------------------------------
-    def pull(self, keys: np.ndarray) -> np.ndarray:
+    def pull(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """float32[n, dim] rows of ``keys`` (int64[n], duplicates allowed); creates admitted
-        rows."""
+        rows. ``out``: a writable C-contiguous float32[n, dim] to fill (and return) instead of
+        a new array (the server writes a shared-memory reply in place)."""
         keys = self._check_keys(keys)
+        shape = (keys.shape[0], self.dim)
+        if out is None:
+            out = np.empty(shape, dtype=np.float32)
+        elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise TableInputError(
+                self.name, "out", f"must be a C-contiguous float32 array of shape {shape}"
+            )
         with self.lock:
             rows = self.store.lookup(keys)
             miss = rows < 0
@@ -321,7 +339,7 @@ class SparseTable(Table):
                     if self.pending is not None and (admit & (prow >= 0)).any():
                         self.pending.remove_rows(prow[admit & (prow >= 0)])
                 rows[miss] = mrows[inv.reshape(-1)]
-            out = self.store.gather("values", np.maximum(rows, 0))
+            self.store.gather_into("values", rows, out)
             unadmitted = rows < 0
             if unadmitted.any():
                 out[unadmitted] = self.initial_values(keys[unadmitted])

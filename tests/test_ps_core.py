@@ -394,3 +394,23 @@ def test_remembered_lookup_follows_every_change_of_the_mapping() -> None:
     store.compact()
     live = store.lookup(keys)
     np.testing.assert_array_equal(store.keys[live[20::2]], keys[20::2])
+
+
+def test_row_gather_and_scatter_helpers_equal_fancy_indexing() -> None:
+    """``take_rows`` / ``put_rows`` (row views, what the client routes with) give what numpy
+    fancy indexing gives, for index arrays, slices, 1-D keys and empty batches."""
+    from ps_server.batch_ops import put_rows, take_rows
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((500, 3)).astype(np.float32)
+    pos = rng.permutation(500)[:200]
+    for p in (pos, slice(10, 60), np.zeros(0, np.int64)):
+        np.testing.assert_array_equal(take_rows(a, p), a[p])
+        out, ref = np.zeros_like(a), np.zeros_like(a)
+        put_rows(out, p, a[p][::-1].copy())
+        ref[p] = a[p][::-1]
+        np.testing.assert_array_equal(out, ref)
+    keys = rng.integers(0, 1 << 62, 500)
+    np.testing.assert_array_equal(take_rows(keys, pos), keys[pos])
+    out = np.zeros((500, 0), np.float32)
+    put_rows(out, pos, np.zeros((200, 0), np.float32))

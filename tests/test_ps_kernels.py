@@ -142,3 +142,59 @@ def test_group_by_server_matches_numpy(
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="num_servers <= num_shards"):
         kernels._c.group(keys, 1, 4, 5, np.empty_like(keys))
+
+
+def test_gather_matches_numpy_and_skips_absent_rows() -> None:
+    """``gather`` copies the rows found and leaves the positions of absent keys (-1) as they
+    were; ``RowStore.gather_into`` gives the same on both paths."""
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal((1000, 6)).astype(np.float32)
+    rows = rng.integers(-1, 1000, 5000)
+    out = np.full((5000, 6), 7.0, np.float32)
+    assert kernels.gather(values, rows, out) == int((rows < 0).sum())
+    hit = rows >= 0
+    np.testing.assert_array_equal(out[hit], values[rows[hit]])
+    assert (out[~hit] == 7.0).all()
+    with pytest.raises(ValueError, match="out of range"):
+        kernels.gather(values, np.array([1000]), np.zeros((1, 6), np.float32))
+    with pytest.raises(ValueError, match="dim"):
+        kernels.gather(values, np.array([1]), np.zeros((1, 5), np.float32))
+
+
+def test_pull_into_out_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SparseTable.pull(keys, out)`` fills ``out`` (hits, new rows and unadmitted keys) with
+    what ``pull(keys)`` returns, compiled or not; a wrong ``out`` is refused."""
+    from ps_server.errors import TableInputError
+
+    keys = np.random.default_rng(6).integers(-(2**63), 2**63 - 1, 3000, dtype=np.int64)
+    for enabled in (True, False):
+        monkeypatch.setattr(kernels, "ENABLED", enabled)
+        config = SparseTableConfig("o", 4, SGD(0.1), Uniform(-1, 1), entry=CountFilterEntry(2))
+        table = SparseTable(config)
+        table.pull(keys[:1000])  # seen once: admitted on the second pull below
+        out = np.full((3000, 4), np.nan, np.float32)
+        got = table.pull(keys, out)
+        assert got is out
+        np.testing.assert_array_equal(out, table.pull(keys))
+        with pytest.raises(TableInputError, match="out"):
+            table.pull(keys, np.zeros((3000, 5), np.float32))
+
+
+@pytest.mark.parametrize("num_shards", [64, 100])
+def test_first_unowned_matches_shard_of(num_shards: int) -> None:
+    """The servers' routing check: the compiled pass finds the first key of a shard the
+    server does not own, as ``shard_of`` does."""
+    from ps_server.routing import ROUTE_SALT, shard_of
+
+    rng = np.random.default_rng(num_shards)
+    keys = rng.integers(-(2**63), 2**63 - 1, 20_000, dtype=np.int64)
+    shards = shard_of(keys, num_shards)
+    owned = np.zeros(num_shards, np.uint8)
+    owned[np.unique(shards[:15_000])] = 1
+    expect = np.flatnonzero(owned[shards] == 0)
+    got = kernels.first_unowned(keys, ROUTE_SALT, owned)
+    assert got == (int(expect[0]) if expect.size else -1)
+    owned[:] = 1
+    assert kernels.first_unowned(keys, ROUTE_SALT, owned) == -1
+    with pytest.raises(ValueError, match="empty"):
+        kernels.first_unowned(keys, ROUTE_SALT, np.zeros(0, np.uint8))

@@ -10,9 +10,8 @@
  *       the row of each key in the open-addressing index of ps_server/hash_index.py
  *       (home slot = mix64(key ^ INDEX_SALT) & (S - 1), linear probing, -1 empty,
  *       -2 tombstone), -1 where absent.
- *   gather(values f32[C,dim], rows i64[n], out f32[n,dim]) -> rows < 0
- *       out[i] = values[rows[i]] where rows[i] >= 0 (out[i] untouched where < 0), prefetching
- *       the rows ahead; returns how many rows were < 0.
+ *   scatter(src [n, ...], positions i64[n], dst [C, ...])
+ *       dst[positions[i]] = src[i] (the client's reply rows back into the caller's order).
  *   owned(keys i64[n], salt u64, owned u8[num_shards]) -> position or -1
  *       the first key whose shard (mix64(key ^ salt) % num_shards) has owned[shard] == 0,
  *       -1 when this server owns every key (the servers' routing check).
@@ -22,10 +21,11 @@
  *       applies rule 0 = sgd, 1 = adagrad, 2 = adam with the same float32 arithmetic as
  *       ps_server/optimizers.py, clips to the weight bounds, adds the occurrences to count
  *       (saturating), sets unseen = 0 and flags |= SEEN | DIRTY.
- *   group(keys i64[n], salt u64, num_shards, num_servers, out i64[n]) -> [count per server]
+ *   group(keys i64[n], salt u64, num_shards, num_servers, out i64[n][, keys_out i64[n]])
+ *         -> [count per server]
  *       the client's routing (ps_server/routing.py): server = mix64(key ^ salt) % num_shards
  *       % num_servers; out = the positions of the keys grouped by server, ascending within
- *       a server (a stable counting sort).
+ *       a server (a stable counting sort); keys_out = keys[out], written in the same pass.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -55,7 +55,7 @@ static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writ
                      writable ? " writable" : "");
         return 0;
     }
-    if (view->itemsize != itemsize) {
+    if (itemsize > 0 && view->itemsize != itemsize) {
         PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd", name, itemsize,
                      view->itemsize);
         PyBuffer_Release(view);
@@ -258,11 +258,8 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
             uid[i] = table[p] - 1;
             occ[uid[i]]++;
         }
-        if (distinct) {
-            memcpy(urow, rows, sizeof(int64_t) * (size_t)n);
-            for (Py_ssize_t u = 0; u < n; u++) occ[u] = 1;
-            nu = n;
-        }
+        if (distinct) nu = n; /* urow / occ stay untouched: row u is rows[u], seen once */
+        const int64_t *ur = distinct ? rows : urow;
         int dups = nu < n;
         if (dups) {
             start[0] = 0;
@@ -272,9 +269,9 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
             start[0] = 0;
         }
         for (Py_ssize_t u = 0; u < nu; u++) {
-            int64_t r = urow[u];
+            int64_t r = ur[u];
             if (u + 24 < nu) { /* the same latency argument as in probe */
-                int64_t q = urow[u + 24];
+                int64_t q = ur[u + 24];
                 __builtin_prefetch(w + q * dim, 1);
                 if (sd) __builtin_prefetch(st + q * sd, 1);
                 __builtin_prefetch(count + q, 1);
@@ -296,7 +293,7 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
                 }
             }
             apply_row(rule, h, w + r * dim, st + r * sd, gu, dim);
-            uint64_t c = (uint64_t)count[r] + occ[u];
+            uint64_t c = (uint64_t)count[r] + (distinct ? 1U : occ[u]);
             count[r] = c > 0xFFFFFFFFULL ? 0xFFFFFFFFU : (uint32_t)c;
             unseen[r] = 0;
             flags[r] = (uint8_t)((flags[r] & ~FLAG_MARK) | FLAG_SEEN | FLAG_DIRTY);
@@ -319,18 +316,23 @@ done:
 }
 
 static PyObject *k_group(PyObject *self, PyObject *args) {
-    PyObject *o_keys, *o_out;
+    PyObject *o_keys, *o_out, *o_kout = NULL;
     unsigned long long salt;
     long long shards, servers;
-    if (!PyArg_ParseTuple(args, "OKLLO", &o_keys, &salt, &shards, &servers, &o_out)) return NULL;
+    if (!PyArg_ParseTuple(args, "OKLLO|O", &o_keys, &salt, &shards, &servers, &o_out, &o_kout))
+        return NULL;
     if (shards < 1 || servers < 1 || servers > shards) {
         PyErr_Format(PyExc_ValueError, "group: need 1 <= num_servers <= num_shards, got %lld, %lld",
                      servers, shards);
         return NULL;
     }
-    Py_buffer bk, bo;
+    Py_buffer bk, bo, bko;
+    int with_keys = o_kout != NULL && o_kout != Py_None;
     if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
     if (!get_buf(o_out, &bo, 8, 1, "out")) { PyBuffer_Release(&bk); return NULL; }
+    if (with_keys && !get_buf(o_kout, &bko, 8, 1, "keys_out")) {
+        PyBuffer_Release(&bo); PyBuffer_Release(&bk); return NULL;
+    }
     PyObject *result = NULL;
     Py_ssize_t n = bk.len / 8;
     int32_t *srv = malloc(sizeof(int32_t) * (n ? n : 1));
@@ -338,8 +340,8 @@ static PyObject *k_group(PyObject *self, PyObject *args) {
     int32_t *owner = malloc(sizeof(int32_t) * (size_t)shards); /* shard -> server */
     if (owner)
         for (long long h = 0; h < shards; h++) owner[h] = (int32_t)(h % servers);
-    if (bo.len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "group: out must have one slot per key");
+    if (bo.len / 8 != n || (with_keys && bko.len / 8 != n)) {
+        PyErr_SetString(PyExc_ValueError, "group: out and keys_out need one slot per key");
     } else if (!srv || !start || !owner) {
         PyErr_NoMemory();
     } else {
@@ -354,7 +356,16 @@ static PyObject *k_group(PyObject *self, PyObject *args) {
             start[s + 1]++;
         }
         for (long long s = 0; s < servers; s++) start[s + 1] += start[s];
-        for (Py_ssize_t i = 0; i < n; i++) out[start[srv[i]]++] = i;
+        if (with_keys) {
+            int64_t *kout = (int64_t *)bko.buf;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int64_t at = start[srv[i]]++;
+                out[at] = i;
+                kout[at] = (int64_t)k[i];
+            }
+        } else {
+            for (Py_ssize_t i = 0; i < n; i++) out[start[srv[i]]++] = i;
+        }
         Py_END_ALLOW_THREADS
         /* start[s] is now the end of server s's run: counts are the differences */
         result = PyList_New((Py_ssize_t)servers);
@@ -366,50 +377,68 @@ static PyObject *k_group(PyObject *self, PyObject *args) {
         }
     }
     free(srv); free(start); free(owner);
+    if (with_keys) PyBuffer_Release(&bko);
     PyBuffer_Release(&bo); PyBuffer_Release(&bk);
     return result;
 }
 
-static PyObject *k_gather(PyObject *self, PyObject *args) {
-    PyObject *o_vals, *o_rows, *o_out;
-    if (!PyArg_ParseTuple(args, "OOO", &o_vals, &o_rows, &o_out)) return NULL;
-    Py_buffer bv, br, bo;
-    if (!get_buf(o_vals, &bv, 4, 0, "values")) return NULL;
-    if (!get_buf(o_rows, &br, 8, 0, "rows")) { PyBuffer_Release(&bv); return NULL; }
-    if (!get_buf(o_out, &bo, 4, 1, "out")) {
-        PyBuffer_Release(&br); PyBuffer_Release(&bv); return NULL;
+/* Row copies between C-contiguous arrays whose first axis is the row: a row is row_bytes
+   bytes (any dtype); copies of 8 / 32 bytes (keys, dim-8 rows) are inlined by the compiler. */
+static inline void copy_row(char *dst, const char *src, Py_ssize_t row_bytes) {
+    if (row_bytes == 8) memcpy(dst, src, 8);
+    else if (row_bytes == 32) memcpy(dst, src, 32);
+    else memcpy(dst, src, (size_t)row_bytes);
+}
+
+/* The index array and the two row arrays of a row copy (scatter); 0 and an error if they do
+   not fit (rows: len(idx) rows of `few`, `many` a whole number of such rows). */
+static int rows_args(PyObject *args, const char *name, Py_buffer *bmany, Py_buffer *bidx,
+                     Py_buffer *bfew, int many_pos, Py_ssize_t *row_bytes, Py_ssize_t *cap) {
+    PyObject *o[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return 0;
+    int few_pos = 2 - many_pos; /* gather(src=many, idx, out=few); scatter(src=few, idx, dst=many) */
+    if (!get_buf(o[many_pos], bmany, -1, many_pos == 2, many_pos == 0 ? "src" : "dst")) return 0;
+    if (!get_buf(o[1], bidx, 8, 0, "index")) { PyBuffer_Release(bmany); return 0; }
+    if (!get_buf(o[few_pos], bfew, -1, few_pos == 2, few_pos == 0 ? "src" : "out")) {
+        PyBuffer_Release(bidx); PyBuffer_Release(bmany); return 0;
     }
-    PyObject *result = NULL;
-    Py_ssize_t n = br.len / 8;
-    Py_ssize_t dim = n ? bo.len / 4 / n : 0;
-    Py_ssize_t cap = dim ? bv.len / 4 / dim : 0;
-    if (n && (bo.len / 4 != n * dim || (dim && bv.len / 4 != cap * dim))) {
-        PyErr_SetString(PyExc_ValueError, "gather: out must be [len(rows), dim] of values' dim");
-        goto done;
+    Py_ssize_t n = bidx->len / 8;
+    *row_bytes = n ? bfew->len / n : 0;
+    *cap = *row_bytes ? bmany->len / *row_bytes : 0;
+    if (n && (bfew->len != n * *row_bytes || bmany->len != *cap * *row_bytes)) {
+        PyErr_Format(PyExc_ValueError, "%s: the arrays' rows do not have the same size", name);
+        goto fail;
     }
-    const int64_t *rows = (const int64_t *)br.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (rows[i] >= cap && dim) {
-            PyErr_Format(PyExc_ValueError, "gather: row %lld out of range", (long long)rows[i]);
-            goto done;
+    const int64_t *idx = (const int64_t *)bidx->buf;
+    for (Py_ssize_t i = 0; *row_bytes && i < n; i++) {
+        if (idx[i] >= *cap || (many_pos == 2 && idx[i] < 0)) {
+            PyErr_Format(PyExc_ValueError, "%s: row %lld out of range", name, (long long)idx[i]);
+            goto fail;
         }
     }
-    Py_ssize_t missing = 0;
-    const float *vals = (const float *)bv.buf;
-    float *out = (float *)bo.buf;
+    return 1;
+fail:
+    PyBuffer_Release(bfew); PyBuffer_Release(bidx); PyBuffer_Release(bmany);
+    return 0;
+}
+
+static PyObject *k_scatter(PyObject *self, PyObject *args) {
+    Py_buffer bd, bi, bs;
+    Py_ssize_t rb, cap;
+    if (!rows_args(args, "scatter", &bd, &bi, &bs, 2, &rb, &cap)) return NULL;
+    Py_ssize_t n = bi.len / 8;
+    const int64_t *idx = (const int64_t *)bi.buf;
+    const char *src = (const char *)bs.buf;
+    char *dst = (char *)bd.buf;
     Py_BEGIN_ALLOW_THREADS
     enum { PF = 16 };
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PF < n && rows[i + PF] >= 0) __builtin_prefetch(vals + rows[i + PF] * dim);
-        int64_t r = rows[i];
-        if (r < 0) { missing++; continue; }
-        memcpy(out + i * dim, vals + r * dim, sizeof(float) * (size_t)dim);
+    for (Py_ssize_t i = 0; rb && i < n; i++) {
+        if (i + PF < n) __builtin_prefetch(dst + idx[i + PF] * rb, 1);
+        copy_row(dst + idx[i] * rb, src + i * rb, rb);
     }
     Py_END_ALLOW_THREADS
-    result = PyLong_FromSsize_t(missing);
-done:
-    PyBuffer_Release(&bo); PyBuffer_Release(&br); PyBuffer_Release(&bv);
-    return result;
+    PyBuffer_Release(&bs); PyBuffer_Release(&bi); PyBuffer_Release(&bd);
+    Py_RETURN_NONE;
 }
 
 static PyObject *k_owned(PyObject *self, PyObject *args) {
@@ -440,13 +469,13 @@ static PyObject *k_owned(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"gather", k_gather, METH_VARARGS, "gather(values, rows, out) -> rows < 0 (left untouched)"},
+    {"scatter", k_scatter, METH_VARARGS, "scatter(src, positions, dst): dst[positions] = src"},
     {"owned", k_owned, METH_VARARGS, "owned(keys, salt, owned) -> first unowned position or -1"},
     {"probe", k_probe, METH_VARARGS, "probe(slots, stored_keys, query, out): rows of keys"},
     {"push", k_push, METH_VARARGS,
      "push(rule, hyper, values, state, count, unseen, flags, rows, grads) -> distinct rows"},
     {"group", k_group, METH_VARARGS,
-     "group(keys, salt, num_shards, num_servers, out) -> [count per server]"},
+     "group(keys, salt, num_shards, num_servers, out[, keys_out]) -> [count per server]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ps_server import kernels
+
 
 def row_view(a: np.ndarray) -> np.ndarray:
     """1-D view of a C-contiguous array with one opaque element per row (first axis).
@@ -28,11 +30,29 @@ def take_rows(a: np.ndarray, pos: Any) -> np.ndarray:
 
 def put_rows(out: np.ndarray, pos: Any, values: np.ndarray) -> None:
     """``out[pos] = values`` for an index array (distinct positions) or a slice ``pos``."""
-    if isinstance(pos, slice) or out.ndim == 1 or out.size == 0:
+    if isinstance(pos, slice) or out.size == 0:
         out[pos] = values
         return
     src = np.ascontiguousarray(values, dtype=out.dtype).reshape(-1, *out.shape[1:])
-    row_view(out)[pos] = row_view(src)
+    if kernels.ENABLED and out.flags.c_contiguous:
+        kernels.scatter(src, pos, out)
+    elif out.ndim == 1:
+        out[pos] = src
+    else:
+        row_view(out)[pos] = row_view(src)
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """Whether every element of the float array ``a`` is finite.
+
+    One sum first (a NaN or an inf anywhere makes it non-finite; 30 us for 32k x 8 floats);
+    the exact elementwise test only when the sum is not finite, which also covers finite
+    values whose sum overflows."""
+    if a.size == 0:
+        return True
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.add.reduce(a, axis=None)
+    return bool(np.isfinite(total)) or bool(np.isfinite(a).all())
 
 
 def saturating_add(a: np.ndarray, b: np.ndarray | int, limit: int, dtype: type) -> np.ndarray:
@@ -83,4 +103,11 @@ def sum_duplicates(
     return sorted_rows[starts], summed, occ
 
 
-__all__ = ["put_rows", "row_view", "saturating_add", "sum_duplicates", "take_rows"]
+__all__ = [
+    "all_finite",
+    "put_rows",
+    "row_view",
+    "saturating_add",
+    "sum_duplicates",
+    "take_rows",
+]

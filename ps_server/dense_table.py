@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ps_server.batch_ops import all_finite
 from ps_server.config import DenseTableConfig, NonFinitePolicy
 from ps_server.errors import (
     NonFiniteGradientError,
@@ -160,7 +161,7 @@ class DenseTable(Table):
         with self.lock:
             block = self._block(name)
             g = self._check_array("grad", grad, block.values.shape[1])
-            bad = int((~np.isfinite(g)).sum())
+            bad = 0 if all_finite(g) else int((~np.isfinite(g)).sum())
             if bad:
                 if self.config.nonfinite is NonFinitePolicy.REJECT:
                     raise NonFiniteGradientError(self.name, bad, 1, field=f"grad of {name!r}")
@@ -185,7 +186,7 @@ class DenseTable(Table):
                     f"delta of {name!r} has {flat.shape[1]} elements, the block has "
                     f"{block.values.shape[1]}",
                 )
-            bad = int((~np.isfinite(flat)).sum())
+            bad = 0 if all_finite(flat) else int((~np.isfinite(flat)).sum())
             if bad:
                 if self.config.nonfinite is NonFinitePolicy.REJECT:
                     raise NonFiniteGradientError(self.name, bad, 1, field=f"delta of {name!r}")

@@ -39,16 +39,15 @@ def probe(slots: np.ndarray, stored_keys: np.ndarray, query: np.ndarray) -> np.n
     return out
 
 
-def gather(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
-    """``out[i] = values[rows[i]]`` where ``rows[i] >= 0`` (others untouched); how many were
-    < 0. Compiled path only."""
+def scatter(src: np.ndarray, positions: np.ndarray, dst: np.ndarray) -> None:
+    """``dst[positions] = src`` (rows, the first axis; positions distinct and in range)."""
     assert _c is not None
-    if values.shape[1:] != out.shape[1:] or out.shape[0] != rows.shape[0]:
+    if src.shape[1:] != dst.shape[1:] or src.shape[0] != positions.shape[0] or src.dtype != dst.dtype:
         raise ValueError(
-            f"gather: out must be [len(rows), dim] = [{rows.shape[0]}, {values.shape[1:]}] of "
-            f"the values' dim, got {out.shape}"
+            f"scatter: src must be [len(positions), ...] = [{positions.shape[0]}, "
+            f"{dst.shape[1:]}] of {dst.dtype} like dst, got {src.shape} of {src.dtype}"
         )
-    return int(_c.gather(values, np.ascontiguousarray(rows, dtype=np.int64), out))
+    _c.scatter(src, np.ascontiguousarray(positions, dtype=np.int64), dst)
 
 
 def first_unowned(keys: np.ndarray, salt: int, owned: np.ndarray) -> int:
@@ -101,13 +100,26 @@ def push(
     )
 
 
-def group(keys: np.ndarray, salt: int, num_shards: int, num_servers: int) -> list[np.ndarray]:
-    """Positions of ``keys`` per server (the compiled twin of ``routing.group_by_server``)."""
+def group(
+    keys: np.ndarray, salt: int, num_shards: int, num_servers: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(positions, keys) of ``keys`` per server, in one pass (the compiled twin of
+    ``routing.split_by_server``)."""
     assert _c is not None
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     out = np.empty(keys.shape[0], dtype=np.int64)
-    counts = _c.group(keys, salt, num_shards, num_servers, out)
-    return np.split(out, np.cumsum(counts)[:-1])
+    grouped = np.empty_like(keys)
+    counts = _c.group(keys, salt, num_shards, num_servers, out, grouped)
+    bounds = np.cumsum(counts)[:-1]
+    return np.split(out, bounds), np.split(grouped, bounds)
 
 
-__all__ = ["ENABLED", "first_unowned", "gather", "group", "probe", "push", "push_hyper"]
+__all__ = [
+    "ENABLED",
+    "first_unowned",
+    "group",
+    "probe",
+    "push",
+    "push_hyper",
+    "scatter",
+]

@@ -67,15 +67,25 @@ def group_by_server(keys: np.ndarray, num_servers: int, num_shards: int) -> list
     A client sends ``keys[out[s]]`` to server ``s`` and scatters the replies back with
     ``result[out[s]] = reply_s``.
     """
+    return split_by_server(keys, num_servers, num_shards)[0]
+
+
+def split_by_server(
+    keys: np.ndarray, num_servers: int, num_shards: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(positions, keys) per server: :func:`group_by_server`'s positions and the keys at them
+    (``keys[positions[s]]``), both grouped in one compiled pass when the kernels are built."""
     _check_counts(num_shards, num_servers)
     if kernels.ENABLED:
         return kernels.group(keys, ROUTE_SALT, num_shards, num_servers)
     server = shard_of(keys, num_shards) % num_servers
     if num_servers <= 8:  # one linear scan per server beats a stable argsort of int64 here
-        return [np.flatnonzero(server == s) for s in range(num_servers)]
-    order = np.argsort(server, kind="stable")
-    bounds = np.cumsum(np.bincount(server, minlength=num_servers))[:-1]
-    return [part.astype(np.int64, copy=False) for part in np.split(order, bounds)]
+        positions = [np.flatnonzero(server == s) for s in range(num_servers)]
+    else:
+        order = np.argsort(server, kind="stable")
+        bounds = np.cumsum(np.bincount(server, minlength=num_servers))[:-1]
+        positions = [part.astype(np.int64, copy=False) for part in np.split(order, bounds)]
+    return positions, [keys[p] for p in positions]
 
 
 def block_shard(name: str, num_shards: int) -> int:
@@ -117,5 +127,6 @@ __all__ = [
     "server_of_shard",
     "shard_of",
     "shards_of_server",
+    "split_by_server",
     "split_for_messages",
 ]

@@ -28,6 +28,7 @@ import numpy as np
 
 from collective.errors import ConfigError
 from ps_server import checkpoint, shm
+from ps_server.batch_ops import all_finite
 from ps_server.codec import decode_keys, decode_rows, decode_values
 from ps_server.config import NonFinitePolicy, check_same_config, config_from_dict, config_to_dict
 from ps_server.dense_table import DenseTable
@@ -126,7 +127,7 @@ def _mode(table: str, mode: int) -> str:
 
 def _check_finite(table: Table, values: np.ndarray, field_name: str) -> None:
     """Under ``nonfinite=reject``, a contribution with NaN/inf is refused on arrival."""
-    if table.config.nonfinite is NonFinitePolicy.REJECT and not np.isfinite(values).all():
+    if table.config.nonfinite is NonFinitePolicy.REJECT and not all_finite(values):
         bad = ~np.isfinite(values)
         rows = int(bad.reshape(values.shape[0], -1).any(axis=1).sum()) if values.ndim == 2 else 1
         raise NonFiniteGradientError(table.name, int(bad.sum()), rows, field=field_name)

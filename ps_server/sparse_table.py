@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from ps_server import kernels
-from ps_server.batch_ops import saturating_add, sum_duplicates
+from ps_server.batch_ops import all_finite, saturating_add, sum_duplicates
 from ps_server.config import NonFinitePolicy, SparseTableConfig
 from ps_server.errors import (
     NonFiniteGradientError,
@@ -199,9 +199,11 @@ class SparseTable(Table):
             )
         if keys.ndim != 1:
             raise TableInputError(self.name, "keys", f"must be 1-D, got shape {keys.shape}")
-        keys = np.ascontiguousarray(keys)
-        self.check_owned(keys)
-        return keys
+        # The shard check runs on the keys not in the table (every row's key is owned: rows
+        # are only created for checked keys, checkpoints load by owned shard), so a request of
+        # known keys costs no hash pass; a misrouted key is always a miss and still refused
+        # before anything changes.
+        return np.ascontiguousarray(keys)
 
     def check_owned(self, keys: np.ndarray) -> None:
         """:class:`WrongShardError` unless this server owns the shard of every key (int64[n])."""
@@ -331,6 +333,7 @@ class SparseTable(Table):
             miss = rows < 0
             if miss.any():
                 mkeys, inv = np.unique(keys[miss], return_inverse=True)
+                self.check_owned(mkeys)
                 prow, counts = self._pending_counts(mkeys)
                 admit = self._admit(mkeys, counts)
                 mrows = np.full(mkeys.shape[0], -1, dtype=np.int64)
@@ -352,9 +355,9 @@ class SparseTable(Table):
         keys = self._check_keys(keys)
         grads = self._check_grads(keys, grads)
         n = int(keys.shape[0])
-        finite = np.isfinite(grads)
         skipped = 0
-        if not finite.all():
+        if not all_finite(grads):
+            finite = np.isfinite(grads)
             bad_rows = ~finite.all(axis=1)
             if self.config.nonfinite is NonFinitePolicy.REJECT:
                 raise NonFiniteGradientError(self.name, int((~finite).sum()), int(bad_rows.sum()))
@@ -366,6 +369,7 @@ class SparseTable(Table):
             miss = rows < 0
             if miss.any():
                 mkeys, inv, occ = np.unique(keys[miss], return_inverse=True, return_counts=True)
+                self.check_owned(mkeys)
                 prow, before = self._pending_counts(mkeys)
                 counts = before + occ
                 admit = self._admit(mkeys, counts)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ps_server.batch_ops import saturating_add, sum_duplicates
+from ps_server.batch_ops import all_finite, saturating_add, sum_duplicates
 from ps_server.config import NonFinitePolicy
 from ps_server.errors import NonFiniteGradientError, TableInputError
 from ps_server.row_store import DIRTY, SEEN
@@ -37,8 +37,8 @@ def add_sparse_delta(table: SparseTable, keys: np.ndarray, deltas: np.ndarray) -
             f"deltas shape must be (len(keys), dim) = ({n}, {table.dim}), got {deltas.shape}",
         )
     skipped = 0
-    finite = np.isfinite(deltas)
-    if not finite.all():
+    if not all_finite(deltas):
+        finite = np.isfinite(deltas)
         bad_rows = ~finite.all(axis=1)
         if table.config.nonfinite is NonFinitePolicy.REJECT:
             raise NonFiniteGradientError(

@@ -15,6 +15,7 @@ import pytest
 from collective.env import find_free_port
 from collective.errors import ConfigError
 from ps_server import (
+    SGD,
     Adagrad,
     Adam,
     DenseTable,
@@ -165,3 +166,26 @@ def test_local_argument_checks_and_unknown_table() -> None:
             client.pull_dense("emb", "w")
         with pytest.raises(ConfigError, match="endpoints"):
             PSClient([])
+
+
+@pytest.mark.timeout(60)
+def test_remembered_routing_follows_the_keys() -> None:
+    """A push of the keys just pulled reuses their routing; keys changed in place (same array,
+    new values) or another shard count are routed afresh — results equal a local table's."""
+    cfg = SparseTableConfig("r", 4, SGD(0.5), Uniform(-0.1, 0.1), num_shards=8)
+    other = SparseTableConfig("r16", 4, SGD(0.5), Uniform(-0.1, 0.1), num_shards=16)
+    refs = {c.name: SparseTable(c) for c in (cfg, other)}
+    rng = np.random.default_rng(3)
+    keys = rng.integers(-(2**63), 2**63 - 1, 8192, dtype=np.int64)
+    grads = rng.standard_normal((8192, 4)).astype(np.float32)
+    with cluster(2, client_kw={"timeout_s": 20, "shm": False}) as (_, client):
+        for c in (cfg, other):
+            client.create_table_from_config(c)
+        for step in range(3):
+            for name in ("r", "r16"):  # alternating shard counts: never a stale routing
+                np.testing.assert_array_equal(client.pull_sparse(name, keys), refs[name].pull(keys))
+                client.push_sparse(name, keys, grads)
+                refs[name].push(keys, grads)
+            keys[: 4096 * step] = rng.integers(0, 10**12, 4096 * step)  # in place
+        for name, ref in refs.items():
+            np.testing.assert_array_equal(client.pull_sparse(name, keys), ref.pull(keys))

@@ -396,11 +396,16 @@ def test_remembered_lookup_follows_every_change_of_the_mapping() -> None:
     np.testing.assert_array_equal(store.keys[live[20::2]], keys[20::2])
 
 
-def test_row_gather_and_scatter_helpers_equal_fancy_indexing() -> None:
-    """``take_rows`` / ``put_rows`` (row views, what the client routes with) give what numpy
-    fancy indexing gives, for index arrays, slices, 1-D keys and empty batches."""
+@pytest.mark.parametrize("compiled", [True, False])
+def test_row_gather_and_scatter_helpers_equal_fancy_indexing(
+    monkeypatch: pytest.MonkeyPatch, compiled: bool
+) -> None:
+    """``take_rows`` / ``put_rows`` (what the client routes with; compiled, or row views) give
+    what numpy fancy indexing gives, for index arrays, slices, 1-D keys and empty batches."""
+    from ps_server import kernels
     from ps_server.batch_ops import put_rows, take_rows
 
+    monkeypatch.setattr(kernels, "ENABLED", compiled and kernels._c is not None)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((500, 3)).astype(np.float32)
     pos = rng.permutation(500)[:200]

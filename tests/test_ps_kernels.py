@@ -128,8 +128,9 @@ def test_kernel_rejects_bad_arguments() -> None:
 def test_group_by_server_matches_numpy(
     monkeypatch: pytest.MonkeyPatch, num_servers: int, num_shards: int
 ) -> None:
-    """The client's routing: the compiled counting sort gives the numpy path's groups."""
-    from ps_server.routing import group_by_server
+    """The client's routing: the compiled counting sort gives the numpy path's groups (the
+    positions, and the keys at them)."""
+    from ps_server.routing import group_by_server, split_by_server
 
     keys = np.random.default_rng(num_servers).integers(-(2**63), 2**63 - 1, 50_000, dtype=np.int64)
     keys[:100] = keys[100:200]  # duplicates keep their positions
@@ -140,25 +141,32 @@ def test_group_by_server_matches_numpy(
     assert len(fast) == len(ref) == num_servers
     for a, b in zip(fast, ref):
         np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(kernels, "ENABLED", True)
+    pos, grouped = split_by_server(keys, num_servers, num_shards)
+    monkeypatch.setattr(kernels, "ENABLED", False)
+    ref_pos, ref_keys = split_by_server(keys, num_servers, num_shards)
+    for p, k, rp, rk in zip(pos, grouped, ref_pos, ref_keys, strict=True):
+        np.testing.assert_array_equal(p, rp)
+        np.testing.assert_array_equal(k, rk)
+        np.testing.assert_array_equal(k, keys[p])
     with pytest.raises(ValueError, match="num_servers <= num_shards"):
         kernels._c.group(keys, 1, 4, 5, np.empty_like(keys))
 
 
-def test_gather_matches_numpy_and_skips_absent_rows() -> None:
-    """``gather`` copies the rows found and leaves the positions of absent keys (-1) as they
-    were; ``RowStore.gather_into`` gives the same on both paths."""
-    rng = np.random.default_rng(5)
-    values = rng.standard_normal((1000, 6)).astype(np.float32)
-    rows = rng.integers(-1, 1000, 5000)
-    out = np.full((5000, 6), 7.0, np.float32)
-    assert kernels.gather(values, rows, out) == int((rows < 0).sum())
-    hit = rows >= 0
-    np.testing.assert_array_equal(out[hit], values[rows[hit]])
-    assert (out[~hit] == 7.0).all()
+def test_scatter_matches_numpy() -> None:
+    """``scatter`` puts rows back at their positions (the client's replies), any dtype."""
+    rng = np.random.default_rng(8)
+    pos = rng.permutation(4000)[:2500]
+    for src in (rng.standard_normal((2500, 8)).astype(np.float32), rng.integers(0, 99, 2500)):
+        dst = np.zeros((4000, *src.shape[1:]), src.dtype)
+        ref = dst.copy()
+        kernels.scatter(src, pos, dst)
+        ref[pos] = src
+        np.testing.assert_array_equal(dst, ref)
     with pytest.raises(ValueError, match="out of range"):
-        kernels.gather(values, np.array([1000]), np.zeros((1, 6), np.float32))
-    with pytest.raises(ValueError, match="dim"):
-        kernels.gather(values, np.array([1]), np.zeros((1, 5), np.float32))
+        kernels.scatter(np.zeros((1, 2), np.float32), np.array([-1]), np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="like dst"):
+        kernels.scatter(np.zeros((1, 2), np.float32), np.array([0]), np.zeros((3, 2), np.float64))
 
 
 def test_pull_into_out_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -168,11 +168,15 @@ class WorkerProcess:
 def wait_any(workers: Sequence[WorkerProcess], timeout: float) -> list[WorkerProcess]:
     """Block up to ``timeout`` s until at least one running worker exits; return those that did.
 
-    Uses pidfds (no polling latency); without them falls back to 50 ms polling.
+    Uses pidfds (no polling latency); without them falls back to 50 ms polling. A worker whose
+    exit this call is the first to see (it exited after the caller last looked) returns at
+    once: blocking on the others would miss it (an all-trainers-done check would wait for the
+    servers instead).
     """
+    seen = {id(w) for w in workers if w.exit is not None}
     running = [w for w in workers if w.poll() is None]
     done = [w for w in workers if w.exit is not None]
-    if not running:
+    if not running or any(id(w) not in seen for w in done):
         return done
     fds = {w.pidfd: w for w in running if w.pidfd is not None}
     if len(fds) == len(running):

@@ -125,3 +125,34 @@ def test_fleetrun_sigkilled_leaves_no_orphans(tmp_path: Path) -> None:
     p.kill()  # SIGKILL: no handler runs; PR_SET_PDEATHSIG must take the workers down
     p.communicate(timeout=10)
     assert not wait_gone(pids, 10), "workers outlived a SIGKILLed fleetrun"
+
+
+@pytest.mark.timeout(30)
+def test_wait_any_returns_for_an_exit_it_is_first_to_see(tmp_path: Path) -> None:
+    """A worker that exited after the caller last looked (a zombie nobody polled) ends the wait
+    at once, even while others keep running — the all-trainers-done check of a PS job once
+    waited an hour on servers that never stop."""
+    import sys
+
+    from conftest import wait_for
+
+    from launcher.process import WorkerProcess, terminate_all, wait_any
+
+    quick = WorkerProcess([sys.executable, "-c", "pass"], dict(os.environ), str(tmp_path / "q"), None)
+    slow = WorkerProcess([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ),
+                         str(tmp_path / "s"), None)
+    try:
+        def zombie() -> bool:
+            with open(f"/proc/{quick.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+        wait_for(zombie, 20, "the quick worker to exit")
+        assert quick.exit is None  # not polled yet
+        t0 = time.monotonic()
+        done = wait_any([quick, slow], 30.0)
+        assert time.monotonic() - t0 < 5
+        assert done == [quick] and quick.exit is not None and quick.exit.ok
+        assert wait_any([quick, slow], 0.2) == [quick]  # already seen: waits on the others
+    finally:
+        terminate_all([quick, slow], 1.0)
+    assert slow.exit is not None

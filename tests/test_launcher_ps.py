@@ -53,7 +53,7 @@ sizes: {{server_num: 1, worker_num: 2}}
 ps: {{server_grace_s: 0.5}}
 log_dir: {tmp_path / 'log'}
 """)
-    r = run_fleetrun("-c", str(job))
+    r = run_fleetrun("-c", str(job), timeout=45)  # below pytest's: a hang shows fleetrun's output
     assert r.returncode == 0, r.stderr
     assert not live_pids([rec["pid"] for rec in _recs(out).values()])
 

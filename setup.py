@@ -34,7 +34,8 @@ setup(
     ext_modules=[
         Extension(
             "ps_server._kernels",
-            ["ps_server/_kernels.c"],
+            ["ps_server/_kernels.c", "ps_server/_kernels_rows.c"],
+            depends=["ps_server/_kernels_common.h"],
             extra_compile_args=["-O3", "-std=c99", "-fno-fast-math"],
             optional=True,
         )

@@ -4,7 +4,9 @@ process, same table contents, same key batches.
 One step = ``pull`` of 64k keys then ``push`` of their gradients (Adagrad, the CTR rule) on a
 1 M-row table, in-process (no RPC): the work a server does per request. The two paths run on two
 tables built from the same keys, interleaved per repetition so load drift hits both alike.
-Median of ``--reps`` (>= 5), [min .. max], ratio compiled / numpy (keys/s).
+Median of ``--reps`` (>= 5), [min .. max], ratio compiled / numpy (keys/s). A second row per dim
+times the compiled path with its work split over ``--threads`` table threads (default: the
+servers' default, the usable CPUs up to 8) against one thread, on the same table.
 
 Run: ``.venv/bin/python bench/bench_ps_kernels.py [--json bench/results/ps_kernels.json]``.
 """
@@ -31,11 +33,15 @@ def main() -> None:
     p.add_argument("--dims", default="8,16,64")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if args.reps < 5:
         p.error("--reps must be >= 5")
     from ps_server import Adagrad, SparseTable, SparseTableConfig, Uniform, kernels
+    from ps_server.server import default_table_threads
+
+    threads = args.threads or default_table_threads()
 
     if kernels._c is None:
         sys.exit("the C kernels are not built (no compiler at install time): nothing to compare")
@@ -52,20 +58,26 @@ def main() -> None:
                 t.pull(universe[lo:lo + BATCH])
         batches = [(rng.choice(universe, BATCH), rng.standard_normal((BATCH, dim), dtype=np.float32))
                    for _ in range(4)]
-        rates: dict[bool, list[float]] = {True: [], False: []}
+        variants = {"compiled": (True, 1), "numpy": (False, 1), "threads": (True, threads)}
+        rates: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(args.reps):
-            for fast in (True, False):
+            for name, (fast, n) in variants.items():
                 kernels.ENABLED = fast
+                kernels.set_threads(n)
                 t = tables[fast]
                 t0 = time.perf_counter()
                 for i in range(args.steps):
                     keys, grads = batches[i % len(batches)]
                     t.pull(keys)
                     t.push(keys, grads)
-                rates[fast].append(args.steps * BATCH / (time.perf_counter() - t0) / 1e6)
-        rows.append((f"dim {dim}, {ROWS} rows, adagrad, pull+push of {BATCH} keys (with repeats)",
-                     Stats.of(rates[True]), Stats.of(rates[False]), "compiled/numpy keys/s"))
+                rates[name].append(args.steps * BATCH / (time.perf_counter() - t0) / 1e6)
+        label = f"dim {dim}, {ROWS} rows, adagrad, pull+push of {BATCH} keys (with repeats)"
+        rows.append((label, Stats.of(rates["compiled"]), Stats.of(rates["numpy"]),
+                     "compiled/numpy keys/s"))
+        rows.append((f"{label}: {threads} table threads vs 1", Stats.of(rates["threads"]),
+                     Stats.of(rates["compiled"]), "threads/1 thread keys/s"))
     kernels.ENABLED = kernels._c is not None
+    kernels.set_threads(1)
     report("sparse table pull+push: compiled kernels vs numpy path", rows, goal="(speed-up)",
            json_path=args.json, unit="M keys/s")
 

@@ -144,14 +144,16 @@ def measure(step, batches: list[tuple[np.ndarray, np.ndarray]], first: int, step
     return steps * BATCH / (time.perf_counter() - t0) / 1e6
 
 
-def start_servers(num_servers: int, max_mb: int) -> tuple[list[subprocess.Popen], list, list]:
+def start_servers(
+    num_servers: int, max_mb: int, table_threads: int
+) -> tuple[list[subprocess.Popen], list, list]:
     """``num_servers`` ps_server processes and as many echo processes: (procs, eps, echo_eps)."""
     procs, eps, echo_eps = [], [], []
     for i in range(num_servers):
         proc, ep = start_process(
             [sys.executable, "-m", "ps_server", "--port", "0", "--server_index", str(i),
              "--num_servers", str(num_servers), "--max_message_mb", str(max_mb),
-             "--log_level", "WARNING"]
+             "--table_threads", str(table_threads), "--log_level", "WARNING"]
         )  # fmt: skip
         procs.append(proc)
         eps.append(ep)
@@ -219,9 +221,12 @@ def main() -> None:
     p.add_argument("--dims", default="8,16,64")
     p.add_argument("--servers", default="1,2")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--steps", type=int, default=4, help="pull+push steps per repetition")
+    p.add_argument("--steps", type=int, default=12, help="pull+push steps per repetition")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adagrad"])
     p.add_argument("--max_message_mb", type=int, default=64)
+    p.add_argument("--table_threads", type=int, default=None,
+                   help="servers' --table_threads, also used by the in-process table (default: "
+                   "ps_server's, the CPU count up to 8)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if args.echo_server:
@@ -230,7 +235,12 @@ def main() -> None:
     if args.reps < 5:
         p.error("--reps must be >= 5")
 
-    from ps_server import SGD, Adagrad, PSClient
+    from ps_server import SGD, Adagrad, PSClient, kernels
+    from ps_server.server import default_table_threads
+
+    threads = args.table_threads or default_table_threads()
+    kernels.set_threads(threads)  # the table-only measurement splits its work like the servers
+    print(f"table threads: {threads} per server and in the in-process table", flush=True)
 
     rule = SGD(0.01) if args.optimizer == "sgd" else Adagrad(0.05)
     rng = np.random.default_rng(0)
@@ -239,7 +249,7 @@ def main() -> None:
     for num_servers in [int(s) for s in args.servers.split(",")]:
         procs: list[subprocess.Popen] = []
         try:
-            procs, eps, echo_eps = start_servers(num_servers, args.max_message_mb)
+            procs, eps, echo_eps = start_servers(num_servers, args.max_message_mb, threads)
             client = PSClient(eps, max_message_mb=args.max_message_mb, shm=False)
             client.wait_ready(30)
             shm_client = PSClient(eps, max_message_mb=args.max_message_mb, shm=True)

@@ -51,6 +51,22 @@ FLEET_NNODES = "FLEET_NNODES"
 FLEET_STRATEGY = "FLEET_STRATEGY"
 FLEET_METRICS_PORT = "FLEET_METRICS_PORT"
 FLEET_METRICS_HOST = "FLEET_METRICS_HOST"
+FLEET_PS_TABLE_THREADS = "FLEET_PS_TABLE_THREADS"
+"""Threads a parameter server splits one large pull/push over (ps_server.server)."""
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity, capped by a cgroup v2 CPU quota (a
+    container's ``cpu.max``; a Kubernetes CPU limit) when one is set."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
 
 
 @dataclass(frozen=True)
@@ -466,4 +482,5 @@ __all__ = [
     "metrics_env",
     "read_metrics_endpoint",
     "read_worker_env",
+    "usable_cpus",
 ]

@@ -25,6 +25,7 @@ from enum import Enum
 from typing import Protocol
 
 from collective.env import (
+    FLEET_PS_TABLE_THREADS,
     NodeLayout,
     PSLayout,
     find_free_port,
@@ -32,6 +33,7 @@ from collective.env import (
     make_ps_trainer_env,
     make_worker_env,
     metrics_env,
+    usable_cpus,
 )
 from collective.errors import ConfigError, LaunchError, RendezvousError
 from launcher.attempt import SERVER, TRAINER, ProcSpec, start_all, watch
@@ -127,6 +129,14 @@ def _base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:
     if nproc_here > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"  # as torchrun: N processes must not each take all cores
     return env
+
+
+def _table_threads_env(env: dict[str, str], nproc_here: int) -> dict[str, str]:
+    """FLEET_PS_TABLE_THREADS for the servers of a node running ``nproc_here`` processes: the
+    node's CPUs split between them, unless the user set it."""
+    if FLEET_PS_TABLE_THREADS in env:
+        return {}
+    return {FLEET_PS_TABLE_THREADS: str(max(1, usable_cpus() // max(1, nproc_here)))}
 
 
 def console_prefix(spec: JobSpec, role: str, rank: int) -> tuple[bool, bytes]:
@@ -275,10 +285,11 @@ class PSPlan:
         if not servers and not trainers:
             raise ConfigError(f"no server or worker endpoint has this node's IP {self.pod_ip}", key="ps.pod_ip")
         base = _base_env(self.spec, len(servers) + len(trainers))
+        server_base = {**base, **_table_threads_env(base, len(servers) + len(trainers))}
         out = []
         for i in servers:
             show, prefix = console_prefix(self.spec, SERVER, i)
-            out.append(ProcSpec(SERVER, i, i, 0, {**base, **make_ps_server_env(layout, i)},
+            out.append(ProcSpec(SERVER, i, i, 0, {**server_base, **make_ps_server_env(layout, i)},
                                 os.path.join(layout.log_dir, f"serverlog.{i}"),
                                 layout.server_error_file(i), show, prefix))
         for local_rank, t in enumerate(trainers):

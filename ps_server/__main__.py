@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"request threads (default {DEFAULT_THREADS}; more than the trainers that may wait "
         "in a barrier at once)",
     )
+    add(
+        "table_threads",
+        type=int,
+        default=None,
+        help="threads one large pull/push is split over (default: FLEET_PS_TABLE_THREADS, else "
+        "the CPU count up to 8)",
+    )
     add("load", default=None, metavar="DIR", help="load this checkpoint before serving")
     add("metrics_port", type=int, default=None, metavar="PORT",
         help="serve Prometheus /metrics on this port, on 127.0.0.1 or FLEET_METRICS_HOST (0: none; default: "
@@ -91,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             serve_from_env(
                 max_message_mb=args.max_message_mb,
                 threads=args.threads,
+                table_threads=args.table_threads,
                 checkpoint_dir=args.load,
                 on_ready=_announce,
                 metrics_port=args.metrics_port,
@@ -103,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 num_servers=args.num_servers,
                 max_message_mb=args.max_message_mb,
                 threads=args.threads,
+                table_threads=args.table_threads,
                 checkpoint_dir=args.load,
                 on_ready=_announce,
                 metrics_port=args.metrics_port,

@@ -1,9 +1,11 @@
-"""The sparse table's hot loops: compiled (``_kernels.c``) when built, numpy otherwise.
+"""The sparse table's hot loops: compiled (``_kernels.c``, ``_kernels_rows.c``) when built, numpy
+otherwise.
 
-``pip install`` compiles ``ps_server/_kernels.c`` when a C compiler is there (setup.py makes it
+``pip install`` compiles ``ps_server/_kernels*.c`` when a C compiler is there (setup.py makes it
 optional). The compiled path probes the hash index one key at a time in C and fuses a push —
 summing duplicated keys, the optimizer rule, the weight bounds, count / unseen_days / flags —
-into one pass over the batch without the GIL. The numpy path (``hash_index``, ``batch_ops``,
+into one pass over the batch without the GIL; a large batch is split over :func:`set_threads`
+threads. Row gathers / scatters and the client's routing are compiled too. The numpy path (``hash_index``, ``batch_ops``,
 ``optimizers``) computes the same results and stays the reference: rules other than the
 built-in SGD / Adagrad / Adam (user subclasses of ``OptimizerRule``) always take it.
 
@@ -30,13 +32,41 @@ ENABLED = _c is not None and os.environ.get("FLEET_PS_KERNELS", "c").lower() != 
 
 _RULE_IDS = {"sgd": 0, "adagrad": 1, "adam": 2}
 
+_threads = 1
+
+
+def set_threads(threads: int) -> None:
+    """Split one large batch (parts of >= 8192 keys) over up to ``threads`` threads in probe,
+    gather and push (the server's ``table_threads``; 1 = the calling thread only)."""
+    global _threads
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"table threads must be an integer >= 1, got {threads!r}")
+    _threads = threads
+
+
+def get_threads() -> int:
+    """The current :func:`set_threads` value."""
+    return _threads
+
 
 def probe(slots: np.ndarray, stored_keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     """int64 row of each key in the index ``slots`` (-1 where absent); compiled path only."""
     assert _c is not None
     out = np.empty(query.shape[0], dtype=np.int64)
-    _c.probe(slots, stored_keys, np.ascontiguousarray(query, dtype=np.int64), out)
+    _c.probe(slots, stored_keys, np.ascontiguousarray(query, dtype=np.int64), out, _threads)
     return out
+
+
+def gather(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = src[rows[i]]`` where ``rows[i] >= 0`` (others untouched); rows are the first
+    axis (any dtype). Compiled path only."""
+    assert _c is not None
+    if src.shape[1:] != out.shape[1:] or out.shape[0] != rows.shape[0] or src.dtype != out.dtype:
+        raise ValueError(
+            f"gather: out must be [len(rows), ...] = [{rows.shape[0]}, {src.shape[1:]}] of "
+            f"{src.dtype} like src, got {out.shape} of {out.dtype}"
+        )
+    _c.gather(src, np.ascontiguousarray(rows, dtype=np.int64), out, _threads)
 
 
 def scatter(src: np.ndarray, positions: np.ndarray, dst: np.ndarray) -> None:
@@ -117,9 +147,12 @@ def group(
 __all__ = [
     "ENABLED",
     "first_unowned",
+    "gather",
+    "get_threads",
     "group",
     "probe",
     "push",
     "push_hyper",
     "scatter",
+    "set_threads",
 ]

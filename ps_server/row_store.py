@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from ps_server import kernels
 from ps_server.batch_ops import row_view
 from ps_server.errors import TableCapacityError
 from ps_server.hash_index import HashIndex, KeyIndex
@@ -223,6 +224,9 @@ class RowStore:
         """``out[i] = column[rows[i]]`` where ``rows[i] >= 0``; the other rows of ``out`` keep
         what they held."""
         col = self.cols[name]
+        if kernels.ENABLED and out.flags.c_contiguous and out.dtype == col.dtype:
+            kernels.gather(col, rows, out)  # prefetching, split over the table threads
+            return
         hit = rows >= 0
         if hit.all():  # mode="clip": numpy buffers ``out`` under mode="raise" (2x slower)
             np.take(col, rows, axis=0, out=out, mode="clip")

@@ -9,7 +9,13 @@ the standard ``grpc.health.v1.Health`` service (SERVING while up, NOT_SERVING wh
 
 Threads: each request runs on a pool thread (``threads``, default 32). A Barrier call holds its
 thread while it waits, so ``threads`` must exceed the number of callers that can wait at once
-(trainers) — otherwise the last arrivals queue behind the waiters until these time out.
+(trainers) — otherwise the last arrivals queue behind the waiters until these time out. Inside
+one request, the compiled table kernels split a large batch (parts of >= 8192 keys) over
+``table_threads`` threads (:func:`ps_server.kernels.set_threads`; default
+FLEET_PS_TABLE_THREADS, else the usable CPUs up to 8): a server with idle cores answers one big
+pull or push sooner. Processes sharing a host split its cores: ``fleetrun`` sets
+FLEET_PS_TABLE_THREADS on each server to the node's CPUs divided by its local processes
+(servers and trainers), as it sets OMP_NUM_THREADS.
 
 Stopping is graceful in every path (``stop()``, the Stop RPC, SIGTERM/SIGINT under
 :func:`serve`): health turns NOT_SERVING, barrier waiters are released with UNAVAILABLE, new
@@ -19,6 +25,7 @@ calls are refused and in-flight calls get ``grace_s`` seconds to finish.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -29,9 +36,15 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from collective.env import TrainingRole, read_metrics_endpoint, read_worker_env
+from collective.env import (
+    FLEET_PS_TABLE_THREADS,
+    TrainingRole,
+    read_metrics_endpoint,
+    read_worker_env,
+    usable_cpus,
+)
 from collective.errors import ConfigError, EnvContractError, PSError
-from ps_server import telemetry
+from ps_server import kernels, telemetry
 from ps_server.service import SERVICE_NAME, ServerState, load_dir
 from ps_server.servicer import ParameterServerServicer, add_servicer_to_server
 
@@ -41,6 +54,21 @@ DEFAULT_MAX_MESSAGE_MB = 64
 """Default largest request/response in MiB, on both ends (gRPC's own default is 4)."""
 DEFAULT_THREADS = 32
 """Default request threads per server."""
+MAX_DEFAULT_TABLE_THREADS = 8
+
+
+def default_table_threads() -> int:
+    """FLEET_PS_TABLE_THREADS when set (fleetrun sets it), else the usable CPUs up to 8."""
+    raw = os.environ.get(FLEET_PS_TABLE_THREADS, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ConfigError(f"must be an integer >= 1, got {raw!r}", key=FLEET_PS_TABLE_THREADS)
+        return value
+    return min(MAX_DEFAULT_TABLE_THREADS, usable_cpus())
 MIB = 1 << 20
 
 
@@ -71,10 +99,13 @@ class PSServer:
         grace_s: float = 5.0,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
+        table_threads: int | None = None,
     ) -> None:
         """``port=0`` picks a free port (``start()`` returns it). ``metrics_port``: serve
         Prometheus ``/metrics`` there from ``start()`` (0 = no endpoint; None = the env
-        contract's FLEET_METRICS_PORT / FLEET_METRICS_HOST, as fleetrun sets them)."""
+        contract's FLEET_METRICS_PORT / FLEET_METRICS_HOST, as fleetrun sets them).
+        ``table_threads``: threads one large request's table work is split over (None:
+        :func:`default_table_threads`; process-wide, set by ``start()``)."""
         if not isinstance(num_servers, int) or num_servers < 1:
             raise ConfigError(f"must be an integer >= 1, got {num_servers!r}", key="num_servers")
         if not isinstance(server_index, int) or not 0 <= server_index < num_servers:
@@ -83,6 +114,13 @@ class PSServer:
             )
         if not isinstance(threads, int) or threads < 2:
             raise ConfigError(f"must be an integer >= 2, got {threads!r}", key="threads")
+        if table_threads is None:
+            table_threads = default_table_threads()
+        if not isinstance(table_threads, int) or table_threads < 1:
+            raise ConfigError(
+                f"must be an integer >= 1, got {table_threads!r}", key="table_threads"
+            )
+        self.table_threads = table_threads
         self.host = host
         self.port = int(port)
         self.max_message_mb = max_message_mb
@@ -139,6 +177,7 @@ class PSServer:
         if port == 0:
             raise PSError(f"parameter server {self.state.server_index} cannot listen on {address}")
         server.start()
+        kernels.set_threads(self.table_threads)
         self._server = server
         self.port = port
         self.state.endpoint = self.endpoint
@@ -147,12 +186,14 @@ class PSServer:
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         logger.info(
-            "parameter server %d/%d serving on %s (max message %s MiB, %d threads)",
+            "parameter server %d/%d serving on %s (max message %s MiB, %d threads, %d table "
+            "threads)",
             self.state.server_index,
             self.state.num_servers,
             self.endpoint,
             self.max_message_mb,
             self.threads,
+            self.table_threads,
         )
         return port
 
@@ -207,15 +248,16 @@ def serve(
     checkpoint_dir: str | None = None,
     on_ready: Any = None,
     metrics_port: int | None = None,
+    table_threads: int | None = None,
 ) -> None:
     """Run one server until a Stop RPC or SIGTERM/SIGINT (graceful either way), then return.
 
     ``checkpoint_dir`` loads a checkpoint before serving; ``on_ready(server)`` is called once it
-    listens (``python -m ps_server`` prints the endpoint there). ``metrics_port``: as
-    :class:`PSServer`'s. Signal handlers are installed only when called from the main thread.
+    listens (``python -m ps_server`` prints the endpoint there). ``metrics_port`` and
+    ``table_threads``: as :class:`PSServer`'s. Signal handlers are installed only when called from the main thread.
     """
     server = PSServer(host, port, server_index, num_servers, max_message_mb, threads,
-                      metrics_port=metrics_port)
+                      metrics_port=metrics_port, table_threads=table_threads)
     if checkpoint_dir:
         server.load_checkpoint(checkpoint_dir)
     server.start()
@@ -243,7 +285,8 @@ def serve(
 def serve_from_env(**kwargs: Any) -> None:
     """:func:`serve` as the env contract says (TRAINING_ROLE=PSERVER: POD_IP, PADDLE_PORT, this
     server's index in PADDLE_PSERVERS_IP_PORT_LIST and their count); ``kwargs`` go to
-    :func:`serve` (``max_message_mb``, ``threads``, ``checkpoint_dir``, ``on_ready``)."""
+    :func:`serve` (``max_message_mb``, ``threads``, ``table_threads``, ``checkpoint_dir``,
+    ``on_ready``)."""
     env = read_worker_env()
     if env.training_role is not TrainingRole.PSERVER:
         raise EnvContractError(
@@ -264,6 +307,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_MB",
     "DEFAULT_THREADS",
     "PSServer",
+    "default_table_threads",
     "grpc_message_options",
     "serve",
     "serve_from_env",

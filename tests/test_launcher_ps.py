@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, live_pids, run_fleetrun, start_fleetrun
 
-from collective.env import find_free_port, read_worker_env
+from collective.env import find_free_port, read_worker_env, usable_cpus
 
 SCRIPT = str(SCRIPTS / "launcher_ps_worker.py")
 
@@ -28,9 +28,12 @@ def test_local_ps_job_env_logs_and_clean_stop(tmp_path: Path) -> None:
     assert sorted(recs) == ["server0", "server1", "trainer0", "trainer1", "trainer2"]
     servers = recs["server0"]["env"]["PADDLE_PSERVERS_IP_PORT_LIST"].split(",")
     assert len(servers) == 2
+    threads = str(max(1, usable_cpus() // 5))  # the node's CPUs over its 5 processes
     for i in range(2):
         env = read_worker_env(recs[f"server{i}"]["env"])
         assert env.training_role == "PSERVER" and env.server_index == i and env.world_size == 3
+        assert recs[f"server{i}"]["env"]["FLEET_PS_TABLE_THREADS"] == threads
+    assert "FLEET_PS_TABLE_THREADS" not in recs["trainer0"]["env"]
     for t in range(3):
         raw = recs[f"trainer{t}"]["env"]
         env = read_worker_env(raw)

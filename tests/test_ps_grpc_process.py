@@ -98,6 +98,30 @@ def test_busy_port_and_bad_flags_fail_clearly() -> None:
             start_server_process("--port", str(port))
     with pytest.raises(AssertionError, match=r"(?s)exit 2.*server_index: must be in \[0, 2\)"):
         start_server_process("--server_index", "2", "--num_servers", "2")
+    with pytest.raises(AssertionError, match=r"(?s)exit 2.*table_threads: must be an integer >= 1"):
+        start_server_process("--table_threads", "0")
+
+
+@pytest.mark.timeout(30)
+def test_table_threads_default_from_env_and_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLEET_PS_TABLE_THREADS (fleetrun sets it) wins; unset, the usable CPUs up to 8; a bad
+    value names the variable."""
+    from collective.env import usable_cpus
+    from collective.errors import ConfigError
+    from ps_server import PSServer, kernels
+    from ps_server.server import default_table_threads
+
+    monkeypatch.delenv("FLEET_PS_TABLE_THREADS", raising=False)
+    assert default_table_threads() == min(8, usable_cpus()) >= 1
+    monkeypatch.setenv("FLEET_PS_TABLE_THREADS", "3")
+    assert default_table_threads() == 3
+    with PSServer(metrics_port=0) as server:
+        assert server.table_threads == 3 and kernels.get_threads() == 3
+    kernels.set_threads(1)
+    for bad in ("0", "two"):
+        monkeypatch.setenv("FLEET_PS_TABLE_THREADS", bad)
+        with pytest.raises(ConfigError, match="FLEET_PS_TABLE_THREADS"):
+            default_table_threads()
 
 
 @pytest.mark.timeout(30)

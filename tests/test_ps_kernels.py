@@ -206,3 +206,39 @@ def test_first_unowned_matches_shard_of(num_shards: int) -> None:
     assert kernels.first_unowned(keys, ROUTE_SALT, owned) == -1
     with pytest.raises(ValueError, match="empty"):
         kernels.first_unowned(keys, ROUTE_SALT, np.zeros(0, np.uint8))
+
+
+@pytest.mark.parametrize("name", ["sgd_bounded", "adagrad", "adam"])
+def test_kernels_split_over_threads_give_the_single_thread_result(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Batches large enough to be split (parts of >= 8192 keys) over 3 table threads: pulls,
+    pushes with and without duplicates, and the resulting rows, state, counts and flags equal
+    one thread's bit for bit."""
+    config = SparseTableConfig("th", 5, RULES[name], Uniform(-0.1, 0.1), seed=4)
+    rng = np.random.default_rng(11)
+    universe = rng.integers(-(2**63), 2**63 - 1, size=60_000, dtype=np.int64)
+    batches = [np.unique(rng.choice(universe, 40_000)), rng.choice(universe, 40_000)]
+    grads = [rng.standard_normal((b.shape[0], 5)).astype(np.float32) for b in batches]
+    tables = []
+    try:
+        for threads in (1, 3):
+            kernels.set_threads(threads)
+            table = SparseTable(config)
+            pulled = [table.pull(b) for b in batches for _ in range(2)]
+            stats = [table.push(b, g) for b, g in zip(batches, grads, strict=True)]
+            tables.append((table, pulled, stats, table.pull(universe)))
+    finally:
+        kernels.set_threads(1)
+    (a, pa, sa, ua), (b, pb, sb, ub) = tables
+    for x, y in zip(pa, pb, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert sa == sb
+    np.testing.assert_array_equal(ua, ub)
+    ra, rb = a.store.lookup(universe), b.store.lookup(universe)
+    for col in ("values", "state", "count", "unseen_days"):
+        np.testing.assert_array_equal(a.store.cols[col][ra], b.store.cols[col][rb])
+    np.testing.assert_array_equal(a.store.flags[ra], b.store.flags[rb])
+    assert not (b.store.flags & 0x80).any()
+    with pytest.raises(ValueError, match=">= 1"):
+        kernels.set_threads(0)

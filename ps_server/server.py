@@ -15,7 +15,8 @@ one request, the compiled table kernels split a large batch (parts of >= 8192 ke
 FLEET_PS_TABLE_THREADS, else the usable CPUs up to 8): a server with idle cores answers one big
 pull or push sooner. Processes sharing a host split its cores: ``fleetrun`` sets
 FLEET_PS_TABLE_THREADS on each server to the node's CPUs divided by its local processes
-(servers and trainers), as it sets OMP_NUM_THREADS.
+(servers and trainers), as it sets OMP_NUM_THREADS, or on Ray to the CPUs of the server's
+bundle; in a Kubernetes pod the default follows the container's CPU limit.
 
 Stopping is graceful in every path (``stop()``, the Stop RPC, SIGTERM/SIGINT under
 :func:`serve`): health turns NOT_SERVING, barrier waiters are released with UNAVAILABLE, new

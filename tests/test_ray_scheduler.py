@@ -108,6 +108,17 @@ def test_ps_env_from_placement() -> None:
     assert t1["PADDLE_PSERVERS_IP_PORT_LIST"] == "10.0.0.1:7000" and t1["PADDLE_TRAINER_ID"] == "1"
     assert (t0["MASTER_ADDR"], t0["MASTER_PORT"], t1["LOCAL_RANK"]) == ("10.0.0.1", "7001", "1")
     assert procs[0].log_path == "/logs/serverlog.0"
+    # a server's table threads: the CPUs of its bundle (at least 1), unless the job sets them
+    assert server["FLEET_PS_TABLE_THREADS"] == str(max(1, int(slots[0].bundle["CPU"])))
+    assert "FLEET_PS_TABLE_THREADS" not in t0
+    spec = build_spec({"entrypoint": {"script": "t.py"}, "sizes": {"server_num": 1, "worker_num": 1},
+                       "resources": {"server": {"cpu": 3, "memory": "1Gi"}}})
+    placed = [Placed(s, "10.0.0.1", "a", (), 7000 + i) for i, s in enumerate(make_slots(spec))]
+    assert make_proc_specs(spec, placed, 0, _paths())[0][0].env["FLEET_PS_TABLE_THREADS"] == "3"
+    spec = build_spec({"entrypoint": {"script": "t.py"}, "sizes": {"server_num": 1, "worker_num": 1},
+                       "env": {"FLEET_PS_TABLE_THREADS": "5"}})
+    placed = [Placed(s, "10.0.0.1", "a", (), 7000 + i) for i, s in enumerate(make_slots(spec))]
+    assert make_proc_specs(spec, placed, 0, _paths())[0][0].env["FLEET_PS_TABLE_THREADS"] == "5"
 
 
 def test_static_ps_lists_are_refused_on_ray() -> None:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from collective.env import (
+    FLEET_PS_TABLE_THREADS,
     NodeLayout,
     PSLayout,
     make_ps_server_env,
@@ -123,6 +124,14 @@ def _base_env(spec: JobSpec, local_count: int) -> dict[str, str]:
     return env
 
 
+def _table_threads_env(env: dict[str, str], bundle: dict[str, float]) -> dict[str, str]:
+    """A server's FLEET_PS_TABLE_THREADS: the CPUs of its bundle (what Ray reserved for it; at
+    least 1), unless the job's env sets it."""
+    if FLEET_PS_TABLE_THREADS in env:
+        return {}
+    return {FLEET_PS_TABLE_THREADS: str(max(1, int(bundle["CPU"])))}
+
+
 def _by_node(placed: Sequence[Placed]) -> dict[str, list[Placed]]:
     """Node id -> its placed slots, nodes in order of first appearance (dicts keep order)."""
     nodes: dict[str, list[Placed]] = {}
@@ -209,7 +218,7 @@ def _ps_specs(spec: JobSpec, placed: Sequence[Placed], paths: AttemptPaths) -> t
         base = _base_env(spec, len(per_node[p.node_id]))
         if p.slot.role == SERVER:
             i = p.slot.index
-            env = {**base, **make_ps_server_env(layout, i)}
+            env = {**base, **_table_threads_env(base, p.slot.bundle), **make_ps_server_env(layout, i)}
             out.append(_spec(spec, SERVER, i, i, node_rank[p.node_id], env, paths, layout.server_error_file(i)))
         else:
             t = p.slot.index

@@ -11,6 +11,18 @@
 
 Names are resolved lazily: ``fleet.DistributedStrategy`` (and its YAML loading) does not import
 torch; the first call that needs the process group does.
+
+The facade is the top of fleet's one-way layers (docs/architecture.md; kept by import-linter)::
+
+    fleet (this facade), fleet.api, fleet.util, fleet.utils
+      -> fleet.parallelize, fleet.checkpoint
+      -> fleet.meta_parallel | fleet.meta_optimizers | fleet.ps | fleet.data | fleet.metrics
+      -> fleet.base
+      -> fleet.strategy | fleet.telemetry
+      -> collective (and ps_server, from fleet.ps)
+
+Nothing inside fleet imports this facade; names users imported from a module that moved
+(``fleet.amp``, ``fleet.embedding``, ...) still import, see :data:`MOVED_MODULES`.
 """
 
 from __future__ import annotations
@@ -18,51 +30,78 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# public name -> submodule that defines it ("" = the submodule itself)
+from collective.moved_modules import install_moved_modules
+
+# public name -> module that defines it; a value ending in "." names a module itself.
 _LAZY = {
-    "init": "fleet.base",
-    "worker_index": "fleet.base",
-    "worker_num": "fleet.base",
-    "is_first_worker": "fleet.base",
-    "local_rank": "fleet.base",
-    "worker_endpoints": "fleet.base",
-    "barrier_worker": "fleet.base",
-    "distributed_model": "fleet.data_parallel",
-    "distributed_optimizer": "fleet.optimizer",
-    "DistributedStrategy": "fleet.strategy",
+    "init": "fleet.api",
+    "worker_index": "fleet.base.runtime",
+    "worker_num": "fleet.base.runtime",
+    "is_first_worker": "fleet.base.runtime",
+    "local_rank": "fleet.base.runtime",
+    "worker_endpoints": "fleet.base.runtime",
+    "barrier_worker": "fleet.base.runtime",
+    "get_hybrid_communicate_group": "fleet.base.runtime",
+    "CommunicateTopology": "fleet.base.topology",
+    "distributed_model": "fleet.parallelize.model",
+    "distributed_optimizer": "fleet.parallelize.optimizer",
+    "DistributedStrategy": "fleet.strategy.distributed_strategy",
     "save_checkpoint": "fleet.checkpoint",
     "load_checkpoint": "fleet.checkpoint",
-    "sharding": "",
-    "util": "",
-    "role_maker": "",
-    "metrics": "",
     "report": "fleet.telemetry",
-    "telemetry": "",
     "record": "collective.record",
-    "is_server": "fleet.ps_runtime",
-    "is_worker": "fleet.ps_runtime",
-    "server_num": "fleet.ps_runtime",
-    "server_index": "fleet.ps_runtime",
-    "server_endpoints": "fleet.ps_runtime",
-    "init_server": "fleet.ps_runtime",
-    "run_server": "fleet.ps_runtime",
-    "init_worker": "fleet.ps_runtime",
-    "stop_worker": "fleet.ps_runtime",
-    "save_persistables": "fleet.ps_runtime",
-    "shrink": "fleet.ps_runtime",
-    "end_day": "fleet.ps_runtime",
-    "DistributedEmbedding": "fleet.embedding",
-    "get_hybrid_communicate_group": "fleet.topology",
-    "CommunicateTopology": "fleet.topology",
-    "meta_parallel": "",
-    "utils": "",
-    "distributed_scaler": "fleet.amp",
-    "clip_grad_norm_": "fleet.clip",
-    "ClipGradByGlobalNorm": "fleet.clip",
+    "is_server": "fleet.ps.runtime",
+    "is_worker": "fleet.ps.runtime",
+    "server_num": "fleet.ps.runtime",
+    "server_index": "fleet.ps.runtime",
+    "server_endpoints": "fleet.ps.runtime",
+    "init_server": "fleet.ps.runtime",
+    "run_server": "fleet.ps.runtime",
+    "init_worker": "fleet.ps.runtime",
+    "stop_worker": "fleet.ps.runtime",
+    "save_persistables": "fleet.ps.runtime",
+    "shrink": "fleet.ps.runtime",
+    "end_day": "fleet.ps.runtime",
+    "DistributedEmbedding": "fleet.ps.embedding",
+    "distributed_scaler": "fleet.meta_optimizers.amp",
+    "clip_grad_norm_": "fleet.meta_optimizers.clip",
+    "ClipGradByGlobalNorm": "fleet.meta_optimizers.clip",
     "LayerDesc": "fleet.meta_parallel",
     "SharedLayerDesc": "fleet.meta_parallel",
     "PipelineLayer": "fleet.meta_parallel",
+    # modules
+    "sharding": "fleet.meta_optimizers.sharding.",
+    "util": "fleet.util.",
+    "utils": "fleet.utils.",
+    "role_maker": "fleet.base.role_maker.",
+    "metrics": "fleet.metrics.",
+    "telemetry": "fleet.telemetry.",
+    "meta_parallel": "fleet.meta_parallel.",
+    "data": "fleet.data.",
 }
+
+# Module paths from before fleet was grouped into subpackages (fleet.amp, fleet.embedding, ...):
+# they import the module at its new home, with a DeprecationWarning (collective.moved_modules).
+MOVED_MODULES = {
+    "fleet.amp": "fleet.meta_optimizers.amp",
+    "fleet.clip": "fleet.meta_optimizers.clip",
+    "fleet.data_parallel": "fleet.parallelize.data_parallel",
+    "fleet.embedding": "fleet.ps.embedding",
+    "fleet.optimizer": "fleet.meta_optimizers.gradient_merge",
+    "fleet.optimizer_base": "fleet.meta_optimizers.base",
+    "fleet.optimizers": "fleet.meta_optimizers.lars_lamb",
+    "fleet.ps_communicator": "fleet.ps.communicator",
+    "fleet.ps_optimizer": "fleet.ps.optimizer",
+    "fleet.ps_runtime": "fleet.ps.runtime",
+    "fleet.recompute": "fleet.meta_parallel.recompute",
+    "fleet.role_maker": "fleet.base.role_maker",
+    "fleet.sharding": "fleet.meta_optimizers.sharding",
+    "fleet.strategy_configs": "fleet.strategy.configs",
+    "fleet.strategy_features": "fleet.parallelize.features",
+    "fleet.topology": "fleet.base.topology",
+}
+
+install_moved_modules("fleet", MOVED_MODULES)
 
 __all__ = [
     "ClipGradByGlobalNorm",
@@ -74,6 +113,7 @@ __all__ = [
     "SharedLayerDesc",
     "barrier_worker",
     "clip_grad_norm_",
+    "data",
     "distributed_model",
     "distributed_optimizer",
     "distributed_scaler",
@@ -112,11 +152,14 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
+    if module is None and f"fleet.{name}" in MOVED_MODULES:
+        module = f"fleet.{name}."  # ``fleet.amp`` as an attribute: the alias, with its warning
     if module is None:
         raise AttributeError(f"module 'fleet' has no attribute {name!r}")
-    value = importlib.import_module(f"fleet.{name}") if module == "" else getattr(
-        importlib.import_module(module), name
-    )
+    if module.endswith("."):
+        value: Any = importlib.import_module(module[:-1])
+    else:
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

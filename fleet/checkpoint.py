@@ -60,7 +60,8 @@ import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
 
 from collective.errors import ConfigError
-from fleet.base import get_runtime
+from fleet.base.runtime import get_runtime
+from fleet.meta_optimizers.sharding import ShardedOptimizer
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +84,7 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _sharded_optimizer(optimizer: Any) -> Any:
-    """The :class:`~fleet.sharding.ShardedOptimizer` in the wrapper chain, or None."""
-    from fleet.sharding import ShardedOptimizer
-
+    """The :class:`~fleet.meta_optimizers.sharding.ShardedOptimizer` in the wrapper chain, or None."""
     seen = 0
     while optimizer is not None and seen < 16:
         if isinstance(optimizer, ShardedOptimizer):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from collective.errors import ConfigError
+from fleet.base.runtime import get_runtime
 
 T = TypeVar("T")
 
@@ -34,8 +35,6 @@ def shard_files(files: Sequence[T], rank: int, world_size: int) -> list[T]:
 
 def get_file_shard(files: Sequence[T]) -> list[T]:
     """This trainer's share of ``files`` (see :func:`shard_files`); needs ``fleet.init`` first."""
-    from fleet.base import get_runtime
-
     env = get_runtime("util.get_file_shard()").env
     return shard_files(files, env.rank, env.world_size)
 

@@ -6,6 +6,6 @@ Paddle.
 
 from __future__ import annotations
 
-from fleet.recompute import recompute
+from fleet.meta_parallel.recompute import recompute
 
 __all__ = ["recompute"]

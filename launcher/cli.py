@@ -13,7 +13,6 @@ import uuid
 from typing import Any
 
 import click
-import yaml
 from click.core import ParameterSource
 
 from collective.errors import ConfigError, FleetError
@@ -34,8 +33,8 @@ from launcher.spec import (
     build_spec,
     load_yaml,
     set_path,
-    spec_to_dict,
 )
+from launcher.job_files import write_job_file, write_strategy
 from launcher.telemetry import node_file
 
 logger = logging.getLogger("launcher")
@@ -289,27 +288,10 @@ def format_config_table(spec: JobSpec, place: Placement) -> str:
     return "\n".join(f"  {k:<{width}} : {v}" for k, v in rows)
 
 
-def write_strategy(spec: JobSpec) -> str | None:
-    if spec.strategy is None:
-        return None
-    if isinstance(spec.strategy, str):
-        if not os.path.exists(spec.strategy):
-            raise ConfigError(f"strategy file {spec.strategy!r} does not exist", key="strategy")
-        return os.path.abspath(spec.strategy)
-    path = os.path.abspath(os.path.join(spec.log_dir, "strategy.yaml"))
-    # every node of a job writes the same text here; tmp + os.replace so that in a shared
-    # log_dir no process ever reads a half-written file
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        yaml.safe_dump(spec.strategy, f, sort_keys=False)
-    os.replace(tmp, path)
-    return path
-
-
 def launch(spec: JobSpec, *, dry_run: bool = False, dashboard: bool = False) -> int:
     """Run a validated spec on its scheduler; return the process exit code."""
     if spec.scheduler is SchedulerKind.K8S:
-        from launcher.schedulers.k8s_job import run_k8s
+        from launcher.schedulers.k8s_job import run_k8s  # lazy: only k8s jobs load the renderer
 
         return run_k8s(spec, dry_run=dry_run)
     if dry_run:
@@ -317,11 +299,11 @@ def launch(spec: JobSpec, *, dry_run: bool = False, dashboard: bool = False) -> 
             f"--dry_run prints Kubernetes manifests; scheduler '{spec.scheduler}' has none "
             "(use --scheduler k8s, or drop --dry_run)", key="scheduler")
     if dashboard:
-        from launcher.dashboard import start_dashboard_thread
+        from launcher.dashboard import start_dashboard_thread  # lazy: HTTP server code, ~10 ms
 
         start_dashboard_thread(spec.log_dir)
     if spec.scheduler is SchedulerKind.RAY:
-        from launcher.schedulers.ray_job import run_ray
+        from launcher.schedulers.ray_job import run_ray  # lazy: only Ray jobs load it, ~10 ms
 
         return run_ray(spec)
     return launch_local(spec)
@@ -335,10 +317,7 @@ def launch_local(spec: JobSpec) -> int:
             f"script {entry.script!r} not found (working directory {os.getcwd()})", key="entrypoint.script"
         )
     place = resolve_placement(spec)
-    os.makedirs(spec.log_dir, exist_ok=True)
-    job_file = node_file("job.yaml", place.node_rank, place.num_nodes)  # node_rank differs per node
-    with open(os.path.join(spec.log_dir, job_file), "w", encoding="utf-8") as f:
-        yaml.safe_dump(spec_to_dict(spec), f, sort_keys=False)
+    write_job_file(spec, node_file("job.yaml", place.node_rank, place.num_nodes))  # per node
     logger.info("resolved configuration:\n%s", format_config_table(spec, place))
     strategy_file = write_strategy(spec)
     install_signal_handlers()
@@ -366,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     init_logging()
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in SUBCOMMANDS:
-        from launcher.commands import tools
+        from launcher.commands import tools  # lazy: subcommands only; keeps a launch's start short
 
         tools.main(args=args, prog_name="fleetrun", auto_envvar_prefix="FLEETRUN")
         return

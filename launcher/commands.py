@@ -62,7 +62,7 @@ def status_cmd(job: str | None, log_dir: str | None, namespace: str) -> None:
     """Status of a Kubernetes JOB (its objects, the trainers' Job, every pod), or with
     --log_dir of a local / Ray / multi-node job from the files fleetrun keeps there."""
     if log_dir is not None:
-        from launcher.telemetry import read_job_states
+        from launcher.telemetry import read_job_states  # lazy: the metrics module, --log_dir only
 
         state, error = read_job_states(log_dir)
         if state is None:
@@ -76,7 +76,7 @@ def status_cmd(job: str | None, log_dir: str | None, namespace: str) -> None:
         _fail(ConfigError("give the Kubernetes job's name (fleetrun status JOB), or a local / Ray "
                           "job's log directory (fleetrun status --log_dir DIR)", key="status"))
         return
-    from launcher.schedulers import k8s_client
+    from launcher.schedulers import k8s_client  # lazy: the kubernetes client, k8s commands only
 
     try:
         click.echo(k8s_client.job_status(job, namespace))
@@ -92,7 +92,7 @@ def status_cmd(job: str | None, log_dir: str | None, namespace: str) -> None:
 @_NAMESPACE
 def logs_cmd(job: str, rank: int | None, server: int | None, namespace: str) -> None:
     """Logs of a Kubernetes job's pods (each headed by the pod name)."""
-    from launcher.schedulers import k8s_client
+    from launcher.schedulers import k8s_client  # lazy: the kubernetes client, k8s commands only
 
     try:
         click.echo(k8s_client.job_logs(job, namespace, rank=rank, server=server), nl=False)
@@ -105,7 +105,7 @@ def logs_cmd(job: str, rank: int | None, server: int | None, namespace: str) -> 
 @_NAMESPACE
 def delete_cmd(job: str, namespace: str) -> None:
     """Delete every Kubernetes object of a job (its pods go with them)."""
-    from launcher.schedulers import k8s_client
+    from launcher.schedulers import k8s_client  # lazy: the kubernetes client, k8s commands only
 
     try:
         deleted = k8s_client.delete_job(job, namespace)
@@ -145,6 +145,7 @@ def pod_cmd(role: str, job: str, mode: str, trainer_host: str, master_port: int,
             rdzv_timeout: float, index: int | None, module: bool, no_python: bool, entry: str,
             entry_args: tuple[str, ...]) -> None:
     """Inside a Kubernetes pod: derive rank/role/endpoints from the pod index, run ENTRY."""
+    # lazy: a pod's entry point (pulls in the agent and rendezvous code) for `fleetrun pod` only
     from collective.env import Backend
     from launcher.pod import PodConfig, run_pod
     from launcher.spec import Entrypoint, Mode
@@ -180,7 +181,7 @@ def dashboard_cmd(log_dir: str, port: int | None, poll_interval: float) -> None:
     import signal
     import threading
 
-    from launcher.dashboard import DashboardConfig, start_dashboard
+    from launcher.dashboard import DashboardConfig, start_dashboard  # lazy: HTTP server code
 
     try:
         dash = start_dashboard(DashboardConfig(log_dir=log_dir, port=port,

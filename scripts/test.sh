@@ -5,6 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh test
 export PYTHONDONTWRITEBYTECODE=1
+# The import contracts of pyproject.toml (layers, no torch in the launcher's start): a broken
+# contract fails the run before any test. Import cycles are tests/test_layout.py's.
+echo "[test] lint-imports (import contracts in pyproject.toml)"
+if ! contracts=$(.venv/bin/lint-imports --no-cache 2>&1); then
+    echo "$contracts" >&2
+    echo "[test] import contracts broken (see above)" >&2
+    exit 1
+fi
+echo "$contracts" | sed -n '/^Contracts:/,$p'
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?

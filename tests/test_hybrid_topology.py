@@ -77,10 +77,10 @@ def test_bad_topologies_and_queries_raise_config_error(topo: CommunicateTopology
 
 @pytest.mark.timeout(60)
 def test_fleet_init_checks_the_equation_for_every_axis(monkeypatch) -> None:
-    import fleet.base
+    import fleet.base.runtime
 
     assert fleet.CommunicateTopology is CommunicateTopology
-    monkeypatch.setattr(fleet.base, "_runtime", None)
+    monkeypatch.setattr(fleet.base.runtime, "_runtime", None)
     with pytest.raises(FleetError, match=r"get_hybrid_communicate_group\(\) was called before"):
         fleet.get_hybrid_communicate_group()
     # mp_degree is accepted, but 2 ranks do not fit a world of one

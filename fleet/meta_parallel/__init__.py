@@ -1,4 +1,9 @@
-"""``fleet.meta_parallel``: tensor-parallel layers and the model-parallel RNG tracker.
+"""``fleet.meta_parallel``: how a model is cut across ranks — tensor-parallel layers, the
+pipeline (``PipelineLayer`` described, ``PipelineParallel`` run in 1F1B/FThenB), the model-parallel
+RNG tracker, and activation recompute (which replays that tracker).
+
+Imports :mod:`fleet.base` (the hybrid groups), :mod:`fleet.strategy`, :mod:`fleet.telemetry` and
+:mod:`collective`; never the optimizer wrappers, the PS side or the facade.
 
 ::
 

@@ -31,8 +31,8 @@ a stage's ``state_dict`` is a subset of the whole model's (which is how the pari
 the reference weights).
 
 ``recompute_interval = N > 0`` runs every N consecutive entries of a stage under activation
-checkpointing (:func:`fleet.recompute.recompute` when present, which keeps the tensor-parallel
-RNG tracker's states, else ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``).
+checkpointing (:func:`fleet.meta_parallel.recompute.recompute`, torch's non-reentrant checkpoint
+that also keeps the tensor-parallel RNG tracker's states).
 """
 
 from __future__ import annotations
@@ -43,9 +43,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as tdist
 from torch import nn
 
 from collective.errors import ConfigError
+from fleet.base.runtime import current_runtime
+from fleet.meta_parallel.recompute import recompute
 
 logger = logging.getLogger(__name__)
 
@@ -153,12 +156,8 @@ def segment_layers(entries: Sequence[Any], num_stages: int, seg_method: str) -> 
 
 def _stage_from_context(num_stages: int | None, topology: Any) -> tuple[int, int, Any]:
     """(num_stages, stage_id, topology) from the topology, fleet's hybrid group or the world."""
-    import torch.distributed as tdist
-
     if topology is None:
-        from fleet import base
-
-        runtime = base._runtime
+        runtime = current_runtime()
         if runtime is not None and runtime.hcg is not None:
             topology = runtime.hcg.topology()
     if topology is not None:
@@ -194,7 +193,7 @@ class PipelineLayer(nn.Module):
     ``loss_fn(output, label)`` is applied on the last stage by the pipeline engine (and by
     :meth:`forward` callers themselves). ``stage_id`` overrides the stage this process builds
     (tests, tools); normally it comes from ``topology`` (a
-    :class:`~fleet.topology.CommunicateTopology`), fleet's hybrid group, or the rank.
+    :class:`~fleet.base.topology.CommunicateTopology`), fleet's hybrid group, or the rank.
     """
 
     def __init__(
@@ -352,15 +351,7 @@ def _run(funcs: Sequence[Callable[..., Any]], x: Any) -> Any:
 
 
 def _checkpoint_fn() -> Callable[..., Any]:
-    """fleet.recompute.recompute (TP-RNG aware) when it has landed, else torch's checkpoint."""
-    try:
-        from fleet.recompute import recompute  # type: ignore[import-not-found]
-    except ImportError:
-        from torch.utils.checkpoint import checkpoint
-
-        def recompute(function: Callable[..., Any], *args: Any) -> Any:
-            return checkpoint(function, *args, use_reentrant=False)
-
+    """The checkpoint function of recomputed segments: fleet's TP-RNG-aware recompute."""
     return recompute
 
 

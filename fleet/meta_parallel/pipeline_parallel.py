@@ -47,10 +47,10 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from collective.errors import ConfigError, FleetError
-from fleet import telemetry
+import fleet.telemetry as telemetry
 from fleet.meta_parallel.pipeline_layer import PipelineLayer
 from fleet.meta_parallel.pp_schedule import P2P, Action, as_tensor_tuple, make_schedule
-from fleet.strategy_configs import PipelineSchedule
+from fleet.strategy.configs import PipelineSchedule
 
 logger = logging.getLogger(__name__)
 

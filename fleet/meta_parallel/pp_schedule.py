@@ -52,7 +52,7 @@ import torch
 import torch.distributed as tdist
 
 from collective.errors import ConfigError, FleetError
-from fleet.strategy_configs import PipelineSchedule
+from fleet.strategy.configs import PipelineSchedule
 
 META_INTS = 64
 """Length of the int64 message that describes one stage boundary's tensors."""

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import torch
 
 from collective.errors import ConfigError
+from fleet.base.runtime import get_hybrid_communicate_group
 
 MODEL_PARALLEL_RNG = "model_parallel_rng"
 """Name of the per-mp-rank state that :func:`model_parallel_random_seed` registers."""
@@ -95,8 +96,6 @@ def model_parallel_random_seed(seed: int) -> None:
     :data:`MODEL_PARALLEL_RNG` with ``seed + MP_SEED_OFFSET + mp_rank`` (different per mp rank).
 
     Needs ``fleet.init`` with ``hybrid_configs.mp_degree > 1``."""
-    from fleet.topology import get_hybrid_communicate_group
-
     mp_rank = get_hybrid_communicate_group().get_model_parallel_rank()
     _TRACKER.reset()
     _TRACKER.add(MODEL_PARALLEL_RNG, seed + MP_SEED_OFFSET + mp_rank)

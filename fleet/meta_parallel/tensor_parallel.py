@@ -38,13 +38,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from collective.errors import ConfigError
+from fleet.base.runtime import get_hybrid_communicate_group
 
 
 def _default_mp_group(mp_group: Any) -> Any:
     if mp_group is not None:
         return mp_group
-    from fleet.topology import get_hybrid_communicate_group
-
     return get_hybrid_communicate_group().get_model_parallel_group()
 
 
@@ -151,7 +150,7 @@ class _ParallelLayer(nn.Module):
 
 def _mark_distributed(layer: _ParallelLayer, axis: int, *params: nn.Parameter | None) -> None:
     """Paddle's ``param.is_distributed``: this tensor is one mp rank's shard (global-norm
-    clipping, fleet.clip, sums it over the model-parallel group; replicated ones count once),
+    clipping, fleet.meta_optimizers.clip, sums it over the model-parallel group; replicated ones count once),
     and Paddle's ``param.split_axis``: the dimension the full tensor is split along, in mp-rank
     order (fleet.checkpoint re-slices shards with it when the mp degree changes)."""
     for p in params:

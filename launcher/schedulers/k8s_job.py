@@ -23,7 +23,7 @@ def run_k8s(spec: JobSpec, *, dry_run: bool = False) -> int:
         sys.stdout.write(to_yaml(objs))
         sys.stdout.flush()
         return 0
-    from launcher.schedulers import k8s_client
+    from launcher.schedulers import k8s_client  # lazy: the kubernetes client; --dry_run needs none
 
     ns = spec.k8s.namespace
     k8s_client.apply(objs, ns)

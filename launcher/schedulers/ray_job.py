@@ -39,7 +39,6 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
-import yaml
 
 from collective.env import metrics_env
 from collective.errors import ConfigError, LaunchError
@@ -57,8 +56,9 @@ from launcher.process import ConsoleWriter, ExitInfo
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
 from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect
 from launcher.schedulers.ray_plan import AttemptPaths, Placed, Slot, make_proc_specs, make_slots
-from launcher.spec import JobSpec, Mode, spec_to_dict
-from launcher.summary import Failure, read_error_file
+from launcher.job_files import write_job_file, write_strategy
+from launcher.spec import JobSpec, Mode
+from launcher.summary import Failure, format_summary, read_error_file
 from launcher.telemetry import FailureCause, JobMonitor, JobState, MemberView, cause_of
 
 logger = logging.getLogger(__name__)
@@ -73,16 +73,12 @@ ACTOR_CONCURRENCY = 4
 
 def run_ray(spec: JobSpec) -> int:
     """Run ``spec`` on a Ray cluster; return fleetrun's exit code."""
-    from launcher.cli import write_strategy
-
     entry = spec.entrypoint
     if entry.script and not os.path.exists(entry.script) and "working_dir" not in spec.ray.runtime_env:
         raise ConfigError(f"script {entry.script!r} not found (working directory {os.getcwd()})",
                           key="entrypoint.script")
     slots = make_slots(spec)  # ConfigError before any cluster is touched
-    os.makedirs(spec.log_dir, exist_ok=True)
-    with open(os.path.join(spec.log_dir, "job.yaml"), "w", encoding="utf-8") as f:
-        yaml.safe_dump(spec_to_dict(spec), f, sort_keys=False)
+    write_job_file(spec)
     strategy_file = write_strategy(spec)
     handle: ClusterHandle | None = None
     install_signal_handlers()  # Ctrl-C during ray.init also tears down what started
@@ -215,8 +211,6 @@ class RayJob:
                 logger.warning("attempt %d failed (%s); restarting the whole group (restart %d of %d)",
                                attempt - 1, what, attempt, spec.max_restarts)
                 continue
-            from launcher.summary import format_summary
-
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
             text = format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
                                   spec.max_restarts, note)

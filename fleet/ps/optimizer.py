@@ -21,8 +21,8 @@ import torch
 
 from collective.env import TrainingRole
 from collective.errors import ConfigError
-from fleet.ps_communicator import DENSE_BLOCK, DENSE_TABLE, GeoCommunicator
-from fleet.ps_runtime import _barrier, _require, get_client, get_communicator
+from fleet.ps.communicator import DENSE_BLOCK, DENSE_TABLE, GeoCommunicator
+from fleet.ps.runtime import _barrier, _require, get_client, get_communicator
 
 logger = logging.getLogger(__name__)
 

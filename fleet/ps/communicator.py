@@ -26,7 +26,7 @@ GEO             ``a_sync=True``, ``k_steps = K > 0``       training is local (to
                                                            them) and fresh values are pulled.
 ==============  =========================================  ============================================
 
-Sparse gradients reach the communicator from :class:`fleet.embedding.DistributedEmbedding`'s
+Sparse gradients reach the communicator from :class:`fleet.ps.embedding.DistributedEmbedding`'s
 backward (already merged per unique key); dense gradients from the parameters of the optimizer
 wrapped by ``fleet.distributed_optimizer``.
 """
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from collective.errors import FleetError
-from fleet import telemetry
+import fleet.telemetry as telemetry
 
 logger = logging.getLogger(__name__)
 

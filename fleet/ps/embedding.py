@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from collective.errors import ConfigError
+from fleet.ps.runtime import get_communicator, register_table
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,6 @@ class DistributedEmbedding(torch.nn.Module):
         self.initializer = initializer if initializer is not None else Uniform(-0.01, 0.01)
         self.entry = entry
         self.table_options = table_options
-        from fleet.ps_runtime import register_table
-
         register_table(self)
 
     def extra_repr(self) -> str:
@@ -101,8 +100,6 @@ class DistributedEmbedding(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """Rows for ``ids`` (pooled per bag when ``pooling`` is set)."""
-        from fleet.ps_runtime import get_communicator
-
         if ids.dtype not in (torch.int64, torch.int32):
             raise ConfigError(f"ids must be int64, got {ids.dtype}", key=f"{self.table}.ids")
         if offsets is not None and (ids.dim() != 1 or self.pooling is None):
@@ -135,8 +132,6 @@ class DistributedEmbedding(torch.nn.Module):
         the background, so the next :meth:`forward` with these ids does not wait for the
         servers. Async / half-async modes only; sync and GEO ignore it (a sync pull must see
         the last step's update). The rows may miss updates still queued: async semantics."""
-        from fleet.ps_runtime import get_communicator
-
         comm = get_communicator()
         if comm.prefetches:
             comm.prefetch(self.table, _UNIQUE.get(ids)[0])

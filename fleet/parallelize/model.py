@@ -1,56 +1,24 @@
-"""``fleet.distributed_model``: torch DDP, configured from the strategy.
+"""``fleet.distributed_model``: validate the model and hand it to the composition.
 
-Data parallelism is torch's own ``DistributedDataParallel`` (bucketed, overlapped all-reduce);
-fleet adds only the strategy mapping (``find_unused_parameters``; ``fuse_grad_size_in_MB`` →
-``bucket_cap_mb``) and one behaviour: when the optimizer of this model merges gradients over K
-micro-steps (``strategy.gradient_merge``), the forward of micro-steps 1..K-1 runs under DDP's
-``no_sync`` so their backward skips the all-reduce (see :mod:`fleet.optimizer`).
-
-:func:`distributed_model` validates the model and hands it to :func:`fleet.parallelize.parallelize`,
-which picks the wrappers (pipeline, FSDP2, DDP over which group) from the strategy.
+Collective mode: :func:`fleet.parallelize.compose.parallelize` picks and applies the wrappers
+(features, pipeline, FSDP2, DDP over the right group). Parameter-server mode: the model stays as
+it is (dense parameters are synchronised through the servers by :mod:`fleet.ps.optimizer`).
 """
 
 from __future__ import annotations
-
-import logging
-from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from collective.errors import ConfigError
-from fleet import telemetry
-from fleet.base import check_strategy_supported, get_runtime
-from fleet.optimizer import GradientMergeState
-
-logger = logging.getLogger(__name__)
-
-
-class DataParallel(DistributedDataParallel):
-    """torch DDP that follows the gradient-merge cycle of its fleet optimizer.
-
-    ``grad_merge`` is set by :func:`fleet.distributed_optimizer` (None: every backward reduces).
-    """
-
-    def __init__(self, module: torch.nn.Module, **kwargs: Any) -> None:
-        super().__init__(module, **kwargs)
-        self.grad_merge: GradientMergeState | None = None
-        telemetry.watch_ddp(self)  # all_reduce time, with metrics on (fleet/telemetry.py)
-
-    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        """DDP's forward; under ``no_sync`` when the coming backward is not a merge boundary."""
-        if self.training:
-            telemetry.on_forward(inputs)  # samples (fleet/telemetry.py)
-        gm = self.grad_merge
-        if gm is not None and not gm.sync_this_step():
-            # DDP decides in forward whether the next backward all-reduces.
-            with self.no_sync():
-                return super().forward(*inputs, **kwargs)
-        return super().forward(*inputs, **kwargs)
+from fleet.base.runtime import get_runtime
+from fleet.parallelize.compose import parallelize
+from fleet.ps.runtime import in_ps_mode
+from fleet.strategy import check_strategy_supported
 
 
 def distributed_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Wrap ``model`` for distributed training as the strategy asks (:mod:`fleet.parallelize`).
+    """Wrap ``model`` for distributed training as the strategy asks (:mod:`fleet.parallelize.compose`).
 
     Pure data parallel gives a :class:`DataParallel` (torch ``DistributedDataParallel``); hybrid
     strategies give DDP over the data-parallel (x sharding) group, a ``PipelineParallel``
@@ -60,10 +28,8 @@ def distributed_model(model: torch.nn.Module) -> torch.nn.Module:
     broadcast from the first rank of the group when wrapping.
     """
     runtime = get_runtime("distributed_model()")
-    from fleet.ps_runtime import in_ps_mode
-
     if in_ps_mode():
-        # Dense parameters are synchronised through the parameter servers (fleet.ps_optimizer),
+        # Dense parameters are synchronised through the parameter servers (fleet.ps.optimizer),
         # not by all-reduce: the model stays as it is.
         return model  # type: ignore[return-value]
     strategy = runtime.strategy
@@ -92,10 +58,8 @@ def distributed_model(model: torch.nn.Module) -> torch.nn.Module:
             key="model",
         )
     # Every wrapper (features, pipeline, FSDP2, DDP over the right group) is chosen and applied
-    # in one place, in one order: fleet.parallelize.
-    from fleet.parallelize import parallelize
-
+    # in one place, in one order: fleet.parallelize.compose.
     return parallelize(runtime, model=model)  # type: ignore[no-any-return]
 
 
-__all__ = ["DataParallel", "distributed_model"]
+__all__ = ["distributed_model"]

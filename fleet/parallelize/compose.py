@@ -6,7 +6,7 @@
 
 model::
 
-    1. features      strategy_features.wrap_model_features: recompute checkpoints, AMP (O2 cast)
+    1. features      fleet.parallelize.features.wrap_model_features: recompute checkpoints, AMP (O2 cast)
     2. tensor par.   nothing to do: the model is built from fleet.meta_parallel TP layers
     3. pipeline      PipelineLayer -> PipelineParallel (it reduces gradients over dp itself)
        or stage 3    FSDP2 fully_shard over the sharding (x dp: HSDP) DeviceMesh
@@ -16,14 +16,14 @@ model::
 
 optimizer::
 
-    1. features      strategy_features.wrap_optimizer_features: LARS/LAMB, global-norm clipping
-    2. sharding      stage 1/2: fleet.sharding.ShardedOptimizer over the sharding group
+    1. features      fleet.parallelize.features.wrap_optimizer_features: LARS/LAMB, global-norm clipping
+    2. sharding      stage 1/2: fleet.meta_optimizers.sharding.ShardedOptimizer over the sharding group
                      (stage 3: the optimizer must hold FSDP2's sharded parameters)
-    3. grad merge    fleet.optimizer.DistributedOptimizer (no_sync shared with the model)
+    3. grad merge    fleet.meta_optimizers.gradient_merge.DistributedOptimizer (no_sync shared with the model)
 
-:func:`check_composition` refuses the combinations that cannot work, naming both features and
-the fix; it runs from :func:`fleet.base.check_strategy_supported` (``fleet.init`` and both
-wrapping calls). Nothing is silently switched off.
+:func:`fleet.strategy.check_composition` refuses the combinations that cannot work, naming both
+features and the fix; it runs at ``fleet.init``, at both wrapping calls, and again here. Nothing is
+silently switched off.
 """
 
 from __future__ import annotations
@@ -35,86 +35,19 @@ import torch
 import torch.distributed as tdist
 
 from collective.errors import ConfigError, FleetNotImplementedError
-from fleet.strategy import DistributedStrategy
-from fleet.strategy_configs import ShardingConfig
+from fleet.meta_optimizers.gradient_merge import (
+    DistributedOptimizer,
+    GradientMergeState,
+    link_gradient_merge,
+)
+from fleet.meta_optimizers.sharding import ShardedOptimizer, apply_fsdp
+from fleet.meta_parallel.pipeline_layer import PipelineLayer
+from fleet.meta_parallel.pipeline_parallel import PipelineParallel
+from fleet.parallelize.data_parallel import DataParallel
+from fleet.parallelize.features import wrap_model_features, wrap_optimizer_features
+from fleet.strategy import DistributedStrategy, check_composition, sharding_stage, uses_pipeline
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_SHARDING_CONFIG_DEGREE = ShardingConfig().sharding_degree
-"""``sharding_configs.sharding_degree``'s default (Paddle's static-graph key): left at it, the
-degree comes from ``hybrid_configs.sharding_degree`` alone."""
-
-
-def sharding_stage(strategy: DistributedStrategy) -> int:
-    """0 when sharding is off, else ``sharding_configs.stage`` (``sharding_degree > 1`` turns
-    sharding on, as in Paddle's dygraph hybrid mode; ``strategy.sharding`` may say it too)."""
-    return strategy.sharding_configs.stage if strategy.hybrid_configs.sharding_degree > 1 else 0
-
-
-def uses_pipeline(strategy: DistributedStrategy) -> bool:
-    """True when the job is pipelined (``pp_degree > 1``)."""
-    return strategy.hybrid_configs.pp_degree > 1
-
-
-def check_composition(strategy: DistributedStrategy) -> None:
-    """ConfigError / FleetNotImplementedError for settings that contradict each other or
-    combinations not supported, naming both features and what to do."""
-    hybrid, sc = strategy.hybrid_configs, strategy.sharding_configs
-    if strategy.sharding and hybrid.sharding_degree == 1:
-        raise ConfigError(
-            "strategy.sharding is on but hybrid_configs.sharding_degree is 1 (nothing to shard "
-            "over); set strategy.hybrid_configs = {'sharding_degree': N} with N > 1",
-            key="hybrid_configs.sharding_degree",
-        )
-    if sc.sharding_degree not in (DEFAULT_SHARDING_CONFIG_DEGREE, hybrid.sharding_degree):
-        raise ConfigError(
-            f"sharding_configs.sharding_degree={sc.sharding_degree} but "
-            f"hybrid_configs.sharding_degree={hybrid.sharding_degree}; the degree is set in "
-            "hybrid_configs (leave sharding_configs.sharding_degree at its default or equal)",
-            key="sharding_configs.sharding_degree",
-        )
-    if strategy.pipeline and hybrid.pp_degree == 1:
-        raise ConfigError(
-            "strategy.pipeline is on but hybrid_configs.pp_degree is 1; set "
-            "strategy.hybrid_configs = {'pp_degree': N} with N > 1",
-            key="hybrid_configs.pp_degree",
-        )
-    stage = sharding_stage(strategy)
-    if stage == 3 and hybrid.pp_degree > 1:
-        raise FleetNotImplementedError(
-            "sharding stage 3 (FSDP2) with pipeline parallelism (pp_degree > 1)",
-            hint="use strategy.sharding_configs = {'stage': 1} or {'stage': 2} with pp_degree > 1 "
-            "(optimizer state and gradients sharded per stage), or pp_degree 1 with stage 3",
-        )
-    if stage == 3 and hybrid.mp_degree > 1:
-        raise FleetNotImplementedError(
-            "sharding stage 3 (FSDP2) with tensor parallelism (mp_degree > 1)",
-            hint="use strategy.sharding_configs = {'stage': 1} or {'stage': 2} with mp_degree > 1",
-        )
-    if stage and strategy.amp and strategy.amp_configs.use_pure_fp16:
-        raise FleetNotImplementedError(
-            f"AMP O2 (amp_configs.use_pure_fp16) with sharding stage {stage}",
-            hint="the O2 float32 master weights are not partitioned with the optimizer state "
-            "yet; use AMP O1 (strategy.amp_configs = {'use_pure_fp16': False}) with sharding",
-        )
-    reduces_in_step = stage == 2 or (stage == 1 and hybrid.pp_degree > 1)
-    if reduces_in_step and strategy.amp and strategy.amp_configs.dtype == "float16":
-        raise FleetNotImplementedError(
-            f"AMP float16 loss scaling with sharding stage {stage}"
-            + (" under pipeline parallelism" if stage == 1 else ""),
-            hint="GradScaler unscales only this rank's partition before the sharded optimizer "
-            "reduces the gradients; use amp_configs.dtype 'bfloat16' (no loss scaling) or "
-            "sharding stage 1 without pipeline parallelism",
-        )
-    if strategy.gradient_merge and strategy.gradient_merge_configs.k_steps > 1 and \
-            hybrid.pp_degree > 1:
-        raise FleetNotImplementedError(
-            "gradient_merge with pipeline parallelism (pp_degree > 1)",
-            hint="the pipeline already accumulates micro-batches: set "
-            "strategy.pipeline_configs = {'accumulate_steps': K} and strategy.gradient_merge = "
-            "False",
-        )
-
 
 # ---- groups ---------------------------------------------------------------------------------
 
@@ -164,29 +97,6 @@ def sharding_mesh(hcg: Any, device_type: str) -> Any:
     )
 
 
-# ---- features (fleet.strategy_features, by the features helper) ------------------------------
-
-def _wrap_model_features(model: torch.nn.Module, strategy: DistributedStrategy) -> torch.nn.Module:
-    # CALL SITE (features): recompute checkpoints and AMP O2. Until fleet.strategy_features
-    # lands, fleet.base refuses strategy.amp / strategy.recompute, so nothing is skipped here.
-    try:
-        from fleet.strategy_features import wrap_model_features
-    except ImportError:
-        return model
-    return wrap_model_features(model, strategy)
-
-
-def _wrap_optimizer_features(optimizer: torch.optim.Optimizer, strategy: DistributedStrategy
-                             ) -> torch.optim.Optimizer:
-    # CALL SITE (features): LARS/LAMB swap and global-norm clipping; refused by fleet.base
-    # until fleet.strategy_features lands.
-    try:
-        from fleet.strategy_features import wrap_optimizer_features
-    except ImportError:
-        return optimizer
-    return wrap_optimizer_features(optimizer, strategy)
-
-
 # ---- the one function ------------------------------------------------------------------------
 
 def parallelize(
@@ -196,7 +106,7 @@ def parallelize(
     optimizer: torch.optim.Optimizer | None = None,
 ) -> Any:
     """Wrap ``model`` or ``optimizer`` (exactly one) as ``runtime.strategy`` asks, in the order
-    of the module docstring. ``runtime``: :class:`fleet.base.FleetRuntime`."""
+    of the module docstring. ``runtime``: :class:`fleet.base.runtime.FleetRuntime`."""
     if (model is None) == (optimizer is None):
         raise ConfigError("parallelize takes exactly one of model= and optimizer=", key="model")
     strategy: DistributedStrategy = runtime.strategy
@@ -206,13 +116,10 @@ def parallelize(
 
     if model is not None:
         # 1. features (recompute, AMP) on the plain module.
-        model = _wrap_model_features(model, strategy)
+        model = wrap_model_features(model, strategy)
         # 2. tensor parallel: the TP layers already hold their shards (fleet.meta_parallel).
         # 3a. pipeline: PipelineParallel runs the schedule and averages gradients over dp itself.
         if uses_pipeline(strategy):
-            from fleet.meta_parallel.pipeline_layer import PipelineLayer
-            from fleet.meta_parallel.pipeline_parallel import PipelineParallel
-
             if not isinstance(model, PipelineLayer):
                 raise ConfigError(
                     f"hybrid_configs.pp_degree={strategy.hybrid_configs.pp_degree} needs the "
@@ -228,18 +135,16 @@ def parallelize(
             device_type = next(model.parameters()).device.type
             model = _apply_stage3(model, hcg, device_type, strategy.sharding_configs.offload)
             runtime.models.add(model)
-            _link_gradient_merge(runtime)
+            link_gradient_merge(runtime)
             return model
         # 4. data parallel over the gradient group.
         return _apply_ddp(model, runtime, stage)
 
     assert optimizer is not None
     # 1. features (LARS/LAMB, clipping) on the user's optimizer.
-    optimizer = _wrap_optimizer_features(optimizer, strategy)
+    optimizer = wrap_optimizer_features(optimizer, strategy)
     # 2. sharding.
     if stage in (1, 2):
-        from fleet.sharding import ShardedOptimizer
-
         if getattr(optimizer, "grad_clip", None) is not None:
             raise FleetNotImplementedError(
                 f"optimizer.grad_clip (global-norm clipping) with sharding stage {stage}",
@@ -261,8 +166,6 @@ def parallelize(
     elif stage == 3:
         _check_fsdp_params(optimizer)
     # 3. gradient merge (a pass-through wrapper without it).
-    from fleet.optimizer import DistributedOptimizer, GradientMergeState
-
     gm_cfg = strategy.gradient_merge_configs
     grad_merge = (
         GradientMergeState(k_steps=gm_cfg.k_steps, avg=gm_cfg.avg)
@@ -271,19 +174,11 @@ def parallelize(
     )
     wrapper = DistributedOptimizer(optimizer, grad_merge)
     runtime.optimizers.add(wrapper)
-    _link_gradient_merge(runtime)
+    link_gradient_merge(runtime)
     return wrapper
 
 
-def _link_gradient_merge(runtime: Any) -> None:
-    from fleet.optimizer import link_gradient_merge
-
-    link_gradient_merge(runtime)
-
-
 def _apply_ddp(model: torch.nn.Module, runtime: Any, stage: int) -> torch.nn.Module:
-    from fleet.data_parallel import DataParallel
-
     strategy, hcg = runtime.strategy, runtime.hcg
     device = next(p.device for p in model.parameters() if p.requires_grad)
     device_ids = [device.index] if device.type == "cuda" else None
@@ -306,7 +201,7 @@ def _apply_ddp(model: torch.nn.Module, runtime: Any, stage: int) -> torch.nn.Mod
         bucket_cap_mb=strategy.fuse_grad_size_in_MB,
     )
     runtime.models.add(dp)
-    _link_gradient_merge(runtime)
+    link_gradient_merge(runtime)
     logger.debug(
         "distributed_model: DDP over %d rank(s) (%s), bucket %d MiB, find_unused_parameters=%s",
         size, what, strategy.fuse_grad_size_in_MB, strategy.find_unused_parameters,
@@ -316,8 +211,6 @@ def _apply_ddp(model: torch.nn.Module, runtime: Any, stage: int) -> torch.nn.Mod
 
 def _apply_stage3(model: torch.nn.Module, hcg: Any, device_type: str, offload: bool
                   ) -> torch.nn.Module:
-    from fleet.sharding import apply_fsdp
-
     model = apply_fsdp(model, sharding_mesh(hcg, device_type), offload)
 
     def _sync_hook(module: Any, args: Any) -> None:

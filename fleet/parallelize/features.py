@@ -1,5 +1,5 @@
 """The strategy's per-model and per-optimizer features — AMP, recompute, LARS/LAMB, gradient
-clipping — as two entry points that the composition (``fleet.parallelize``) calls:
+clipping — as two entry points that the composition (``fleet.parallelize.compose``) calls:
 
 * :func:`wrap_model_features` (before the data-parallel/sharding wrapper): names every parameter
   (``fleet_name``, for ``exclude_from_weight_decay``); recompute of the sub-modules named in
@@ -9,8 +9,8 @@ clipping — as two entry points that the composition (``fleet.parallelize``) ca
 * :func:`wrap_optimizer_features` (on the user's optimizer, before the gradient-merge wrapper):
   LARS replaces a momentum SGD, LAMB an Adam/AdamW, keeping lr/momentum/betas/eps, as Paddle's
   meta-optimizers do; AMP O2 keeps float32 master weights in the optimizer
-  (:class:`fleet.amp.MasterWeightOptimizer`); an optimizer carrying ``grad_clip`` (a
-  :class:`fleet.clip.ClipGradByGlobalNorm`) clips over the hybrid topology before each update.
+  (:class:`fleet.meta_optimizers.amp.MasterWeightOptimizer`); an optimizer carrying ``grad_clip`` (a
+  :class:`fleet.meta_optimizers.clip.ClipGradByGlobalNorm`) clips over the hybrid topology before each update.
 
 Both are idempotent (a second call with an already wrapped object returns it unchanged), so a
 script may apply them itself and still pass the result to ``fleet.distributed_model`` /
@@ -27,6 +27,10 @@ import torch
 from torch import nn
 
 from collective.errors import ConfigError, FleetNotImplementedError
+from fleet.meta_optimizers.amp import MasterWeightOptimizer, autocast, torch_dtype
+from fleet.meta_optimizers.clip import ClipGradByGlobalNorm
+from fleet.meta_optimizers.lars_lamb import LAMB, LARS
+from fleet.meta_parallel.recompute import recompute
 from fleet.strategy import DistributedStrategy
 
 logger = logging.getLogger(__name__)
@@ -57,8 +61,6 @@ def _wrap_forward(module: nn.Module, wrap: Callable[..., Any]) -> None:
 
 def _recompute_forward(module: nn.Module, inner: Callable[..., Any], *args: Any,
                        **kwargs: Any) -> Any:
-    from fleet.recompute import recompute
-
     return recompute(inner, *args, **kwargs)
 
 
@@ -70,8 +72,6 @@ class _AmpForward:
 
     def __call__(self, module: nn.Module, inner: Callable[..., Any], *args: Any,
                  **kwargs: Any) -> Any:
-        from fleet.amp import autocast
-
         with autocast(self.config, _model_device_type(module)):  # where the model is now
             return inner(*args, **kwargs)
 
@@ -125,8 +125,6 @@ def wrap_model_features(model: nn.Module, strategy: DistributedStrategy) -> nn.M
     if strategy.amp:
         cfg = strategy.amp_configs
         if cfg.use_pure_fp16:
-            from fleet.amp import torch_dtype
-
             cast_to_low_precision(model, torch_dtype(cfg.dtype))
 
         _wrap_forward(model, _AmpForward(cfg))
@@ -150,8 +148,6 @@ def cast_to_low_precision(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 def _swap_lars_lamb(optimizer: torch.optim.Optimizer, strategy: DistributedStrategy) -> Any:
-    from fleet.optimizers import LAMB, LARS
-
     if strategy.lars and strategy.lamb:
         raise ConfigError("strategy.lars and strategy.lamb are both on; LARS wraps a momentum "
                           "SGD and LAMB an Adam: keep one", key="lars")
@@ -190,7 +186,7 @@ def wrap_optimizer_features(
 
     Order: LARS/LAMB swap → O2 master weights → global-norm clip hook on the optimizer that
     really updates (so it clips the float32 master gradients, after unscaling and merging).
-    ``optimizer.grad_clip`` (a :class:`~fleet.clip.ClipGradByGlobalNorm`) is carried over.
+    ``optimizer.grad_clip`` (a :class:`~fleet.meta_optimizers.clip.ClipGradByGlobalNorm`) is carried over.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}",
@@ -205,12 +201,8 @@ def wrap_optimizer_features(
                     type(opt).__name__, type(optimizer).__name__)
     stepping = opt
     if strategy.amp and strategy.amp_configs.use_pure_fp16:
-        from fleet.amp import MasterWeightOptimizer
-
         opt = MasterWeightOptimizer(stepping)
     if grad_clip is not None:
-        from fleet.clip import ClipGradByGlobalNorm
-
         if not isinstance(grad_clip, ClipGradByGlobalNorm):
             raise ConfigError(
                 f"optimizer.grad_clip must be a fleet.ClipGradByGlobalNorm, got {grad_clip!r}",

@@ -250,29 +250,9 @@ class HybridCommunicateGroup:
         return self._groups["check"]
 
 
-def get_hybrid_communicate_group() -> HybridCommunicateGroup:
-    """The :class:`HybridCommunicateGroup` that ``fleet.init`` built.
-
-    FleetError before ``fleet.init`` or when the strategy asked for no hybrid axis
-    (``mp_degree``, ``pp_degree`` and ``sharding_degree`` all 1: pure data parallel needs no
-    sub-groups).
-    """
-    from fleet.base import get_runtime
-
-    hcg = get_runtime("get_hybrid_communicate_group()").hcg
-    if hcg is None:
-        raise FleetError(
-            "fleet.init built no hybrid topology: the strategy's hybrid_configs has mp_degree, "
-            "pp_degree and sharding_degree all 1 (pure data parallel); set one of them > 1, e.g. "
-            "strategy.hybrid_configs = {'mp_degree': 2}"
-        )
-    return hcg
-
-
 __all__ = [
     "HYBRID_AXES",
     "CommunicateTopology",
     "HybridCommunicateGroup",
     "build_topology",
-    "get_hybrid_communicate_group",
 ]

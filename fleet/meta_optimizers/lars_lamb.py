@@ -4,7 +4,7 @@ torch ships neither, so they are written here (a per-parameter loop; the norms n
 reduction per tensor anyway). Both take ``exclude_from_weight_decay``: substrings of parameter
 *names*. Names come from ``(name, parameter)`` pairs passed as ``params`` (what
 ``model.named_parameters()`` yields), or from the ``fleet_name`` attribute that
-:func:`fleet.strategy_features.wrap_model_features` puts on every parameter of the model it wraps;
+:func:`fleet.parallelize.features.wrap_model_features` puts on every parameter of the model it wraps;
 a parameter with no known name is never excluded.
 
 LARS (Paddle's ``LarsMomentumOptimizer`` / ``lars_momentum`` kernel), per parameter ``p`` with

@@ -16,7 +16,7 @@ Use it directly::
 
 or, Paddle-style, attach a :class:`ClipGradByGlobalNorm` to the optimizer before
 ``fleet.distributed_optimizer`` (``optimizer.grad_clip = fleet.ClipGradByGlobalNorm(1.0)``):
-:func:`fleet.strategy_features.wrap_optimizer_features` then clips before every real update
+:func:`fleet.parallelize.features.wrap_optimizer_features` then clips before every real update
 (after loss-scale unscaling and gradient-merge averaging). Every rank must call it (collective).
 
 Tied parameters shared by several pipeline stages (``SharedLayerDesc``) are counted once per
@@ -34,6 +34,7 @@ import torch
 import torch.distributed as tdist
 
 from collective.errors import ConfigError
+from fleet.base.runtime import current_runtime
 
 DISTRIBUTED_ATTR = "is_distributed"
 """Parameter attribute: True when the tensor is this rank's shard of a tensor-parallel split."""
@@ -46,9 +47,8 @@ def is_distributed(p: torch.Tensor) -> bool:
 
 
 def _hcg_or_none() -> Any:
-    from fleet.base import _runtime
-
-    return _runtime.hcg if _runtime is not None else None
+    runtime = current_runtime()
+    return runtime.hcg if runtime is not None else None
 
 
 def _reduce(value: torch.Tensor, group: Any, op: Any) -> torch.Tensor:
@@ -66,7 +66,7 @@ def get_grad_norm(
 ) -> torch.Tensor:
     """The global ``norm_type``-norm of the gradients of the whole (hybrid-parallel) model.
 
-    ``hcg``: the :class:`~fleet.topology.HybridCommunicateGroup`; None uses the one ``fleet.init``
+    ``hcg``: the :class:`~fleet.base.topology.HybridCommunicateGroup`; None uses the one ``fleet.init``
     built (none: this rank's gradients only, as ``clip_grad_norm_``). ``sharded_partition``: the
     given parameters are this rank's partition of the sharding group (sum over it).
     Returns a float32 scalar tensor on the gradients' device, equal on every rank.
@@ -125,7 +125,7 @@ def clip_grad_norm_(
 
 class ClipGradByGlobalNorm:
     """Paddle's ``ClipGradByGlobalNorm(clip_norm)``: put it on an optimizer as ``grad_clip`` and
-    :func:`fleet.strategy_features.wrap_optimizer_features` clips before each update."""
+    :func:`fleet.parallelize.features.wrap_optimizer_features` clips before each update."""
 
     def __init__(self, clip_norm: float) -> None:
         if not clip_norm > 0:

@@ -2,9 +2,9 @@
 ``torch.optim.Optimizer`` whose ``param_groups``, ``state``, ``defaults`` (and the hook tables,
 and any optimizer-specific attribute) are the wrapped optimizer's own objects.
 
-``fleet.distributed_optimizer``'s :class:`~fleet.optimizer.DistributedOptimizer` (gradient
-merge), AMP O2's :class:`~fleet.amp.MasterWeightOptimizer` and sharding's
-:class:`~fleet.sharding.ShardedOptimizer` each wrap a user's optimizer and change only what
+``fleet.distributed_optimizer``'s :class:`~fleet.meta_optimizers.gradient_merge.DistributedOptimizer` (gradient
+merge), AMP O2's :class:`~fleet.meta_optimizers.amp.MasterWeightOptimizer` and sharding's
+:class:`~fleet.meta_optimizers.sharding.ShardedOptimizer` each wrap a user's optimizer and change only what
 ``step`` (and a few other methods) do; everything else must be the wrapped optimizer's, so an LR
 scheduler, a ``GradScaler``, a checkpoint or a step hook sees one optimizer. This class holds
 that delegation once; subclasses override the methods whose behaviour they change.

@@ -8,11 +8,11 @@ Paddle's key names, Paddle's way of setting them, but checked::
     strategy.hybrid_configs = {"dp_degre": 2}   # ConfigError: hybrid_configs.dp_degre: unknown key
 
 Switches (``amp``, ``recompute``, ...) are booleans; their settings live in a frozen section
-dataclass (``amp_configs`` → :class:`~fleet.strategy_configs.AmpConfig`). Assigning a dict to a
+dataclass (``amp_configs`` → :class:`~fleet.strategy.configs.AmpConfig`). Assigning a dict to a
 section merges it into the current section; assigning an unknown attribute, a wrong type or an
 impossible value raises :class:`~collective.errors.ConfigError` naming the key path.
 
-Whether a switch is *implemented* is not this module's business: :mod:`fleet.base` refuses
+Whether a switch is *implemented* is not this module's business: :mod:`fleet.base.runtime` refuses
 strategies that ask for features that have not landed. Standard library + PyYAML only.
 """
 
@@ -29,7 +29,7 @@ import yaml
 
 from collective.errors import ConfigError
 from collective.typed_config import convert, from_dict, unknown_key_error
-from fleet.strategy_configs import (
+from fleet.strategy.configs import (
     AmpConfig,
     ASyncConfig,
     GradientMergeConfig,

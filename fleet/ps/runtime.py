@@ -27,7 +27,7 @@ from typing import Any
 
 from collective.env import TrainingRole, WorkerEnv
 from collective.errors import ConfigError, FleetError
-from fleet.ps_communicator import (
+from fleet.ps.communicator import (
     DENSE_TABLE,
     AsyncCommunicator,
     Communicator,
@@ -157,7 +157,7 @@ def _barrier() -> None:
 
 
 def make_communicator(strategy: DistributedStrategy, client: Any, num_trainers: int) -> Communicator:
-    """The communicator of the strategy's mode (see :mod:`fleet.ps_communicator`)."""
+    """The communicator of the strategy's mode (see :mod:`fleet.ps.communicator`)."""
     cfg = strategy.a_sync_configs
     if not strategy.a_sync:
         return SyncCommunicator(client, num_trainers, _barrier)

@@ -1,4 +1,4 @@
-"""``fleet.distributed_optimizer``: a torch optimizer wrapper that implements gradient merge.
+"""Gradient merge: the torch optimizer wrapper that ``fleet.distributed_optimizer`` returns.
 
 Without ``strategy.gradient_merge`` the wrapper is a transparent pass-through: ``step``,
 ``zero_grad``, ``state_dict``, ``load_state_dict``, ``param_groups``, ``state`` all act on the
@@ -12,12 +12,13 @@ With ``gradient_merge_configs = {k_steps: K, avg: A}`` the user's loop stays
 * micro-step K: the summed gradient is divided by K when ``avg``, the wrapped optimizer steps,
   and the next ``zero_grad()`` clears the gradients.
 
-With data parallel the wrapper and the :class:`~fleet.data_parallel.DataParallel` model that owns
+With data parallel the wrapper and the :class:`~fleet.parallelize.data_parallel.DataParallel` model that owns
 its parameters share one :class:`GradientMergeState`, and the model skips DDP's gradient
 all-reduce on micro-steps 1..K-1 (DDP's ``no_sync``): K micro-steps cost one all-reduce.
 
-:func:`distributed_optimizer` validates its argument and hands it to
-:func:`fleet.parallelize.parallelize` (features -> sharding -> this wrapper, in that order).
+``fleet.distributed_optimizer`` (:mod:`fleet.parallelize.optimizer`) validates its argument
+and hands it to :func:`fleet.parallelize.compose.parallelize` (features -> sharding -> this
+wrapper, in that order).
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from collective.errors import ConfigError
-from fleet import telemetry
-from fleet.base import FleetRuntime, check_strategy_supported, get_runtime, require_strategy
-from fleet.optimizer_base import DelegatingOptimizer
-from fleet.strategy import DistributedStrategy
+import fleet.telemetry as telemetry
+from fleet.base.runtime import FleetRuntime
+from fleet.meta_optimizers.base import DelegatingOptimizer
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class DistributedOptimizer(DelegatingOptimizer):
     """What :func:`distributed_optimizer` returns: ``optimizer`` plus optional gradient merge.
 
     ``param_groups``, ``state``, ``defaults`` and the hook tables are the wrapped optimizer's own
-    objects (:class:`~fleet.optimizer_base.DelegatingOptimizer`), so an LR scheduler, a
+    objects (:class:`~fleet.meta_optimizers.base.DelegatingOptimizer`), so an LR scheduler, a
     ``GradScaler``, a checkpoint or a step hook sees one optimizer; with gradient merge a step
     hook registered on the wrapper runs once per K micro-steps.
     """
@@ -116,59 +116,6 @@ class DistributedOptimizer(DelegatingOptimizer):
         return f"DistributedOptimizer({self._inner!r}{merge})"
 
 
-def distributed_optimizer(
-    optimizer: torch.optim.Optimizer, strategy: DistributedStrategy | None = None
-) -> DistributedOptimizer:
-    """Wrap ``optimizer`` for distributed training according to the strategy.
-
-    ``strategy``: None uses the one given to :func:`fleet.init`; a strategy given here replaces
-    it for the rest of the job (as in Paddle). Strategies asking for features that have not
-    landed raise FleetNotImplementedError naming the key.
-    """
-    if strategy is not None:
-        require_strategy(strategy)
-        check_strategy_supported(strategy, "fleet.distributed_optimizer")
-    runtime = get_runtime("distributed_optimizer()")
-    from fleet.ps_runtime import in_ps_mode
-
-    if in_ps_mode():
-        from fleet.ps_optimizer import PSOptimizer
-
-        if strategy is not None and strategy.to_dict() != runtime.strategy.to_dict():
-            raise ConfigError("in parameter-server mode the strategy is fixed by fleet.init; "
-                              "pass it there", key="strategy")
-        return PSOptimizer(optimizer)  # type: ignore[return-value]
-    if strategy is None:
-        strategy = runtime.strategy
-        check_strategy_supported(strategy, "fleet.distributed_optimizer")
-    elif strategy is not runtime.strategy:
-        if strategy.hybrid_configs != runtime.strategy.hybrid_configs:
-            raise ConfigError(
-                f"the strategy's hybrid_configs ({strategy.hybrid_configs.to_dict()}) differ from "
-                f"the ones fleet.init built the process groups for "
-                f"({runtime.strategy.hybrid_configs.to_dict()}); set the degrees before fleet.init",
-                key="hybrid_configs",
-            )
-        runtime.dp_degree = strategy.hybrid_configs.resolve_dp_degree(runtime.env.world_size)
-        runtime.strategy = strategy
-        if runtime.env.rank == 0:
-            logger.info(
-                "fleet.distributed_optimizer replaced the strategy of fleet.init:\n%s", strategy
-            )
-    if isinstance(optimizer, DistributedOptimizer):
-        raise ConfigError("this optimizer is already wrapped by fleet.distributed_optimizer",
-                          key="optimizer")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ConfigError(
-            f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}", key="optimizer"
-        )
-    # Features, sharding and gradient merge are chosen and applied in one place, in one order:
-    # fleet.parallelize.
-    from fleet.parallelize import parallelize
-
-    return parallelize(runtime, optimizer=optimizer)  # type: ignore[no-any-return]
-
-
 def link_gradient_merge(runtime: FleetRuntime) -> None:
     """Give every wrapped model the gradient-merge state of the optimizer that updates its
     parameters, so the model knows which backward passes may skip the all-reduce."""
@@ -184,6 +131,5 @@ def link_gradient_merge(runtime: FleetRuntime) -> None:
 __all__ = [
     "DistributedOptimizer",
     "GradientMergeState",
-    "distributed_optimizer",
     "link_gradient_merge",
 ]

@@ -45,7 +45,7 @@ import torch.distributed as tdist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from collective.errors import ConfigError
-from fleet.optimizer_base import DelegatingOptimizer
+from fleet.meta_optimizers.base import DelegatingOptimizer
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def _buckets(params: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tens
 class ShardedOptimizer(DelegatingOptimizer):
     """Stage 1/2 sharding around the user's optimizer (which then updates only owned params).
 
-    Like every fleet optimizer wrapper (:class:`~fleet.optimizer_base.DelegatingOptimizer`),
+    Like every fleet optimizer wrapper (:class:`~fleet.meta_optimizers.base.DelegatingOptimizer`),
     ``param_groups`` and ``state`` are the wrapped optimizer's.
     ``param_groups`` lists only this rank's parameters; :meth:`zero_grad` clears all of them.
     ``state_dict()`` is this rank's shard; use :func:`fleet.save_checkpoint` for a full one.

@@ -1,6 +1,6 @@
 """Automatic mixed precision: a loss scaler with Paddle's ``amp_configs`` semantics,
 ``fleet.distributed_scaler`` (found-inf agreed over every rank), and the autocast pieces that
-:func:`fleet.strategy_features.wrap_model_features` uses.
+:func:`fleet.parallelize.features.wrap_model_features` uses.
 
 Why our own scaler: ``torch.amp.GradScaler`` shrinks the scale on *every* overflow and has no
 ``decr_every_n_nan_or_inf``; Paddle's semantics (``amp_configs``: shrink after N overflowing
@@ -35,9 +35,10 @@ import torch.distributed as tdist
 from torch.overrides import TorchFunctionMode
 
 from collective.errors import ConfigError, FleetError
-from fleet import telemetry
-from fleet.optimizer_base import DelegatingOptimizer
-from fleet.strategy_configs import AmpConfig, AmpDtype
+import fleet.telemetry as telemetry
+from fleet.base.runtime import get_runtime
+from fleet.meta_optimizers.base import DelegatingOptimizer
+from fleet.strategy.configs import AmpConfig, AmpDtype
 
 logger = logging.getLogger(__name__)
 
@@ -255,8 +256,6 @@ def distributed_scaler(scaler: Any) -> Any:
     object, changed. Every rank must then call ``step``/``unscale_`` in the same iterations
     (a collective). Needs ``fleet.init`` first.
     """
-    from fleet.base import get_runtime
-
     get_runtime("distributed_scaler()")
     if isinstance(scaler, GradScaler):
         scaler._sync, scaler._sync_group = True, None
@@ -264,7 +263,7 @@ def distributed_scaler(scaler: Any) -> Any:
     if isinstance(scaler, torch.amp.GradScaler):
         return _patch_torch_scaler(scaler, sync=True)
     raise ConfigError(
-        f"expected a fleet.amp.GradScaler or torch.amp.GradScaler, got {type(scaler).__name__}",
+        f"expected a fleet.meta_optimizers.amp.GradScaler or torch.amp.GradScaler, got {type(scaler).__name__}",
         key="scaler",
     )
 
@@ -388,7 +387,7 @@ class MasterWeightOptimizer(DelegatingOptimizer):
     is float32 and keyed by the masters. Masters are made lazily from the parameters as they are
     when first needed; float32 parameters are their own master. Like every fleet optimizer
     wrapper it delegates the rest to the wrapped optimizer
-    (:class:`~fleet.optimizer_base.DelegatingOptimizer`: one set of groups).
+    (:class:`~fleet.meta_optimizers.base.DelegatingOptimizer`: one set of groups).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:

@@ -1,16 +1,17 @@
-"""``fleet.init`` and the role queries, over one small runtime-state object.
+"""The trainer's runtime state: what ``fleet.init`` established, and the role queries over it.
 
-:func:`init` parses the env contract (through :mod:`collective.env` only), brings up the default
+:func:`init_runtime` (called by :func:`fleet.init`, which adds the parameter-server start) parses the env contract (through :mod:`collective.env` only), brings up the default
 process group (:func:`collective.group.init_parallel_env`) and keeps what later calls need in a
 :class:`FleetRuntime`: the parsed :class:`~collective.env.WorkerEnv`, the active
 :class:`~fleet.strategy.DistributedStrategy`, and weak references to the models and optimizers
 that :func:`fleet.distributed_model` / :func:`fleet.distributed_optimizer` wrapped (so the two
 can share gradient-merge state whatever order they are called in).
 
-Every API function other than :func:`init` raises :class:`~collective.errors.FleetError` before
-:func:`init`. Strategies that ask for a feature that has not landed yet raise
+Every API function other than ``fleet.init`` raises :class:`~collective.errors.FleetError` before
+it. Strategies that ask for a feature that has not landed yet raise
 :class:`~collective.errors.FleetNotImplementedError` naming the strategy key
-(:func:`check_strategy_supported`), at ``init`` and again where the strategy is used.
+(:func:`fleet.strategy.check_strategy_supported`), at ``init`` and again where the strategy is
+used.
 """
 
 from __future__ import annotations
@@ -26,22 +27,12 @@ from collective.comm import barrier
 from collective.env import TrainingRole, WorkerEnv, find_free_port, read_worker_env
 from collective.errors import ConfigError, FleetError, FleetNotImplementedError
 from collective.group import init_parallel_env
-from fleet import telemetry
-from fleet.role_maker import PaddleCloudRoleMaker
-from fleet.strategy import DistributedStrategy
+import fleet.telemetry as telemetry
+from fleet.base.role_maker import PaddleCloudRoleMaker
+from fleet.base.topology import HybridCommunicateGroup, build_topology
+from fleet.strategy import DistributedStrategy, check_strategy_supported, require_strategy
 
 logger = logging.getLogger(__name__)
-
-# Strategy switch -> what it is, for the not-implemented message. Everything else has landed
-# (data parallel, gradient merge, AMP, recompute, LARS/LAMB, pipeline, sharding); each entry
-# leaves this table when its implementation lands.
-_NOT_LANDED: dict[str, str] = {
-    "tensor_parallel": "tensor parallelism",
-}
-# Hybrid axes not landed yet (all have: mp, pp and sharding degrees build fleet.topology groups).
-_HYBRID_AXES: dict[str, str] = {
-}
-
 
 @dataclass
 class FleetRuntime:
@@ -53,8 +44,10 @@ class FleetRuntime:
     """The active strategy (the object the user passed; later changes to it are seen)."""
     dp_degree: int
     """Resolved data-parallel degree (world size / mp_degree)."""
+    is_collective: bool = True
+    """False in parameter-server mode (``fleet.init(is_collective=False)``)."""
     hcg: Any = None
-    """The :class:`~fleet.topology.HybridCommunicateGroup` when any of ``mp_degree``,
+    """The :class:`~fleet.base.topology.HybridCommunicateGroup` when any of ``mp_degree``,
     ``pp_degree``, ``sharding_degree`` is > 1, else None."""
     models: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
     """Models wrapped by ``distributed_model`` that are still alive."""
@@ -75,63 +68,27 @@ def get_runtime(api: str) -> FleetRuntime:
     return _runtime
 
 
-def require_strategy(strategy: Any) -> DistributedStrategy:
-    """``strategy`` itself if it is a DistributedStrategy, else ConfigError."""
-    if not isinstance(strategy, DistributedStrategy):
-        raise ConfigError(
-            f"expected a fleet.DistributedStrategy, got {type(strategy).__name__} {strategy!r}; "
-            "build one with fleet.DistributedStrategy() or DistributedStrategy.from_yaml(path)",
-            key="strategy",
-        )
-    return strategy
+def current_runtime() -> FleetRuntime | None:
+    """The runtime state, or None before ``fleet.init`` (for code that also runs without it)."""
+    return _runtime
 
 
-def check_strategy_supported(strategy: DistributedStrategy, where: str) -> None:
-    """Raise FleetNotImplementedError naming every enabled strategy key that has not landed.
-
-    ``where`` says which call is refusing (``"fleet.init"``), for the message.
-    """
-    require_strategy(strategy)
-    keys = [key for key in _NOT_LANDED if getattr(strategy, key)]
-    hybrid = strategy.hybrid_configs
-    axes = [axis for axis in _HYBRID_AXES if getattr(hybrid, axis) > 1]
-    if not keys and not axes:
-        from fleet.parallelize import check_composition
-
-        check_composition(strategy)  # contradictory settings / unsupported combinations
-        return
-    asked = [f"strategy.{key} ({_NOT_LANDED[key]})" for key in keys]
-    asked += [
-        f"strategy.hybrid_configs.{axis}={getattr(hybrid, axis)} ({_HYBRID_AXES[axis]})"
-        for axis in axes
-    ]
-    fixes = [f"strategy.{key} = False" for key in keys]
-    if axes:
-        fixes.append(f"strategy.hybrid_configs = {{{', '.join(repr(a) + ': 1' for a in axes)}}}")
-    raise FleetNotImplementedError(
-        ", ".join(asked),
-        hint=(
-            f"{where} was given a strategy that asks for it, but so far only data parallel, "
-            f"tensor, pipeline and sharding parallelism (hybrid_configs) and gradient_merge "
-            f"have landed; "
-            f"to train data-parallel, set {'; '.join(fixes)}"
-        ),
-    )
-
-
-def init(
+def init_runtime(
     is_collective: bool | PaddleCloudRoleMaker = True,
     strategy: DistributedStrategy | None = None,
     role_maker: PaddleCloudRoleMaker | None = None,
-) -> None:
-    """Initialise fleet: parse the env contract, bring up the process group, keep the strategy.
+) -> FleetRuntime:
+    """``fleet.init`` up to the parameter-server start: parse the env contract, bring up the
+    process group (collective: every trainer; PS mode: the trainers' gloo group, none on
+    servers), keep the strategy. Returns the new :class:`FleetRuntime`; in PS mode
+    (``is_collective=False``) :func:`fleet.init` then starts the PS side (:mod:`fleet.ps`).
 
     ``is_collective``: True for collective (data/hybrid-parallel) training; False (parameter
     server mode) raises FleetNotImplementedError until PS mode lands. A role maker passed
     positionally (Paddle's ``fleet.init(role)``) is accepted as ``role_maker``.
     ``strategy``: the :class:`DistributedStrategy`; None uses the job's strategy file
     (the ``strategy:`` of a fleetrun job file, FLEET_STRATEGY in the env contract) or the defaults.
-    ``role_maker``: a :class:`~fleet.role_maker.PaddleCloudRoleMaker`; default reads the env.
+    ``role_maker``: a :class:`~fleet.base.role_maker.PaddleCloudRoleMaker`; default reads the env.
 
     Calling it again re-validates and replaces the strategy (the process group stays up).
     """
@@ -144,7 +101,7 @@ def init(
         raise ConfigError(f"expected True or False, got {is_collective!r}", key="is_collective")
     if role_maker is not None and not isinstance(role_maker, PaddleCloudRoleMaker):
         raise ConfigError(
-            f"expected a fleet.role_maker.PaddleCloudRoleMaker, got {type(role_maker).__name__}",
+            f"expected a fleet.base.role_maker.PaddleCloudRoleMaker, got {type(role_maker).__name__}",
             key="role_maker",
         )
     if role_maker is not None and role_maker.is_collective != is_collective:
@@ -165,8 +122,7 @@ def init(
     strategy = _resolve_strategy(strategy, env)
     check_strategy_supported(strategy, "fleet.init")
     if not is_collective:
-        _init_ps(env, strategy)
-        return
+        return _init_ps(env, strategy)
     if strategy.a_sync:
         raise ConfigError(
             "strategy.a_sync is a parameter-server setting but fleet.init(is_collective=True) "
@@ -195,6 +151,7 @@ def init(
             "fleet initialised: %d worker(s), data-parallel degree %d\n%s",
             env.world_size, dp_degree, strategy,
         )
+    return _runtime
 
 
 def _build_hybrid_group(strategy: DistributedStrategy, env: WorkerEnv) -> Any:
@@ -204,17 +161,13 @@ def _build_hybrid_group(strategy: DistributedStrategy, env: WorkerEnv) -> Any:
     hybrid = strategy.hybrid_configs
     if hybrid.mp_degree == 1 and hybrid.pp_degree == 1 and hybrid.sharding_degree == 1:
         return None
-    from fleet.topology import HybridCommunicateGroup, build_topology
-
     return HybridCommunicateGroup(build_topology(hybrid, env.world_size))
 
 
-def _init_ps(env: WorkerEnv, strategy: DistributedStrategy) -> None:
+def _init_ps(env: WorkerEnv, strategy: DistributedStrategy) -> FleetRuntime:
     """Parameter-server mode: trainers form a gloo group among themselves (barriers, metrics);
-    servers have none. The PS state itself lives in :mod:`fleet.ps_runtime`."""
+    servers have none. The PS state itself lives in :mod:`fleet.ps.runtime`."""
     global _runtime
-    from fleet.ps_runtime import start_ps
-
     if not env.launched or not env.pserver_endpoints:
         raise ConfigError(
             "parameter-server mode needs servers: start the script with fleetrun --server_num S "
@@ -223,8 +176,10 @@ def _init_ps(env: WorkerEnv, strategy: DistributedStrategy) -> None:
         )
     if env.training_role is TrainingRole.TRAINER:
         env = init_parallel_env(backend="gloo", env=env)
-    _runtime = FleetRuntime(env=env, strategy=strategy, dp_degree=env.world_size)
-    start_ps(env, strategy)
+    _runtime = FleetRuntime(
+        env=env, strategy=strategy, dp_degree=env.world_size, is_collective=False
+    )
+    return _runtime
 
 
 def _resolve_strategy(strategy: DistributedStrategy | None, env: WorkerEnv) -> DistributedStrategy:
@@ -294,15 +249,32 @@ def barrier_worker() -> None:
     barrier()
 
 
+def get_hybrid_communicate_group() -> HybridCommunicateGroup:
+    """The :class:`HybridCommunicateGroup` that ``fleet.init`` built.
+
+    FleetError before ``fleet.init`` or when the strategy asked for no hybrid axis
+    (``mp_degree``, ``pp_degree`` and ``sharding_degree`` all 1: pure data parallel needs no
+    sub-groups).
+    """
+    hcg = get_runtime("get_hybrid_communicate_group()").hcg
+    if hcg is None:
+        raise FleetError(
+            "fleet.init built no hybrid topology: the strategy's hybrid_configs has mp_degree, "
+            "pp_degree and sharding_degree all 1 (pure data parallel); set one of them > 1, e.g. "
+            "strategy.hybrid_configs = {'mp_degree': 2}"
+        )
+    return hcg
+
+
 __all__ = [
     "FleetRuntime",
     "barrier_worker",
-    "check_strategy_supported",
+    "current_runtime",
+    "get_hybrid_communicate_group",
     "get_runtime",
-    "init",
+    "init_runtime",
     "is_first_worker",
     "local_rank",
-    "require_strategy",
     "worker_endpoints",
     "worker_index",
     "worker_num",

@@ -1,0 +1,56 @@
+"""``fleet.strategy``: the typed :class:`DistributedStrategy`, its config sections, YAML, and the
+checks of what can run.
+
+Owns every distributed-training switch as data: ``distributed_strategy`` (the strategy object,
+Paddle's key names, YAML round trip), ``configs`` (one frozen dataclass per ``*_configs``
+section) and ``composition`` (contradictions, unsupported combinations, features not landed).
+The bottom of fleet with :mod:`fleet.telemetry`: it imports only :mod:`collective` and PyYAML —
+never torch and nothing else of fleet — so ``fleet.DistributedStrategy`` and its YAML loading
+work in the launcher.
+"""
+
+from fleet.strategy.composition import (
+    check_composition,
+    check_strategy_supported,
+    require_strategy,
+    sharding_stage,
+    uses_pipeline,
+)
+from fleet.strategy.configs import (
+    AmpConfig,
+    AmpDtype,
+    ASyncConfig,
+    GradientMergeConfig,
+    HybridConfig,
+    LambConfig,
+    LarsConfig,
+    PipelineConfig,
+    PipelineSchedule,
+    RecomputeConfig,
+    ShardingConfig,
+    StrategySection,
+    TensorParallelConfig,
+)
+from fleet.strategy.distributed_strategy import DistributedStrategy
+
+__all__ = [
+    "ASyncConfig",
+    "AmpConfig",
+    "AmpDtype",
+    "DistributedStrategy",
+    "GradientMergeConfig",
+    "HybridConfig",
+    "LambConfig",
+    "LarsConfig",
+    "PipelineConfig",
+    "PipelineSchedule",
+    "RecomputeConfig",
+    "ShardingConfig",
+    "StrategySection",
+    "TensorParallelConfig",
+    "check_composition",
+    "check_strategy_supported",
+    "require_strategy",
+    "sharding_stage",
+    "uses_pipeline",
+]

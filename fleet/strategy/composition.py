@@ -1,0 +1,157 @@
+"""Which strategies fleet can run: :func:`check_strategy_supported` and the composition rules.
+
+Pure checks over a :class:`~fleet.strategy.DistributedStrategy` (no process group, no torch):
+settings that contradict each other, combinations not supported yet, and features that have not
+landed, each refused with the keys involved and what to do. ``fleet.init``,
+``fleet.distributed_model`` and ``fleet.distributed_optimizer`` call
+:func:`check_strategy_supported`; :mod:`fleet.parallelize.compose` reads :func:`sharding_stage` and
+:func:`uses_pipeline` to pick its wrappers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collective.errors import ConfigError, FleetNotImplementedError
+from fleet.strategy.configs import ShardingConfig
+from fleet.strategy.distributed_strategy import DistributedStrategy
+
+# Strategy switch -> what it is, for the not-implemented message. Everything else has landed
+# (data parallel, gradient merge, AMP, recompute, LARS/LAMB, pipeline, sharding); each entry
+# leaves this table when its implementation lands.
+_NOT_LANDED: dict[str, str] = {
+    "tensor_parallel": "tensor parallelism",
+}
+# Hybrid axes not landed yet (all have: mp, pp and sharding degrees build fleet.base.topology groups).
+_HYBRID_AXES: dict[str, str] = {
+}
+
+
+
+DEFAULT_SHARDING_CONFIG_DEGREE = ShardingConfig().sharding_degree
+"""``sharding_configs.sharding_degree``'s default (Paddle's static-graph key): left at it, the
+degree comes from ``hybrid_configs.sharding_degree`` alone."""
+
+
+def sharding_stage(strategy: DistributedStrategy) -> int:
+    """0 when sharding is off, else ``sharding_configs.stage`` (``sharding_degree > 1`` turns
+    sharding on, as in Paddle's dygraph hybrid mode; ``strategy.sharding`` may say it too)."""
+    return strategy.sharding_configs.stage if strategy.hybrid_configs.sharding_degree > 1 else 0
+
+
+def uses_pipeline(strategy: DistributedStrategy) -> bool:
+    """True when the job is pipelined (``pp_degree > 1``)."""
+    return strategy.hybrid_configs.pp_degree > 1
+
+
+def check_composition(strategy: DistributedStrategy) -> None:
+    """ConfigError / FleetNotImplementedError for settings that contradict each other or
+    combinations not supported, naming both features and what to do."""
+    hybrid, sc = strategy.hybrid_configs, strategy.sharding_configs
+    if strategy.sharding and hybrid.sharding_degree == 1:
+        raise ConfigError(
+            "strategy.sharding is on but hybrid_configs.sharding_degree is 1 (nothing to shard "
+            "over); set strategy.hybrid_configs = {'sharding_degree': N} with N > 1",
+            key="hybrid_configs.sharding_degree",
+        )
+    if sc.sharding_degree not in (DEFAULT_SHARDING_CONFIG_DEGREE, hybrid.sharding_degree):
+        raise ConfigError(
+            f"sharding_configs.sharding_degree={sc.sharding_degree} but "
+            f"hybrid_configs.sharding_degree={hybrid.sharding_degree}; the degree is set in "
+            "hybrid_configs (leave sharding_configs.sharding_degree at its default or equal)",
+            key="sharding_configs.sharding_degree",
+        )
+    if strategy.pipeline and hybrid.pp_degree == 1:
+        raise ConfigError(
+            "strategy.pipeline is on but hybrid_configs.pp_degree is 1; set "
+            "strategy.hybrid_configs = {'pp_degree': N} with N > 1",
+            key="hybrid_configs.pp_degree",
+        )
+    stage = sharding_stage(strategy)
+    if stage == 3 and hybrid.pp_degree > 1:
+        raise FleetNotImplementedError(
+            "sharding stage 3 (FSDP2) with pipeline parallelism (pp_degree > 1)",
+            hint="use strategy.sharding_configs = {'stage': 1} or {'stage': 2} with pp_degree > 1 "
+            "(optimizer state and gradients sharded per stage), or pp_degree 1 with stage 3",
+        )
+    if stage == 3 and hybrid.mp_degree > 1:
+        raise FleetNotImplementedError(
+            "sharding stage 3 (FSDP2) with tensor parallelism (mp_degree > 1)",
+            hint="use strategy.sharding_configs = {'stage': 1} or {'stage': 2} with mp_degree > 1",
+        )
+    if stage and strategy.amp and strategy.amp_configs.use_pure_fp16:
+        raise FleetNotImplementedError(
+            f"AMP O2 (amp_configs.use_pure_fp16) with sharding stage {stage}",
+            hint="the O2 float32 master weights are not partitioned with the optimizer state "
+            "yet; use AMP O1 (strategy.amp_configs = {'use_pure_fp16': False}) with sharding",
+        )
+    reduces_in_step = stage == 2 or (stage == 1 and hybrid.pp_degree > 1)
+    if reduces_in_step and strategy.amp and strategy.amp_configs.dtype == "float16":
+        raise FleetNotImplementedError(
+            f"AMP float16 loss scaling with sharding stage {stage}"
+            + (" under pipeline parallelism" if stage == 1 else ""),
+            hint="GradScaler unscales only this rank's partition before the sharded optimizer "
+            "reduces the gradients; use amp_configs.dtype 'bfloat16' (no loss scaling) or "
+            "sharding stage 1 without pipeline parallelism",
+        )
+    if strategy.gradient_merge and strategy.gradient_merge_configs.k_steps > 1 and \
+            hybrid.pp_degree > 1:
+        raise FleetNotImplementedError(
+            "gradient_merge with pipeline parallelism (pp_degree > 1)",
+            hint="the pipeline already accumulates micro-batches: set "
+            "strategy.pipeline_configs = {'accumulate_steps': K} and strategy.gradient_merge = "
+            "False",
+        )
+
+
+
+def require_strategy(strategy: Any) -> DistributedStrategy:
+    """``strategy`` itself if it is a DistributedStrategy, else ConfigError."""
+    if not isinstance(strategy, DistributedStrategy):
+        raise ConfigError(
+            f"expected a fleet.DistributedStrategy, got {type(strategy).__name__} {strategy!r}; "
+            "build one with fleet.DistributedStrategy() or DistributedStrategy.from_yaml(path)",
+            key="strategy",
+        )
+    return strategy
+
+
+def check_strategy_supported(strategy: DistributedStrategy, where: str) -> None:
+    """Raise FleetNotImplementedError naming every enabled strategy key that has not landed.
+
+    ``where`` says which call is refusing (``"fleet.init"``), for the message.
+    """
+    require_strategy(strategy)
+    keys = [key for key in _NOT_LANDED if getattr(strategy, key)]
+    hybrid = strategy.hybrid_configs
+    axes = [axis for axis in _HYBRID_AXES if getattr(hybrid, axis) > 1]
+    if not keys and not axes:
+        check_composition(strategy)  # contradictory settings / unsupported combinations
+        return
+    asked = [f"strategy.{key} ({_NOT_LANDED[key]})" for key in keys]
+    asked += [
+        f"strategy.hybrid_configs.{axis}={getattr(hybrid, axis)} ({_HYBRID_AXES[axis]})"
+        for axis in axes
+    ]
+    fixes = [f"strategy.{key} = False" for key in keys]
+    if axes:
+        fixes.append(f"strategy.hybrid_configs = {{{', '.join(repr(a) + ': 1' for a in axes)}}}")
+    raise FleetNotImplementedError(
+        ", ".join(asked),
+        hint=(
+            f"{where} was given a strategy that asks for it, but so far only data parallel, "
+            f"tensor, pipeline and sharding parallelism (hybrid_configs) and gradient_merge "
+            f"have landed; "
+            f"to train data-parallel, set {'; '.join(fixes)}"
+        ),
+    )
+
+
+__all__ = [
+    "DEFAULT_SHARDING_CONFIG_DEGREE",
+    "check_composition",
+    "check_strategy_supported",
+    "require_strategy",
+    "sharding_stage",
+    "uses_pipeline",
+]

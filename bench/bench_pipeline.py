@@ -51,7 +51,7 @@ def _descs(hidden: int) -> list[Any]:
 def _hcg(strategy: Any) -> Any:
     import torch.distributed as tdist
 
-    from fleet.topology import HybridCommunicateGroup, build_topology
+    from fleet.base.topology import HybridCommunicateGroup, build_topology
 
     return HybridCommunicateGroup(build_topology(strategy.hybrid_configs, tdist.get_world_size()))
 

@@ -1,4 +1,4 @@
-"""Sharding: fleet stage 1/2 (fleet.sharding) vs torch's ZeroRedundancyOptimizer and FSDP2.
+"""Sharding: fleet stage 1/2 (fleet.meta_optimizers.sharding) vs torch's ZeroRedundancyOptimizer and FSDP2.
 
 One fleetrun job of 2 ranks (CPU/gloo) runs every implementation on the same model (an MLP of
 ``--layers`` Linear(width, width)), data and Adam, alternating their order per repetition:
@@ -42,7 +42,7 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     import fleet
-    from fleet.sharding import optimizer_state_bytes
+    from fleet.meta_optimizers.sharding import optimizer_state_bytes
 
     def strategy(stage: int) -> fleet.DistributedStrategy:
         s = fleet.DistributedStrategy()

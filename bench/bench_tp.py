@@ -48,7 +48,7 @@ def _worker(args: argparse.Namespace) -> None:
     )
 
     from fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear
-    from fleet.recompute import SavedTensorBytes, recompute
+    from fleet.meta_parallel.recompute import SavedTensorBytes, recompute
 
     torch.set_num_threads(1)
     tdist.init_process_group("gloo")

@@ -15,9 +15,9 @@ from conftest import SCRIPTS, assert_all_ok, run_workers
 from torch import nn
 
 from collective.errors import ConfigError, FleetError
-from fleet.amp import GradScaler, MasterWeightOptimizer
+from fleet.meta_optimizers.amp import GradScaler, MasterWeightOptimizer
 from fleet.strategy import DistributedStrategy
-from fleet.strategy_features import wrap_model_features, wrap_optimizer_features
+from fleet.parallelize.features import wrap_model_features, wrap_optimizer_features
 
 FEATURES_AMP = SCRIPTS / "features_amp.py"
 STEPS, INJECT = 9, (2, 5)
@@ -126,8 +126,8 @@ def test_scaler_unscales_once_and_round_trips_its_state() -> None:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["fleet", "torch"])
 def test_scalers_follow_gradient_merge(kind: str) -> None:
-    from fleet.amp import _patch_torch_scaler
-    from fleet.optimizer import DistributedOptimizer, GradientMergeState
+    from fleet.meta_optimizers.amp import _patch_torch_scaler
+    from fleet.meta_optimizers.gradient_merge import DistributedOptimizer, GradientMergeState
 
     p = nn.Parameter(torch.zeros(2))
     gm = GradientMergeState(k_steps=2, avg=True)

@@ -1,4 +1,4 @@
-"""Global-norm gradient clipping across tensor-parallel shards (fleet.clip): at mp2 (and
+"""Global-norm gradient clipping across tensor-parallel shards (fleet.meta_optimizers.clip): at mp2 (and
 dp2 x mp2) the norm of the TP model's gradients equals torch.nn.utils.clip_grad_norm_ on the
 single-device model for the 2-, 1- and inf-norm, the clipped shards equal the slices of the
 clipped dense gradients, and the optimizer hook (grad_clip) trains identically to clip + SGD."""
@@ -13,7 +13,7 @@ import torch
 from conftest import SCRIPTS, assert_all_ok, run_workers
 
 from collective.errors import ConfigError
-from fleet.clip import ClipGradByGlobalNorm, clip_grad_norm_, get_grad_norm
+from fleet.meta_optimizers.clip import ClipGradByGlobalNorm, clip_grad_norm_, get_grad_norm
 
 FEATURES_CLIP = SCRIPTS / "features_clip.py"
 TOL = 1e-5

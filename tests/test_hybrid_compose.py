@@ -14,7 +14,7 @@ from conftest import SCRIPTS, assert_all_ok, run_workers
 
 import fleet
 from collective.errors import ConfigError, FleetNotImplementedError
-from fleet.parallelize import check_composition
+from fleet.strategy import check_composition
 
 SCRIPT = SCRIPTS / "compose_hybrid.py"
 TOL = 1e-5

@@ -7,8 +7,8 @@ import pytest
 
 from collective.errors import ConfigError, FleetError
 from fleet.strategy import DistributedStrategy
-from fleet.strategy_configs import HybridConfig
-from fleet.topology import HYBRID_AXES, CommunicateTopology, build_topology
+from fleet.strategy.configs import HybridConfig
+from fleet.base.topology import HYBRID_AXES, CommunicateTopology, build_topology
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""LARS and LAMB (fleet.optimizers) step by step against their published update formulas written
+"""LARS and LAMB (fleet.meta_optimizers.lars_lamb) step by step against their published update formulas written
 out in numpy (float64), including exclude_from_weight_decay by parameter name; the strategy swap
-of fleet.strategy_features.wrap_optimizer_features (Momentum -> LARS, Adam -> LAMB)."""
+of fleet.parallelize.features.wrap_optimizer_features (Momentum -> LARS, Adam -> LAMB)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from collective.errors import ConfigError
-from fleet.optimizers import LAMB, LARS
+from fleet.meta_optimizers.lars_lamb import LAMB, LARS
 from fleet.strategy import DistributedStrategy
-from fleet.strategy_features import wrap_optimizer_features
+from fleet.parallelize.features import wrap_optimizer_features
 
 STEPS = 5
 

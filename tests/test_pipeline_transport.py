@@ -52,7 +52,7 @@ def worker(out: str, schedule: str, pp: int) -> None:
 
     import fleet
     from fleet.meta_parallel import PipelineLayer, PipelineParallel
-    from fleet.topology import HybridCommunicateGroup, build_topology
+    from fleet.base.topology import HybridCommunicateGroup, build_topology
 
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"pp_degree": pp}

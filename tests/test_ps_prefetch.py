@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleet.ps_communicator import AsyncCommunicator, SyncCommunicator
+from fleet.ps.communicator import AsyncCommunicator, SyncCommunicator
 from ps_server import SGD, Constant
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))

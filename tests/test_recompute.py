@@ -17,9 +17,9 @@ from torch import nn
 
 import fleet
 from collective.errors import ConfigError, FleetNotImplementedError
-from fleet.recompute import SavedTensorBytes, recompute
+from fleet.meta_parallel.recompute import SavedTensorBytes, recompute
 from fleet.strategy import DistributedStrategy
-from fleet.strategy_features import wrap_model_features
+from fleet.parallelize.features import wrap_model_features
 
 FEATURES_RECOMPUTE = SCRIPTS / "features_recompute.py"
 

@@ -1,4 +1,4 @@
-"""ZeRO-style sharding (fleet.sharding via fleet.parallelize) on real processes (CPU, gloo):
+"""ZeRO-style sharding (fleet.meta_optimizers.sharding via fleet.parallelize) on real processes (CPU, gloo):
 stages 1/2 (ours) and 3 (FSDP2) train exactly like one process on the full batch (within
 1e-5, float32), with SGD-momentum and Adam, with gradient merge, at world 2 and dp2 x sharding2
 at world 4; each rank holds ~1/N of the optimizer state (printed). Plus the partition.
@@ -13,8 +13,8 @@ import pytest
 from conftest import SCRIPTS, assert_all_ok, run_workers
 
 import fleet
-from fleet.parallelize import check_composition, sharding_stage
-from fleet.sharding import partition_parameters
+from fleet.strategy import check_composition, sharding_stage
+from fleet.meta_optimizers.sharding import partition_parameters
 
 SCRIPT = SCRIPTS / "sharding_train.py"
 TOL = 1e-5
@@ -99,7 +99,7 @@ def test_offload_keeps_optimizer_state_in_pinned_host_memory(tmp_path: Path) -> 
     import torch.distributed as tdist
 
     from collective.env import find_free_port
-    from fleet.sharding import ShardedOptimizer
+    from fleet.meta_optimizers.sharding import ShardedOptimizer
 
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}",
                              rank=0, world_size=1)

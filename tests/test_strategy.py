@@ -13,9 +13,9 @@ import yaml
 import fleet
 from collective.env import read_worker_env
 from collective.errors import ConfigError, FleetError, FleetNotImplementedError
-from fleet.role_maker import PaddleCloudRoleMaker
+from fleet.base.role_maker import PaddleCloudRoleMaker
 from fleet.strategy import DistributedStrategy
-from fleet.strategy_configs import AmpDtype, HybridConfig, PipelineSchedule
+from fleet.strategy.configs import AmpDtype, HybridConfig, PipelineSchedule
 from fleet.util import shard_files
 
 
@@ -39,7 +39,7 @@ def test_every_config_field_has_a_docstring() -> None:
     import ast
 
     import fleet.strategy as strategy_mod
-    import fleet.strategy_configs as configs_mod
+    import fleet.strategy.configs as configs_mod
 
     missing = []
     for mod in (strategy_mod, configs_mod):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, assert_all_ok, run_workers
 
-from fleet.topology import HYBRID_AXES, CommunicateTopology
+from fleet.base.topology import HYBRID_AXES, CommunicateTopology
 
 HYBRID_TP = SCRIPTS / "hybrid_tp.py"
 TOL = 1e-5  # float32

@@ -32,9 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import fleet
 from examples.gpt.data import MarkovTokens
 from examples.gpt.model import GPTConfig, GPTLoss, gpt_layer_descs
-from fleet.base import get_runtime
+from fleet.base.runtime import get_runtime
 from fleet.meta_parallel import PipelineLayer, PipelineParallel
-from fleet.topology import HybridCommunicateGroup, build_topology
+from fleet.base.topology import HybridCommunicateGroup, build_topology
 
 
 def parse_args() -> argparse.Namespace:

@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 import fleet
-from fleet.base import get_runtime
+from fleet.base.runtime import get_runtime
 from fleet.checkpoint import load_checkpoint, save_checkpoint
 from fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear
 from fleet.meta_parallel.pipeline_layer import LayerDesc, PipelineLayer
-from fleet.sharding import ShardedOptimizer
+from fleet.meta_optimizers.sharding import ShardedOptimizer
 
 IN, HIDDEN, OUT, STEPS = 8, 16, 4, 3
 

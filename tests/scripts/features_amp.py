@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fleet
-from fleet.amp import GradScaler
+from fleet.meta_optimizers.amp import GradScaler
 from fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear
 
 STEPS = 9

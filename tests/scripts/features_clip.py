@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import fleet
-from fleet.clip import ClipGradByGlobalNorm, is_distributed
+from fleet.meta_optimizers.clip import ClipGradByGlobalNorm, is_distributed
 from fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from fleet.strategy_features import wrap_optimizer_features
+from fleet.parallelize.features import wrap_optimizer_features
 
 VOCAB, DIM, HIDDEN, BATCH = 16, 8, 12, 6
 

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fleet
-from fleet.amp import GradScaler
-from fleet.strategy_features import wrap_model_features
+from fleet.meta_optimizers.amp import GradScaler
+from fleet.parallelize.features import wrap_model_features
 
 DIM, MICRO, K, UPDATES, LR = 16, 4, 2, 3, 0.05
 

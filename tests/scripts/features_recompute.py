@@ -26,7 +26,7 @@ from fleet.meta_parallel import (
     get_rng_state_tracker,
     model_parallel_random_seed,
 )
-from fleet.recompute import SavedTensorBytes
+from fleet.meta_parallel.recompute import SavedTensorBytes
 
 IN, HIDDEN, BATCH = 16, 64, 32
 

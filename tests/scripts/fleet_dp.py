@@ -16,7 +16,7 @@ import torch.distributed as tdist
 
 import fleet
 from collective.errors import FleetError, FleetNotImplementedError
-from fleet.base import get_runtime
+from fleet.base.runtime import get_runtime
 
 IN, HIDDEN, OUT = 6, 16, 1
 

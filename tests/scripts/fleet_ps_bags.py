@@ -15,7 +15,7 @@ if fleet.is_server():
     fleet.run_server()
 else:
     fleet.init_worker()
-    from fleet.ps_runtime import get_client
+    from fleet.ps.runtime import get_client
 
     ids2d = torch.tensor([[5, -7, 5], [2**62, 3, -(2**63)]], dtype=torch.int64)
     rows = {k: get_client().pull_sparse("bags", np.array([k], np.int64))[0] for k in ids2d.reshape(-1).tolist()}

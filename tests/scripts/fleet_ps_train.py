@@ -74,7 +74,7 @@ else:
         fleet.save_persistables(args.save, mode=0)
     fleet.barrier_worker()
     if rank == 0:
-        from fleet.ps_runtime import get_client
+        from fleet.ps.runtime import get_client
 
         keys = np.array(sorted(keys_seen), dtype=np.int64)
         rows = get_client().pull_sparse("emb", keys)

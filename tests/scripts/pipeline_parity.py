@@ -23,7 +23,7 @@ from torch import nn
 
 import fleet
 from collective.errors import ConfigError
-from fleet.base import get_runtime
+from fleet.base.runtime import get_runtime
 from fleet.meta_parallel import (
     ColumnParallelLinear,
     LayerDesc,
@@ -33,7 +33,7 @@ from fleet.meta_parallel import (
     SharedLayerDesc,
 )
 from fleet.meta_parallel.pp_memory import SavedActivationMeter
-from fleet.topology import HybridCommunicateGroup, build_topology
+from fleet.base.topology import HybridCommunicateGroup, build_topology
 
 VOCAB, HIDDEN, SEQ = 32, 16, 5
 

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as tdist
 
 import fleet
-from fleet.base import get_runtime
-from fleet.sharding import ShardedOptimizer, optimizer_state_bytes
+from fleet.base.runtime import get_runtime
+from fleet.meta_optimizers.sharding import ShardedOptimizer, optimizer_state_bytes
 
 WIDTH, LAYERS, STEPS = 32, 4, 4
 

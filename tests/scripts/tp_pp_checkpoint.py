@@ -30,7 +30,7 @@ from torch import nn
 
 import fleet
 from collective.errors import ConfigError
-from fleet.base import get_runtime
+from fleet.base.runtime import get_runtime
 from fleet.checkpoint import load_checkpoint, save_checkpoint
 from fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear
 from fleet.meta_parallel.pipeline_layer import LayerDesc, PipelineLayer, SharedLayerDesc

@@ -14,7 +14,7 @@ torch; the first call that needs the process group does.
 
 The facade is the top of fleet's one-way layers (docs/architecture.md; kept by import-linter)::
 
-    fleet (this facade), fleet.api, fleet.util, fleet.utils
+    fleet (this facade), fleet.api, fleet.util, fleet.utils, fleet.train_loop
       -> fleet.parallelize, fleet.checkpoint
       -> fleet.meta_parallel | fleet.meta_optimizers | fleet.ps | fleet.data | fleet.metrics
       -> fleet.base
@@ -63,6 +63,7 @@ _LAZY = {
     "shrink": "fleet.ps.runtime",
     "end_day": "fleet.ps.runtime",
     "DistributedEmbedding": "fleet.ps.embedding",
+    "train_from_dataset": "fleet.train_loop",
     "distributed_scaler": "fleet.meta_optimizers.amp",
     "clip_grad_norm_": "fleet.meta_optimizers.clip",
     "ClipGradByGlobalNorm": "fleet.meta_optimizers.clip",
@@ -142,6 +143,7 @@ __all__ = [
     "shrink",
     "stop_worker",
     "telemetry",
+    "train_from_dataset",
     "util",
     "utils",
     "worker_endpoints",

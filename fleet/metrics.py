@@ -269,6 +269,11 @@ class AucState:
         """:func:`auc` of these histograms over every trainer of ``group`` (a collective)."""
         return auc(self.stat_pos, self.stat_neg, group=group)
 
+    def local_auc(self) -> float:
+        """The AUC of this trainer's histograms alone (no communication; safe to call on one
+        rank only, e.g. in a progress line). ConfigError when no instance was added."""
+        return _bucketed_auc(self.stat_pos.astype(np.float64), self.stat_neg.astype(np.float64))
+
 
 def auc(
     stat_pos: MetricInput, stat_neg: MetricInput, group: tdist.ProcessGroup | None = None

@@ -1,0 +1,191 @@
+"""``fleet.train_from_dataset``: the short training loop over a :mod:`fleet.data` dataset.
+
+Paddle's ``exe.train_from_dataset(program, dataset, fetch_list=..., print_period=...)`` runs a
+static program over a dataset's batches. On torch the program is a model, an optimizer and a
+loss function::
+
+    dataset = fleet.InMemoryDataset()
+    dataset.init(batch_size=512, thread_num=2, use_var=slots)
+    dataset.set_filelist(fleet.util.get_file_shard(files)); dataset.load_into_memory()
+    stats = fleet.train_from_dataset(model, opt, dataset, torch.nn.BCEWithLogitsLoss(),
+                                     label="click", print_period=100)
+
+Each batch is a mapping slot name → tensor (dense slots) or jagged sparse slot; ``model`` gets
+the mapping without the ``label`` slot and returns logits (or whatever ``loss_fn`` takes), then
+``loss_fn(output, label_tensor)``, ``backward``, ``optimizer.step()``, ``zero_grad()``. Every
+``print_period`` batches one line shows progress (a bar when the dataset knows its size),
+examples/s, the mean loss, this trainer's AUC (binary labels; ``sigmoid`` of the output when
+``output_is_logits``) and the ``fetch`` values. The AUC over every trainer
+(:func:`fleet.metrics.auc`) is computed once at the end, when all trainers have finished their
+shard: a collective in the middle of the loop would hang trainers whose shards differ in length.
+Where we differ from Paddle: no program or scope; ``fetch`` takes callables, not variable names.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import torch
+import torch.distributed as tdist
+
+import fleet.metrics as metrics
+import fleet.telemetry as telemetry
+from collective.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+Fetch = Callable[[Any, Mapping[str, Any], torch.Tensor], Any]
+"""``fetch`` value: called as ``f(output, batch, loss)`` at a print step; its result is printed."""
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What :func:`train_from_dataset` measured on this trainer (``auc`` over every trainer)."""
+
+    steps: int
+    """Batches trained."""
+    examples: int
+    """Examples trained (sum of batch sizes)."""
+    seconds: float
+    """Wall time of the loop."""
+    mean_loss: float
+    """Mean of the per-batch losses (nan without batches)."""
+    local_auc: float
+    """AUC of this trainer's predictions (nan when ``auc`` is off or one class is missing)."""
+    auc: float
+    """AUC over every trainer of the job (:func:`fleet.metrics.auc`; nan when off)."""
+
+    @property
+    def examples_per_second(self) -> float:
+        return self.examples / self.seconds if self.seconds > 0 else math.nan
+
+
+def train_from_dataset(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: Iterable[Mapping[str, Any]],
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+    *,
+    label: str = "label",
+    print_period: int = 100,
+    fetch: Mapping[str, Fetch] | None = None,
+    auc: bool = True,
+    output_is_logits: bool = True,
+    max_steps: int | None = None,
+    out: TextIO | None = None,
+) -> TrainStats:
+    """Train ``model`` one pass over ``dataset``; print a line every ``print_period`` batches.
+
+    ``label``: the slot holding the target (removed from the model's input). ``fetch``: extra
+    values for the progress line, name → ``f(output, batch, loss)``. ``auc``: keep the
+    4096-bucket AUC histograms (binary labels). ``max_steps``: stop early (e.g. smoke runs).
+    ``out``: where the progress lines go (default stderr, rank 0 of the trainers only).
+    Returns the :class:`TrainStats`; every trainer must call it (the final AUC is a collective).
+    """
+    if not isinstance(print_period, int) or print_period < 1:
+        raise ConfigError(f"must be a positive integer, got {print_period!r}", key="print_period")
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 0):
+        raise ConfigError(f"must be None or an integer >= 0, got {max_steps!r}", key="max_steps")
+    fetch = dict(fetch or {})
+    total = _dataset_size(dataset)
+    rank = tdist.get_rank() if tdist.is_available() and tdist.is_initialized() else 0
+    stream = out if out is not None else (sys.stderr if rank == 0 else None)
+    state = metrics.AucState() if auc else None
+    model.train()
+    steps = examples = 0
+    loss_sum = 0.0
+    period_loss, period_examples = 0.0, 0
+    start = period_start = time.perf_counter()
+    for batch in dataset:
+        if max_steps is not None and steps >= max_steps:
+            break
+        if label not in batch:
+            raise ConfigError(
+                f"the batch has no slot {label!r} (slots: {sorted(batch)}); pass label= the "
+                "name of the label slot in use_var", key="label")
+        target = batch[label]
+        inputs = {k: v for k, v in batch.items() if k != label}
+        output = model(inputs)
+        loss = loss_fn(output, target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        size = int(target.shape[0])
+        value = float(loss.detach())
+        steps += 1
+        examples += size
+        loss_sum += value
+        period_loss += value
+        period_examples += size
+        telemetry.report(loss=value, samples=size, step=True)
+        if state is not None:
+            with torch.no_grad():
+                preds = torch.sigmoid(output) if output_is_logits else output
+                state.update(preds.detach().reshape(-1), target.detach().reshape(-1))
+        if steps % print_period == 0 and stream is not None:
+            now = time.perf_counter()
+            extras = {name: f(output, batch, loss) for name, f in fetch.items()}
+            local = _local_auc(state)
+            _print_line(stream, steps, examples, total, period_examples / (now - period_start),
+                        period_loss / print_period, local, extras)
+            period_loss, period_examples, period_start = 0.0, 0, now
+    seconds = time.perf_counter() - start
+    local_auc = _local_auc(state)
+    global_auc = _global_auc(state) if state is not None else math.nan
+    stats = TrainStats(steps, examples, seconds, loss_sum / steps if steps else math.nan,
+                       local_auc, global_auc)
+    if stream is not None:
+        stream.write(
+            f"[train] done: {steps} batches, {examples} examples in {seconds:.1f} s "
+            f"({stats.examples_per_second:.0f} ex/s), mean loss {stats.mean_loss:.5f}, "
+            f"auc {global_auc:.5f} (all trainers)\n")
+        stream.flush()
+    return stats
+
+
+def _local_auc(state: metrics.AucState | None) -> float:
+    if state is None or state.num_instances == 0:
+        return math.nan
+    return state.local_auc()
+
+
+def _global_auc(state: metrics.AucState) -> float:
+    try:
+        return state.auc()
+    except ConfigError:  # one class missing everywhere: the AUC is undefined
+        return math.nan
+
+
+def _dataset_size(dataset: Any) -> int | None:
+    for name in ("get_memory_data_size", "__len__"):
+        fn = getattr(dataset, name, None)
+        if fn is None:
+            continue
+        try:
+            return int(fn())
+        except (TypeError, NotImplementedError):
+            return None
+    return None
+
+
+def _print_line(stream: TextIO, steps: int, examples: int, total: int | None, rate: float,
+                loss: float, local_auc: float, extras: Mapping[str, Any]) -> None:
+    if total:
+        done = min(examples / total, 1.0)
+        bar = "#" * int(done * 20)
+        progress = f"[{bar:<20}] {done * 100:5.1f}% "
+    else:
+        progress = ""
+    extra = "".join(f"  {k} {v}" for k, v in extras.items())
+    stream.write(f"[train] {progress}batch {steps}  {rate:.0f} ex/s  loss {loss:.5f}  "
+                 f"auc {local_auc:.5f}{extra}\n")
+    stream.flush()
+
+
+__all__ = ["TrainStats", "train_from_dataset"]

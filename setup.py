@@ -1,6 +1,6 @@
 """Builds the optional C kernels of ps_server (everything else is in pyproject.toml).
 
-``ps_server/_kernels.c`` speeds up the sparse table's lookup and push; without a C compiler the
+``ps_server/core/_kernels*.c`` speeds up the sparse table's lookup and push; without a C compiler the
 build is skipped with a warning and ps_server uses its numpy code (same results, slower).
 """
 
@@ -33,9 +33,9 @@ class OptionalBuildExt(build_ext):
 setup(
     ext_modules=[
         Extension(
-            "ps_server._kernels",
-            ["ps_server/_kernels.c", "ps_server/_kernels_rows.c"],
-            depends=["ps_server/_kernels_common.h"],
+            "ps_server.core._kernels",
+            ["ps_server/core/_kernels.c", "ps_server/core/_kernels_rows.c"],
+            depends=["ps_server/core/_kernels_common.h"],
             extra_compile_args=["-O3", "-std=c99", "-fno-fast-math"],
             optional=True,
         )

@@ -233,9 +233,9 @@ def bench_record_cost(n: int = 20000, requests: int = 100) -> dict[str, Stats]:
     from ps_server import telemetry
     from ps_server.client import DEFAULT_INITIALIZER, DEFAULT_OPTIMIZER
     from ps_server.config import SparseTableConfig, config_to_dict
-    from ps_server.proto import ps_pb2
-    from ps_server.service import ServerState, create_table
-    from ps_server.servicer import ParameterServerServicer
+    from ps_server.rpc.proto import ps_pb2
+    from ps_server.rpc.service import ServerState, create_table
+    from ps_server.rpc.servicer import ParameterServerServicer
 
     state = ServerState()
     servicer = ParameterServerServicer(state)

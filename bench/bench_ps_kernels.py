@@ -1,4 +1,4 @@
-"""Sparse-table kernels: the compiled path (ps_server/_kernels.c) against the numpy path, same
+"""Sparse-table kernels: the compiled path (ps_server/core/_kernels.c) against the numpy path, same
 process, same table contents, same key batches.
 
 One step = ``pull`` of 64k keys then ``push`` of their gradients (Adagrad, the CTR rule) on a
@@ -38,7 +38,8 @@ def main() -> None:
     args = p.parse_args()
     if args.reps < 5:
         p.error("--reps must be >= 5")
-    from ps_server import Adagrad, SparseTable, SparseTableConfig, Uniform, kernels
+    from ps_server import Adagrad, SparseTable, SparseTableConfig, Uniform
+    from ps_server.core import kernels
     from ps_server.server import default_table_threads
 
     threads = args.threads or default_table_threads()

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Stats, machine_info
 
 from ps_server import Adagrad, SparseTable, SparseTableConfig, Uniform
-from ps_server.hash_index import DictIndex, HashIndex
+from ps_server.core.hash_index import DictIndex, HashIndex
 
 DIM = 8
 

@@ -15,7 +15,7 @@ Implementations (the benchmark process is the only trainer of each; 1 server pro
 * ``ours``: ``python -m ps_server`` on 127.0.0.1 (1 process; also 2 with ``--ours_servers 1,2``,
   keys routed by the client), driven through :class:`ps_server.PSClient`. Rows are created on
   first pull (hash table, any int64 key). By default the client moves the large arrays through
-  shared memory, as it does whenever client and server share a host (:mod:`ps_server.shm`; the
+  shared memory, as it does whenever client and server share a host (:mod:`ps_server.rpc.shm`; the
   peers do the same: Ray's object store, TensorPipe's shm channel); ``--ours_transport tcp``
   sends everything through gRPC over loopback TCP instead.
 * ``ray``: the "Parameter Server" example of Ray's documentation (Ray Core examples) adapted to a
@@ -318,7 +318,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def _stop_servers(client: Any) -> None:
-    from ps_server.status import PSRpcError
+    from ps_server.rpc.status import PSRpcError
 
     try:
         client.stop_servers()

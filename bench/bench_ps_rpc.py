@@ -20,7 +20,7 @@ work is split over two processes, so that bound is conservative.)
 
 ``ours`` is the TCP path (``PSClient(shm=False)``), the like-for-like comparison with the echo;
 a second row per case times the same client with the same-host shared-memory path
-(:mod:`ps_server.shm`, the default when client and servers share a host), which moves the
+(:mod:`ps_server.rpc.shm`, the default when client and servers share a host), which moves the
 arrays outside gRPC and so is not bounded by the echo.
 
 Run: ``.venv/bin/python bench/bench_ps_rpc.py [--json bench/results/ps_rpc.json]`` (~2 minutes
@@ -169,7 +169,7 @@ def start_servers(
 def bench_dim(client, shm_client, echo, num_servers: int, dim: int, rule, rng, universe, args) -> dict:
     """ours (TCP) / ours (shm) / echo / table-only rates (M keys/s, lists of --reps) at one dim."""
     from ps_server import SparseTable, SparseTableConfig, Uniform
-    from ps_server.routing import group_by_server
+    from ps_server.core.routing import group_by_server
 
     table = f"bench_d{dim}"
     config = SparseTableConfig(table, dim, rule, Uniform(-0.01, 0.01))
@@ -235,7 +235,8 @@ def main() -> None:
     if args.reps < 5:
         p.error("--reps must be >= 5")
 
-    from ps_server import SGD, Adagrad, PSClient, kernels
+    from ps_server import SGD, Adagrad, PSClient
+    from ps_server.core import kernels
     from ps_server.server import default_table_threads
 
     threads = args.table_threads or default_table_threads()

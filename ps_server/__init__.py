@@ -13,14 +13,20 @@ This package is the server-side core (numpy only; no gRPC, never imports ``fleet
     rows = table.pull(np.array([1, 2, 3], dtype=np.int64))           # float32[3, 8]
     table.push(np.array([1, 2, 3], dtype=np.int64), np.ones((3, 8), np.float32))
 
-Modules: ``optimizers`` / ``initializers`` / ``entry`` (registered rule families), ``config``,
-``routing`` (key → shard → server), ``sparse_table``, ``dense_table``, ``checkpoint`` and
-``shard_file`` (on-disk format), ``row_store`` / ``hash_index`` (storage), ``errors``.
+Layout, one room per layer (each subpackage's docstring says what it may import)::
 
-The gRPC layer (imported on first use, so ``import ps_server`` stays numpy-only): ``proto``
-(``ps.proto`` and its generated modules), ``codec`` (packed bytes), ``service`` (the RPCs),
-``sync`` (SYNC rounds, barriers), ``status`` (errors ↔ status codes), ``server`` (``PSServer``,
-``serve``, ``serve_from_env``; ``python -m ps_server``) and ``client`` (``PSClient``)::
+    core/        tables (table, sparse_table, dense_table, factory), storage (row_store,
+                 hash_index, hashing, batch_ops, compiled kernels), rules (optimizers,
+                 initializers, entry, registry), routing (key -> shard -> server), shard payloads
+    checkpoint/  save / load of tables (save_load) and the binary shard file (shard_file)
+    rpc/         the gRPC layer: proto/, codec and wire (bytes), shm (same-host path), service
+                 (the RPCs as functions) + sync (rounds, barriers), servicer, status
+                 (errors <-> codes), rpc_client (channels, retries), channel_options
+    server.py  client.py  __main__.py     PSServer / serve, PSClient, ``python -m ps_server``
+    config.py  errors.py  telemetry.py    table configs, error types, Prometheus metrics
+
+``core`` and ``checkpoint`` are numpy-only; ``rpc``, ``server`` and ``client`` need gRPC and are
+imported on first use, so ``import ps_server`` stays numpy-only. The server and the client::
 
     from ps_server import PSClient, PSServer
 
@@ -38,6 +44,7 @@ import importlib
 from typing import Any
 
 from collective.errors import FleetNotImplementedError
+from collective.moved_modules import install_moved_modules
 from ps_server import checkpoint
 from ps_server.checkpoint import create_tables, load, read_checkpoint, save
 from ps_server.config import (
@@ -49,14 +56,14 @@ from ps_server.config import (
     config_from_dict,
     config_to_dict,
 )
-from ps_server.dense_table import DenseTable
-from ps_server.entry import CountFilterEntry, EntryPolicy, ProbabilityEntry
-from ps_server.initializers import Constant, Initializer, Normal, TruncatedNormal, Uniform
-from ps_server.optimizers import SGD, Adagrad, Adam, OptimizerRule, RowsMeta
-from ps_server.routing import block_shard, group_by_server, shard_of, shards_of_server
-from ps_server.sparse_table import PushStats, SparseTable
-from ps_server.table import Table
-from ps_server.tables import make_table
+from ps_server.core.dense_table import DenseTable
+from ps_server.core.entry import CountFilterEntry, EntryPolicy, ProbabilityEntry
+from ps_server.core.factory import make_table
+from ps_server.core.initializers import Constant, Initializer, Normal, TruncatedNormal, Uniform
+from ps_server.core.optimizers import SGD, Adagrad, Adam, OptimizerRule, RowsMeta
+from ps_server.core.routing import block_shard, group_by_server, shard_of, shards_of_server
+from ps_server.core.sparse_table import PushStats, SparseTable
+from ps_server.core.table import Table
 
 _NOT_YET: dict[str, str] = {}
 """Names that are announced but not implemented yet (using one raises FleetNotImplementedError)."""
@@ -66,14 +73,51 @@ _LAZY = {
     "PSServer": "ps_server.server",
     "serve": "ps_server.server",
     "serve_from_env": "ps_server.server",
-    "PSRpcError": "ps_server.status",
+    "PSRpcError": "ps_server.rpc.status",
 }
 """The gRPC layer, imported on first use (``import ps_server`` does not import grpc)."""
+
+MOVED_MODULES: dict[str, str] = {
+    "ps_server.batch_ops": "ps_server.core.batch_ops",
+    "ps_server.dense_table": "ps_server.core.dense_table",
+    "ps_server.entry": "ps_server.core.entry",
+    "ps_server.hash_index": "ps_server.core.hash_index",
+    "ps_server.hashing": "ps_server.core.hashing",
+    "ps_server.initializers": "ps_server.core.initializers",
+    "ps_server.kernels": "ps_server.core.kernels",
+    "ps_server.optimizers": "ps_server.core.optimizers",
+    "ps_server.registry": "ps_server.core.registry",
+    "ps_server.routing": "ps_server.core.routing",
+    "ps_server.row_store": "ps_server.core.row_store",
+    "ps_server.sparse_table": "ps_server.core.sparse_table",
+    "ps_server.table": "ps_server.core.table",
+    "ps_server._kernels": "ps_server.core._kernels",
+    "ps_server.tables": "ps_server.core.factory",
+    "ps_server.codec": "ps_server.rpc.codec",
+    "ps_server.rpc_client": "ps_server.rpc.rpc_client",
+    "ps_server.service": "ps_server.rpc.service",
+    "ps_server.servicer": "ps_server.rpc.servicer",
+    "ps_server.shm": "ps_server.rpc.shm",
+    "ps_server.status": "ps_server.rpc.status",
+    "ps_server.sync": "ps_server.rpc.sync",
+    "ps_server.wire": "ps_server.rpc.wire",
+    "ps_server.proto": "ps_server.rpc.proto",
+    "ps_server.proto.ps_pb2": "ps_server.rpc.proto.ps_pb2",
+    "ps_server.proto.ps_pb2_grpc": "ps_server.rpc.proto.ps_pb2_grpc",
+    "ps_server.shard_file": "ps_server.checkpoint.shard_file",
+}
+"""Module paths from before the subpackages (old → new). Importing an old path gives the new
+module itself, with a DeprecationWarning (:mod:`collective.moved_modules`). ``ps_server.checkpoint``
+is not here: the package re-exports what the module of that name had. ``ps_server.table_ops`` is
+gone: its GEO delta is :meth:`SparseTable.add_delta`."""
+install_moved_modules("ps_server", MOVED_MODULES)
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if f"ps_server.{name}" in MOVED_MODULES:  # ``ps_server.routing.X``: warns, as its import does
+        return importlib.import_module(f"ps_server.{name}")
     if name in _NOT_YET:
         raise FleetNotImplementedError(f"ps_server.{name}", _NOT_YET[name])
     raise AttributeError(f"module 'ps_server' has no attribute {name!r}")

@@ -1,16 +1,16 @@
 """The parameter-server client: :class:`PSClient` (usable without fleet).
 
 One gRPC channel per server. A sparse call routes keys with
-:func:`ps_server.routing.group_by_server`, sends one request per server (several when a request
-would exceed the max message size), all at once as gRPC futures, and scatters the replies back
-into the caller's key order (duplicates allowed). Dense blocks live on the server of
+:func:`ps_server.core.routing.group_by_server`, sends one request per server (several when a
+request would exceed the max message size), all at once as gRPC futures, and scatters the replies
+back into the caller's key order (duplicates allowed). Dense blocks live on the server of
 ``block_shard(name) % num_servers``; a block larger than one message is uploaded in parts (one
 ``upload_id``; the server acts on the last part) and pulled in ranges.
 
 Transport, retries, deadlines and the same-host shared-memory path are
-:class:`~ps_server.rpc_client.RpcClient`'s (its module docstring says which calls are retried).
+:class:`~ps_server.rpc.rpc_client.RpcClient`'s (its module docstring says which calls are retried).
 
-Errors: a failed call raises a :class:`ps_server.status.PSRpcError` subclass naming the method,
+Errors: a failed call raises a :class:`ps_server.rpc.status.PSRpcError` subclass naming the method,
 the server endpoint, the status code and the server's message; local argument checks raise
 :class:`~ps_server.errors.TableInputError` / :class:`~collective.errors.ConfigError` before any
 request is sent.
@@ -34,8 +34,20 @@ import numpy as np
 from google.protobuf.message import Message
 
 from collective.errors import ConfigError
-from ps_server.batch_ops import put_rows, take_rows
-from ps_server.codec import (
+from ps_server.config import (
+    DenseTableConfig,
+    SparseTableConfig,
+    TableConfig,
+    config_from_dict,
+    config_to_dict,
+)
+from ps_server.core.batch_ops import put_rows, take_rows
+from ps_server.core.entry import EntryPolicy
+from ps_server.core.initializers import Initializer, Uniform
+from ps_server.core.optimizers import SGD, OptimizerRule
+from ps_server.core.routing import block_shard, shards_of_server, split_by_server
+from ps_server.errors import TableInputError
+from ps_server.rpc.codec import (
     KEY_BYTES,
     KEY_DTYPE,
     VALUE_BYTES,
@@ -47,22 +59,10 @@ from ps_server.codec import (
     decode_values,
     encode_values,
 )
-from ps_server.config import (
-    DenseTableConfig,
-    SparseTableConfig,
-    TableConfig,
-    config_from_dict,
-    config_to_dict,
-)
-from ps_server.entry import EntryPolicy
-from ps_server.errors import TableInputError
-from ps_server.initializers import Initializer, Uniform
-from ps_server.optimizers import SGD, OptimizerRule
-from ps_server.proto import ps_pb2
-from ps_server.routing import block_shard, shards_of_server, split_by_server
-from ps_server.rpc_client import RETRYABLE, Call, RpcClient
-from ps_server.status import PSNotFoundError, PSRpcError
-from ps_server.wire import wire_message
+from ps_server.rpc.proto import ps_pb2
+from ps_server.rpc.rpc_client import RETRYABLE, Call, RpcClient
+from ps_server.rpc.status import PSNotFoundError, PSRpcError
+from ps_server.rpc.wire import wire_message
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _le(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 class PSClient(RpcClient):
     """Client of the servers at ``endpoints`` (``["host:port", ...]`` or ``"h:p,h:p"``), in
-    server-index order; the keyword arguments are :class:`~ps_server.rpc_client.RpcClient`'s
+    server-index order; the keyword arguments are :class:`~ps_server.rpc.rpc_client.RpcClient`'s
     (``timeout_s``, ``retries``, ``max_message_mb``, ``backoff_s``, ``shm``, ``shm_max_mb``)."""
 
     def __init__(self, endpoints: Sequence[str] | str, **options: Any) -> None:
@@ -249,7 +249,7 @@ class PSClient(RpcClient):
 
         ``mode``: ``"apply"`` (optimizer now), ``"sync"`` (with ``sync_count=W``: each server
         applies the mean of the W pushes of a round once; every server gets a request, empty if
-        it has no keys, so its count reaches W — see :mod:`ps_server.sync`) or ``"delta"`` (GEO:
+        it has no keys, so its count reaches W — see :mod:`ps_server.rpc.sync`) or ``"delta"`` (GEO:
         add to the rows). Not retried (see the module docstring).
         """
         if mode not in _MODES:

@@ -18,10 +18,10 @@ from typing import Any
 from collective.env import StrEnum
 from collective.errors import ConfigError
 from collective.typed_config import from_dict, require
-from ps_server.entry import EntryPolicy
+from ps_server.core.entry import EntryPolicy
+from ps_server.core.initializers import Initializer
+from ps_server.core.optimizers import OptimizerRule
 from ps_server.errors import TableConfigMismatchError
-from ps_server.initializers import Initializer
-from ps_server.optimizers import OptimizerRule
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 MAX_SHARDS = 65536

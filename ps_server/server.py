@@ -1,17 +1,17 @@
 """The gRPC parameter server: :class:`PSServer`, the blocking :func:`serve`, and
 :func:`serve_from_env` (what ``fleet.run_server()`` and ``python -m ps_server`` end in).
 
-A server holds only the shards :func:`ps_server.routing.shards_of_server` gives it (tables are
-built with ``make_table(config, server_index, num_servers)``), binds only the host it is given
+A server holds only the shards :func:`ps_server.core.routing.shards_of_server` gives it (tables
+are built with ``make_table(config, server_index, num_servers)``), binds only the host it is given
 (default 127.0.0.1; ``SO_REUSEPORT`` off, so a busy port is an error rather than a silently
-shared one), serves the ``fleetrun.ps.v1.ParameterServer`` service (:mod:`ps_server.service`) and
-the standard ``grpc.health.v1.Health`` service (SERVING while up, NOT_SERVING while stopping).
+shared one), serves the ``fleetrun.ps.v1.ParameterServer`` service (:mod:`ps_server.rpc.service`)
+and the standard ``grpc.health.v1.Health`` service (SERVING while up, NOT_SERVING while stopping).
 
 Threads: each request runs on a pool thread (``threads``, default 32). A Barrier call holds its
 thread while it waits, so ``threads`` must exceed the number of callers that can wait at once
 (trainers) — otherwise the last arrivals queue behind the waiters until these time out. Inside
 one request, the compiled table kernels split a large batch (parts of >= 8192 keys) over
-``table_threads`` threads (:func:`ps_server.kernels.set_threads`; default
+``table_threads`` threads (:func:`ps_server.core.kernels.set_threads`; default
 FLEET_PS_TABLE_THREADS, else the usable CPUs up to 8): a server with idle cores answers one big
 pull or push sooner. Processes sharing a host split its cores: ``fleetrun`` sets
 FLEET_PS_TABLE_THREADS on each server to the node's CPUs divided by its local processes
@@ -45,14 +45,17 @@ from collective.env import (
     usable_cpus,
 )
 from collective.errors import ConfigError, EnvContractError, PSError
-from ps_server import kernels, telemetry
-from ps_server.service import SERVICE_NAME, ServerState, load_dir
-from ps_server.servicer import ParameterServerServicer, add_servicer_to_server
+from ps_server import telemetry
+from ps_server.core import kernels
+from ps_server.rpc.channel_options import (
+    DEFAULT_MAX_MESSAGE_MB,
+    grpc_message_options,
+)
+from ps_server.rpc.service import SERVICE_NAME, ServerState, load_dir
+from ps_server.rpc.servicer import ParameterServerServicer, add_servicer_to_server
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_MESSAGE_MB = 64
-"""Default largest request/response in MiB, on both ends (gRPC's own default is 4)."""
 DEFAULT_THREADS = 32
 """Default request threads per server."""
 MAX_DEFAULT_TABLE_THREADS = 8
@@ -70,15 +73,6 @@ def default_table_threads() -> int:
             raise ConfigError(f"must be an integer >= 1, got {raw!r}", key=FLEET_PS_TABLE_THREADS)
         return value
     return min(MAX_DEFAULT_TABLE_THREADS, usable_cpus())
-MIB = 1 << 20
-
-
-def grpc_message_options(max_message_mb: float) -> list[tuple[str, Any]]:
-    """Channel/server options for a ``max_message_mb`` MiB limit each way."""
-    if not max_message_mb > 0:
-        raise ConfigError(f"must be > 0, got {max_message_mb!r}", key="max_message_mb")
-    limit = int(max_message_mb * MIB)
-    return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
 
 
 def _address(host: str, port: int) -> str:

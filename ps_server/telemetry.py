@@ -1,9 +1,9 @@
 """The parameter server's Prometheus metrics: definitions, the scrape-time request and table
 collectors, the ``/metrics`` endpoint of a server process.
 
-Per request (recorded by the servicer, :mod:`ps_server.service`): ``fleet_ps_requests_total``
+Per request (recorded by the servicer, :mod:`ps_server.rpc.service`): ``fleet_ps_requests_total``
 by op, table and gRPC status code, ``fleet_ps_request_seconds`` by op, sparse keys pulled/pushed.
-Per table, read from :meth:`~ps_server.table.Table.stats` only when Prometheus scrapes
+Per table, read from :meth:`~ps_server.core.table.Table.stats` only when Prometheus scrapes
 (:class:`TableCollector`; nothing on the request path): rows, bytes, admitted / filtered /
 evicted keys and non-finite gradients skipped; non-finite gradients *rejected* on arrival
 (``nonfinite: reject``) are counted by the servicer and added in. Checkpoint save/load durations.
@@ -130,7 +130,7 @@ class TableCollector(Collector):
         self._lock = threading.Lock()
 
     def add(self, state: Any) -> None:
-        """Report the tables of this :class:`~ps_server.service.ServerState` (weakly held)."""
+        """Report the tables of this :class:`~ps_server.rpc.service.ServerState` (weakly held)."""
         with self._lock:
             self._states[id(state)] = state
 

@@ -23,8 +23,8 @@ from ps_server import (
     checkpoint,
     group_by_server,
 )
+from ps_server.core.row_store import SEEN
 from ps_server.errors import CheckpointCorruptError, CheckpointError, CheckpointVersionError
-from ps_server.row_store import SEEN
 
 I64 = np.iinfo(np.int64)
 SPARSE = SparseTableConfig(

@@ -27,7 +27,7 @@ from ps_server import (
     Uniform,
 )
 from ps_server.errors import TableInputError
-from ps_server.status import PSDeadlineExceededError, PSNotFoundError, PSUnavailableError
+from ps_server.rpc.status import PSDeadlineExceededError, PSNotFoundError, PSUnavailableError
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from ps_cluster import cluster

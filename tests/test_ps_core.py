@@ -377,7 +377,7 @@ def test_remembered_lookup_follows_every_change_of_the_mapping() -> None:
     any insert, delete or compaction in between makes the next lookup probe again."""
     import numpy as np
 
-    from ps_server.row_store import LOOKUP_CACHE_MIN_KEYS, RowStore
+    from ps_server.core.row_store import LOOKUP_CACHE_MIN_KEYS, RowStore
 
     store = RowStore({"values": ((2,), np.float32)})
     keys = np.arange(LOOKUP_CACHE_MIN_KEYS, dtype=np.int64) * 7 - 5000
@@ -402,8 +402,8 @@ def test_row_gather_and_scatter_helpers_equal_fancy_indexing(
 ) -> None:
     """``take_rows`` / ``put_rows`` (what the client routes with; compiled, or row views) give
     what numpy fancy indexing gives, for index arrays, slices, 1-D keys and empty batches."""
-    from ps_server import kernels
-    from ps_server.batch_ops import put_rows, take_rows
+    from ps_server.core import kernels
+    from ps_server.core.batch_ops import put_rows, take_rows
 
     monkeypatch.setattr(kernels, "ENABLED", compiled and kernels._c is not None)
     rng = np.random.default_rng(0)

@@ -21,6 +21,7 @@ from ps_server import (
     SparseTableConfig,
     Uniform,
 )
+from ps_server.core.hash_index import DictIndex, HashIndex
 from ps_server.errors import (
     NonFiniteGradientError,
     TableCapacityError,
@@ -28,7 +29,6 @@ from ps_server.errors import (
     TableNotFoundError,
     WrongShardError,
 )
-from ps_server.hash_index import DictIndex, HashIndex
 
 I64 = np.iinfo(np.int64)
 
@@ -324,3 +324,37 @@ def _owns(t: DenseTable, name: str) -> bool:
     from ps_server import block_shard
 
     return block_shard(name, t.config.num_shards) in t.shards
+
+
+@pytest.mark.timeout(30)
+def test_add_delta_adds_without_the_rule_and_counts_as_a_push() -> None:
+    """GEO deltas (``SparseTable.add_delta``): duplicates summed, no optimizer rule, rows made
+    as a pull makes them (keys the entry policy has not admitted are filtered), and the rows
+    count as pushed (count += occurrences, unseen_days = 0); NaN/inf follow ``nonfinite``."""
+    t = table(dim=2, entry=CountFilterEntry(2))
+    t.push(k(7, 7), g([[0, 0], [0, 0]]))  # admitted by its second occurrence
+    t.end_day()
+    t.end_day()
+    assert meta(t, 7) == (2, 1)
+    stats = t.add_delta(k(7, 8, 7), g([[1, 2], [5, 5], [10, 20]]))
+    assert stats.to_dict() == {
+        "num_keys": 3,
+        "applied": 1,
+        "created": 0,
+        "filtered": 1,
+        "skipped_nonfinite": 0,
+        "evicted": 0,
+    }
+    np.testing.assert_allclose(t.pull(k(7)), [[11.5, 22.5]])
+    assert meta(t, 7) == (4, 0) and t.num_rows == 1 and t.num_pending == 0
+    bad = g([[1, np.nan], [1, 1]])
+    s = table(dim=2, nonfinite="skip")
+    stats = s.add_delta(k(1, 2), bad)
+    assert (stats.skipped_nonfinite, stats.created, stats.applied, s.num_rows) == (1, 1, 1, 1)
+    np.testing.assert_allclose(s.pull(k(2)), [[1.5, 1.5]])
+    r = table(dim=2)
+    with pytest.raises(NonFiniteGradientError) as info:
+        r.add_delta(k(1, 2), bad)
+    assert info.value.field == "deltas" and r.num_rows == 0
+    with pytest.raises(TableInputError, match=r"\(2, 2\)"):
+        r.add_delta(k(1, 2), np.zeros((2, 3), np.float32))

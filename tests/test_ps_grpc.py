@@ -21,8 +21,8 @@ from ps_server import (
     SparseTableConfig,
     Uniform,
 )
-from ps_server.routing import shard_of
-from ps_server.status import PSAlreadyExistsError, PSDeadlineExceededError, PSUnavailableError
+from ps_server.core.routing import shard_of
+from ps_server.rpc.status import PSAlreadyExistsError, PSDeadlineExceededError, PSUnavailableError
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from ps_cluster import cluster

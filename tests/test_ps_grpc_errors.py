@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from ps_server import SGD, Adagrad, DenseTableConfig, SparseTable, SparseTableConfig, Uniform
-from ps_server.proto import ps_pb2, ps_pb2_grpc
-from ps_server.routing import shard_of
-from ps_server.service import SERVICE_NAME, ServerState
-from ps_server.servicer import ParameterServerServicer
-from ps_server.status import PSResourceExhaustedError, status_of
+from ps_server.core.routing import shard_of
+from ps_server.rpc.proto import ps_pb2, ps_pb2_grpc
+from ps_server.rpc.service import SERVICE_NAME, ServerState
+from ps_server.rpc.servicer import ParameterServerServicer
+from ps_server.rpc.status import PSResourceExhaustedError, status_of
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from ps_cluster import cluster

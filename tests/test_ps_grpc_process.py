@@ -14,7 +14,7 @@ import pytest
 
 from collective.env import find_free_port
 from ps_server import PSClient, SparseTable, SparseTableConfig, Uniform
-from ps_server.optimizers import Adagrad
+from ps_server.core.optimizers import Adagrad
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from ps_cluster import start_server_process, stop_process
@@ -108,7 +108,8 @@ def test_table_threads_default_from_env_and_cpus(monkeypatch: pytest.MonkeyPatch
     value names the variable."""
     from collective.env import usable_cpus
     from collective.errors import ConfigError
-    from ps_server import PSServer, kernels
+    from ps_server import PSServer
+    from ps_server.core import kernels
     from ps_server.server import default_table_threads
 
     monkeypatch.delenv("FLEET_PS_TABLE_THREADS", raising=False)

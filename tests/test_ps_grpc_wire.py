@@ -10,12 +10,12 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from collective.errors import ConfigError
-from ps_server.codec import decode_keys, decode_rows, decode_values
 from ps_server.errors import TableInputError
-from ps_server.proto import ps_pb2
-from ps_server.status import BarrierTimeoutError, ServerStoppingError
-from ps_server.sync import Barriers, DenseUploads, SyncRounds
-from ps_server.wire import wire_message
+from ps_server.rpc.codec import decode_keys, decode_rows, decode_values
+from ps_server.rpc.proto import ps_pb2
+from ps_server.rpc.status import BarrierTimeoutError, ServerStoppingError
+from ps_server.rpc.sync import Barriers, DenseUploads, SyncRounds
+from ps_server.rpc.wire import wire_message
 
 
 @pytest.mark.timeout(10)

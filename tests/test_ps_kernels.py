@@ -1,4 +1,4 @@
-"""The compiled sparse-table kernels (ps_server/_kernels.c) against the numpy path they replace.
+"""The compiled sparse-table kernels (ps_server/core/_kernels.c) against the numpy path they replace.
 
 Two tables see the same pulls and pushes — one with the kernels, one with ``kernels.ENABLED``
 switched off — and must hold the same rows, optimizer state, counts and flags afterwards.
@@ -19,9 +19,9 @@ from ps_server import (
     SparseTable,
     SparseTableConfig,
     Uniform,
-    kernels,
 )
 from ps_server.config import NonFinitePolicy
+from ps_server.core import kernels
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -130,7 +130,7 @@ def test_group_by_server_matches_numpy(
 ) -> None:
     """The client's routing: the compiled counting sort gives the numpy path's groups (the
     positions, and the keys at them)."""
-    from ps_server.routing import group_by_server, split_by_server
+    from ps_server.core.routing import group_by_server, split_by_server
 
     keys = np.random.default_rng(num_servers).integers(-(2**63), 2**63 - 1, 50_000, dtype=np.int64)
     keys[:100] = keys[100:200]  # duplicates keep their positions
@@ -192,7 +192,7 @@ def test_pull_into_out_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_first_unowned_matches_shard_of(num_shards: int) -> None:
     """The servers' routing check: the compiled pass finds the first key of a shard the
     server does not own, as ``shard_of`` does."""
-    from ps_server.routing import ROUTE_SALT, shard_of
+    from ps_server.core.routing import ROUTE_SALT, shard_of
 
     rng = np.random.default_rng(num_shards)
     keys = rng.integers(-(2**63), 2**63 - 1, 20_000, dtype=np.int64)

@@ -1,4 +1,4 @@
-"""The same-host shared-memory path of sparse pulls and pushes (ps_server/shm.py) against live
+"""The same-host shared-memory path of sparse pulls and pushes (ps_server/rpc/shm.py) against live
 servers: the same results as TCP, the fallback when a server cannot attach, a server that lost
 its segments, bad segment requests, and nothing left in /dev/shm."""
 
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from ps_server import Adagrad, PSClient, SparseTableConfig, Uniform
-from ps_server.proto import ps_pb2, ps_pb2_grpc
-from ps_server.shm import MIN_SHM_BYTES, SHM_DIR
-from ps_server.status import PSFailedPreconditionError
+from ps_server.rpc.proto import ps_pb2, ps_pb2_grpc
+from ps_server.rpc.shm import MIN_SHM_BYTES, SHM_DIR
+from ps_server.rpc.status import PSFailedPreconditionError
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from ps_cluster import cluster, start_server_process, stop_process

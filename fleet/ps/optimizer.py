@@ -1,7 +1,7 @@
 """``fleet.distributed_optimizer`` in parameter-server mode: dense parameters live on the PS.
 
 The torch optimizer the script built names the rule and its hyper-parameters; the servers apply
-the same rule (:mod:`ps_server.optimizers`, torch.optim math) to the dense table, block per
+the same rule (:mod:`ps_server.core.optimizers`, torch.optim math) to the dense table, block per
 parameter. ``step()`` hands this step's gradients to the communicator (sync / async / half-async
 push them to the servers; GEO applies the torch optimizer locally and exchanges deltas every K
 steps) and copies the servers' values back into the parameters.
@@ -63,7 +63,7 @@ def rule_from_torch(opt: torch.optim.Optimizer) -> Any:
 
 
 def _dense_exists(client: Any) -> bool:
-    from ps_server.status import PSNotFoundError
+    from ps_server.rpc.status import PSNotFoundError
 
     try:
         client.pull_dense(DENSE_TABLE, DENSE_BLOCK)

@@ -3,7 +3,7 @@
 Layout of a checkpoint directory (one save per directory)::
 
     <dir>/manifest.<writer>.json        one per saving server ("server-0", "server-1", ...)
-    <dir>/<table>/shard-00007.bin       one per shard (format: ps_server.shard_file)
+    <dir>/<table>/shard-00007.bin       one per shard (format: ps_server.checkpoint.shard_file)
 
 Each server saves the shards it owns and then writes its own manifest (so N servers can save into
 one directory without coordinating): format version, mode, and per table its config (optimizer,
@@ -36,16 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ps_server.checkpoint.shard_file import FORMAT_VERSION, read_shard, write_shard
 from ps_server.config import (
     TableConfig,
     config_diff,
     config_from_dict,
     config_to_dict,
 )
+from ps_server.core.factory import make_table
+from ps_server.core.table import Table
 from ps_server.errors import CheckpointCorruptError, CheckpointError, CheckpointVersionError
-from ps_server.shard_file import FORMAT_VERSION, read_shard, write_shard
-from ps_server.table import Table
-from ps_server.tables import make_table
 
 logger = logging.getLogger(__name__)
 

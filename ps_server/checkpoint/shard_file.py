@@ -36,11 +36,12 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ps_server.core.shard_data import DenseBlockData, DenseShardData, SparseShardData
 from ps_server.errors import CheckpointCorruptError, CheckpointVersionError
 
 MAGIC = b"FLRPSSHD"
@@ -49,42 +50,6 @@ HEADER = struct.Struct("<8sIIBBHIIIQQQQQII")
 assert HEADER.size == 80
 KIND_CODES = {"sparse": 0, "dense": 1}
 MODE_CODES = {"all": 0, "delta": 1}
-
-
-@dataclass
-class SparseShardData:
-    """One shard of a sparse table, as written to / read from a shard file."""
-
-    shard: int
-    keys: np.ndarray  # int64[R]
-    values: np.ndarray  # float32[R, dim]
-    state: np.ndarray  # float32[R, state_dim]
-    count: np.ndarray  # uint32[R]
-    unseen_days: np.ndarray  # uint16[R]
-    flags: np.ndarray  # uint8[R]
-    pending_keys: np.ndarray  # int64[P]
-    pending_count: np.ndarray  # uint32[P]
-    pending_unseen_days: np.ndarray  # uint16[P]
-    pending_flags: np.ndarray  # uint8[P]
-    deleted_keys: np.ndarray  # int64[D]
-    deleted_pending_keys: np.ndarray  # int64[E]
-
-
-@dataclass
-class DenseBlockData:
-    """One named block of a dense table."""
-
-    name: str
-    values: np.ndarray  # float32[numel]
-    state: np.ndarray  # float32[state length]
-
-
-@dataclass
-class DenseShardData:
-    """The blocks of a dense table that hash to one shard."""
-
-    shard: int
-    blocks: list[DenseBlockData] = field(default_factory=list)
 
 
 _SPARSE_ROW_DTYPES = ("<i8", "<f4", "<f4", "<u4", "<u2", "u1")

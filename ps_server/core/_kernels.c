@@ -1,6 +1,6 @@
 /* Compiled kernels of the sparse table's hot path (lookup and push), optional.
  *
- * ps_server/kernels.py loads this module when it was built (pip install builds it with the C
+ * ps_server/core/kernels.py loads this module when it was built (pip install builds it with the C
  * compiler it finds; setup.py makes the build optional) and falls back to the numpy code
  * otherwise. Both paths compute the same thing; tests/test_ps_kernels.py checks them against
  * each other. Arrays arrive through the buffer protocol (no numpy headers needed); kernels run
@@ -10,7 +10,7 @@
  * the (serial) duplicate detection.
  *
  *   probe(slots i32[S], stored_keys i64[C], query i64[n], out i64[n][, threads])
- *       the row of each key in the open-addressing index of ps_server/hash_index.py
+ *       the row of each key in the open-addressing index of ps_server/core/hash_index.py
  *       (home slot = mix64(key ^ INDEX_SALT) & (S - 1), linear probing, -1 empty,
  *       -2 tombstone), -1 where absent.
  *   gather(src [C, ...], rows i64[n], out [n, ...][, threads])
@@ -25,11 +25,11 @@
  *        flags u8[C], rows i64[n], grads f32[n,dim][, threads]) -> distinct rows updated
  *       sums the gradients of duplicated rows (float64 accumulation, occurrence order), then
  *       applies rule 0 = sgd, 1 = adagrad, 2 = adam with the same float32 arithmetic as
- *       ps_server/optimizers.py, clips to the weight bounds, adds the occurrences to count
+ *       ps_server/core/optimizers.py, clips to the weight bounds, adds the occurrences to count
  *       (saturating), sets unseen = 0 and flags |= SEEN | DIRTY.
  *   group(keys i64[n], salt u64, num_shards, num_servers, out i64[n][, keys_out i64[n]])
  *         -> [count per server]
- *       the client's routing (ps_server/routing.py): server = mix64(key ^ salt) % num_shards
+ *       the client's routing (ps_server/core/routing.py): server = mix64(key ^ salt) % num_shards
  *       % num_servers; out = the positions of the keys grouped by server, ascending within
  *       a server (a stable counting sort); keys_out = keys[out], written in the same pass.
  */

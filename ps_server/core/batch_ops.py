@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ps_server import kernels
+from ps_server.core import kernels
 
 
 def row_view(a: np.ndarray) -> np.ndarray:

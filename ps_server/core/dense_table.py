@@ -5,7 +5,7 @@ parameter's initial value; a second ``init`` with identical values is a no-op, w
 an error — after a checkpoint load, ``pull`` the loaded value instead). ``push(name, grad)``
 applies the table's optimizer rule to the whole block at once (state per element; Adam's step per
 block, as for a torch parameter). Blocks are spread over ``num_shards`` shards by a stable hash of
-their name (:func:`ps_server.routing.block_shard`); a server holds the blocks of its shards.
+their name (:func:`ps_server.core.routing.block_shard`); a server holds the blocks of its shards.
 Values are stored flat: the client keeps the shapes.
 """
 
@@ -17,17 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from ps_server.batch_ops import all_finite
 from ps_server.config import DenseTableConfig, NonFinitePolicy
+from ps_server.core.batch_ops import all_finite
+from ps_server.core.routing import block_shard
+from ps_server.core.shard_data import DenseBlockData, DenseShardData
+from ps_server.core.table import Table
 from ps_server.errors import (
     NonFiniteGradientError,
     TableInputError,
     TableNotFoundError,
     WrongShardError,
 )
-from ps_server.routing import block_shard
-from ps_server.shard_file import DenseBlockData, DenseShardData
-from ps_server.table import Table
 
 
 @dataclass
@@ -89,7 +89,7 @@ class DenseTable(Table):
                 self.name,
                 "name",
                 f"block {name!r} is in shard {shard}, which this server does not "
-                "own; route blocks with ps_server.routing.block_shard",
+                "own; route blocks with ps_server.block_shard",
             )
         return name
 

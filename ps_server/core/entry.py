@@ -10,8 +10,8 @@ admitted, so the worker sees no jump at admission), and a push of them is droppe
 * no policy (``entry=None``): every key is admitted on first pull or push (Paddle's default).
 * :class:`CountFilterEntry` ``(n)``: admitted by the push that brings its count to ``n``
   (Paddle's ``CountFilterEntry(count_filter)``; the count is the "show" count — see
-  :mod:`ps_server.sparse_table`). Until then only ``(key, count, unseen_days)`` is kept in a small
-  side store, not a full row. That push's gradient is applied to the new row.
+  :mod:`ps_server.core.sparse_table`). Until then only ``(key, count, unseen_days)`` is kept in a
+  small side store, not a full row. That push's gradient is applied to the new row.
 * :class:`ProbabilityEntry` ``(p)``: admitted with probability ``p``, decided once per
   (table, key, seed) — a refused key stays refused (feature hashing-style sampling).
 
@@ -41,8 +41,8 @@ from typing import ClassVar
 import numpy as np
 
 from collective.typed_config import require
-from ps_server.hashing import KeyRNG
-from ps_server.registry import Registered
+from ps_server.core.hashing import KeyRNG
+from ps_server.core.registry import Registered
 
 
 @dataclass(frozen=True)

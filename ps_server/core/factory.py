@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ps_server.config import DenseTableConfig, SparseTableConfig, TableConfig
-from ps_server.dense_table import DenseTable
-from ps_server.sparse_table import SparseTable
-from ps_server.table import Table
+from ps_server.core.dense_table import DenseTable
+from ps_server.core.sparse_table import SparseTable
+from ps_server.core.table import Table
 
 
 def make_table(

@@ -12,7 +12,7 @@ table) drops them.
 
 :class:`DictIndex` is the plain-Python peer (a ``dict`` key → row) with the same interface, kept
 for tests (as an oracle) and for ``bench/bench_ps_memory.py``, which measures both in one run.
-See :mod:`ps_server.row_store` for the numbers behind choosing the hash index.
+See :mod:`ps_server.core.row_store` for the numbers behind choosing the hash index.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import sys
 
 import numpy as np
 
-from ps_server import kernels
-from ps_server.hashing import salted_hash
+from ps_server.core import kernels
+from ps_server.core.hashing import salted_hash
 
 EMPTY = -1
 TOMBSTONE = -2
 INDEX_SALT = 0x2545F4914F6CDD1D
-"""Salt of the index hash (independent of the routing hash, see ps_server.routing)."""
+"""Salt of the index hash (independent of the routing hash, see ps_server.core.routing)."""
 MAX_LOAD = 0.7
 """Rebuild when live + deleted slots would exceed this fraction of the table."""
 GROW_LOAD = 0.5

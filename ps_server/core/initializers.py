@@ -1,6 +1,6 @@
 """Initial values of sparse rows, deterministic per (table, key, seed).
 
-An initializer turns a :class:`~ps_server.hashing.KeyRNG` (counter-based, keyed by table name,
+An initializer turns a :class:`~ps_server.core.hashing.KeyRNG` (counter-based, keyed by table name,
 seed and key) into ``float32[n, dim]``. Column ``j`` of a key depends only on
 ``(table, seed, key, j)`` — not on the shard, the server, the batch or the order of arrival — so
 every server (and a client computing the value of a not-yet-admitted key) gets the same row.
@@ -28,8 +28,8 @@ from typing import ClassVar
 import numpy as np
 
 from collective.typed_config import require
-from ps_server.hashing import KeyRNG
-from ps_server.registry import Registered
+from ps_server.core.hashing import KeyRNG
+from ps_server.core.registry import Registered
 
 _MAX_ATTEMPTS = 256
 

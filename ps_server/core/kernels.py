@@ -22,8 +22,10 @@ import os
 
 import numpy as np
 
+from ps_server.core.optimizers import SGD, Adagrad, Adam
+
 try:
-    from ps_server import _kernels as _c
+    from ps_server.core import _kernels as _c
 except ImportError:  # not built (no C compiler at install time)
     _c = None
 
@@ -88,8 +90,6 @@ def first_unowned(keys: np.ndarray, salt: int, owned: np.ndarray) -> int:
 
 def push_hyper(rule: object) -> tuple[int, np.ndarray] | None:
     """(rule id, float64 hyper-parameters) of a built-in rule, or None (use numpy)."""
-    from ps_server.optimizers import SGD, Adagrad, Adam
-
     if not ENABLED or type(rule) not in (SGD, Adagrad, Adam):
         return None
     h = np.zeros(8, dtype=np.float64)

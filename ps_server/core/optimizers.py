@@ -38,7 +38,7 @@ from typing import ClassVar
 import numpy as np
 
 from collective.typed_config import require
-from ps_server.registry import Registered
+from ps_server.core.registry import Registered
 
 
 @dataclass(frozen=True)

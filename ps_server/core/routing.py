@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from collective.errors import ConfigError
-from ps_server import kernels
-from ps_server.hashing import name_hash, salted_hash
+from ps_server.core import kernels
+from ps_server.core.hashing import name_hash, salted_hash
 
 ROUTE_SALT = 0x5851F42D4C957F2D
 """Salt of the key → shard hash (never change it: shard files depend on it)."""

@@ -4,7 +4,7 @@ A :class:`RowStore` keeps, per row, a key (``int64``), a flags byte (live / chan
 last save / pushed since the last end_day) and any named columns (a sparse table uses
 ``values f32[dim]``, ``state f32[state_dim]``, ``count u32``, ``unseen_days u16``). No Python
 object per row: a row is an index into the arrays, found through
-:class:`~ps_server.hash_index.HashIndex`.
+:class:`~ps_server.core.hash_index.HashIndex`.
 
 Growth is geometric by 1.25x (amortised O(1) appends: every row is copied about 4 times over the
 life of the store) rather than 2x: doubling leaves up to 50 % of the arrays unused right after a
@@ -41,10 +41,10 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ps_server import kernels
-from ps_server.batch_ops import row_view
+from ps_server.core import kernels
+from ps_server.core.batch_ops import row_view
+from ps_server.core.hash_index import HashIndex, KeyIndex
 from ps_server.errors import TableCapacityError
-from ps_server.hash_index import HashIndex, KeyIndex
 
 logger = logging.getLogger(__name__)
 

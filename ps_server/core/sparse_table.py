@@ -1,8 +1,9 @@
 """Sparse (embedding) table: int64 keys → float32 rows, server-side optimizer, admission, aging.
 
 One :class:`SparseTable` per (table, server) holds the rows of the shards that server owns, in one
-:class:`~ps_server.row_store.RowStore` (the shard is a pure function of the key, recomputed when a
-checkpoint is written per shard). Calls are vectorised over a batch and thread-safe (one lock).
+:class:`~ps_server.core.row_store.RowStore` (the shard is a pure function of the key, recomputed
+when a checkpoint is written per shard, :mod:`ps_server.core.sparse_shards`). Calls are vectorised
+over a batch and thread-safe (one lock).
 
 Semantics (Paddle's ``MemorySparseTable`` + ``CtrCommonAccessor`` where they apply):
 
@@ -13,6 +14,7 @@ Semantics (Paddle's ``MemorySparseTable`` + ``CtrCommonAccessor`` where they app
   keep a row alive) — as in Paddle, where only the push (``Update``) resets them.
 * ``push(keys, grads)`` sums the gradients of duplicated keys first, then applies the rule once
   per distinct row. A missing key is created (subject to the entry policy) and then updated.
+* ``add_delta(keys, deltas)`` (GEO) adds parameter deltas to the rows, no optimizer rule.
 * ``count`` — Paddle's *show* count: the number of occurrences of the key in pushes (a key twice
   in one push counts 2, as Paddle's per-instance show of 1 is summed). Pulls do not count.
   ``CountFilterEntry(n)`` admits a key by the push that brings this count to ``n``.
@@ -29,7 +31,7 @@ Semantics (Paddle's ``MemorySparseTable`` + ``CtrCommonAccessor`` where they app
   anything changes; ``"skip"`` drops the rows (occurrences) that carry NaN/inf and counts them.
 
 Storage is column arrays + a numpy open-addressing hash index, not a Python object per key; why,
-with the measured memory and throughput of the alternatives, is in :mod:`ps_server.row_store`
+with the measured memory and throughput of the alternatives, is in :mod:`ps_server.core.row_store`
 (1 M rows at dim 8 with Adagrad: 1.12x the payload, pull 7.8 M rows/s, push 2.75 M rows/s at
 64k-key batches on 2 CPU cores).
 """
@@ -43,22 +45,22 @@ from typing import Any
 
 import numpy as np
 
-from ps_server import kernels
-from ps_server.batch_ops import all_finite, saturating_add, sum_duplicates
 from ps_server.config import NonFinitePolicy, SparseTableConfig
+from ps_server.core import kernels, sparse_shards
+from ps_server.core.batch_ops import all_finite, saturating_add, sum_duplicates
+from ps_server.core.hash_index import HashIndex, KeyIndex
+from ps_server.core.hashing import KeyRNG
+from ps_server.core.optimizers import RowsMeta
+from ps_server.core.routing import ROUTE_SALT, shard_of
+from ps_server.core.row_store import DIRTY, LIVE, SEEN, RowStore
+from ps_server.core.shard_data import SparseShardData
+from ps_server.core.table import Table
 from ps_server.errors import (
     NonFiniteGradientError,
     TableCapacityError,
     TableInputError,
     WrongShardError,
 )
-from ps_server.hash_index import HashIndex, KeyIndex
-from ps_server.hashing import KeyRNG
-from ps_server.optimizers import RowsMeta
-from ps_server.routing import ROUTE_SALT, shard_of
-from ps_server.row_store import DIRTY, LIVE, SEEN, RowStore
-from ps_server.shard_file import SparseShardData
-from ps_server.table import Table
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +224,7 @@ class SparseTable(Table):
                 f"{int(wrong.sum())} of {keys.shape[0]} keys (e.g. {int(keys[wrong][0])}) "
                 "belong "
                 f"to shards this server does not own (it owns {len(self.shards)} of "
-                f"{self.config.num_shards}); route keys with ps_server.routing.group_by_server",
+                f"{self.config.num_shards}); route keys with ps_server.group_by_server",
             )
 
     def _check_grads(self, keys: np.ndarray, grads: Any) -> np.ndarray:
@@ -355,14 +357,7 @@ class SparseTable(Table):
         keys = self._check_keys(keys)
         grads = self._check_grads(keys, grads)
         n = int(keys.shape[0])
-        skipped = 0
-        if not all_finite(grads):
-            finite = np.isfinite(grads)
-            bad_rows = ~finite.all(axis=1)
-            if self.config.nonfinite is NonFinitePolicy.REJECT:
-                raise NonFiniteGradientError(self.name, int((~finite).sum()), int(bad_rows.sum()))
-            skipped = int(bad_rows.sum())
-            keys, grads = keys[~bad_rows], grads[~bad_rows]
+        keys, grads, skipped = self._drop_nonfinite(keys, grads, "grads")
         with self.lock:
             created = filtered = evicted = 0
             rows = self.store.lookup(keys)
@@ -392,6 +387,62 @@ class SparseTable(Table):
             self._counters["nonfinite_skipped"] += skipped
             return PushStats(n, applied, created, filtered, skipped, evicted)
 
+    def _drop_nonfinite(
+        self, keys: np.ndarray, values: np.ndarray, field: str
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """(keys, values, rows dropped) without the rows carrying NaN/inf under
+        ``nonfinite="skip"``; NonFiniteGradientError under ``"reject"``."""
+        if all_finite(values):
+            return keys, values, 0
+        finite = np.isfinite(values)
+        bad_rows = ~finite.all(axis=1)
+        if self.config.nonfinite is NonFinitePolicy.REJECT:
+            raise NonFiniteGradientError(
+                self.name, int((~finite).sum()), int(bad_rows.sum()), field=field
+            )
+        return keys[~bad_rows], values[~bad_rows], int(bad_rows.sum())
+
+    def add_delta(self, keys: np.ndarray, deltas: np.ndarray) -> PushStats:
+        """Add ``deltas`` float32[n, dim] to the rows of ``keys`` int64[n], no optimizer rule
+        (GEO: trainers send ``local - value_at_last_exchange`` every K steps and the deltas of
+        several trainers sum, as in Paddle's ``GeoCommunicator``).
+
+        A missing row is first created as a pull creates it (the entry policy applies; the
+        ``pull_keys`` counter counts these keys), then the delta is added; keys the policy has
+        not admitted are dropped and counted as ``filtered``. Duplicated keys are summed first.
+        A delta marks its rows pushed (``unseen_days = 0``, ``count`` += occurrences) and
+        changed (in the next delta checkpoint). NaN/inf follow ``nonfinite`` as gradients do.
+        """
+        n = int(keys.shape[0])
+        if deltas.shape != (n, self.dim):
+            raise TableInputError(
+                self.name,
+                "grads",
+                f"deltas shape must be (len(keys), dim) = ({n}, {self.dim}), got {deltas.shape}",
+            )
+        keys, deltas, skipped = self._drop_nonfinite(keys, deltas, "deltas")
+        with self.lock:
+            before = self.num_rows
+            self.pull(keys)  # validates the keys (dtype, shard) and creates the admitted rows
+            created = max(self.num_rows - before, 0)
+            st = self.store
+            rows = st.lookup(keys)
+            keep = rows >= 0
+            filtered = int((~keep).sum())
+            if filtered:
+                rows, deltas = rows[keep], deltas[keep]
+            urows, udeltas, occ = sum_duplicates(rows, np.ascontiguousarray(deltas), st.high_water)
+            if urows.shape[0]:
+                values = st.gather("values", urows)
+                values += udeltas
+                st.scatter("values", urows, values)
+                st.cols["count"][urows] = saturating_add(
+                    st.cols["count"][urows], occ, _U32_MAX, np.uint32
+                )
+                st.cols["unseen_days"][urows] = 0
+                st.flags[urows] |= SEEN | DIRTY
+        return PushStats(n, int(urows.shape[0]), created, filtered, skipped, 0)
+
     def _update_pending(
         self, keys: np.ndarray, prow: np.ndarray, counts: np.ndarray, admit: np.ndarray
     ) -> None:
@@ -412,7 +463,7 @@ class SparseTable(Table):
 
     def _apply_grads(self, rows: np.ndarray, grads: np.ndarray) -> int:
         """Sum duplicated rows' gradients and apply the rule once per distinct row; returns the
-        distinct rows (compiled kernel for the built-in rules, see ps_server.kernels)."""
+        distinct rows (compiled kernel for the built-in rules, see ps_server.core.kernels)."""
         fused = self._fused
         if fused is not None:
             return kernels.push(fused[0], fused[1], self.store.cols, self.store.flags, rows, grads)
@@ -482,56 +533,15 @@ class SparseTable(Table):
             return removed
 
     # -- checkpoint hooks ---------------------------------------------------------------------
-    def _by_shard(self, keys: np.ndarray) -> dict[int, np.ndarray]:
-        shards = shard_of(keys, self.config.num_shards)
-        order = np.argsort(shards, kind="stable")
-        bounds = np.searchsorted(shards[order], np.arange(self.config.num_shards + 1))
-        return {s: order[bounds[s] : bounds[s + 1]] for s in self.shards}
-
     def export_shards(self, delta: bool) -> dict[int, SparseShardData]:
         """Per owned shard: all live rows, or (delta) the changed rows and deleted keys."""
-        st = self.store
-        rows = st.rows_with(DIRTY) if delta else st.live_rows()
-        keys = st.keys[rows]
-        by = self._by_shard(keys)
-        deleted = st.take_deleted() if delta else np.zeros(0, dtype=np.int64)
-        del_by = self._by_shard(deleted)
-        if self.pending is not None:
-            pst = self.pending
-            prows = pst.rows_with(DIRTY) if delta else pst.live_rows()
-            pkeys = pst.keys[prows]
-            pdeleted = pst.take_deleted() if delta else np.zeros(0, dtype=np.int64)
-        else:
-            pst, prows, pkeys, pdeleted = (
-                None,
-                np.zeros(0, np.int64),
-                np.zeros(0, np.int64),
-                np.zeros(0, np.int64),
-            )
-        pby, pdel_by = self._by_shard(pkeys), self._by_shard(pdeleted)
-        out = {}
-        for s in self.shards:
-            r = rows[by[s]]
-            pr = prows[pby[s]]
-            out[s] = SparseShardData(
-                shard=s,
-                keys=keys[by[s]],
-                values=st.cols["values"][r],
-                state=st.cols["state"][r],
-                count=st.cols["count"][r],
-                unseen_days=st.cols["unseen_days"][r],
-                flags=st.flags[r] & SEEN,
-                pending_keys=pkeys[pby[s]],
-                pending_count=pst.cols["count"][pr] if pst else np.zeros(0, np.uint32),
-                pending_unseen_days=pst.cols["unseen_days"][pr] if pst else np.zeros(0, np.uint16),
-                pending_flags=(pst.flags[pr] & SEEN) if pst else np.zeros(0, np.uint8),
-                deleted_keys=np.unique(deleted[del_by[s]]),
-                deleted_pending_keys=np.unique(pdeleted[pdel_by[s]]),
-            )
-        return out
+        return sparse_shards.export_shards(
+            self.store, self.pending, self.config.num_shards, self.shards, delta
+        )
 
     def import_shard(self, payload: SparseShardData, delta: bool) -> int:
-        """Upsert one shard's rows (a delta first deletes its deleted keys); returns rows read."""
+        """Upsert one shard's rows (a delta first deletes its deleted keys); returns rows read.
+        The payload is checked before anything changes."""
         d = payload
         if d.shard not in self.shards:
             raise TableInputError(
@@ -542,48 +552,14 @@ class SparseTable(Table):
                 raise TableInputError(
                     self.name, "shard", f"the file of shard {d.shard} holds keys of other shards"
                 )
-        if delta:
-            for store, gone in (
-                (self.store, d.deleted_keys),
-                (self.pending, d.deleted_pending_keys),
-            ):
-                if store is not None and gone.shape[0]:
-                    rows = store.lookup(gone)
-                    store.remove_rows(rows[rows >= 0], log=False)
-        self._upsert(
-            self.store,
-            d.keys,
-            d.flags,
-            {"values": d.values, "state": d.state, "count": d.count, "unseen_days": d.unseen_days},
-        )
-        if d.pending_keys.shape[0]:
-            if self.pending is None:
-                raise TableInputError(
-                    self.name,
-                    "entry",
-                    "the checkpoint has count-filter keys but this table's "
-                    "entry policy does not count",
-                )
-            self._upsert(
-                self.pending,
-                d.pending_keys,
-                d.pending_flags,
-                {"count": d.pending_count, "unseen_days": d.pending_unseen_days},
+        if d.pending_keys.shape[0] and self.pending is None:
+            raise TableInputError(
+                self.name,
+                "entry",
+                "the checkpoint has count-filter keys but this table's entry policy does not count",
             )
+        sparse_shards.import_shard(self.store, self.pending, d, delta)
         return int(d.keys.shape[0])
-
-    @staticmethod
-    def _upsert(
-        store: RowStore, keys: np.ndarray, flags: np.ndarray, cols: dict[str, np.ndarray]
-    ) -> None:
-        if keys.shape[0] == 0:
-            return
-        rows = store.lookup(keys)
-        new = rows < 0
-        rows[new] = store.allocate(keys[new])
-        for name, values in cols.items():
-            store.scatter(name, rows, values)
-        store.flags[rows] = LIVE | (flags & SEEN)
 
     def clear(self) -> None:
         """Drop every row, pending key and change record."""

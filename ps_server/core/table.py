@@ -7,7 +7,8 @@ the checkpoint code holds it for a whole save or load of the table), and exports
 state one shard at a time, which is what makes N → M server resharding work.
 
 A new kind of table subclasses :class:`Table`, sets ``KIND``, implements the abstract methods and
-a shard payload type that :mod:`ps_server.shard_file` can encode.
+a shard payload type (:mod:`ps_server.core.shard_data`) that :mod:`ps_server.checkpoint.shard_file`
+can encode.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from collective.errors import ConfigError
-from ps_server.routing import shards_of_server
+from ps_server.core.routing import shards_of_server
 
 
 class Table(abc.ABC):

@@ -1,6 +1,6 @@
 """The transport under :class:`ps_server.client.PSClient`: one gRPC channel per server, calls
 sent at once and awaited, retries and deadlines, health checks, and the same-host shared-memory
-path (:mod:`ps_server.shm`).
+path (:mod:`ps_server.rpc.shm`).
 
 Retries: idempotent calls (pulls, CreateTable, ListTables, InitDense, Stats, health) are retried
 up to ``retries`` times with exponential backoff on UNAVAILABLE / DEADLINE_EXCEEDED, each attempt
@@ -11,7 +11,7 @@ round boundary go wrong) or add a GEO delta twice. (gRPC's built-in retry policy
 shares one deadline across attempts and cannot retry DEADLINE_EXCEEDED.)
 
 Shared memory: a large sparse request to a server on this host leases a segment of this client
-(created and attached on first use, see :mod:`ps_server.shm`); a server that cannot attach one
+(created and attached on first use, see :mod:`ps_server.rpc.shm`); a server that cannot attach one
 (another host or container, an older server) gets TCP from then on. A server that lost its
 segments (it restarted) answers FAILED_PRECONDITION; the client drops them, and a pull is retried
 once over fresh ones (a push is not: it raises, as any failed push does).
@@ -32,19 +32,19 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from collective.errors import ConfigError
-from ps_server import shm as shm_mod
-from ps_server.proto import ps_pb2
-from ps_server.routing import split_for_messages
-from ps_server.server import DEFAULT_MAX_MESSAGE_MB, MIB, grpc_message_options
-from ps_server.service import SERVICE_NAME
-from ps_server.shm import Segment
-from ps_server.status import (
+from ps_server.core.routing import split_for_messages
+from ps_server.rpc import shm as shm_mod
+from ps_server.rpc.channel_options import DEFAULT_MAX_MESSAGE_MB, MIB, grpc_message_options
+from ps_server.rpc.proto import ps_pb2
+from ps_server.rpc.service import SERVICE_NAME
+from ps_server.rpc.shm import Segment
+from ps_server.rpc.status import (
     PSDeadlineExceededError,
     PSFailedPreconditionError,
     PSRpcError,
     rpc_error,
 )
-from ps_server.wire import wire_message
+from ps_server.rpc.wire import wire_message
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ _PULL_SPARSE_RESPONSE = wire_message(ps_pb2.PullSparseResponse)
 
 def _methods(channel: grpc.Channel) -> dict[str, Any]:
     """The service's methods on ``channel``: generated (de)serializers, except the sparse
-    pull/push, which go through :mod:`ps_server.wire` (requests are encoded by the caller)."""
+    pull/push, which go through :mod:`ps_server.rpc.wire` (requests are encoded by the caller)."""
     service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
     out = {}
     for m in service.methods:
@@ -111,7 +111,7 @@ class RpcClient:
         """``timeout_s``: deadline of each attempt; ``retries``: extra attempts of idempotent
         calls; ``max_message_mb``: largest message this client sends or accepts (larger requests
         are split); ``shm``: move large sparse requests to servers on this host through shared
-        memory (:mod:`ps_server.shm`; None: unless ``FLEET_PS_SHM=0``), for requests up to
+        memory (:mod:`ps_server.rpc.shm`; None: unless ``FLEET_PS_SHM=0``), for requests up to
         ``shm_max_mb``."""
         eps = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
         eps = [e.strip() for e in eps if e.strip()]
@@ -207,7 +207,7 @@ class RpcClient:
         per = max(1, self._payload_bytes // row_bytes)
         return split_for_messages(keys, per, keep_keys_together)
 
-    # -- same-host shared memory (ps_server/shm.py) -----------------------------------------------
+    # -- same-host shared memory (ps_server/rpc/shm.py) -------------------------------------------
     def _lease(self, server: int, num_keys: int, dim: int) -> Segment | None:
         """A shared-memory segment for a request of ``num_keys`` rows to ``server``, or None
         (TCP: small request, shm off, or the server is not on this host)."""

@@ -2,15 +2,15 @@
 
 gRPC route_guide style: each RPC is a module-level function ``op(state, request) -> response``
 on protobuf messages (no gRPC in them; tests may call them directly); the thin servicer of
-:mod:`ps_server.servicer` counts the request, calls the function and turns an exception into a
-status code through :func:`ps_server.status.status_of` — the one mapping. The server
+:mod:`ps_server.rpc.servicer` counts the request, calls the function and turns an exception into a
+status code through :func:`ps_server.rpc.status.status_of` — the one mapping. The server
 (:mod:`ps_server.server`) owns the gRPC objects. A bad request never changes a table: every
 check runs before the table is touched (the tables validate before they mutate, too).
 
 Push modes (``PushMode``): ``APPLY`` applies the table's optimizer rule now (async training);
 ``SYNC`` accumulates the W pushes of a round and applies their mean once
-(:mod:`ps_server.sync` documents the exact semantics); ``DELTA`` adds the values to the rows
-without an optimizer (GEO, :mod:`ps_server.table_ops`).
+(:mod:`ps_server.rpc.sync` documents the exact semantics); ``DELTA`` adds the values to the rows
+without an optimizer (GEO, :meth:`SparseTable.add_delta` / :meth:`DenseTable.add`).
 """
 
 from __future__ import annotations
@@ -27,24 +27,24 @@ from typing import Any
 import numpy as np
 
 from collective.errors import ConfigError
-from ps_server import checkpoint, shm
-from ps_server.batch_ops import all_finite
-from ps_server.codec import decode_keys, decode_rows, decode_values
+from ps_server import checkpoint
 from ps_server.config import NonFinitePolicy, check_same_config, config_from_dict, config_to_dict
-from ps_server.dense_table import DenseTable
+from ps_server.core.batch_ops import all_finite
+from ps_server.core.dense_table import DenseTable
+from ps_server.core.factory import make_table
+from ps_server.core.sparse_table import PushStats, SparseTable
+from ps_server.core.table import Table
 from ps_server.errors import (
     CheckpointError,
     NonFiniteGradientError,
     TableInputError,
     TableNotFoundError,
 )
-from ps_server.proto import ps_pb2
-from ps_server.sparse_table import PushStats, SparseTable
-from ps_server.status import RequestDecodeError
-from ps_server.sync import Barriers, DenseUploads, SyncRounds
-from ps_server.table import Table
-from ps_server.table_ops import add_sparse_delta
-from ps_server.tables import make_table
+from ps_server.rpc import shm
+from ps_server.rpc.codec import decode_keys, decode_rows, decode_values
+from ps_server.rpc.proto import ps_pb2
+from ps_server.rpc.status import RequestDecodeError
+from ps_server.rpc.sync import Barriers, DenseUploads, SyncRounds
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class ServerState:
     """Called by the Stop RPC (the server stops itself after replying)."""
     endpoint: str = ""
     shm: shm.ShmRegistry = field(default_factory=shm.ShmRegistry)
-    """Shared-memory segments of same-host clients (:mod:`ps_server.shm`)."""
+    """Shared-memory segments of same-host clients (:mod:`ps_server.rpc.shm`)."""
 
     def count_event(self, name: str) -> None:
         """Add one to server-level counter ``name``."""
@@ -167,7 +167,7 @@ def list_tables(state: ServerState, req: ps_pb2.ListTablesRequest) -> ps_pb2.Lis
 @dataclass(frozen=True)
 class PullSparseReply:
     """The PullSparseResponse of :func:`pull_sparse`, kept as an array until it is written
-    (:mod:`ps_server.wire` encodes it with one copy)."""
+    (:mod:`ps_server.rpc.wire` encodes it with one copy)."""
 
     values: np.ndarray
     dim: int
@@ -184,7 +184,7 @@ def _sparse_arrays(
     state: ServerState, table: SparseTable, req: Any, with_rows: bool
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(keys, rows / grads or None) of a sparse request: views of its shared-memory segment
-    (:mod:`ps_server.shm`) or of its packed bytes."""
+    (:mod:`ps_server.rpc.shm`) or of its packed bytes."""
     if req.shm_segment:
         if req.keys or getattr(req, "grads", b""):
             raise RequestDecodeError(f"{table.name}: a shm request carries no keys / grads bytes")
@@ -196,7 +196,7 @@ def _sparse_arrays(
 
 def pull_sparse(state: ServerState, req: Any) -> PullSparseReply:
     """Rows of the keys (created with their initial value when admitted); ``req`` is a
-    PullSparseRequest (or its :mod:`ps_server.wire` view)."""
+    PullSparseRequest (or its :mod:`ps_server.rpc.wire` view)."""
     table = get_table(state, req.table, "sparse")
     assert isinstance(table, SparseTable)
     keys, out = _sparse_arrays(state, table, req, with_rows=False)
@@ -206,7 +206,7 @@ def pull_sparse(state: ServerState, req: Any) -> PullSparseReply:
 
 def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
     """APPLY / SYNC / DELTA push of gradients (or deltas) for the keys; ``req`` is a
-    PushSparseRequest (or its :mod:`ps_server.wire` view)."""
+    PushSparseRequest (or its :mod:`ps_server.rpc.wire` view)."""
     table = get_table(state, req.table, "sparse")
     assert isinstance(table, SparseTable)
     mode = _mode(table.name, req.mode)
@@ -215,7 +215,7 @@ def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
     if mode == "apply":
         return _push_response(table.push(keys, grads))
     if mode == "delta":
-        return _push_response(add_sparse_delta(table, keys, grads))
+        return _push_response(table.add_delta(keys, grads))
     table.check_owned(keys)
     _check_finite(table, grads, "grads")
     if req.shm_segment:  # kept until the round completes: the segment is reused meanwhile
@@ -409,7 +409,7 @@ def stop(state: ServerState, req: ps_pb2.StopRequest) -> ps_pb2.StopResponse:
 
 
 def shm_attach(state: ServerState, req: ps_pb2.ShmAttachRequest) -> ps_pb2.ShmAttachResponse:
-    """Map a same-host client's shared-memory segment (:mod:`ps_server.shm`)."""
+    """Map a same-host client's shared-memory segment (:mod:`ps_server.rpc.shm`)."""
     state.shm.attach(req.segment, req.token)
     return ps_pb2.ShmAttachResponse()
 

@@ -1,12 +1,12 @@
 """The gRPC side of the parameter server: a thin servicer over the RPC functions of
-:mod:`ps_server.service`, and its registration.
+:mod:`ps_server.rpc.service`, and its registration.
 
 :class:`ParameterServerServicer` counts the request, calls the function and turns an exception
-into a status code through :func:`ps_server.status.status_of` (the one mapping); it records the
+into a status code through :func:`ps_server.rpc.status.status_of` (the one mapping); it records the
 request's metrics (:mod:`ps_server.telemetry`). :func:`add_servicer_to_server` registers it with a
 lenient request parser (a body that is not the method's message becomes INVALID_ARGUMENT; gRPC's
-own parser would answer INTERNAL) and the zero-copy codec of :mod:`ps_server.wire` for the sparse
-pull / push messages.
+own parser would answer INTERNAL) and the zero-copy codec of :mod:`ps_server.rpc.wire` for the
+sparse pull / push messages.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from google.protobuf.message import DecodeError, Message
 
 from ps_server import telemetry
 from ps_server.errors import NonFiniteGradientError
-from ps_server.proto import ps_pb2, ps_pb2_grpc
-from ps_server.service import (
+from ps_server.rpc.proto import ps_pb2, ps_pb2_grpc
+from ps_server.rpc.service import (
     MAX_DETAILS_CHARS,
     SERVICE_NAME,
     PullSparseReply,
@@ -45,8 +45,8 @@ from ps_server.service import (
     stats,
     stop,
 )
-from ps_server.status import RequestDecodeError, status_of
-from ps_server.wire import wire_message
+from ps_server.rpc.status import RequestDecodeError, status_of
+from ps_server.rpc.wire import wire_message
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ _FAST_REQUESTS = {
     "PullSparse": wire_message(ps_pb2.PullSparseRequest).decode,
     "PushSparse": wire_message(ps_pb2.PushSparseRequest).decode,
 }
-"""Requests parsed by :mod:`ps_server.wire` (zero-copy views of the packed arrays)."""
+"""Requests parsed by :mod:`ps_server.rpc.wire` (zero-copy views of the packed arrays)."""
 
 
 def _lenient(type_name: str, parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
@@ -197,7 +197,7 @@ def _serialize(reply: Any) -> bytes:
 def add_servicer_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
     """Register ``servicer`` like the generated ``add_ParameterServerServicer_to_server``, but
     with request parsing that turns an undecodable body into INVALID_ARGUMENT, and the
-    zero-copy codec of :mod:`ps_server.wire` for the sparse pull/push messages."""
+    zero-copy codec of :mod:`ps_server.rpc.wire` for the sparse pull/push messages."""
     service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
     handlers = {
         m.name: grpc.unary_unary_rpc_method_handler(

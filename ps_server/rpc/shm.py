@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ps_server.errors import ShmSegmentError
-from ps_server.status import RequestDecodeError
+from ps_server.rpc.status import RequestDecodeError
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from collective.errors import ConfigError
 from ps_server.errors import TableInputError
-from ps_server.status import BarrierTimeoutError, ServerStoppingError
+from ps_server.rpc.status import BarrierTimeoutError, ServerStoppingError
 
 logger = logging.getLogger(__name__)
 

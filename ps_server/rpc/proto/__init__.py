@@ -10,6 +10,6 @@ Python modules, committed to the repository.
   the headers of the generated files (the script prints them): raise the bounds with it.
 
 Keys, rows and dense values travel as packed little-endian bytes (int64 keys, float32 values),
-table configs and stats as JSON strings; :mod:`ps_server.wire` reads and writes the messages
+table configs and stats as JSON strings; :mod:`ps_server.rpc.wire` reads and writes the messages
 with large arrays without extra copies (same wire format).
 """

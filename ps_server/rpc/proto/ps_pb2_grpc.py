@@ -5,7 +5,7 @@
 import grpc
 import warnings
 
-from ps_server.proto import ps_pb2 as ps__server_dot_proto_dot_ps__pb2
+from ps_server.rpc.proto import ps_pb2 as ps__server_dot_rpc_dot_proto_dot_ps__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -20,7 +20,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in ps_server/proto/ps_pb2_grpc.py depends on'
+        + ' but the generated code in ps_server/rpc/proto/ps_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -28,7 +28,7 @@ if _version_not_supported:
 
 
 class ParameterServerStub:
-    """One parameter server. Errors are gRPC status codes (ps_server/status.py has the mapping):
+    """One parameter server. Errors are gRPC status codes (ps_server/rpc/status.py has the mapping):
     INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION,
     DATA_LOSS, DEADLINE_EXCEEDED (barrier), UNAVAILABLE (stopping), INTERNAL (a bug).
     """
@@ -41,88 +41,88 @@ class ParameterServerStub:
         """
         self.CreateTable = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/CreateTable',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.CreateTableRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.CreateTableResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CreateTableRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CreateTableResponse.FromString,
                 _registered_method=True)
         self.ListTables = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/ListTables',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.ListTablesRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ListTablesResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListTablesRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListTablesResponse.FromString,
                 _registered_method=True)
         self.PullSparse = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/PullSparse',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.PullSparseRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.PullSparseResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullSparseRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullSparseResponse.FromString,
                 _registered_method=True)
         self.PushSparse = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/PushSparse',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.PushSparseRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.PushSparseResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushSparseRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushSparseResponse.FromString,
                 _registered_method=True)
         self.InitDense = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/InitDense',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.InitDenseRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.InitDenseResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.InitDenseRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.InitDenseResponse.FromString,
                 _registered_method=True)
         self.PullDense = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/PullDense',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.PullDenseRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.PullDenseResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullDenseRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullDenseResponse.FromString,
                 _registered_method=True)
         self.PushDense = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/PushDense',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.PushDenseRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.PushDenseResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseResponse.FromString,
                 _registered_method=True)
         self.Save = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/Save',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.SaveRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.SaveResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.SaveRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.SaveResponse.FromString,
                 _registered_method=True)
         self.Load = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/Load',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.LoadRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.LoadResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadResponse.FromString,
                 _registered_method=True)
         self.Shrink = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/Shrink',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.ShrinkRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ShrinkResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShrinkRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShrinkResponse.FromString,
                 _registered_method=True)
         self.EndDay = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/EndDay',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.EndDayRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.EndDayResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.EndDayRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.EndDayResponse.FromString,
                 _registered_method=True)
         self.Barrier = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/Barrier',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.BarrierRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.BarrierResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.BarrierRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.BarrierResponse.FromString,
                 _registered_method=True)
         self.ShmAttach = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/ShmAttach',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.ShmAttachRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ShmAttachResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmAttachRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmAttachResponse.FromString,
                 _registered_method=True)
         self.ShmDetach = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/ShmDetach',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.ShmDetachRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ShmDetachResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmDetachRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmDetachResponse.FromString,
                 _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/Stats',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.StatsRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.StatsResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.StatsRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.StatsResponse.FromString,
                 _registered_method=True)
         self.Stop = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/Stop',
-                request_serializer=ps__server_dot_proto_dot_ps__pb2.StopRequest.SerializeToString,
-                response_deserializer=ps__server_dot_proto_dot_ps__pb2.StopResponse.FromString,
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.StopRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.StopResponse.FromString,
                 _registered_method=True)
 
 
 class ParameterServerServicer:
-    """One parameter server. Errors are gRPC status codes (ps_server/status.py has the mapping):
+    """One parameter server. Errors are gRPC status codes (ps_server/rpc/status.py has the mapping):
     INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION,
     DATA_LOSS, DEADLINE_EXCEEDED (barrier), UNAVAILABLE (stopping), INTERNAL (a bug).
     """
@@ -243,83 +243,83 @@ def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreateTable': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTable,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.CreateTableRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.CreateTableResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CreateTableRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CreateTableResponse.SerializeToString,
             ),
             'ListTables': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTables,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ListTablesRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ListTablesResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListTablesRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListTablesResponse.SerializeToString,
             ),
             'PullSparse': grpc.unary_unary_rpc_method_handler(
                     servicer.PullSparse,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.PullSparseRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.PullSparseResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullSparseRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullSparseResponse.SerializeToString,
             ),
             'PushSparse': grpc.unary_unary_rpc_method_handler(
                     servicer.PushSparse,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.PushSparseRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.PushSparseResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushSparseRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushSparseResponse.SerializeToString,
             ),
             'InitDense': grpc.unary_unary_rpc_method_handler(
                     servicer.InitDense,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.InitDenseRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.InitDenseResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.InitDenseRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.InitDenseResponse.SerializeToString,
             ),
             'PullDense': grpc.unary_unary_rpc_method_handler(
                     servicer.PullDense,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.PullDenseRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.PullDenseResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullDenseRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullDenseResponse.SerializeToString,
             ),
             'PushDense': grpc.unary_unary_rpc_method_handler(
                     servicer.PushDense,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.PushDenseRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.PushDenseResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseResponse.SerializeToString,
             ),
             'Save': grpc.unary_unary_rpc_method_handler(
                     servicer.Save,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.SaveRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.SaveResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.SaveRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.SaveResponse.SerializeToString,
             ),
             'Load': grpc.unary_unary_rpc_method_handler(
                     servicer.Load,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.LoadRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.LoadResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadResponse.SerializeToString,
             ),
             'Shrink': grpc.unary_unary_rpc_method_handler(
                     servicer.Shrink,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ShrinkRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ShrinkResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShrinkRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShrinkResponse.SerializeToString,
             ),
             'EndDay': grpc.unary_unary_rpc_method_handler(
                     servicer.EndDay,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.EndDayRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.EndDayResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.EndDayRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.EndDayResponse.SerializeToString,
             ),
             'Barrier': grpc.unary_unary_rpc_method_handler(
                     servicer.Barrier,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.BarrierRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.BarrierResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.BarrierRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.BarrierResponse.SerializeToString,
             ),
             'ShmAttach': grpc.unary_unary_rpc_method_handler(
                     servicer.ShmAttach,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ShmAttachRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ShmAttachResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmAttachRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmAttachResponse.SerializeToString,
             ),
             'ShmDetach': grpc.unary_unary_rpc_method_handler(
                     servicer.ShmDetach,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ShmDetachRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ShmDetachResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmDetachRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmDetachResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.StatsRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.StatsResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.StatsRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.StatsResponse.SerializeToString,
             ),
             'Stop': grpc.unary_unary_rpc_method_handler(
                     servicer.Stop,
-                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.StopRequest.FromString,
-                    response_serializer=ps__server_dot_proto_dot_ps__pb2.StopResponse.SerializeToString,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.StopRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.StopResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -330,7 +330,7 @@ def add_ParameterServerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ParameterServer:
-    """One parameter server. Errors are gRPC status codes (ps_server/status.py has the mapping):
+    """One parameter server. Errors are gRPC status codes (ps_server/rpc/status.py has the mapping):
     INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION,
     DATA_LOSS, DEADLINE_EXCEEDED (barrier), UNAVAILABLE (stopping), INTERNAL (a bug).
     """
@@ -350,8 +350,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/CreateTable',
-            ps__server_dot_proto_dot_ps__pb2.CreateTableRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.CreateTableResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.CreateTableRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.CreateTableResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -377,8 +377,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/ListTables',
-            ps__server_dot_proto_dot_ps__pb2.ListTablesRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.ListTablesResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListTablesRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListTablesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -404,8 +404,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/PullSparse',
-            ps__server_dot_proto_dot_ps__pb2.PullSparseRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.PullSparseResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullSparseRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullSparseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -431,8 +431,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/PushSparse',
-            ps__server_dot_proto_dot_ps__pb2.PushSparseRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.PushSparseResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushSparseRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushSparseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -458,8 +458,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/InitDense',
-            ps__server_dot_proto_dot_ps__pb2.InitDenseRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.InitDenseResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.InitDenseRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.InitDenseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -485,8 +485,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/PullDense',
-            ps__server_dot_proto_dot_ps__pb2.PullDenseRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.PullDenseResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullDenseRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PullDenseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -512,8 +512,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/PushDense',
-            ps__server_dot_proto_dot_ps__pb2.PushDenseRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.PushDenseResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -539,8 +539,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/Save',
-            ps__server_dot_proto_dot_ps__pb2.SaveRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.SaveResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.SaveRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.SaveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -566,8 +566,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/Load',
-            ps__server_dot_proto_dot_ps__pb2.LoadRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.LoadResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -593,8 +593,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/Shrink',
-            ps__server_dot_proto_dot_ps__pb2.ShrinkRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.ShrinkResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShrinkRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShrinkResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -620,8 +620,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/EndDay',
-            ps__server_dot_proto_dot_ps__pb2.EndDayRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.EndDayResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.EndDayRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.EndDayResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -647,8 +647,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/Barrier',
-            ps__server_dot_proto_dot_ps__pb2.BarrierRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.BarrierResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.BarrierRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.BarrierResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -674,8 +674,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/ShmAttach',
-            ps__server_dot_proto_dot_ps__pb2.ShmAttachRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.ShmAttachResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmAttachRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmAttachResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -701,8 +701,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/ShmDetach',
-            ps__server_dot_proto_dot_ps__pb2.ShmDetachRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.ShmDetachResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmDetachRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShmDetachResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -728,8 +728,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/Stats',
-            ps__server_dot_proto_dot_ps__pb2.StatsRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.StatsResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.StatsRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.StatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -755,8 +755,8 @@ class ParameterServer:
             request,
             target,
             '/fleetrun.ps.v1.ParameterServer/Stop',
-            ps__server_dot_proto_dot_ps__pb2.StopRequest.SerializeToString,
-            ps__server_dot_proto_dot_ps__pb2.StopResponse.FromString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.StopRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.StopResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,8 +3,10 @@
 One script for both roles (Paddle style). Servers hold the two embedding tables (wide: dim 1,
 deep: dim ``--embedding_dim``; raw 64-bit ids, no hashing into a fixed table) and the dense MLP
 (Adam on the servers); trainers each generate their contiguous share of one global synthetic
-dataset (:mod:`examples.ctr.data`), train with the strategy's mode, and evaluate AUC with
-``fleet.metrics`` over the union of their test shares. Rank 0 prints a JSON line::
+dataset (:mod:`examples.ctr.data`) -- or, with ``--data_dir`` / ``--files``, read their share of
+slot files (``fleet.util.get_file_shard``; files from ``examples/ctr/gen_slot_files.py``) through a
+``fleet.data`` InMemoryDataset or QueueDataset -- train with the strategy's mode, and evaluate AUC
+with ``fleet.metrics`` over the union of their test shares. Rank 0 prints a JSON line::
 
     {"examples_per_s": ..., "test_auc": ..., "bayes_auc": ..., "mode": "sync", ...}
 
@@ -15,19 +17,23 @@ Same model, data, initialisation scales and learning rates as the single-process
 from __future__ import annotations
 
 import argparse
+import glob
+import gzip
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import fleet
-from examples.ctr.data import CTRDataConfig, generate, roc_auc, shard
+from examples.ctr.data import CTRBatch, CTRDataConfig, generate, roc_auc, shard
 from examples.ctr.model import WideDeep
+from examples.ctr.slots import batch_to_inputs, make_slots
 from ps_server import SGD, Adagrad, Constant, Normal
 
 logger = logging.getLogger("ctr_ps")
@@ -35,7 +41,16 @@ logger = logging.getLogger("ctr_ps")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--train", type=int, default=200_000, help="global training examples")
+    p.add_argument("--train", type=int, default=200_000,
+                   help="global training examples (generated; ignored with --data_dir / --files)")
+    p.add_argument("--data_dir", default="",
+                   help="train from the part-* slot files here instead of generated examples")
+    p.add_argument("--files", nargs="+", default=None, help="slot files (instead of --data_dir)")
+    p.add_argument("--dataset", choices=["inmemory", "queue"], default="inmemory",
+                   help="fleet.data dataset reading the files")
+    p.add_argument("--pipe_command", default="cat",
+                   help='dataset pipe_command; "python examples/ctr/reader.py" for PaddleRec lines')
+    p.add_argument("--reader_threads", type=int, default=2, help="dataset thread_num")
     p.add_argument("--test", type=int, default=50_000, help="global held-out examples")
     p.add_argument("--batch_size", type=int, default=512, help="global batch (split over trainers)")
     p.add_argument("--embedding_dim", type=int, default=16)
@@ -67,6 +82,47 @@ def make_strategy(args: argparse.Namespace) -> fleet.DistributedStrategy:
     return s
 
 
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # ids [B, 26], dense [B, 13], labels [B]
+
+
+def count_lines(paths: list[str]) -> int:
+    """Lines (= examples) in ``paths``, ``.gz`` decompressed."""
+    total = 0
+    for path in paths:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                total += block.count(b"\n")
+    return total
+
+
+def file_batches(args: argparse.Namespace, local_batch: int) -> tuple[int, Iterator[Batch], float]:
+    """(examples, batches, load seconds) of this trainer's share of the slot files."""
+    files = args.files or sorted(glob.glob(os.path.join(args.data_dir, "part-*")))
+    if not files:
+        raise SystemExit(f"no slot files: --files is empty and {args.data_dir!r} has no part-* "
+                         "files (write them with examples/ctr/gen_slot_files.py)")
+    mine = fleet.util.get_file_shard(files)
+    ds = fleet.data.InMemoryDataset() if args.dataset == "inmemory" else fleet.data.QueueDataset()
+    ds.init(batch_size=local_batch, thread_num=args.reader_threads, use_var=make_slots(),
+            pipe_command=args.pipe_command)
+    ds.set_filelist(mine)
+    t0 = time.perf_counter()
+    if args.dataset == "inmemory":
+        ds.load_into_memory()
+        count = int(ds.get_memory_data_size())
+    else:  # streamed while training: sync lockstep needs the step count before the first batch
+        count = count_lines(mine)
+    return count, (batch_to_inputs(b) for b in ds), time.perf_counter() - t0
+
+
+def tensor_batches(train: CTRBatch, local_batch: int) -> Iterator[Batch]:
+    """Consecutive ``local_batch`` slices of generated examples (the last partial one dropped)."""
+    ids, dense, labels = (torch.from_numpy(train.sparse_ids), torch.from_numpy(train.dense),
+                          torch.from_numpy(train.labels))
+    for lo in range(0, len(train) - local_batch + 1, local_batch):
+        yield ids[lo:lo + local_batch], dense[lo:lo + local_batch], labels[lo:lo + local_batch]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -90,36 +146,48 @@ def main(argv: list[str] | None = None) -> None:
     fleet.init_worker()
     opt = fleet.distributed_optimizer(torch.optim.Adam(list(model.dense_parameters()), lr=args.dense_lr))
     rank, world = fleet.worker_index(), fleet.worker_num()
-    start, count = shard(args.train, rank, world)
-    train = generate(data, count, start)
-    ids, dense, labels = (torch.from_numpy(train.sparse_ids), torch.from_numpy(train.dense),
-                          torch.from_numpy(train.labels))
     local_batch = max(args.batch_size // world, 1)
+    from_files = bool(args.data_dir or args.files)
+    load_seconds = 0.0
+    if from_files:
+        count, batches, load_seconds = file_batches(args, local_batch)
+        test_start = int(fleet.metrics.sum(count))  # the files hold examples 0 .. (gen_slot_files)
+    else:
+        start, count = shard(args.train, rank, world)
+        batches = tensor_batches(generate(data, count, start), local_batch)
+        test_start = args.train
     steps = count // local_batch  # same step count on every trainer (sync needs lockstep)
     steps = int(fleet.metrics.min(steps))
     loss_fn = torch.nn.BCEWithLogitsLoss()
     fleet.barrier_worker()
     t0 = time.perf_counter()
+    examples = 0
+    nxt = next(batches, None)
     for step in range(steps):
-        rows = slice(step * local_batch, (step + 1) * local_batch)
-        if args.prefetch and step + 1 < steps:  # async modes: the next batch's rows arrive
-            nxt = ids[(step + 1) * local_batch:(step + 2) * local_batch]  # during this step
-            for emb in model.embedding_modules():
-                emb.prefetch(nxt)
-        loss = loss_fn(model(ids[rows], dense[rows]), labels[rows])
+        if nxt is None:
+            raise RuntimeError(f"the data ran out after {step} of {steps} batches: a dataset must "
+                               "yield full batches except the last one")
+        ids, dense, labels = nxt
+        nxt = next(batches, None) if step + 1 < steps else None
+        if args.prefetch and nxt is not None:  # async modes: the next batch's rows arrive
+            for emb in model.embedding_modules():  # during this step
+                emb.prefetch(nxt[0])
+        loss = loss_fn(model(ids, dense), labels)
         loss.backward()
         opt.step()
         opt.zero_grad()
-        fleet.report(loss=loss, samples=local_batch)  # Prometheus / dashboard (no-op without)
+        examples += labels.shape[0]
+        fleet.report(loss=loss, samples=labels.shape[0])  # Prometheus / dashboard (no-op without)
         if rank == 0 and step % 100 == 0:
             logger.info("step %d/%d loss %.4f", step, steps, loss.item())
     seconds = fleet.metrics.max(time.perf_counter() - t0)
-    trained = fleet.metrics.sum(steps * local_batch)
+    trained = fleet.metrics.sum(examples)
+    load_seconds = float(fleet.metrics.max(load_seconds))
     opt.comm.flush()  # async modes: the last updates are on the servers before evaluation
     fleet.barrier_worker()
 
     t_start, t_count = shard(args.test, rank, world)
-    test = generate(data, t_count, args.train + t_start)
+    test = generate(data, t_count, test_start + t_start)
     state = fleet.metrics.AucState()
     model.eval()
     with torch.no_grad():
@@ -134,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         fleet.save_persistables(args.save, mode=0)
     if rank == 0:
         result = {"mode": args.mode, "trainers": world, "servers": fleet.server_num(),
+                  "source": args.dataset if from_files else "tensors", "load_seconds": load_seconds,
                   "examples": int(trained), "train_seconds": float(seconds),
                   "examples_per_s": float(trained) / float(seconds), "test_auc": auc,
                   "bayes_auc": bayes}

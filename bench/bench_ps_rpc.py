@@ -33,6 +33,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent import futures
 
@@ -145,15 +146,16 @@ def measure(step, batches: list[tuple[np.ndarray, np.ndarray]], first: int, step
 
 
 def start_servers(
-    num_servers: int, max_mb: int, table_threads: int
+    num_servers: int, max_mb: int, table_threads: int, extra: tuple[str, ...] = ()
 ) -> tuple[list[subprocess.Popen], list, list]:
-    """``num_servers`` ps_server processes and as many echo processes: (procs, eps, echo_eps)."""
+    """``num_servers`` ps_server processes (with ``extra`` flags) and as many echo processes:
+    (procs, eps, echo_eps)."""
     procs, eps, echo_eps = [], [], []
     for i in range(num_servers):
         proc, ep = start_process(
             [sys.executable, "-m", "ps_server", "--port", "0", "--server_index", str(i),
              "--num_servers", str(num_servers), "--max_message_mb", str(max_mb),
-             "--table_threads", str(table_threads), "--log_level", "WARNING"]
+             "--table_threads", str(table_threads), "--log_level", "WARNING", *extra]
         )  # fmt: skip
         procs.append(proc)
         eps.append(ep)
@@ -227,6 +229,8 @@ def main() -> None:
     p.add_argument("--table_threads", type=int, default=None,
                    help="servers' --table_threads, also used by the in-process table (default: "
                    "ps_server's, the CPU count up to 8)")
+    p.add_argument("--token", action="store_true",
+                   help="servers require a job token and the clients send it (ps_server.rpc.auth)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if args.echo_server:
@@ -247,13 +251,21 @@ def main() -> None:
     rng = np.random.default_rng(0)
     universe = rng.integers(0, 2**62, size=4 * BATCH, dtype=np.int64)
     rows, extra = [], []
+    token_dir = tempfile.TemporaryDirectory(prefix="bench_ps_rpc_")
+    token, extra_flags = None, ()
+    if args.token:
+        token = "bench-" + os.urandom(16).hex()
+        with open(os.path.join(token_dir.name, "token"), "w") as f:
+            f.write(token)
+        extra_flags = ("--token_file", os.path.join(token_dir.name, "token"))
     for num_servers in [int(s) for s in args.servers.split(",")]:
         procs: list[subprocess.Popen] = []
         try:
-            procs, eps, echo_eps = start_servers(num_servers, args.max_message_mb, threads)
-            client = PSClient(eps, max_message_mb=args.max_message_mb, shm=False)
+            procs, eps, echo_eps = start_servers(num_servers, args.max_message_mb, threads,
+                                                 extra_flags)
+            client = PSClient(eps, max_message_mb=args.max_message_mb, shm=False, token=token)
             client.wait_ready(30)
-            shm_client = PSClient(eps, max_message_mb=args.max_message_mb, shm=True)
+            shm_client = PSClient(eps, max_message_mb=args.max_message_mb, shm=True, token=token)
             echo = EchoClient(echo_eps, args.max_message_mb)
             for dim in [int(d) for d in args.dims.split(",")]:
                 r = bench_dim(client, shm_client, echo, num_servers, dim, rule, rng, universe, args)

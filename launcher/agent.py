@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -139,6 +140,33 @@ def _table_threads_env(env: dict[str, str], nproc_here: int) -> dict[str, str]:
     return {FLEET_PS_TABLE_THREADS: str(max(1, usable_cpus() // max(1, nproc_here)))}
 
 
+FLEET_PS_TOKEN = "FLEET_PS_TOKEN"
+"""The PS job's shared secret, in every server's and trainer's environment (the name
+``ps_server.rpc.auth.TOKEN_ENV`` reads; the launcher does not import ps_server: numpy)."""
+FLEET_PS_CHECKPOINT_ROOT = "FLEET_PS_CHECKPOINT_ROOT"
+"""Directories a server's Save / Load requests may name (``ps_server.checkpoint.roots``)."""
+
+
+def user_ps_token(spec: JobSpec) -> str | None:
+    """FLEET_PS_TOKEN from the job's env or fleetrun's own, if the user set one."""
+    return spec.env.get(FLEET_PS_TOKEN) or os.environ.get(FLEET_PS_TOKEN) or None
+
+
+def job_ps_token(spec: JobSpec) -> str:
+    """The token of a PS job: the user's (:func:`user_ps_token`), else a new random one
+    (``secrets.token_urlsafe(32)``). Never logged."""
+    return user_ps_token(spec) or secrets.token_urlsafe(32)
+
+
+def ps_checkpoint_root_env(env: dict[str, str], log_dir: str, cwd: str) -> dict[str, str]:
+    """FLEET_PS_CHECKPOINT_ROOT for a server: the directory fleetrun runs in (where relative
+    save paths land) and the job's log directory, unless the job's env sets it."""
+    if FLEET_PS_CHECKPOINT_ROOT in env:
+        return {}
+    roots = dict.fromkeys([cwd, os.path.abspath(log_dir)])
+    return {FLEET_PS_CHECKPOINT_ROOT: os.pathsep.join(roots)}
+
+
 def console_prefix(spec: JobSpec, role: str, rank: int) -> tuple[bool, bytes]:
     tag = f"[rank {rank}] " if role == TRAINER else f"[server {rank}] "
     show = spec.tee is Tee.ALL or (spec.tee is Tee.RANK0 and role == TRAINER and rank == 0)
@@ -234,7 +262,10 @@ def _is_local(ip: str) -> bool:
 class PSPlan:
     """Servers + trainers: ``server_num``/``worker_num`` on this machine (free ports per attempt),
     or static ``ps.servers``/``ps.workers`` lists of which this node runs the entries with its
-    IP. Nodes do not coordinate: a multi-node PS job cannot restart (ConfigError)."""
+    IP. Nodes do not coordinate: a multi-node PS job cannot restart (ConfigError), and its nodes
+    must share a FLEET_PS_TOKEN given by the user; on one node fleetrun makes the job's token
+    (:func:`job_ps_token`). Servers also get their checkpoint roots
+    (:func:`ps_checkpoint_root_env`)."""
 
     def __init__(self, spec: JobSpec, place: Placement, strategy_file: str | None) -> None:
         self.spec, self.place, self.strategy_file = spec, place, strategy_file
@@ -256,6 +287,14 @@ class PSPlan:
                 raise ConfigError(
                     "max_restarts > 0 needs a single-node PS job: nodes of a static PS layout do not "
                     "coordinate restarts; set max_restarts: 0", key="max_restarts")
+            if len(ips) > 1 and user_ps_token(spec) is None:
+                raise ConfigError(
+                    "a PS job over several nodes needs one token shared by every node (the nodes' "
+                    "fleetruns do not talk to each other): export the same secret on each, e.g. "
+                    "FLEET_PS_TOKEN=$(python -c "
+                    "'import secrets; print(secrets.token_urlsafe(32))')",
+                    key=FLEET_PS_TOKEN)
+        self.token = job_ps_token(spec)
 
     def layout(self, attempt: int) -> PSLayout:
         ps, sizes = self.spec.ps, self.spec.sizes
@@ -284,8 +323,9 @@ class PSPlan:
         trainers = [i for i, e in enumerate(layout.trainer_endpoints) if self._here(e)]
         if not servers and not trainers:
             raise ConfigError(f"no server or worker endpoint has this node's IP {self.pod_ip}", key="ps.pod_ip")
-        base = _base_env(self.spec, len(servers) + len(trainers))
-        server_base = {**base, **_table_threads_env(base, len(servers) + len(trainers))}
+        base = {**_base_env(self.spec, len(servers) + len(trainers)), FLEET_PS_TOKEN: self.token}
+        server_base = {**base, **_table_threads_env(base, len(servers) + len(trainers)),
+                       **ps_checkpoint_root_env(base, self.spec.log_dir, os.getcwd())}
         out = []
         for i in servers:
             show, prefix = console_prefix(self.spec, SERVER, i)

@@ -18,10 +18,12 @@ Layout, one room per layer (each subpackage's docstring says what it may import)
     core/        tables (table, sparse_table, dense_table, factory), storage (row_store,
                  hash_index, hashing, batch_ops, compiled kernels), rules (optimizers,
                  initializers, entry, registry), routing (key -> shard -> server), shard payloads
-    checkpoint/  save / load of tables (save_load) and the binary shard file (shard_file)
+    checkpoint/  save / load of tables (save_load), the binary shard file (shard_file) and the
+                 roots Save / Load requests are confined to (roots)
     rpc/         the gRPC layer: proto/, codec and wire (bytes), shm (same-host path), service
                  (the RPCs as functions) + sync (rounds, barriers), servicer, status
-                 (errors <-> codes), rpc_client (channels, retries), channel_options
+                 (errors <-> codes), rpc_client (channels, retries), channel_options, auth (the
+                 job's token on every call), tls (TLS / mutual TLS)
     server.py  client.py  __main__.py     PSServer / serve, PSClient, ``python -m ps_server``
     config.py  errors.py  telemetry.py    table configs, error types, Prometheus metrics
 

@@ -5,6 +5,14 @@ Examples::
     python -m ps_server --port 8500                                  # one server, 127.0.0.1
     python -m ps_server --host 10.0.0.5 --port 8500 --server_index 1 --num_servers 4
     python -m ps_server --from_env      # TRAINING_ROLE=PSERVER env contract (as fleetrun sets)
+    python -m ps_server --host 10.0.0.5 --port 8500 --token_file /run/secrets/ps-token \
+        --tls_cert server.pem --tls_key server.key --tls_ca ca.pem --checkpoint_root /data/ckpt
+
+Security: with a token (``--token_file`` or FLEET_PS_TOKEN) every RPC but the health check must
+carry it; without one the server binds only loopback addresses unless ``--insecure``. TLS with
+``--tls_cert``/``--tls_key``, mutual TLS with ``--tls_ca`` too. Save / Load requests may only name
+directories under ``--checkpoint_root`` (default: FLEET_PS_CHECKPOINT_ROOT, else the working
+directory); ``--load DIR`` is the operator's own choice and is not confined.
 
 Once listening it prints one line ``ps_server <index>/<num> serving on <host>:<port>`` to stdout
 (with ``--port 0`` this is how a caller learns the port). Exit code 0 after a graceful stop, 2 for
@@ -18,6 +26,8 @@ import logging
 import sys
 
 from collective.errors import ConfigError, FleetError
+from ps_server.rpc.auth import resolve_token
+from ps_server.rpc.tls import TLSConfig
 from ps_server.server import (
     DEFAULT_MAX_MESSAGE_MB,
     DEFAULT_THREADS,
@@ -64,6 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
         "the CPU count up to 8)",
     )
     add("load", default=None, metavar="DIR", help="load this checkpoint before serving")
+    add("token_file", default=None, metavar="PATH",
+        help="file holding the job's token, which every RPC must carry (default: "
+        "FLEET_PS_TOKEN; none: anyone who reaches the port may call)")
+    add("insecure", action="store_true", default=None,
+        help="serve without a token on a non-loopback address (refused otherwise)")
+    add("checkpoint_root", default=None, metavar="DIR",
+        help="directory (or os.pathsep-separated list) Save / Load requests may name; relative "
+        "paths resolve under the first (default: FLEET_PS_CHECKPOINT_ROOT, else the working "
+        "directory)")
+    add("tls_cert", default=None, metavar="PEM", help="serve TLS with this certificate chain "
+        "(default: FLEET_PS_TLS_CERT)")
+    add("tls_key", default=None, metavar="PEM", help="private key of --tls_cert (default: "
+        "FLEET_PS_TLS_KEY)")
+    add("tls_ca", default=None, metavar="PEM", help="mutual TLS: clients must present a "
+        "certificate signed by this CA (default: FLEET_PS_TLS_CA)")
     add("metrics_port", type=int, default=None, metavar="PORT",
         help="serve Prometheus /metrics on this port, on 127.0.0.1 or FLEET_METRICS_HOST (0: none; default: "
         "FLEET_METRICS_PORT when set, else none)")
@@ -94,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        security = {
+            "token": resolve_token(token_file=args.token_file),
+            "insecure": args.insecure,
+            "tls": TLSConfig.resolve(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca),
+            "checkpoint_root": args.checkpoint_root,
+        }
         if args.from_env:
             serve_from_env(
                 max_message_mb=args.max_message_mb,
@@ -102,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint_dir=args.load,
                 on_ready=_announce,
                 metrics_port=args.metrics_port,
+                **security,
             )
         else:
             serve(
@@ -115,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint_dir=args.load,
                 on_ready=_announce,
                 metrics_port=args.metrics_port,
+                **security,
             )
     except ConfigError as err:
         logger.error("ps_server: %s", err)

@@ -91,7 +91,9 @@ def _le(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 class PSClient(RpcClient):
     """Client of the servers at ``endpoints`` (``["host:port", ...]`` or ``"h:p,h:p"``), in
     server-index order; the keyword arguments are :class:`~ps_server.rpc.rpc_client.RpcClient`'s
-    (``timeout_s``, ``retries``, ``max_message_mb``, ``backoff_s``, ``shm``, ``shm_max_mb``)."""
+    (``timeout_s``, ``retries``, ``max_message_mb``, ``backoff_s``, ``shm``, ``shm_max_mb``,
+    ``token`` — the job's token, default FLEET_PS_TOKEN — and ``tls_ca``, ``tls_cert``,
+    ``tls_key``, ``tls_server_name``)."""
 
     def __init__(self, endpoints: Sequence[str] | str, **options: Any) -> None:
         super().__init__(endpoints, **options)

@@ -8,7 +8,8 @@ The gRPC layer maps these to status codes in one place (suggested mapping in bra
 * :class:`TableCapacityError` — a batch needs more rows than ``max_capacity``
   (``RESOURCE_EXHAUSTED``).
 * :class:`CheckpointError` and subclasses — saving or loading failed (``DATA_LOSS`` for a corrupt
-  file, ``FAILED_PRECONDITION`` otherwise).
+  file, ``PERMISSION_DENIED`` for a path outside the server's checkpoint roots,
+  ``FAILED_PRECONDITION`` otherwise).
 * :class:`ShmSegmentError` — the same-host shared-memory path cannot be used
   (``FAILED_PRECONDITION``).
 
@@ -83,6 +84,11 @@ class CheckpointCorruptError(CheckpointError):
     """A shard file is truncated, has a bad magic number or fails its checksum."""
 
 
+class CheckpointPathError(CheckpointError, PermissionError):
+    """A Save / Load path leaves the server's checkpoint roots (absolute elsewhere, ``..``, a
+    symlink out); the message names the roots and the ``--checkpoint_root`` flag."""
+
+
 class CheckpointVersionError(CheckpointError):
     """A shard file or manifest was written in a format version this code cannot read."""
 
@@ -96,6 +102,7 @@ class ShmSegmentError(PSError):
 __all__ = [
     "CheckpointCorruptError",
     "CheckpointError",
+    "CheckpointPathError",
     "CheckpointVersionError",
     "NonFiniteGradientError",
     "ShmSegmentError",

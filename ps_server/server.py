@@ -18,6 +18,14 @@ FLEET_PS_TABLE_THREADS on each server to the node's CPUs divided by its local pr
 (servers and trainers), as it sets OMP_NUM_THREADS, or on Ray to the CPUs of the server's
 bundle; in a Kubernetes pod the default follows the container's CPU limit.
 
+Who may call it: with a token (``token=``, else FLEET_PS_TOKEN; fleetrun gives every job its
+own) every RPC but the health check must carry it, or is refused UNAUTHENTICATED and changes
+nothing (:mod:`ps_server.rpc.auth`); without one, the server binds only loopback addresses unless
+``insecure``. TLS or mutual TLS with ``tls=`` (:mod:`ps_server.rpc.tls`; default from the
+FLEET_PS_TLS_* variables). Save / Load requests may only name directories under the server's
+checkpoint roots (:mod:`ps_server.checkpoint.roots`; ``checkpoint_root=``, else
+FLEET_PS_CHECKPOINT_ROOT, else the working directory).
+
 Stopping is graceful in every path (``stop()``, the Stop RPC, SIGTERM/SIGINT under
 :func:`serve`): health turns NOT_SERVING, barrier waiters are released with UNAVAILABLE, new
 calls are refused and in-flight calls get ``grace_s`` seconds to finish.
@@ -30,6 +38,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from concurrent import futures
 from types import FrameType
 from typing import Any
@@ -46,13 +55,21 @@ from collective.env import (
 )
 from collective.errors import ConfigError, EnvContractError, PSError
 from ps_server import telemetry
+from ps_server.checkpoint.roots import resolve_roots
 from ps_server.core import kernels
+from ps_server.rpc.auth import (
+    TokenInterceptor,
+    check_bind_allowed,
+    insecure_from_env,
+    resolve_token,
+)
 from ps_server.rpc.channel_options import (
     DEFAULT_MAX_MESSAGE_MB,
     grpc_message_options,
 )
 from ps_server.rpc.service import SERVICE_NAME, ServerState, load_dir
 from ps_server.rpc.servicer import ParameterServerServicer, add_servicer_to_server
+from ps_server.rpc.tls import TLSConfig, server_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +112,21 @@ class PSServer:
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         table_threads: int | None = None,
+        token: str | None = None,
+        insecure: bool | None = None,
+        tls: TLSConfig | None = None,
+        checkpoint_root: str | Sequence[str] | None = None,
     ) -> None:
         """``port=0`` picks a free port (``start()`` returns it). ``metrics_port``: serve
         Prometheus ``/metrics`` there from ``start()`` (0 = no endpoint; None = the env
         contract's FLEET_METRICS_PORT / FLEET_METRICS_HOST, as fleetrun sets them).
         ``table_threads``: threads one large request's table work is split over (None:
-        :func:`default_table_threads`; process-wide, set by ``start()``)."""
+        :func:`default_table_threads`; process-wide, set by ``start()``). ``token``: the job's
+        token every call must carry (None: FLEET_PS_TOKEN, else no token); ``insecure``: allow
+        a non-loopback ``host`` without a token (None: FLEET_PS_INSECURE=1); ``tls``: TLS
+        settings (None: from the FLEET_PS_TLS_* variables); ``checkpoint_root``: the
+        directories Save / Load requests may name (None: FLEET_PS_CHECKPOINT_ROOT, else the
+        working directory). See the module docstring."""
         if not isinstance(num_servers, int) or num_servers < 1:
             raise ConfigError(f"must be an integer >= 1, got {num_servers!r}", key="num_servers")
         if not isinstance(server_index, int) or not 0 <= server_index < num_servers:
@@ -122,7 +148,14 @@ class PSServer:
         self.threads = threads
         self.grace_s = grace_s
         self._options = grpc_message_options(max_message_mb)
-        self.state = ServerState(server_index=server_index, num_servers=num_servers)
+        self.token = resolve_token(token)
+        self.insecure = insecure_from_env() if insecure is None else bool(insecure)
+        self.tls = TLSConfig.resolve() if tls is None else tls
+        self.state = ServerState(
+            server_index=server_index,
+            num_servers=num_servers,
+            checkpoint_roots=resolve_roots(checkpoint_root),
+        )
         self.state.on_stop = self._stop_soon
         if metrics_port is None:
             endpoint = read_metrics_endpoint()
@@ -148,14 +181,27 @@ class PSServer:
         telemetry.CHECKPOINT_SECONDS.labels(op="load").observe(time.perf_counter() - t0)
         return rows
 
+    def _count_refusal(self, op: str, cause: str) -> None:
+        """A call refused by the token check (in Stats' errors, as other failed calls)."""
+        with self.state.counter_lock:
+            self.state.errors[f"{op}:UNAUTHENTICATED"] += 1
+
     def start(self) -> int:
-        """Bind and start serving; returns the port (PSError if the address cannot be bound)."""
+        """Bind and start serving; returns the port (PSError if the address cannot be bound;
+        ConfigError, before binding, for a non-loopback host without a token or ``insecure``)."""
         if self._server is not None:
             raise PSError(f"server {self.state.server_index} is already started on {self.endpoint}")
+        check_bind_allowed(self.host, self.token is not None, self.insecure)
+        interceptors = (
+            [TokenInterceptor(self.token, self.state.server_index, self._count_refusal)]
+            if self.token is not None
+            else []
+        )
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=self.threads, thread_name_prefix=f"ps{self.state.server_index}"
             ),
+            interceptors=interceptors,
             options=[*self._options, ("grpc.so_reuseport", 0)],
         )
         add_servicer_to_server(ParameterServerServicer(self.state), server)
@@ -163,7 +209,10 @@ class PSServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = _address(self.host, self.port)
         try:
-            port = server.add_insecure_port(address)
+            if self.tls.server_enabled:
+                port = server.add_secure_port(address, server_credentials(self.tls))
+            else:
+                port = server.add_insecure_port(address)
         except RuntimeError as err:
             raise PSError(
                 f"parameter server {self.state.server_index} cannot listen on {address}: {err} "
@@ -180,15 +229,20 @@ class PSServer:
             self.metrics_port = telemetry.start(self.metrics_port, self.metrics_host)
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        tls = "mutual TLS" if self.tls.ca and self.tls.server_enabled else (
+            "TLS" if self.tls.server_enabled else "no TLS")
         logger.info(
             "parameter server %d/%d serving on %s (max message %s MiB, %d threads, %d table "
-            "threads)",
+            "threads; %s, %s, checkpoints under %s)",
             self.state.server_index,
             self.state.num_servers,
             self.endpoint,
             self.max_message_mb,
             self.threads,
             self.table_threads,
+            "job token required" if self.token is not None else "NO token (anyone may call)",
+            tls,
+            ", ".join(self.state.checkpoint_roots),
         )
         return port
 
@@ -244,15 +298,18 @@ def serve(
     on_ready: Any = None,
     metrics_port: int | None = None,
     table_threads: int | None = None,
+    **security: Any,
 ) -> None:
     """Run one server until a Stop RPC or SIGTERM/SIGINT (graceful either way), then return.
 
-    ``checkpoint_dir`` loads a checkpoint before serving; ``on_ready(server)`` is called once it
-    listens (``python -m ps_server`` prints the endpoint there). ``metrics_port`` and
-    ``table_threads``: as :class:`PSServer`'s. Signal handlers are installed only when called from the main thread.
+    ``checkpoint_dir`` loads a checkpoint before serving (a path of the caller's: not confined
+    to the checkpoint roots); ``on_ready(server)`` is called once it listens (``python -m
+    ps_server`` prints the endpoint there). ``metrics_port``, ``table_threads`` and
+    ``security`` (``token``, ``insecure``, ``tls``, ``checkpoint_root``): as :class:`PSServer`'s.
+    Signal handlers are installed only when called from the main thread.
     """
     server = PSServer(host, port, server_index, num_servers, max_message_mb, threads,
-                      metrics_port=metrics_port, table_threads=table_threads)
+                      metrics_port=metrics_port, table_threads=table_threads, **security)
     if checkpoint_dir:
         server.load_checkpoint(checkpoint_dir)
     server.start()
@@ -281,7 +338,7 @@ def serve_from_env(**kwargs: Any) -> None:
     """:func:`serve` as the env contract says (TRAINING_ROLE=PSERVER: POD_IP, PADDLE_PORT, this
     server's index in PADDLE_PSERVERS_IP_PORT_LIST and their count); ``kwargs`` go to
     :func:`serve` (``max_message_mb``, ``threads``, ``table_threads``, ``checkpoint_dir``,
-    ``on_ready``)."""
+    ``on_ready``, ``token``, ``insecure``, ``tls``, ``checkpoint_root``)."""
     env = read_worker_env()
     if env.training_role is not TrainingRole.PSERVER:
         raise EnvContractError(

@@ -7,6 +7,9 @@ Per table, read from :meth:`~ps_server.core.table.Table.stats` only when Prometh
 (:class:`TableCollector`; nothing on the request path): rows, bytes, admitted / filtered /
 evicted keys and non-finite gradients skipped; non-finite gradients *rejected* on arrival
 (``nonfinite: reject``) are counted by the servicer and added in. Checkpoint save/load durations.
+Calls refused for a missing or wrong token (``fleet_ps_auth_failures_total`` by op and cause,
+counted by :class:`ps_server.rpc.auth.TokenInterceptor`; a plain Counter: refusals are not the
+hot path).
 
 Labels stay small: ``op`` is an RPC name, ``table`` a table the job created, ``code`` a gRPC
 status name. One endpoint per process (:func:`start`): several ``PSServer`` objects in one
@@ -31,7 +34,7 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -47,6 +50,9 @@ CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 9
 # -- metric definitions (the naming test scans this module) -----------------------------------
 CHECKPOINT_SECONDS = Histogram("fleet_ps_checkpoint_seconds", "Checkpoint save / load time",
                                ["op"], buckets=CHECKPOINT_BUCKETS)
+AUTH_FAILURES = Counter("fleet_ps_auth_failures", "RPCs refused for a missing or wrong token "
+                        "(op: the method, or 'unknown'; cause: missing_token / wrong_token)",
+                        ["op", "cause"])
 # Collected at scrape time by RequestCollector and TableCollector: exposed name -> label names
 REQUESTS = "fleet_ps_requests_total"
 REQUEST_SECONDS = "fleet_ps_request_seconds"
@@ -211,6 +217,7 @@ def stop() -> None:
 
 
 __all__ = [
+    "AUTH_FAILURES",
     "CHECKPOINT_SECONDS",
     "COLLECTED",
     "KEYS",

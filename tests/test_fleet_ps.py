@@ -20,7 +20,7 @@ def _train(tmp_path: Path, name: str, servers: int, trainers: int, *args: str) -
     out = tmp_path / f"{name}.json"
     r = run_fleetrun("--server_num", str(servers), "--worker_num", str(trainers),
                      "--log_dir", str(tmp_path / f"log_{name}"), SCRIPT, "--out", str(out), *args,
-                     timeout=150)
+                     timeout=150, env={"FLEET_PS_CHECKPOINT_ROOT": str(tmp_path)})  # saves there
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(out.read_text())
 

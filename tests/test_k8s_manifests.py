@@ -27,6 +27,8 @@ K8S_VERSIONS = ("1.28.0", "1.31.0")
 """Oldest Kubernetes fleetrun supports (Indexed Job pod hostnames, suspend, podFailure fields
 GA) and the pinned reference version; both ship with kubernetes-validate 1.37."""
 DEPLOY = REPO / "deploy" / "k8s"
+EXAMPLE_TOKEN = "CHANGE-ME-render-your-own-with-fleetrun-dry_run"
+"""The placeholder token of deploy/k8s/examples/ps.yaml (see deploy/k8s/README.md)."""
 PODGROUP_SPEC_KEYS = {"minMember", "minResources", "minTaskMember", "queue", "priorityClassName"}
 
 
@@ -126,6 +128,7 @@ def test_rendered_objects_validate(
     ps, gang = spec.mode.value == "ps", spec.k8s.gang
     assert kinds == [
         "ConfigMap",
+        *(["Secret"] if ps else []),  # the PS job's token
         "Service",
         *(["Service"] if ps else []),
         *(["PodGroup"] if gang else []),
@@ -259,7 +262,8 @@ def test_rbac_is_least_privilege() -> None:
         for r in rule["resources"]
     }
     assert "*" not in {v for vs in verbs.values() for v in vs}
-    assert ("", "secrets") not in verbs and ("", "pods/exec") not in verbs
+    assert verbs.get(("", "secrets")) == {"create"}  # a PS job's token: never read or listed
+    assert ("", "pods/exec") not in verbs
     assert "create" not in verbs[("", "pods")]
     # every client call is allowed
     client_src = (REPO / "launcher/schedulers/k8s_client.py").read_text()
@@ -285,6 +289,7 @@ def test_dry_run_cli_matches_examples(name: str) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "launcher", "-c", f"configs/{name}.yaml", "--dry_run"],
         cwd=REPO,
+        env={**os.environ, "FLEET_PS_TOKEN": EXAMPLE_TOKEN},  # else a random one per render
         capture_output=True,
         text=True,
         timeout=60,

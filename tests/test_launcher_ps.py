@@ -91,9 +91,10 @@ def test_static_endpoint_lists_on_two_loopback_nodes(tmp_path: Path) -> None:
     out = tmp_path / "out"
     servers = f"127.0.0.1:{find_free_port()},127.0.0.2:{find_free_port('127.0.0.2')}"
     workers = f"127.0.0.1:{find_free_port()},127.0.0.2:{find_free_port('127.0.0.2')}"
+    token = {"FLEET_PS_TOKEN": "shared-by-both-nodes-0123456789"}  # nodes do not talk: one secret
     nodes = [
         start_fleetrun("--servers", servers, "--workers", workers, "--pod_ip", ip,
-                       "--log_dir", str(tmp_path / ip), SCRIPT, "--out", str(out))
+                       "--log_dir", str(tmp_path / ip), SCRIPT, "--out", str(out), env=token)
         for ip in ("127.0.0.1", "127.0.0.2")
     ]
     for n in nodes:

@@ -181,7 +181,7 @@ def test_save_load_delta_and_reshard_2_to_3(tmp_path: Path) -> None:
     dcfg = DenseTableConfig("dense", Adam(0.01), num_shards=4)
     rng = np.random.default_rng(5)
     probe = np.arange(-500, 500, dtype=np.int64)
-    with cluster(2) as (_, client):
+    with cluster(2, checkpoint_root=str(tmp_path)) as (_, client):
         client.create_table_from_config(cfg)
         client.create_table_from_config(dcfg)
         client.init_dense("dense", "w", np.ones(6, np.float32))
@@ -195,7 +195,7 @@ def test_save_load_delta_and_reshard_2_to_3(tmp_path: Path) -> None:
         want_stats = sum(s["tables"]["emb"]["num_rows"] for s in client.stats())
         want_rows = client.pull_sparse("emb", probe)  # (creates the rows it lacks)
         want_dense = client.pull_dense("dense", "w")
-    with cluster(3) as (servers, client):
+    with cluster(3, checkpoint_root=str(tmp_path)) as (servers, client):
         rows = client.load(str(tmp_path / "full"))
         assert set(rows) == {"emb", "dense"}
         client.load(str(tmp_path / "delta"))

@@ -147,7 +147,7 @@ def test_nonfinite_reject_and_skip(live: Any) -> None:
 
 @pytest.mark.timeout(30)
 def test_wrong_shard_kind_config_and_checkpoint_errors(tmp_path: Path) -> None:
-    with cluster(2) as (_, client):
+    with cluster(2, checkpoint_root=str(tmp_path)) as (_, client):
         client.create_table_from_config(CFG)
         client.create_table_from_config(DenseTableConfig("d", SGD(0.1), num_shards=4))
         stub1 = ps_pb2_grpc.ParameterServerStub(client._channels[1])

@@ -35,6 +35,8 @@ def test_two_server_processes_serve_and_stop_on_rpc(tmp_path: Path) -> None:
                 "2",
                 "--max_message_mb",
                 "8",
+                "--checkpoint_root",
+                str(tmp_path),
             )
             procs.append(proc)
             eps.append(ep)

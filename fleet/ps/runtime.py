@@ -16,6 +16,12 @@ A PS script is one program for both roles (as in Paddle); fleetrun starts it as 
         fleet.stop_worker()
 
 Trainers also form a gloo process group among themselves (``barrier_worker``, ``fleet.metrics``).
+
+Security comes from the environment fleetrun sets, read by PSServer / PSClient themselves: the
+job's token (FLEET_PS_TOKEN: servers refuse calls without it, trainers send it), the servers'
+checkpoint roots (FLEET_PS_CHECKPOINT_ROOT: where ``save_persistables`` may write; a relative
+dirname lands in fleetrun's working directory) and optional TLS (FLEET_PS_TLS_*). The dirname of
+``init_server(dirname)`` is the server's own choice and is not confined.
 """
 
 from __future__ import annotations

@@ -95,6 +95,9 @@ def _creators(client: Any, ns: str) -> dict[str, Callable[[dict[str, Any]], Any]
     group, version, plural = PODGROUP_API
     return {
         "ConfigMap": lambda body: core.create_namespaced_config_map(ns, body),
+        # the PS job's token: created (owned by the Job, so garbage-collected with it), never
+        # read, listed or deleted by fleetrun (rbac.yaml grants create only)
+        "Secret": lambda body: core.create_namespaced_secret(ns, body),
         "Service": lambda body: core.create_namespaced_service(ns, body),
         "StatefulSet": lambda body: apps.create_namespaced_stateful_set(ns, body),
         "Job": lambda body: batch.create_namespaced_job(ns, body),

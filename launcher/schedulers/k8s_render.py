@@ -9,7 +9,11 @@ Collective job ``N`` (one pod per node, ``nproc_per_node`` trainers in each)::
     PodGroup  N                (gang only) Volcano, minMember = every pod of the job
 
 PS job: the same, plus ``Service N-server`` + ``StatefulSet N-server`` (server i is
-``N-server-i.N-server.NS.svc``); the trainers' Job has one pod per trainer.
+``N-server-i.N-server.NS.svc``) and ``Secret N-ps-token`` (the job's token, key ``token``; every
+pod reads it as FLEET_PS_TOKEN through ``valueFrom.secretKeyRef``, so it is in no pod spec);
+the trainers' Job has one pod per trainer. The token is FLEET_PS_TOKEN of the job's env or
+fleetrun's, else a new random one per render: ``--dry_run`` prints it inside the Secret (that
+output is what you apply), nothing else does.
 
 Every container runs ``fleetrun pod ...`` (:mod:`launcher.pod`), which derives its rank / role /
 endpoints from the pod index and these DNS names and starts the user's entrypoint with the env
@@ -25,6 +29,7 @@ from typing import Any
 import yaml
 
 from collective.errors import ConfigError
+from launcher.agent import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN, job_ps_token
 from launcher.spec import JobSpec, Mode, RoleResources
 
 CONFIG_MOUNT = "/etc/fleetrun"
@@ -46,11 +51,16 @@ _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 TRAINER, SERVER = "trainer", "server"
 
 
+TOKEN_KEY = "token"
+"""Key of the token in the job's Secret."""
+
+
 def object_names(spec: JobSpec) -> dict[str, str]:
     """Names of the job's objects: config, trainer (Service + Job), server (Service +
-    StatefulSet), group (PodGroup)."""
+    StatefulSet), group (PodGroup), token (the PS job's Secret)."""
     n = spec.name
-    return {"config": f"{n}-config", TRAINER: f"{n}-{TRAINER}", SERVER: f"{n}-{SERVER}", "group": n}
+    return {"config": f"{n}-config", TRAINER: f"{n}-{TRAINER}", SERVER: f"{n}-{SERVER}", "group": n,
+            "token": f"{n}-ps-token"}
 
 
 def pod_host_pattern(spec: JobSpec, role: str) -> str:
@@ -177,6 +187,18 @@ def render_configmap(spec: JobSpec) -> dict[str, Any]:
     }
 
 
+def render_token_secret(spec: JobSpec, token: str) -> dict[str, Any]:
+    """The PS job's token (immutable; the pods read it through ``secretKeyRef``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(spec, object_names(spec)["token"]),
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
 def render_service(spec: JobSpec, role: str) -> dict[str, Any]:
     """Headless Service giving each pod of ``role`` a stable DNS name (ready or not)."""
     port = spec.k8s.master_port if role == TRAINER else spec.k8s.server_port
@@ -267,9 +289,21 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
     annotations."""
     k, names = spec.k8s, object_names(spec)
     nproc = spec.sizes.nproc_per_node if spec.mode is Mode.COLLECTIVE and role == TRAINER else 1
-    env: list[dict[str, Any]] = [
-        {"name": key, "value": str(value)} for key, value in spec.env.items()
+    env: list[dict[str, Any]] = [  # the token comes from the Secret, never as a plain value
+        {"name": key, "value": str(value)}
+        for key, value in spec.env.items()
+        if key != FLEET_PS_TOKEN
     ]
+    if role == TRAINER:  # the StatefulSet's servers take their ordinal from FLEET_POD_NAME
+        env.append(_field_env("FLEET_POD_INDEX", f"metadata.annotations['{INDEX_ANNOTATION}']"))
+    if spec.mode is Mode.PS:
+        secret = {"name": names["token"], "key": TOKEN_KEY}
+        env.append({"name": FLEET_PS_TOKEN, "valueFrom": {"secretKeyRef": secret}})
+        if role == SERVER and FLEET_PS_CHECKPOINT_ROOT not in spec.env:
+            # where Save requests may write: the working directory, the log dir, the volumes
+            writable = [m["mountPath"] for m in k.volume_mounts if not m.get("readOnly")]
+            roots = dict.fromkeys([".", spec.log_dir, *writable])
+            env.append({"name": FLEET_PS_CHECKPOINT_ROOT, "value": ":".join(roots)})
     env += [
         _field_env("FLEET_POD_NAME", "metadata.name"),
         _field_env("FLEET_POD_NAMESPACE", "metadata.namespace"),
@@ -282,11 +316,6 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
             {"name": "FLEET_METRICS_PORT", "value": str(k.metrics_port)},
             {"name": "FLEET_METRICS_HOST", "value": "$(FLEET_POD_IP)"},
         ]
-    if role == TRAINER:  # the StatefulSet's servers take their ordinal from FLEET_POD_NAME
-        env.insert(
-            len(spec.env),
-            _field_env("FLEET_POD_INDEX", f"metadata.annotations['{INDEX_ANNOTATION}']"),
-        )
     own_port = k.master_port if role == TRAINER else k.server_port
     ports = [{"name": "rendezvous" if role == TRAINER else "ps", "containerPort": own_port}]
     ports += [
@@ -396,10 +425,14 @@ def render_podgroup(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def render_job(spec: JobSpec) -> list[dict[str, Any]]:
-    """Every object of the job, in apply order (ConfigMap, Services, PodGroup, StatefulSet, Job)."""
+def render_job(spec: JobSpec, ps_token: str | None = None) -> list[dict[str, Any]]:
+    """Every object of the job, in apply order (ConfigMap, Secret, Services, PodGroup,
+    StatefulSet, Job); ``ps_token``: the PS job's token (None: :func:`job_ps_token`)."""
     check_renderable(spec)
-    objs = [render_configmap(spec), render_service(spec, TRAINER)]
+    objs = [render_configmap(spec)]
+    if spec.mode is Mode.PS:
+        objs.append(render_token_secret(spec, ps_token or job_ps_token(spec)))
+    objs.append(render_service(spec, TRAINER))
     if spec.mode is Mode.PS:
         objs.append(render_service(spec, SERVER))
     if spec.k8s.gang:

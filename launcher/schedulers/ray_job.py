@@ -47,6 +47,7 @@ from launcher.agent import (
     Interrupted,
     decide,
     install_signal_handlers,
+    job_ps_token,
     worker_argv,
     write_endpoints,
 )
@@ -155,6 +156,7 @@ class RayJob:
         self.argv = worker_argv(spec)
         cwd_given = "working_dir" in spec.ray.runtime_env
         self.cwd = None if cwd_given else os.getcwd()
+        self.ps_token = job_ps_token(spec) if spec.mode is Mode.PS else ""
 
     def run(self) -> int:
         """Run all attempts; return fleetrun's exit code (keeps ``job_state.json`` current)."""
@@ -255,7 +257,8 @@ class RayJob:
         placed = [Placed(slot, info.node_ip, info.node_id, info.gpu_ids, got[0])
                   for slot, info, got in zip(self.slots, infos, ports, strict=True)]
         master_port = ports[0][-1] if collective else 0
-        paths = AttemptPaths(self.run_id, attempt, spec.max_restarts, self.log_dir, self.strategy_file)
+        paths = AttemptPaths(self.run_id, attempt, spec.max_restarts, self.log_dir,
+                             self.strategy_file, ps_token=self.ps_token, cwd=self.cwd or ".")
         procs, head = make_proc_specs(spec, placed, master_port, paths)
         if metrics:  # bound to the node IP the actor runs on
             procs = [replace(p, metrics_port=got[1], env={**p.env, **metrics_env(got[1], info.node_ip)})

@@ -32,7 +32,7 @@ from collective.env import (
     make_worker_env,
 )
 from collective.errors import ConfigError
-from launcher.agent import console_prefix
+from launcher.agent import FLEET_PS_TOKEN, console_prefix, ps_checkpoint_root_env
 from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.spec import JobSpec, Mode, RoleResources
 
@@ -111,6 +111,11 @@ class AttemptPaths:
     log_dir: str
     """Absolute log directory on the driver (logs are written there by the driver)."""
     strategy_file: str | None
+    ps_token: str = ""
+    """The PS job's token (FLEET_PS_TOKEN of every server and trainer; made once per job)."""
+    cwd: str = "."
+    """The processes' working directory (the driver's, or ``.`` under a runtime_env
+    working_dir): the first checkpoint root of the servers."""
 
 
 def _error_dir(paths: AttemptPaths) -> str:
@@ -216,9 +221,13 @@ def _ps_specs(spec: JobSpec, placed: Sequence[Placed], paths: AttemptPaths) -> t
     out = []
     for p in placed:
         base = _base_env(spec, len(per_node[p.node_id]))
+        if paths.ps_token:
+            base[FLEET_PS_TOKEN] = paths.ps_token
         if p.slot.role == SERVER:
             i = p.slot.index
-            env = {**base, **_table_threads_env(base, p.slot.bundle), **make_ps_server_env(layout, i)}
+            env = {**base, **_table_threads_env(base, p.slot.bundle),
+                   **ps_checkpoint_root_env(base, paths.log_dir, paths.cwd),
+                   **make_ps_server_env(layout, i)}
             out.append(_spec(spec, SERVER, i, i, node_rank[p.node_id], env, paths, layout.server_error_file(i)))
         else:
             t = p.slot.index

@@ -10,6 +10,12 @@ apply a gradient twice (APPLY), count one trainer twice toward a SYNC round (the
 round boundary go wrong) or add a GEO delta twice. (gRPC's built-in retry policy is not used: it
 shares one deadline across attempts and cannot retry DEADLINE_EXCEEDED.)
 
+Security: every call carries the job's token (``token=``, else FLEET_PS_TOKEN) as gRPC
+metadata (:mod:`ps_server.rpc.auth`); a server that wants another answers UNAUTHENTICATED
+(:class:`~ps_server.rpc.status.PSUnauthenticatedError`, never retried). TLS when a CA or a client
+certificate is given (:mod:`ps_server.rpc.tls`; default from the FLEET_PS_TLS_* variables). The
+shared-memory attach is an RPC like any other: it carries the token too.
+
 Shared memory: a large sparse request to a server on this host leases a segment of this client
 (created and attached on first use, see :mod:`ps_server.rpc.shm`); a server that cannot attach one
 (another host or container, an older server) gets TCP from then on. A server that lost its
@@ -34,6 +40,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from collective.errors import ConfigError
 from ps_server.core.routing import split_for_messages
 from ps_server.rpc import shm as shm_mod
+from ps_server.rpc.auth import METADATA_KEY, resolve_token
 from ps_server.rpc.channel_options import DEFAULT_MAX_MESSAGE_MB, MIB, grpc_message_options
 from ps_server.rpc.proto import ps_pb2
 from ps_server.rpc.service import SERVICE_NAME
@@ -44,6 +51,7 @@ from ps_server.rpc.status import (
     PSRpcError,
     rpc_error,
 )
+from ps_server.rpc.tls import TLSConfig, channel_credentials, channel_options
 from ps_server.rpc.wire import wire_message
 
 logger = logging.getLogger(__name__)
@@ -107,12 +115,19 @@ class RpcClient:
         backoff_s: float = 0.2,
         shm: bool | None = None,
         shm_max_mb: float = 512.0,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         """``timeout_s``: deadline of each attempt; ``retries``: extra attempts of idempotent
         calls; ``max_message_mb``: largest message this client sends or accepts (larger requests
         are split); ``shm``: move large sparse requests to servers on this host through shared
         memory (:mod:`ps_server.rpc.shm`; None: unless ``FLEET_PS_SHM=0``), for requests up to
-        ``shm_max_mb``."""
+        ``shm_max_mb``. ``token``: the job's token sent with every call (None: FLEET_PS_TOKEN,
+        else none). ``tls_*``: PEM paths and the server-name override of
+        :class:`~ps_server.rpc.tls.TLSConfig` (None: the FLEET_PS_TLS_* variables)."""
         eps = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
         eps = [e.strip() for e in eps if e.strip()]
         if not eps:
@@ -122,13 +137,25 @@ class RpcClient:
         if not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"must be an integer >= 0, got {retries!r}", key="retries")
         options = grpc_message_options(max_message_mb)
+        token = resolve_token(token)
+        self._metadata: tuple[tuple[str, str], ...] | None = (
+            ((METADATA_KEY, token),) if token is not None else None
+        )
+        self.tls = TLSConfig.resolve(
+            ca=tls_ca, cert=tls_cert, key=tls_key, server_name=tls_server_name
+        )
         self.endpoints: tuple[str, ...] = tuple(eps)
         self.timeout_s = float(timeout_s)
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_message_bytes = int(max_message_mb * MIB)
         self._payload_bytes = max(self.max_message_bytes - MESSAGE_OVERHEAD_BYTES, 1024)
-        self._channels = [grpc.insecure_channel(e, options=options) for e in self.endpoints]
+        if self.tls.client_enabled:
+            creds = channel_credentials(self.tls)
+            options += channel_options(self.tls)
+            self._channels = [grpc.secure_channel(e, creds, options=options) for e in eps]
+        else:
+            self._channels = [grpc.insecure_channel(e, options=options) for e in eps]
         self._methods = [_methods(c) for c in self._channels]
         self._health = [health_pb2_grpc.HealthStub(c) for c in self._channels]
         use_shm = shm_mod.enabled_by_env() if shm is None else bool(shm)
@@ -150,7 +177,9 @@ class RpcClient:
         timeout = self.timeout_s if timeout_s is None else timeout_s
 
         def blocking(c: Call) -> Any:
-            return self._methods[c.server][c.method](c.request, timeout=timeout)
+            return self._methods[c.server][c.method](
+                c.request, timeout=timeout, metadata=self._metadata
+            )
 
         # grpc's .future() starts a thread per call (~1 ms each on this class of machine): one
         # call runs inline, several run on the client's long-lived pool, in parallel.
@@ -190,7 +219,7 @@ class RpcClient:
             )
             time.sleep(delay)
             try:
-                return method(call.request, timeout=timeout)
+                return method(call.request, timeout=timeout, metadata=self._metadata)
             except grpc.RpcError as again:
                 if again.code() not in RETRYABLE or attempt == self.retries:
                     raise
@@ -275,7 +304,9 @@ class RpcClient:
             for seg in self._shm.close():
                 request = ps_pb2.ShmDetachRequest(segment=seg.name)
                 try:  # best effort: a stopped server has unmapped them already
-                    self._methods[seg.server]["ShmDetach"](request, timeout=2.0)
+                    self._methods[seg.server]["ShmDetach"](
+                        request, timeout=2.0, metadata=self._metadata
+                    )
                 except grpc.RpcError:
                     pass
         self._pool.shutdown(wait=False)

@@ -28,6 +28,7 @@ import numpy as np
 
 from collective.errors import ConfigError
 from ps_server import checkpoint
+from ps_server.checkpoint.roots import confine, resolve_roots
 from ps_server.config import NonFinitePolicy, check_same_config, config_from_dict, config_to_dict
 from ps_server.core.batch_ops import all_finite
 from ps_server.core.dense_table import DenseTable
@@ -87,6 +88,9 @@ class ServerState:
     endpoint: str = ""
     shm: shm.ShmRegistry = field(default_factory=shm.ShmRegistry)
     """Shared-memory segments of same-host clients (:mod:`ps_server.rpc.shm`)."""
+    checkpoint_roots: tuple[str, ...] = field(default_factory=resolve_roots)
+    """Directories Save / Load requests may name (:mod:`ps_server.checkpoint.roots`; default
+    FLEET_PS_CHECKPOINT_ROOT, else the working directory)."""
 
     def count_event(self, name: str) -> None:
         """Add one to server-level counter ``name``."""
@@ -317,11 +321,14 @@ def push_dense(state: ServerState, req: ps_pb2.PushDenseRequest) -> ps_pb2.PushD
 
 # -- checkpoints -----------------------------------------------------------------------------
 def save(state: ServerState, req: ps_pb2.SaveRequest) -> ps_pb2.SaveResponse:
-    """Save this server's tables into ``dir`` (its own manifest, ``manifest.server-<i>.json``)."""
+    """Save this server's tables into ``dir`` (its own manifest, ``manifest.server-<i>.json``),
+    a directory under the server's checkpoint roots
+    (:func:`~ps_server.checkpoint.roots.confine`)."""
     if not req.dir:
         raise ConfigError("must name a directory on the server's file system", key="dir")
+    directory = confine(req.dir, state.checkpoint_roots)
     mode = req.mode or "all"
-    manifest = checkpoint.save(req.dir, dict(state.tables), mode=mode, writer=state.writer)
+    manifest = checkpoint.save(directory, dict(state.tables), mode=mode, writer=state.writer)
     return ps_pb2.SaveResponse(manifest_json=json.dumps(manifest))
 
 
@@ -360,8 +367,8 @@ def load_dir(state: ServerState, directory: str) -> tuple[dict[str, int], list[s
 
 
 def load(state: ServerState, req: ps_pb2.LoadRequest) -> ps_pb2.LoadResponse:
-    """Load a checkpoint (see :func:`load_dir`)."""
-    rows, created = load_dir(state, req.dir)
+    """Load a checkpoint (see :func:`load_dir`) from under the server's checkpoint roots."""
+    rows, created = load_dir(state, confine(req.dir, state.checkpoint_roots))
     return ps_pb2.LoadResponse(rows=rows, created_tables=created)
 
 

@@ -9,7 +9,10 @@ code (the servicer aborts the call with it and the exception's message):
 * ``TableNotFoundError`` → NOT_FOUND
 * ``TableConfigMismatchError`` → ALREADY_EXISTS
 * ``TableCapacityError`` → RESOURCE_EXHAUSTED
-* ``CheckpointCorruptError`` → DATA_LOSS; other ``CheckpointError`` → FAILED_PRECONDITION
+* ``CheckpointPathError`` (a Save / Load path outside the server's checkpoint roots) →
+  PERMISSION_DENIED; ``CheckpointCorruptError`` → DATA_LOSS; other ``CheckpointError`` →
+  FAILED_PRECONDITION
+* ``AuthError`` (no token, or not the job's: :mod:`ps_server.rpc.auth`) → UNAUTHENTICATED
 * ``BarrierTimeoutError`` → DEADLINE_EXCEEDED
 * ``ServerStoppingError`` → UNAVAILABLE
 * anything else (a bug) → INTERNAL, logged server-side with its traceback
@@ -30,6 +33,7 @@ from collective.errors import ConfigError, PSError
 from ps_server.errors import (
     CheckpointCorruptError,
     CheckpointError,
+    CheckpointPathError,
     ShmSegmentError,
     TableCapacityError,
     TableConfigMismatchError,
@@ -52,6 +56,10 @@ class ServerStoppingError(PSError):
     """The server is shutting down: a waiting call (barrier) was released without completing."""
 
 
+class AuthError(PSError, PermissionError):
+    """A call without the job's token (none, or another one); nothing was done."""
+
+
 _SERVER_MAP: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     # order matters: subclasses before their bases
     (WrongShardError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -62,10 +70,12 @@ _SERVER_MAP: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (TableNotFoundError, grpc.StatusCode.NOT_FOUND),
     (TableConfigMismatchError, grpc.StatusCode.ALREADY_EXISTS),
     (TableCapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (CheckpointPathError, grpc.StatusCode.PERMISSION_DENIED),
     (CheckpointCorruptError, grpc.StatusCode.DATA_LOSS),
     (CheckpointError, grpc.StatusCode.FAILED_PRECONDITION),
     (BarrierTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (ServerStoppingError, grpc.StatusCode.UNAVAILABLE),
+    (AuthError, grpc.StatusCode.UNAUTHENTICATED),
 )
 
 
@@ -122,6 +132,14 @@ class PSDeadlineExceededError(PSRpcError, TimeoutError):
     """DEADLINE_EXCEEDED: the call (or a barrier) timed out."""
 
 
+class PSUnauthenticatedError(PSRpcError, PermissionError):
+    """UNAUTHENTICATED: the call carried no token or not the job's (FLEET_PS_TOKEN)."""
+
+
+class PSPermissionDeniedError(PSRpcError, PermissionError):
+    """PERMISSION_DENIED: a checkpoint path outside the server's --checkpoint_root."""
+
+
 class PSInternalError(PSRpcError):
     """INTERNAL / UNKNOWN / others: a bug; the server logged the traceback."""
 
@@ -135,6 +153,8 @@ ERROR_OF_CODE: dict[grpc.StatusCode, type[PSRpcError]] = {
     grpc.StatusCode.DATA_LOSS: PSDataLossError,
     grpc.StatusCode.UNAVAILABLE: PSUnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: PSDeadlineExceededError,
+    grpc.StatusCode.UNAUTHENTICATED: PSUnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PSPermissionDeniedError,
 }
 """The client-side error class of each status code (others: :class:`PSInternalError`)."""
 
@@ -148,6 +168,7 @@ def rpc_error(method: str, endpoint: str, err: grpc.RpcError) -> PSRpcError:
 
 __all__ = [
     "ERROR_OF_CODE",
+    "AuthError",
     "BarrierTimeoutError",
     "PSAlreadyExistsError",
     "PSDataLossError",
@@ -156,8 +177,10 @@ __all__ = [
     "PSInternalError",
     "PSInvalidArgumentError",
     "PSNotFoundError",
+    "PSPermissionDeniedError",
     "PSResourceExhaustedError",
     "PSRpcError",
+    "PSUnauthenticatedError",
     "PSUnavailableError",
     "RequestDecodeError",
     "ServerStoppingError",

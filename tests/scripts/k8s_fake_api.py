@@ -23,6 +23,7 @@ KINDS = {
     "statefulsets": "StatefulSet",
     "services": "Service",
     "configmaps": "ConfigMap",
+    "secrets": "Secret",
     "pods": "Pod",
     "podgroups": "PodGroup",
 }
@@ -163,6 +164,13 @@ class FakeAPI:
             return 200, obj, False
         if method == "DELETE":
             del self.objects[(plural, ns, name)]
+            # the garbage collector's part, for the objects no fleetrun call deletes (the PS
+            # token Secret): what the deleted object owned goes with it
+            uid = obj.get("metadata", {}).get("uid")
+            for key, other in list(self.objects.items()):
+                refs = other.get("metadata", {}).get("ownerReferences") or []
+                if key[0] == "secrets" and uid and any(r.get("uid") == uid for r in refs):
+                    del self.objects[key]
             if plural in ("services", "podgroups"):  # as the API server: the deleted object
                 return 200, obj, False
             return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}, False

@@ -3,7 +3,8 @@
 For every pod a workload would create (Indexed Job: one per completion index; StatefulSet: one
 per ordinal) it builds exactly the process Kubernetes would start: the container's
 command + args, and the environment the manifest gives that pod plus what Kubernetes injects
-(downward-API ``fieldRef`` values, JOB_COMPLETION_INDEX, HOSTNAME; a container runtime's PATH and
+(downward-API ``fieldRef`` values, ``secretKeyRef`` values of the rendered Secrets,
+JOB_COMPLETION_INDEX, HOSTNAME; a container runtime's PATH and
 HOME). The translation, and nothing else, stands in for the cluster:
 
 * service DNS names (``*.NAMESPACE.svc``) become ``127.0.0.1``; ``status.podIP`` is 127.0.0.1;
@@ -15,12 +16,13 @@ HOME). The translation, and nothing else, stands in for the cluster:
 * ``command[0]`` is looked up on PATH (the test's virtualenv bin first), cwd = the repository
   (the image's WORKDIR holds it).
 
-Anything else in a manifest (other volume types, secret refs...) raises: the test would not be
+Anything else in a manifest (other volume types, refs to objects not rendered...) raises: the test would not be
 running what the manifest says.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -67,9 +69,16 @@ def _field(path: str, pod: dict[str, Any]) -> str:
     return values[path]
 
 
+def _secret_data(obj: dict[str, Any]) -> dict[str, str]:
+    """A Secret's values (``data`` is base64, ``stringData`` plain, as the API server merges)."""
+    data = {k: base64.b64decode(v).decode() for k, v in obj.get("data", {}).items()}
+    return {**data, **obj.get("stringData", {})}
+
+
 def translate(objs: list[dict[str, Any]], workdir: Path, cwd: Path) -> list[LocalPod]:
     """Every pod of the rendered objects as a :class:`LocalPod` (workloads in manifest order)."""
     configmaps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
+    secrets = {o["metadata"]["name"]: _secret_data(o) for o in objs if o["kind"] == "Secret"}
     ns = objs[0]["metadata"]["namespace"]
     dns = re.compile(r"[A-Za-z0-9{}\-.]+\." + re.escape(ns) + r"\.svc(\.cluster\.local)?")
     service_ports = {p["port"] for o in objs if o["kind"] == "Service" for p in o["spec"]["ports"]}
@@ -105,6 +114,7 @@ def translate(objs: list[dict[str, Any]], workdir: Path, cwd: Path) -> list[Loca
                     hostname,
                     i,
                     configmaps,
+                    secrets,
                     dns,
                     shared,
                     workdir / name,
@@ -120,6 +130,7 @@ def _pod(
     hostname: str,
     index: int,
     configmaps: dict[str, Any],
+    secrets: dict[str, dict[str, str]],
     dns: re.Pattern[str],
     shared: dict[int, int],
     root: Path,
@@ -171,6 +182,9 @@ def _pod(
             env[item["name"]] = local(value)
         elif "fieldRef" in item.get("valueFrom", {}):
             env[item["name"]] = _field(item["valueFrom"]["fieldRef"]["fieldPath"], pod)
+        elif "secretKeyRef" in item.get("valueFrom", {}):
+            ref = item["valueFrom"]["secretKeyRef"]
+            env[item["name"]] = secrets[ref["name"]][ref["key"]]
         else:
             raise ValueError(f"env {item} is not translated")
     command = [local(a) for a in [*container["command"], *container.get("args", [])]]

@@ -13,13 +13,22 @@ import yaml
 from collective.errors import ConfigError
 from launcher.spec import JobSpec, spec_to_dict
 
+SECRET_ENV_KEYS = frozenset({"FLEET_PS_TOKEN"})
+"""Environment entries never written to the log dir (job.yaml is for people to read)."""
+REDACTED = "<redacted>"
+
 
 def write_job_file(spec: JobSpec, name: str = "job.yaml") -> str:
-    """Write the resolved job as ``log_dir/name`` (creating log_dir); return the path."""
+    """Write the resolved job as ``log_dir/name`` (creating log_dir), secrets of its ``env:``
+    replaced by ``<redacted>``; return the path."""
     os.makedirs(spec.log_dir, exist_ok=True)
     path = os.path.join(spec.log_dir, name)
+    data = spec_to_dict(spec)
+    env = data.get("env")
+    if isinstance(env, dict):
+        data["env"] = {k: REDACTED if k in SECRET_ENV_KEYS else v for k, v in env.items()}
     with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(spec_to_dict(spec), f, sort_keys=False)
+        yaml.safe_dump(data, f, sort_keys=False)
     return path
 
 

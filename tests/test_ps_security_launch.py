@@ -132,3 +132,15 @@ def test_k8s_token_is_random_per_job_and_collective_jobs_have_none(monkeypatch: 
     collective = render_job(build_spec({"name": "dp", "scheduler": "k8s", "entrypoint": {"script": "t.py"}}))
     assert "Secret" not in {o["kind"] for o in collective}
     assert FLEET_PS_TOKEN not in json.dumps(collective)
+
+
+def test_job_yaml_never_holds_the_token_of_the_job_env(tmp_path: Path) -> None:
+    from launcher.job_files import write_job_file
+
+    spec = build_spec({"entrypoint": {"script": "train.py"}, "mode": "ps", "log_dir": str(tmp_path),
+                       "sizes": {"server_num": 1, "worker_num": 1},
+                       "env": {FLEET_PS_TOKEN: "secret-from-the-job-file-0123", "OTHER": "kept"}})
+    text = Path(write_job_file(spec)).read_text()
+    assert "secret-from-the-job-file-0123" not in text
+    assert "<redacted>" in text and "kept" in text
+    assert spec.env[FLEET_PS_TOKEN] == "secret-from-the-job-file-0123"  # the processes still get it

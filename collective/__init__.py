@@ -41,6 +41,9 @@ _LAZY = {
     "WorkerEnv": "collective.env",
     "read_worker_env": "collective.env",
     "record": "collective.record",
+    "shutdown": "collective.clean_exit",
+    "register_shutdown": "collective.clean_exit",
+    "unregister_shutdown": "collective.clean_exit",
 }
 
 __all__ = list(_LAZY)

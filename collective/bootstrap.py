@@ -2,9 +2,16 @@
 
 ``python -u -m collective.bootstrap script.py ARGS`` behaves like ``python -u script.py ARGS``
 (same ``sys.argv``, ``sys.path[0]``, ``__main__``) and ``python -m collective.bootstrap -m MODULE
-ARGS`` like ``python -m MODULE ARGS``, with one addition: an uncaught exception is written to the
-error file named in the env contract, so the launcher's failure summary can show the traceback
-without the script having to use ``@record``. Standard library only, imports nothing heavy.
+ARGS`` like ``python -m MODULE ARGS``, with two additions:
+
+* an uncaught exception is written to the error file named in the env contract, so the
+  launcher's failure summary can show the traceback without the script having to use
+  ``@record``;
+* the process exits through :func:`collective.clean_exit.shutdown` (registered before the script
+  runs, so it runs after the script's own atexit handlers): a plain torchrun script that never
+  calls fleet gets the same clean gloo teardown as a fleet script.
+
+Standard library only, imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import os
 import runpy
 import sys
 
+from collective.clean_exit import install_atexit
 from collective.record import install_excepthook
 
 
@@ -21,6 +29,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m collective.bootstrap (SCRIPT | -m MODULE) [ARGS...]")
     install_excepthook()
+    install_atexit()
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit("usage: python -m collective.bootstrap -m MODULE [ARGS...]")

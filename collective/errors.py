@@ -57,13 +57,33 @@ class PSError(FleetError):
     """Parameter-server errors (tables, RPCs)."""
 
 
+class DatasetFormatError(FleetError, ValueError):
+    """A data file (``fleet.data``) holds a line that is not valid MultiSlot text for the slots.
+
+    ``path``, ``line`` (1-based), ``slot`` (name, or None when the line as a whole is wrong) and
+    ``text`` (the offending token or line) say where; the message says what was expected.
+    """
+
+    def __init__(
+        self, message: str, path: str = "", line: int = 0, slot: str | None = None, text: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.path, self.line, self.slot, self.text = path, line, slot, text
+
+
+class ShutdownError(FleetError):
+    """Shutdown callbacks of subsystems raised (the rest of the shutdown still ran)."""
+
+
 __all__ = [
     "ConfigError",
+    "DatasetFormatError",
     "EnvContractError",
     "FleetError",
     "FleetNotImplementedError",
     "LaunchError",
     "PSError",
     "RendezvousError",
+    "ShutdownError",
     "WorkerFailedError",
 ]

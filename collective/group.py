@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as tdist
 
+from collective.clean_exit import install_atexit
 from collective.env import Backend, WorkerEnv, read_worker_env
 from collective.errors import ConfigError
 from collective.store import make_store
@@ -47,9 +48,11 @@ def init_parallel_env(
     ``backend``: ``auto`` | ``gloo`` | ``nccl``; default is what the launcher asked for
     (``FLEET_BACKEND``, itself defaulting to auto). ``timeout_s``: collective timeout in seconds
     (default 1800). Calling it again after success is a no-op. A standalone process (no launcher)
-    gets a world of one.
+    gets a world of one. The process then exits through :func:`collective.clean_exit.shutdown`
+    (at exit, or when called).
     """
     env = env or read_worker_env()
+    install_atexit()
     if tdist.is_initialized():
         return env
     name = resolve_backend(backend or env.backend)

@@ -40,6 +40,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from collective.clean_exit import register_shutdown
 from collective.env import TrainingRole, WorkerEnv
 from collective.errors import ConfigError
 
@@ -130,6 +131,7 @@ def start(port: int, host: str = "127.0.0.1") -> int:
                 "— let fleetrun pick one (FLEET_METRICS_PORT), or unset FLEET_METRICS_PORT",
                 key="FLEET_METRICS_PORT") from None
         _state.server, _state.port, _state.enabled = server, int(server.server_port), True
+    register_shutdown("fleet.telemetry", stop)  # its thread ends before the groups at exit
     logger.info("trainer metrics on http://%s:%d/metrics", host, _state.port)
     return _state.port
 

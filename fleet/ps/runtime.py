@@ -31,6 +31,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from collective.clean_exit import register_shutdown, unregister_shutdown
 from collective.env import TrainingRole, WorkerEnv
 from collective.errors import ConfigError, FleetError
 from fleet.ps.communicator import (
@@ -182,8 +183,10 @@ def init_worker() -> None:
     if st.client is not None:
         return
     st.client = PSClient(list(st.env.pserver_endpoints))
+    register_shutdown("fleet.ps.client", st.client.close)  # a script that never calls stop_worker
     st.client.wait_ready(timeout_s=120)
     st.communicator = make_communicator(st.strategy, st.client, st.env.world_size)
+    register_shutdown("fleet.ps.communicator", st.communicator.close)  # closes before the client
     for module in list(st.tables.values()):
         _create(st, module)
     logger.info("trainer %d connected to %d server(s), %s mode", st.env.rank,
@@ -216,6 +219,8 @@ def stop_worker() -> None:
         if st.env.rank == 0:
             st.client.stop_servers()
         st.client.close()
+    unregister_shutdown("fleet.ps.communicator")
+    unregister_shutdown("fleet.ps.client")
     st.client, st.communicator = None, None
 
 

@@ -65,6 +65,9 @@ _lock = threading.Lock()
 _shutdown_lock = threading.Lock()
 """Serialises whole shutdowns (an explicit call racing the atexit one)."""
 _atexit_installed = False
+_failing = False
+"""Set when the process is ending on an error (:func:`mark_failing`): then the exit path does
+nothing, so that the process that failed first is also the first to lose its connections."""
 
 
 def register_shutdown(name: str, fn: Callable[[], None]) -> None:
@@ -101,7 +104,31 @@ def install_atexit() -> None:
     with _lock:
         if not _atexit_installed:
             atexit.register(_shutdown_at_exit)
+            _install_failure_hook()
             _atexit_installed = True
+
+
+def mark_failing() -> None:
+    """This process is ending on an error: skip the exit path (callbacks, group teardown).
+
+    Why: destroying the groups of a failing rank closes its connections while it still runs,
+    so its peers fail ("Connection reset by peer") and may exit *before* it; a launcher that
+    orders failures by exit time would then name a peer as the root cause. Without the
+    teardown the failing rank dies first, as before. An uncaught exception marks the process
+    by itself (a ``sys.excepthook`` wrapper); :func:`collective.spawn` marks a child whose
+    function raised."""
+    global _failing
+    _failing = True
+
+
+def _install_failure_hook() -> None:
+    previous = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
+        mark_failing()
+        previous(exc_type, exc, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = hook
 
 
 def shutdown(idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
@@ -133,6 +160,9 @@ def shutdown(idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
 
 
 def _shutdown_at_exit() -> None:
+    if _failing:
+        logger.debug("exiting on an error: process groups left to the process's end")
+        return
     try:
         shutdown()
     except ShutdownError as err:  # exit goes on: the exit code stays the script's
@@ -221,6 +251,7 @@ def wait_gloo_idle(timeout_s: float = IDLE_TIMEOUT_S) -> bool:
 
 __all__ = [
     "install_atexit",
+    "mark_failing",
     "register_shutdown",
     "registered_shutdowns",
     "shutdown",

@@ -21,6 +21,7 @@ import torch
 import torch.multiprocessing as tmp
 from torch.multiprocessing import ProcessContext, ProcessExitedException, ProcessRaisedException
 
+from collective.clean_exit import mark_failing
 from collective.env import Backend, NodeLayout, find_free_port, make_worker_env
 from collective.errors import ConfigError, WorkerFailedError
 
@@ -36,7 +37,13 @@ def _run_worker(
 ) -> None:
     """Child entry point: install this rank's env contract, then run the user's function."""
     os.environ.update(envs[local_rank])
-    func(*args)
+    try:
+        func(*args)
+    except BaseException:
+        # torch's spawn wrapper catches the exception itself (no excepthook runs): mark the
+        # process failing so that its exit leaves the groups alone (collective.clean_exit).
+        mark_failing()
+        raise
 
 
 class SpawnContext:

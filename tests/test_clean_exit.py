@@ -176,3 +176,22 @@ def test_bootstrap_exit_runs_scripts_atexit_first_then_shutdown(tmp_path: Path) 
     assert r.returncode == 7, r.stdout + r.stderr
     assert r.stdout.splitlines() == ["user atexit, group up: True", "shutdown callback"], r.stdout
     assert "terminate called" not in r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_process_leaves_its_groups_to_its_end() -> None:
+    """An uncaught exception skips the exit path: tearing the groups down would break the peers
+    while the failing rank still runs, and a peer exiting first would look like the root cause."""
+    code = textwrap.dedent("""
+        import sys
+        from collective.clean_exit import install_atexit, register_shutdown
+        install_atexit()
+        register_shutdown("marker", lambda: print("SHUTDOWN RAN", flush=True))
+        if sys.argv[1] == "fail":
+            raise ValueError("boom")
+    """)
+    ok = _python("-c", code, "ok")
+    assert ok.returncode == 0 and "SHUTDOWN RAN" in ok.stdout, ok.stderr
+    failed = _python("-c", code, "fail")
+    assert failed.returncode == 1 and "SHUTDOWN RAN" not in failed.stdout
+    assert "ValueError: boom" in failed.stderr

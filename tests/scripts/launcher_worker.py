@@ -30,8 +30,12 @@ if args.grandchild:
 if args.ignore_sigterm:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 os.makedirs(args.out, exist_ok=True)
-with open(os.path.join(args.out, f"rank{rank}.attempt{attempt}.json"), "w") as f:
+# tmp + rename: the tests poll for rank*.json and read it at once (a plain write let them read an
+# empty file once under load)
+record = os.path.join(args.out, f"rank{rank}.attempt{attempt}.json")
+with open(record + ".tmp", "w") as f:
     json.dump(info, f)
+os.replace(record + ".tmp", record)
 print(f"worker rank {rank} attempt {attempt} up", flush=True)
 
 

@@ -38,7 +38,15 @@ setup(
             depends=["ps_server/core/_kernels_common.h"],
             extra_compile_args=["-O3", "-std=c99", "-fno-fast-math"],
             optional=True,
-        )
+        ),
+        # fleet.data's MultiSlot text parser (fleet/data/parser.py falls back to Python)
+        Extension(
+            "fleet.data._parser",
+            ["fleet/data/_parser.c", "fleet/data/_parser_columns.c"],
+            depends=["fleet/data/_parser_common.h"],
+            extra_compile_args=["-O3", "-std=c99", "-fno-fast-math"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -65,6 +65,10 @@ _LAZY = {
     "end_day": "fleet.ps.runtime",
     "DistributedEmbedding": "fleet.ps.embedding",
     "train_from_dataset": "fleet.train_loop",
+    "InMemoryDataset": "fleet.data.in_memory",
+    "QueueDataset": "fleet.data.dataset",
+    "MultiSlotDataGenerator": "fleet.data.generator",
+    "MultiSlotStringDataGenerator": "fleet.data.generator",
     "distributed_scaler": "fleet.meta_optimizers.amp",
     "clip_grad_norm_": "fleet.meta_optimizers.clip",
     "ClipGradByGlobalNorm": "fleet.meta_optimizers.clip",
@@ -106,6 +110,10 @@ MOVED_MODULES = {
 install_moved_modules("fleet", MOVED_MODULES)
 
 __all__ = [
+    "InMemoryDataset",
+    "MultiSlotDataGenerator",
+    "MultiSlotStringDataGenerator",
+    "QueueDataset",
     "ClipGradByGlobalNorm",
     "CommunicateTopology",
     "DistributedEmbedding",

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 JOB = SCRIPTS / "telemetry_job.py"
 WORKER = SCRIPTS / "launcher_worker.py"
-NAME = re.compile(r"^fleet_(trainer|ps|launcher)_[a-z][a-z0-9_]*[a-z0-9]$")
-ALLOWED_LABELS = {"op", "table", "code", "result", "state", "role", "cause"}
+NAME = re.compile(r"^fleet_(trainer|data|ps|launcher)_[a-z][a-z0-9_]*[a-z0-9]$")
+ALLOWED_LABELS = {"op", "table", "code", "result", "state", "role", "cause", "dataset"}
 CONTRACT = {
     "fleet_trainer_steps_total", "fleet_trainer_samples_total", "fleet_trainer_step_seconds",
     "fleet_trainer_loss", "fleet_trainer_throughput_samples_per_second",
@@ -39,13 +39,14 @@ PROC_KEYS = {"role", "rank", "host", "pid", "state", "exit_code", "signal", "met
 
 
 def defined_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Exposed name -> (type, label names) of every metric in the three definition modules."""
+    """Exposed name -> (type, label names) of every metric in the definition modules."""
+    import fleet.data.metrics
     import fleet.telemetry
     import launcher.telemetry
     import ps_server.telemetry
 
     out: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for mod in (fleet.telemetry, ps_server.telemetry, launcher.telemetry):
+    for mod in (fleet.telemetry, fleet.data.metrics, ps_server.telemetry, launcher.telemetry):
         for value in vars(mod).values():
             if isinstance(value, (Counter, Gauge, Histogram)) and value._name.startswith("fleet_"):
                 kind = value._type

@@ -84,6 +84,7 @@ _LAZY = {
     "telemetry": "fleet.telemetry.",
     "meta_parallel": "fleet.meta_parallel.",
     "data": "fleet.data.",
+    "ps": "fleet.ps.",
 }
 
 # Module paths from before fleet was grouped into subpackages (fleet.amp, fleet.embedding, ...):
@@ -139,6 +140,7 @@ __all__ = [
     "local_rank",
     "meta_parallel",
     "metrics",
+    "ps",
     "record",
     "report",
     "role_maker",

@@ -15,15 +15,19 @@ This package is the server-side core (numpy only; no gRPC, never imports ``fleet
 
 Layout, one room per layer (each subpackage's docstring says what it may import)::
 
-    core/        tables (table, sparse_table, dense_table, factory), storage (row_store,
-                 hash_index, hashing, batch_ops, compiled kernels), rules (optimizers,
-                 initializers, entry, registry), routing (key -> shard -> server), shard payloads
-    checkpoint/  save / load of tables (save_load), the binary shard file (shard_file) and the
-                 roots Save / Load requests are confined to (roots)
+    core/        tables (table, sparse_table, dense_table, serving_table, factory), storage
+                 (row_store, row_flags, hash_index, hashing, batch_ops, compiled kernels), rules
+                 (optimizers, initializers, entry, registry), routing (key -> shard -> server),
+                 shard payloads and snapshots
+    checkpoint/  snapshot / save / load of tables (save_load), manifests (manifest), the binary
+                 shard file (shard_file), atomic checksummed files (files), numbered job
+                 checkpoints (series: commit, latest_good, prune), background writes (writer),
+                 serving exports (serving) and the roots requests are confined to (roots)
     rpc/         the gRPC layer: proto/, codec and wire (bytes), shm (same-host path), service
-                 (the RPCs as functions) + sync (rounds, barriers), servicer, status
-                 (errors <-> codes), rpc_client (channels, retries), channel_options, auth (the
-                 job's token on every call), tls (TLS / mutual TLS)
+                 (the RPCs as functions) + sync (rounds, barriers), checkpoint_service (job
+                 checkpoints, serving, read-only refusals), servicer, status (errors <-> codes),
+                 rpc_client (channels, retries), checkpoint_client (PSClient's checkpoint and
+                 export calls), channel_options, auth (the job's token on every call), tls
     server.py  client.py  __main__.py     PSServer / serve, PSClient, ``python -m ps_server``
     config.py  errors.py  telemetry.py    table configs, error types, Prometheus metrics
 

@@ -5,6 +5,7 @@ Examples::
     python -m ps_server --port 8500                                  # one server, 127.0.0.1
     python -m ps_server --host 10.0.0.5 --port 8500 --server_index 1 --num_servers 4
     python -m ps_server --from_env      # TRAINING_ROLE=PSERVER env contract (as fleetrun sets)
+    python -m ps_server --port 8600 --serve exports/day3 exports/day3-h01  # read-only serving
     python -m ps_server --host 10.0.0.5 --port 8500 --token_file /run/secrets/ps-token \
         --tls_cert server.pem --tls_key server.key --tls_ca ca.pem --checkpoint_root /data/ckpt
 
@@ -12,7 +13,11 @@ Security: with a token (``--token_file`` or FLEET_PS_TOKEN) every RPC but the he
 carry it; without one the server binds only loopback addresses unless ``--insecure``. TLS with
 ``--tls_cert``/``--tls_key``, mutual TLS with ``--tls_ca`` too. Save / Load requests may only name
 directories under ``--checkpoint_root`` (default: FLEET_PS_CHECKPOINT_ROOT, else the working
-directory); ``--load DIR`` is the operator's own choice and is not confined.
+directory); ``--load DIR`` and ``--serve DIR`` are the operator's own choice and are not confined.
+
+``--serve DIR [DELTA ...]`` serves a serving export read-only (``fleet.ps.export_serving``): pulls
+answer from it (zeros for unknown keys), every call that would change it is refused
+(FAILED_PRECONDITION), and a Load RPC applies the next delta export.
 
 Once listening it prints one line ``ps_server <index>/<num> serving on <host>:<port>`` to stdout
 (with ``--port 0`` this is how a caller learns the port). Exit code 0 after a graceful stop, 2 for
@@ -74,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the CPU count up to 8)",
     )
     add("load", default=None, metavar="DIR", help="load this checkpoint before serving")
+    add("serve", nargs="+", default=None, metavar="DIR",
+        help="serve a read-only serving export: a base export, then its deltas in order (pushes "
+        "and other changes are refused; unknown keys pull zeros)")
     add("token_file", default=None, metavar="PATH",
         help="file holding the job's token, which every RPC must carry (default: "
         "FLEET_PS_TOKEN; none: anyone who reaches the port may call)")
@@ -133,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint_dir=args.load,
                 on_ready=_announce,
                 metrics_port=args.metrics_port,
+                serving_dirs=args.serve,
                 **security,
             )
         else:
@@ -147,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint_dir=args.load,
                 on_ready=_announce,
                 metrics_port=args.metrics_port,
+                serving_dirs=args.serve,
                 **security,
             )
     except ConfigError as err:

@@ -8,7 +8,9 @@ back into the caller's key order (duplicates allowed). Dense blocks live on the 
 ``upload_id``; the server acts on the last part) and pulled in ranges.
 
 Transport, retries, deadlines and the same-host shared-memory path are
-:class:`~ps_server.rpc.rpc_client.RpcClient`'s (its module docstring says which calls are retried).
+:class:`~ps_server.rpc.rpc_client.RpcClient`'s (its module docstring says which calls are retried);
+job checkpoints (``checkpoint``, ``begin_checkpoint``, ``load_latest``, ``list_checkpoints``) and
+serving exports (``export_serving``) are :class:`~ps_server.rpc.checkpoint_client.CheckpointCalls`'.
 
 Errors: a failed call raises a :class:`ps_server.rpc.status.PSRpcError` subclass naming the method,
 the server endpoint, the status code and the server's message; local argument checks raise
@@ -47,6 +49,7 @@ from ps_server.core.initializers import Initializer, Uniform
 from ps_server.core.optimizers import SGD, OptimizerRule
 from ps_server.core.routing import block_shard, shards_of_server, split_by_server
 from ps_server.errors import TableInputError
+from ps_server.rpc.checkpoint_client import CheckpointCalls
 from ps_server.rpc.codec import (
     KEY_BYTES,
     KEY_DTYPE,
@@ -60,7 +63,7 @@ from ps_server.rpc.codec import (
     encode_values,
 )
 from ps_server.rpc.proto import ps_pb2
-from ps_server.rpc.rpc_client import RETRYABLE, Call, RpcClient
+from ps_server.rpc.rpc_client import RETRYABLE, Call
 from ps_server.rpc.status import PSNotFoundError, PSRpcError
 from ps_server.rpc.wire import wire_message
 
@@ -88,7 +91,7 @@ def _le(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtype)
 
 
-class PSClient(RpcClient):
+class PSClient(CheckpointCalls):
     """Client of the servers at ``endpoints`` (``["host:port", ...]`` or ``"h:p,h:p"``), in
     server-index order; the keyword arguments are :class:`~ps_server.rpc.rpc_client.RpcClient`'s
     (``timeout_s``, ``retries``, ``max_message_mb``, ``backoff_s``, ``shm``, ``shm_max_mb``,

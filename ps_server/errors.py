@@ -9,7 +9,9 @@ The gRPC layer maps these to status codes in one place (suggested mapping in bra
   (``RESOURCE_EXHAUSTED``).
 * :class:`CheckpointError` and subclasses — saving or loading failed (``DATA_LOSS`` for a corrupt
   file, ``PERMISSION_DENIED`` for a path outside the server's checkpoint roots,
-  ``FAILED_PRECONDITION`` otherwise).
+  ``FAILED_PRECONDITION`` otherwise, e.g. :class:`CheckpointBusyError`).
+* :class:`ReadOnlyServingError` — a mutating call to a server serving a read-only export
+  (``FAILED_PRECONDITION``).
 * :class:`ShmSegmentError` — the same-host shared-memory path cannot be used
   (``FAILED_PRECONDITION``).
 
@@ -93,6 +95,15 @@ class CheckpointVersionError(CheckpointError):
     """A shard file or manifest was written in a format version this code cannot read."""
 
 
+class CheckpointBusyError(CheckpointError):
+    """A server is still writing its part of the previous checkpoint (one at a time)."""
+
+
+class ReadOnlyServingError(PSError):
+    """A call that would change a server serving a read-only export (pushes, creates, saves,
+    shrink, end_day, checkpoints) — ``FAILED_PRECONDITION``."""
+
+
 class ShmSegmentError(PSError):
     """A shared-memory segment cannot be used: the server cannot open it (another host or
     container), it is not attached (the server restarted) or the server maps too many
@@ -100,11 +111,13 @@ class ShmSegmentError(PSError):
 
 
 __all__ = [
+    "CheckpointBusyError",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointPathError",
     "CheckpointVersionError",
     "NonFiniteGradientError",
+    "ReadOnlyServingError",
     "ShmSegmentError",
     "TableCapacityError",
     "TableConfigMismatchError",

@@ -26,6 +26,12 @@ FLEET_PS_TLS_* variables). Save / Load requests may only name directories under 
 checkpoint roots (:mod:`ps_server.checkpoint.roots`; ``checkpoint_root=``, else
 FLEET_PS_CHECKPOINT_ROOT, else the working directory).
 
+Checkpoints: a job checkpoint or serving export locks the tables only while their rows are
+copied and is written on a background thread (:mod:`ps_server.rpc.checkpoint_service`); a
+stopping server lets a write in progress finish. :meth:`PSServer.serve_export` (``python -m
+ps_server --serve``) makes a read-only serving server: pulls answer from the export, calls that
+would change it get FAILED_PRECONDITION.
+
 Stopping is graceful in every path (``stop()``, the Stop RPC, SIGTERM/SIGINT under
 :func:`serve`): health turns NOT_SERVING, barrier waiters are released with UNAVAILABLE, new
 calls are refused and in-flight calls get ``grace_s`` seconds to finish.
@@ -56,6 +62,7 @@ from collective.env import (
 from collective.errors import ConfigError, EnvContractError, PSError
 from ps_server import telemetry
 from ps_server.checkpoint.roots import resolve_roots
+from ps_server.checkpoint.serving import load_serving
 from ps_server.core import kernels
 from ps_server.rpc.auth import (
     TokenInterceptor,
@@ -181,6 +188,25 @@ class PSServer:
         telemetry.CHECKPOINT_SECONDS.labels(op="load").observe(time.perf_counter() - t0)
         return rows
 
+    def serve_export(self, directories: Sequence[str]) -> dict[str, int]:
+        """Serve a read-only serving export (before ``start()``): a base export, then its deltas
+        in order (``python -m ps_server --serve DIR [DELTA ...]``; the operator's choice, not
+        confined to the checkpoint roots). From then on every call that would change the server
+        is refused (FAILED_PRECONDITION naming read-only serving); Load loads the next delta.
+        Returns rows held per table."""
+        tables, records = load_serving(
+            directories, self.state.server_index, self.state.num_servers
+        )
+        with self.state.lock:
+            if self.state.tables:
+                raise PSError(
+                    f"server {self.state.server_index} already holds tables "
+                    f"{sorted(self.state.tables)}: serve an export on a fresh server"
+                )
+            self.state.tables.update(tables)
+            self.state.serving = list(records)
+        return {name: t.num_rows for name, t in sorted(tables.items())}
+
     def _count_refusal(self, op: str, cause: str) -> None:
         """A call refused by the token check (in Stats' errors, as other failed calls)."""
         with self.state.counter_lock:
@@ -270,6 +296,7 @@ class PSServer:
         self.state.barriers.stop()
         if self._server is not None:
             self._server.stop(grace).wait()
+        self.state.checkpoints.close()  # a checkpoint being written is finished, not cut
         self.state.shm.close()
         self._stopped.set()
         logger.info("parameter server %d stopped", self.state.server_index)
@@ -298,20 +325,26 @@ def serve(
     on_ready: Any = None,
     metrics_port: int | None = None,
     table_threads: int | None = None,
+    serving_dirs: Sequence[str] | None = None,
     **security: Any,
 ) -> None:
     """Run one server until a Stop RPC or SIGTERM/SIGINT (graceful either way), then return.
 
-    ``checkpoint_dir`` loads a checkpoint before serving (a path of the caller's: not confined
-    to the checkpoint roots); ``on_ready(server)`` is called once it listens (``python -m
+    ``checkpoint_dir`` loads a checkpoint before serving, ``serving_dirs`` serves a read-only
+    serving export (a base, then its deltas; :meth:`PSServer.serve_export`) — paths of the
+    caller's, not confined to the checkpoint roots; ``on_ready(server)`` is called once it listens (``python -m
     ps_server`` prints the endpoint there). ``metrics_port``, ``table_threads`` and
     ``security`` (``token``, ``insecure``, ``tls``, ``checkpoint_root``): as :class:`PSServer`'s.
     Signal handlers are installed only when called from the main thread.
     """
     server = PSServer(host, port, server_index, num_servers, max_message_mb, threads,
                       metrics_port=metrics_port, table_threads=table_threads, **security)
+    if checkpoint_dir and serving_dirs:
+        raise ConfigError("give a checkpoint to load or an export to serve, not both", key="serve")
     if checkpoint_dir:
         server.load_checkpoint(checkpoint_dir)
+    if serving_dirs:
+        server.serve_export(serving_dirs)
     server.start()
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():

@@ -48,8 +48,9 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 
 # -- metric definitions (the naming test scans this module) -----------------------------------
-CHECKPOINT_SECONDS = Histogram("fleet_ps_checkpoint_seconds", "Checkpoint save / load time",
-                               ["op"], buckets=CHECKPOINT_BUCKETS)
+CHECKPOINT_SECONDS = Histogram("fleet_ps_checkpoint_seconds", "Checkpoint time (op: save / load "
+                               "RPCs; snapshot: tables locked for a job checkpoint or export; "
+                               "write: its background write)", ["op"], buckets=CHECKPOINT_BUCKETS)
 AUTH_FAILURES = Counter("fleet_ps_auth_failures", "RPCs refused for a missing or wrong token "
                         "(op: the method, or 'unknown'; cause: missing_token / wrong_token)",
                         ["op", "cause"])

@@ -69,6 +69,13 @@ def _every_rpc(tmp_path: Path) -> dict[str, tuple[Callable[..., Any], Any]]:
             table="d", name="w", grad=np.ones(6, np.float32).tobytes(), mode=ps_pb2.PUSH_MODE_APPLY)),
         "Save": ("Save", ps_pb2.SaveRequest(dir=str(tmp_path / "stolen"))),
         "Load": ("Load", ps_pb2.LoadRequest(dir=str(tmp_path / "ck"))),
+        "CheckpointBegin": ("CheckpointBegin", ps_pb2.CheckpointBeginRequest(
+            root=str(tmp_path / "jobck"), name="ckpt-000001", kind="checkpoint")),
+        "CheckpointWait": ("CheckpointWait", ps_pb2.CheckpointWaitRequest(
+            root=str(tmp_path / "jobck"), name="ckpt-000001")),
+        "CheckpointCommit": ("CheckpointCommit", ps_pb2.CheckpointCommitRequest(
+            root=str(tmp_path / "jobck"), name="ckpt-000001", num_servers=1, keep=1)),
+        "ListCheckpoints": ("ListCheckpoints", ps_pb2.ListCheckpointsRequest(root=str(tmp_path))),
         "Shrink": ("Shrink", ps_pb2.ShrinkRequest(table="emb", unseen_days=0)),
         "EndDay": ("EndDay", ps_pb2.EndDayRequest()),
         "Barrier": ("Barrier", ps_pb2.BarrierRequest(name="b", count=2, timeout_s=1)),

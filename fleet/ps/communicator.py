@@ -154,6 +154,11 @@ class Communicator:
         self.flush()
         self._stop_prefetch()
 
+    def forget_server_values(self) -> None:
+        """Forget every value pulled earlier (prefetches, a background dense pull): the servers'
+        tables were replaced (a checkpoint was loaded)."""
+        self._prefetched = {}
+
     def _stop_prefetch(self) -> None:
         self._prefetched = {}
         if self._pool is not None:
@@ -304,6 +309,11 @@ class AsyncCommunicator(Communicator):
     def flush(self) -> None:
         self._queue.join()
         self._check()
+
+    def forget_server_values(self) -> None:
+        super().forget_server_values()
+        with self._lock:
+            self._latest_dense = None
 
     def close(self) -> None:
         if self._thread.is_alive():

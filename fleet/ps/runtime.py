@@ -26,8 +26,11 @@ dirname lands in fleetrun's working directory) and optional TLS (FLEET_PS_TLS_*)
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,15 +60,25 @@ class PSState:
     communicator: Communicator | None = None
     tables: weakref.WeakValueDictionary[str, Any] = field(default_factory=weakref.WeakValueDictionary)
     created: set[str] = field(default_factory=set)
+    pending_checkpoint: Any = None
+    """Trainer 0: the last ``fleet.ps.checkpoint`` still being written and committed."""
 
 
 _state: PSState | None = None
+_early_tables: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+"""DistributedEmbedding modules built before ``fleet.init`` (adopted by it): a model may be
+built first, or outside PS mode altogether to be served (``fleet.ps.ServingModel``)."""
+_lookups: contextvars.ContextVar[Any] = contextvars.ContextVar("fleet_ps_lookups", default=None)
+"""Where DistributedEmbedding lookups go instead of the trainer's communicator (serving)."""
 
 
 def start_ps(env: WorkerEnv, strategy: DistributedStrategy) -> None:
     """Called by ``fleet.init(is_collective=False)`` after the trainers' group is up."""
     global _state
     _state = PSState(env=env, strategy=strategy)
+    for name, module in list(_early_tables.items()):
+        _state.tables[name] = module
+    _early_tables.clear()
 
 
 def _require(api: str, role: TrainingRole | None = None) -> PSState:
@@ -137,14 +150,16 @@ def run_server() -> None:
 
 # -- trainer side --------------------------------------------------------------------------------
 def register_table(module: Any) -> None:
-    """A DistributedEmbedding was built: remember it; create its table now if connected."""
-    st = _require("DistributedEmbedding()")
-    other = st.tables.get(module.table)
+    """A DistributedEmbedding was built: remember it; create its table now if connected
+    (before ``fleet.init`` it waits for it)."""
+    st = _state
+    tables = st.tables if st is not None else _early_tables
+    other = tables.get(module.table)
     if other is not None and other is not module:
         raise ConfigError(f"two DistributedEmbedding modules use table {module.table!r}; give each its own name",
                           key="table")
-    st.tables[module.table] = module
-    if st.client is not None:
+    tables[module.table] = module
+    if st is not None and st.client is not None:
         _create(st, module)
 
 
@@ -193,8 +208,24 @@ def init_worker() -> None:
                 len(st.env.pserver_endpoints), st.communicator.mode)
 
 
+@contextlib.contextmanager
+def lookups_from(source: Any) -> Iterator[None]:
+    """DistributedEmbedding lookups in this context go to ``source`` (an object with the
+    communicator's ``pull_sparse``, ``prefetch``, ``record_sparse`` and ``prefetches``: a
+    serving copy) instead of the trainer's communicator."""
+    token = _lookups.set(source)
+    try:
+        yield
+    finally:
+        _lookups.reset(token)
+
+
 def get_communicator() -> Communicator:
-    """The trainer's communicator (after ``init_worker``)."""
+    """The trainer's communicator (after ``init_worker``), or the lookup source of an enclosing
+    :func:`lookups_from`."""
+    source = _lookups.get()
+    if source is not None:
+        return source
     st = _require("DistributedEmbedding.forward()", TrainingRole.TRAINER)
     if st.communicator is None:
         raise FleetError("call fleet.init_worker() before the first forward of a DistributedEmbedding")
@@ -210,11 +241,20 @@ def get_client() -> Any:
 
 
 def stop_worker() -> None:
-    """Flush pending updates, wait for every trainer, then trainer 0 stops the servers."""
+    """Flush pending updates, wait for every trainer, then trainer 0 waits for its last
+    checkpoint to be committed and stops the servers (a checkpoint that failed is raised after
+    the servers were stopped)."""
     st = _require("stop_worker()", TrainingRole.TRAINER)
     if st.communicator is not None:
         st.communicator.close()
     _barrier()
+    failed: BaseException | None = None
+    if st.pending_checkpoint is not None:
+        try:
+            st.pending_checkpoint.result()
+        except FleetError as err:
+            failed = err
+        st.pending_checkpoint = None
     if st.client is not None:
         if st.env.rank == 0:
             st.client.stop_servers()
@@ -222,6 +262,8 @@ def stop_worker() -> None:
     unregister_shutdown("fleet.ps.communicator")
     unregister_shutdown("fleet.ps.client")
     st.client, st.communicator = None, None
+    if failed is not None:
+        raise failed
 
 
 def save_persistables(dirname: str, mode: int = 0) -> None:

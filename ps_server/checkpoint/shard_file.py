@@ -33,7 +33,6 @@ header's (truncated), and an unknown version (:class:`CheckpointVersionError`).
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ps_server.checkpoint.files import FileRecord, check_record, write_atomic
 from ps_server.core.shard_data import DenseBlockData, DenseShardData, SparseShardData
 from ps_server.errors import CheckpointCorruptError, CheckpointVersionError
 
@@ -93,8 +93,9 @@ def _as_bytes(chunk: bytes | np.ndarray) -> bytes | memoryview:
 
 def write_shard(
     path: Path, data: SparseShardData | DenseShardData, mode: str, dim: int = 0, state_dim: int = 0
-) -> int:
-    """Write ``data`` to ``path`` atomically (temp file, fsync, rename); returns bytes written."""
+) -> FileRecord:
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename; the caller fsyncs the
+    directory); returns the file's size and CRC-32 for the manifest."""
     if isinstance(data, SparseShardData):
         kind, chunks = "sparse", _sparse_chunks(data)
         counts = (
@@ -129,14 +130,7 @@ def write_shard(
         0,
     )
     head = head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(head)
-        f.writelines(chunks)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return HEADER.size + size
+    return write_atomic(path, [head, *chunks])
 
 
 @dataclass(frozen=True)
@@ -234,8 +228,11 @@ class _Reader:
         return out
 
 
-def read_shard(path: Path) -> tuple[ShardHeader, SparseShardData | DenseShardData]:
-    """Read and verify one shard file (size, checksums, version)."""
+def read_shard(
+    path: Path, record: FileRecord | None = None
+) -> tuple[ShardHeader, SparseShardData | DenseShardData]:
+    """Read and verify one shard file (size, checksums, version; against the manifest's
+    ``record`` too when given)."""
     try:
         raw = Path(path).read_bytes()
     except OSError as err:
@@ -255,6 +252,8 @@ def read_shard(path: Path) -> tuple[ShardHeader, SparseShardData | DenseShardDat
     payload = memoryview(raw)[HEADER.size :]
     if zlib.crc32(payload) != head.payload_crc:
         raise CheckpointCorruptError(f"{path}: payload checksum mismatch: the file is corrupted")
+    if record is not None:  # a sound file, but is it the one the manifest lists?
+        check_record(path, raw, record)
     r = _Reader(path, payload)
     if head.kind == "sparse":
         n, p = head.num_rows, head.num_pending

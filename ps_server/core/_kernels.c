@@ -26,7 +26,7 @@
  *       sums the gradients of duplicated rows (float64 accumulation, occurrence order), then
  *       applies rule 0 = sgd, 1 = adagrad, 2 = adam with the same float32 arithmetic as
  *       ps_server/core/optimizers.py, clips to the weight bounds, adds the occurrences to count
- *       (saturating), sets unseen = 0 and flags |= SEEN | DIRTY.
+ *       (saturating), sets unseen = 0 and flags |= SEEN | CHANGED (both change logs).
  *   group(keys i64[n], salt u64, num_shards, num_servers, out i64[n][, keys_out i64[n]])
  *         -> [count per server]
  *       the client's routing (ps_server/core/routing.py): server = mix64(key ^ salt) % num_shards
@@ -213,7 +213,7 @@ static int push_part(void *arg, int part, Py_ssize_t lo, Py_ssize_t hi) {
         uint64_t cnt = (uint64_t)count[r] + (c->distinct ? 1U : c->occ[u]);
         count[r] = cnt > 0xFFFFFFFFULL ? 0xFFFFFFFFU : (uint32_t)cnt;
         unseen[r] = 0;
-        flags[r] = (uint8_t)((flags[r] & ~FLAG_MARK) | FLAG_SEEN | FLAG_DIRTY);
+        flags[r] = (uint8_t)((flags[r] & ~FLAG_MARK) | FLAG_SEEN | FLAG_CHANGED);
     }
     return 0;
 }
@@ -364,4 +364,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
                                     "Compiled sparse-table kernels (see kernels.py).", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernels(void) {
+    PyObject *m = PyModule_Create(&module);
+    /* the flags a push sets: kernels.py refuses a build whose value differs from row_store's */
+    if (m != NULL && PyModule_AddIntConstant(m, "CHANGED_FLAGS", FLAG_CHANGED) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -12,7 +12,9 @@
 #include <string.h>
 
 #define INDEX_SALT 0x2545F4914F6CDD1DULL
-#define FLAG_DIRTY 2
+#define FLAG_DIRTY 2        /* changed since the last save (row_store.DIRTY) */
+#define FLAG_EXPORT_DIRTY 8 /* changed since the last serving export (row_store.EXPORT_DIRTY) */
+#define FLAG_CHANGED (FLAG_DIRTY | FLAG_EXPORT_DIRTY) /* what a change sets (row_store.CHANGED) */
 #define FLAG_SEEN 4
 #define FLAG_MARK 0x80 /* transient, inside push only (never left set) */
 

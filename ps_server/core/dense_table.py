@@ -21,7 +21,7 @@ from ps_server.config import DenseTableConfig, NonFinitePolicy
 from ps_server.core.batch_ops import all_finite
 from ps_server.core.routing import block_shard
 from ps_server.core.shard_data import DenseBlockData, DenseShardData
-from ps_server.core.table import Table
+from ps_server.core.table import ChangeLog, PayloadSnapshot, Table, TableSnapshot
 from ps_server.errors import (
     NonFiniteGradientError,
     TableInputError,
@@ -219,17 +219,19 @@ class DenseTable(Table):
             return values[offset:end].copy(), total
 
     # -- checkpoint hooks ---------------------------------------------------------------------
-    def export_shards(self, delta: bool) -> dict[int, DenseShardData]:
-        """Per owned shard, its blocks (delta: only those pushed or created since the last save)."""
+    def _snapshot(self, delta: bool, log: ChangeLog | None) -> PayloadSnapshot:
+        """Copies of the blocks per owned shard (delta save: only those pushed or created since
+        the last save; a delta export takes every block — dense blocks are small)."""
+        only_dirty = delta and log is ChangeLog.SAVE
         out = {s: DenseShardData(s) for s in self.shards}
         for name in sorted(self._blocks):
             block = self._blocks[name]
-            if delta and not block.dirty:
+            if only_dirty and not block.dirty:
                 continue
             out[block_shard(name, self.config.num_shards)].blocks.append(
-                DenseBlockData(name, block.values[0], block.state[0])
+                DenseBlockData(name, block.values[0].copy(), block.state[0].copy())
             )
-        return out
+        return PayloadSnapshot(self._meta(delta), out)
 
     def import_shard(self, payload: DenseShardData, delta: bool) -> int:
         """Set the blocks of one shard from a checkpoint; returns blocks read."""
@@ -259,6 +261,13 @@ class DenseTable(Table):
     def clear(self) -> None:
         """Drop every block."""
         self._blocks = {}
+
+    def requeue_changes(self, log: ChangeLog, snapshot: TableSnapshot) -> None:
+        """A lost delta save: every block counts as changed again (exports take all blocks)."""
+        if log is ChangeLog.SAVE:
+            with self.lock:
+                for b in self._blocks.values():
+                    b.dirty = True
 
     def mark_saved(self) -> None:
         """Forget the dirty marks."""

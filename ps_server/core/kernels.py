@@ -18,15 +18,25 @@ temporaries); see BENCHMARKS.md ("PS kernels") for the measured speed-up.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
 
 from ps_server.core.optimizers import SGD, Adagrad, Adam
+from ps_server.core.row_flags import CHANGED
 
 try:
     from ps_server.core import _kernels as _c
 except ImportError:  # not built (no C compiler at install time)
+    _c = None
+if _c is not None and getattr(_c, "CHANGED_FLAGS", None) != int(CHANGED):
+    # a build from before the serving-export change log: its pushes would not mark rows for
+    # the next delta export; the numpy path is right, only slower
+    logging.getLogger(__name__).warning(
+        "ps_server.core._kernels is an older build (push flags %s, expected %d); using the "
+        "numpy path: rebuild with `pip install -e .`", getattr(_c, "CHANGED_FLAGS", "?"),
+        int(CHANGED))
     _c = None
 
 ENABLED = _c is not None and os.environ.get("FLEET_PS_KERNELS", "c").lower() != "numpy"

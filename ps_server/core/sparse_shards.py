@@ -3,7 +3,8 @@
 ``import_shard``, split by shard with :func:`~ps_server.core.routing.shard_of`.
 
 Functions of the stores they are given (the table's rows and, with a count-filter entry policy,
-its pending keys); the table validates a payload and holds its lock before calling them.
+its pending keys) or of their snapshots (:class:`SparseSnapshot`); the table validates a payload
+and holds its lock before calling them on its live stores.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from ps_server.core.routing import shard_of
-from ps_server.core.row_store import DIRTY, LIVE, SEEN, RowStore
+from ps_server.core.row_flags import DIRTY, EXPORT_DIRTY, LIVE, SEEN
+from ps_server.core.row_store import RowSnapshot, RowStore
 from ps_server.core.shard_data import SparseShardData
+from ps_server.core.table import ChangeLog, SnapshotMeta, TableSnapshot
 
 _NO_KEYS = np.zeros(0, dtype=np.int64)
 
@@ -28,21 +31,22 @@ def positions_by_shard(
 
 
 def export_shards(
-    store: RowStore,
-    pending: RowStore | None,
+    store: RowStore | RowSnapshot,
+    pending: RowStore | RowSnapshot | None,
     num_shards: int,
     shards: tuple[int, ...],
-    delta: bool,
+    changed: np.uint8 | None,
 ) -> dict[int, SparseShardData]:
-    """Per shard of ``shards``: all live rows, or (``delta``) the changed rows and the keys
-    deleted since the last save (taking the deletion logs)."""
-    rows = store.rows_with(DIRTY) if delta else store.live_rows()
+    """Per shard of ``shards``: all live rows (``changed`` None), or the rows carrying change
+    flag ``changed`` and the keys deleted since that change log was reset. Reads only: works
+    on a store (under the table's lock) or on its snapshot (without)."""
+    rows = store.rows_with(changed) if changed is not None else store.live_rows()
     keys = store.keys[rows]
-    deleted = store.take_deleted() if delta else _NO_KEYS
+    deleted = _deleted(store, changed)
     if pending is not None:
-        prows = pending.rows_with(DIRTY) if delta else pending.live_rows()
+        prows = pending.rows_with(changed) if changed is not None else pending.live_rows()
         pkeys = pending.keys[prows]
-        pdeleted = pending.take_deleted() if delta else _NO_KEYS
+        pdeleted = _deleted(pending, changed)
     else:
         prows, pkeys, pdeleted = _NO_KEYS, _NO_KEYS, _NO_KEYS
     by, del_by = (positions_by_shard(k, num_shards, shards) for k in (keys, deleted))
@@ -69,6 +73,60 @@ def export_shards(
             deleted_pending_keys=np.unique(pdeleted[pdel_by[s]]),
         )
     return out
+
+
+def _deleted(store: RowStore | RowSnapshot, changed: np.uint8 | None) -> np.ndarray:
+    if changed is None:
+        return _NO_KEYS
+    deleted = store.take_deleted(changed)
+    if deleted is None:  # the table checks this before it snapshots
+        raise ValueError("the change log of this delta is not kept (no base export yet)")
+    return deleted
+
+
+CHANGE_FLAG = {ChangeLog.SAVE: DIRTY, ChangeLog.EXPORT: EXPORT_DIRTY}
+"""The row flag of each change log."""
+
+
+def requeue_changes(
+    store: RowStore, pending: RowStore | None, snapshot: TableSnapshot, log: ChangeLog
+) -> None:
+    """``snapshot`` (a :class:`SparseSnapshot` that reset ``log``) was never written: every
+    live row counts as changed again and its deleted keys go back on the log
+    (:meth:`RowStore.requeue_changes`). Call with the table's lock held."""
+    assert isinstance(snapshot, SparseSnapshot)
+    flag = CHANGE_FLAG[log]
+    for st, snap in ((store, snapshot.store), (pending, snapshot.pending)):
+        if st is not None and snap is not None:
+            st.requeue_changes(flag, snap.take_deleted(flag))
+
+
+class SparseSnapshot(TableSnapshot):
+    """A sparse table's rows (and count-filter keys) at one instant: copies of its stores, split
+    into per-shard payloads by :meth:`export_shards` later, without the table's lock."""
+
+    def __init__(
+        self,
+        meta: SnapshotMeta,
+        store: RowSnapshot,
+        pending: RowSnapshot | None,
+        num_shards: int,
+        changed: np.uint8 | None,
+    ) -> None:
+        super().__init__(meta)
+        self.store, self.pending = store, pending
+        self.num_shards, self.changed = num_shards, changed
+
+    def export_shards(self) -> dict[int, SparseShardData]:
+        """Per owned shard: the snapshot's rows (or its changed rows and deleted keys)."""
+        return export_shards(
+            self.store, self.pending, self.num_shards, self.meta.shards, self.changed
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the copied stores."""
+        return self.store.nbytes + (self.pending.nbytes if self.pending is not None else 0)
 
 
 def import_shard(
@@ -103,4 +161,11 @@ def _upsert(
     store.flags[rows] = LIVE | (flags & SEEN)
 
 
-__all__ = ["export_shards", "import_shard", "positions_by_shard"]
+__all__ = [
+    "CHANGE_FLAG",
+    "SparseSnapshot",
+    "export_shards",
+    "import_shard",
+    "positions_by_shard",
+    "requeue_changes",
+]

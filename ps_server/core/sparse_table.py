@@ -52,9 +52,10 @@ from ps_server.core.hash_index import HashIndex, KeyIndex
 from ps_server.core.hashing import KeyRNG
 from ps_server.core.optimizers import RowsMeta
 from ps_server.core.routing import ROUTE_SALT, shard_of
-from ps_server.core.row_store import DIRTY, LIVE, SEEN, RowStore
+from ps_server.core.row_flags import CHANGED, LIVE, SEEN
+from ps_server.core.row_store import RowStore
 from ps_server.core.shard_data import SparseShardData
-from ps_server.core.table import Table
+from ps_server.core.table import ChangeLog, Table, TableSnapshot
 from ps_server.errors import (
     NonFiniteGradientError,
     TableCapacityError,
@@ -88,6 +89,19 @@ class PushStats:
     def to_dict(self) -> dict[str, int]:
         """Plain data."""
         return asdict(self)
+
+
+def pull_buffer(table: str, n: int, dim: int, out: np.ndarray | None) -> np.ndarray:
+    """``out`` checked to be a C-contiguous float32[n, dim] (a pull's reply written in place),
+    or a new one."""
+    shape = (n, dim)
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise TableInputError(
+            table, "out", f"must be a C-contiguous float32 array of shape {shape}"
+        )
+    return out
 
 
 class SparseTable(Table):
@@ -323,13 +337,7 @@ class SparseTable(Table):
         rows. ``out``: a writable C-contiguous float32[n, dim] to fill (and return) instead of
         a new array (the server writes a shared-memory reply in place)."""
         keys = self._check_keys(keys)
-        shape = (keys.shape[0], self.dim)
-        if out is None:
-            out = np.empty(shape, dtype=np.float32)
-        elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise TableInputError(
-                self.name, "out", f"must be a C-contiguous float32 array of shape {shape}"
-            )
+        out = pull_buffer(self.name, keys.shape[0], self.dim, out)
         with self.lock:
             rows = self.store.lookup(keys)
             miss = rows < 0
@@ -440,7 +448,7 @@ class SparseTable(Table):
                     st.cols["count"][urows], occ, _U32_MAX, np.uint32
                 )
                 st.cols["unseen_days"][urows] = 0
-                st.flags[urows] |= SEEN | DIRTY
+                st.flags[urows] |= SEEN | CHANGED
         return PushStats(n, int(urows.shape[0]), created, filtered, skipped, 0)
 
     def _update_pending(
@@ -459,7 +467,7 @@ class SparseTable(Table):
             order = np.concatenate([np.flatnonzero(old), np.flatnonzero(new)])
             pending.cols["count"][rows] = np.minimum(counts[order], _U32_MAX).astype(np.uint32)
             pending.cols["unseen_days"][rows] = 0
-            pending.flags[rows] |= SEEN | DIRTY
+            pending.flags[rows] |= SEEN | CHANGED
 
     def _apply_grads(self, rows: np.ndarray, grads: np.ndarray) -> int:
         """Sum duplicated rows' gradients and apply the rule once per distinct row; returns the
@@ -484,7 +492,7 @@ class SparseTable(Table):
         st.scatter("state", rows, state)
         st.cols["count"][rows] = count
         st.cols["unseen_days"][rows] = unseen
-        st.flags[rows] |= SEEN | DIRTY
+        st.flags[rows] |= SEEN | CHANGED
 
     # -- aging --------------------------------------------------------------------------------
     def end_day(self) -> None:
@@ -533,11 +541,31 @@ class SparseTable(Table):
             return removed
 
     # -- checkpoint hooks ---------------------------------------------------------------------
-    def export_shards(self, delta: bool) -> dict[int, SparseShardData]:
-        """Per owned shard: all live rows, or (delta) the changed rows and deleted keys."""
-        return sparse_shards.export_shards(
-            self.store, self.pending, self.config.num_shards, self.shards, delta
+    def _snapshot(self, delta: bool, log: ChangeLog | None) -> sparse_shards.SparseSnapshot:
+        """Copies of the row stores (memcpy; the shard split runs later, without the lock)."""
+        changed = sparse_shards.CHANGE_FLAG[log] if delta and log is not None else None
+        if changed is not None and not self.store.keeps_log(changed):
+            raise TableInputError(
+                self.name,
+                "mode",
+                "a delta export needs a full export first (since the table was created or "
+                "loaded, none was made): export with mode='all'",
+            )
+        return sparse_shards.SparseSnapshot(
+            self._meta(delta),
+            self.store.snapshot(),
+            self.pending.snapshot() if self.pending is not None else None,
+            self.config.num_shards,
+            changed,
         )
+
+    def reset_changes(self, log: ChangeLog) -> None:
+        """Forget the changes of change log ``log`` (SAVE also zeroes ``days_since_save``)."""
+        for store in (self.store, self.pending):
+            if store is not None:
+                store.reset_changes(sparse_shards.CHANGE_FLAG[log])
+        if log is ChangeLog.SAVE:
+            self.days_since_save = 0
 
     def import_shard(self, payload: SparseShardData, delta: bool) -> int:
         """Upsert one shard's rows (a delta first deletes its deleted keys); returns rows read.
@@ -567,12 +595,15 @@ class SparseTable(Table):
         if self.pending is not None:
             self.pending.clear()
 
+    def requeue_changes(self, log: ChangeLog, snapshot: TableSnapshot) -> None:
+        """Every live row counts as changed for ``log`` again, the lost snapshot's deleted keys
+        go back on the log (:func:`sparse_shards.requeue_changes`)."""
+        with self.lock:
+            sparse_shards.requeue_changes(self.store, self.pending, snapshot, log)
+
     def mark_saved(self) -> None:
         """Forget dirty flags, deletion logs and the end_day count since the last save."""
-        self.store.mark_saved()
-        if self.pending is not None:
-            self.pending.mark_saved()
-        self.days_since_save = 0
+        self.reset_changes(ChangeLog.SAVE)
 
 
-__all__ = ["PushStats", "SparseTable"]
+__all__ = ["PushStats", "SparseTable", "pull_buffer"]

@@ -3,8 +3,14 @@ the checkpoint code and the gRPC layer.
 
 A table holds the shards of one logical table that this server owns (``shards``), serialises its
 calls with ``lock`` (one re-entrant lock per table: the gRPC server may call from many threads;
-the checkpoint code holds it for a whole save or load of the table), and exports / imports its
-state one shard at a time, which is what makes N → M server resharding work.
+the checkpoint code holds it while it takes a snapshot and for a whole load), and exports /
+imports its state one shard at a time, which is what makes N → M server resharding work.
+
+Saving is two steps so that training waits only for a copy: :meth:`Table.snapshot` (under the
+lock; a memcpy of the row arrays) returns a :class:`TableSnapshot`, whose ``export_shards()``
+splits the copy into per-shard payloads later, on the checkpoint writer's thread, without the
+lock. Which changes a snapshot consumes is a :class:`ChangeLog`: saves and serving exports keep
+independent ones, and a recovery checkpoint consumes none.
 
 A new kind of table subclasses :class:`Table`, sets ``KIND``, implements the abstract methods and
 a shard payload type (:mod:`ps_server.core.shard_data`) that :mod:`ps_server.checkpoint.shard_file`
@@ -14,12 +20,76 @@ can encode.
 from __future__ import annotations
 
 import abc
+import enum
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from collective.errors import ConfigError
 from ps_server.core.routing import shards_of_server
+
+
+class ChangeLog(enum.StrEnum):
+    """The change tracking a snapshot reads (delta) and then resets."""
+
+    SAVE = "save"
+    """Changes since the last save or load (delta checkpoints, ``save_persistables(d, 1)``)."""
+    EXPORT = "export"
+    """Changes since the last serving export (delta exports); kept only after a first export."""
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    """What a snapshot records besides its rows (it goes to the manifest)."""
+
+    name: str
+    kind: str
+    config: Any
+    dim: int
+    state_dim: int
+    shards: tuple[int, ...]
+    delta: bool
+    days_since_save: int
+    """``end_day`` calls since the last save (a delta load replays them)."""
+
+
+class TableSnapshot(abc.ABC):
+    """A table's state at one instant, taken under its lock; :meth:`export_shards` runs later
+    without the lock (on the checkpoint writer's thread)."""
+
+    def __init__(self, meta: SnapshotMeta) -> None:
+        self.meta = meta
+
+    @abc.abstractmethod
+    def export_shards(self) -> dict[int, Any]:
+        """Payload per owned shard (:mod:`ps_server.core.shard_data`)."""
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes of memory the snapshot holds (a checkpoint needs them until it is written)."""
+
+
+class PayloadSnapshot(TableSnapshot):
+    """A snapshot that already holds its per-shard payloads (copies): small tables (dense)."""
+
+    def __init__(self, meta: SnapshotMeta, payloads: dict[int, Any]) -> None:
+        super().__init__(meta)
+        self._payloads = payloads
+
+    def export_shards(self) -> dict[int, Any]:
+        """The payloads taken at the snapshot."""
+        return self._payloads
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the payloads' arrays."""
+        total = 0
+        for payload in self._payloads.values():
+            for block in getattr(payload, "blocks", ()):
+                total += int(block.values.nbytes + block.state.nbytes)
+        return total
 
 
 class Table(abc.ABC):
@@ -77,10 +147,46 @@ class Table(abc.ABC):
             self.days_since_save += 1
 
     # -- checkpoint hooks (called with ``lock`` held) -----------------------------------------
+    def snapshot(self, delta: bool = False, log: ChangeLog | None = None) -> TableSnapshot:
+        """This table's state now (``delta``: only what changed since change log ``log`` was
+        last reset), then reset ``log`` (None: reset nothing — a recovery checkpoint). Call
+        with ``lock`` held; the snapshot shares no memory with the table."""
+        if delta and log is None:
+            raise ValueError("a delta snapshot needs the change log it reads")
+        snap = self._snapshot(delta, log)
+        if log is not None:
+            self.reset_changes(log)
+        return snap
+
+    def _meta(self, delta: bool) -> SnapshotMeta:
+        return SnapshotMeta(
+            self.name,
+            self.KIND,
+            self.config,
+            getattr(self, "dim", 0),
+            self.state_dim,
+            self.shards,
+            delta,
+            self.days_since_save,
+        )
+
     @abc.abstractmethod
+    def _snapshot(self, delta: bool, log: ChangeLog | None) -> TableSnapshot:
+        """The snapshot of :meth:`snapshot`, before any log is reset."""
+
     def export_shards(self, delta: bool) -> dict[int, Any]:
         """Payload per owned shard: everything (``delta=False``) or only what changed since the
-        last save/load (``delta=True``)."""
+        last save/load (``delta=True``); resets nothing."""
+        return self._snapshot(delta, ChangeLog.SAVE if delta else None).export_shards()
+
+    def reset_changes(self, log: ChangeLog) -> None:
+        """Forget the changes change log ``log`` holds (SAVE: :meth:`mark_saved`)."""
+        if log is ChangeLog.SAVE:
+            self.mark_saved()
+
+    def requeue_changes(self, log: ChangeLog, snapshot: TableSnapshot) -> None:
+        """``snapshot`` (which reset ``log``) was never written: make the next delta of ``log``
+        carry its changes again (takes the lock). Tables without change logs: nothing."""
 
     @abc.abstractmethod
     def import_shard(self, payload: Any, delta: bool) -> int:
@@ -105,4 +211,4 @@ class Table(abc.ABC):
         return 0
 
 
-__all__ = ["Table"]
+__all__ = ["ChangeLog", "PayloadSnapshot", "SnapshotMeta", "Table", "TableSnapshot"]

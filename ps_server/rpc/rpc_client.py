@@ -2,10 +2,10 @@
 sent at once and awaited, retries and deadlines, health checks, and the same-host shared-memory
 path (:mod:`ps_server.rpc.shm`).
 
-Retries: idempotent calls (pulls, CreateTable, ListTables, InitDense, Stats, health) are retried
-up to ``retries`` times with exponential backoff on UNAVAILABLE / DEADLINE_EXCEEDED, each attempt
-with its own deadline of ``timeout_s``. Pushes, Save, Load, Shrink, EndDay, Barrier and Stop are
-never retried: when a reply is lost the server may already have acted, and a second push would
+Retries: idempotent calls (pulls, CreateTable, ListTables, InitDense, Stats, CheckpointWait,
+ListCheckpoints, health) are retried up to ``retries`` times with exponential backoff on
+UNAVAILABLE / DEADLINE_EXCEEDED, each attempt with its own deadline of ``timeout_s``. Pushes, Save,
+Load, Shrink, EndDay, Barrier, CheckpointBegin, CheckpointCommit and Stop are never retried: when a reply is lost the server may already have acted, and a second push would
 apply a gradient twice (APPLY), count one trainer twice toward a SYNC round (the mean and the
 round boundary go wrong) or add a GEO delta twice. (gRPC's built-in retry policy is not used: it
 shares one deadline across attempts and cannot retry DEADLINE_EXCEEDED.)

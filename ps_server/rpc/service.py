@@ -29,10 +29,13 @@ import numpy as np
 from collective.errors import ConfigError
 from ps_server import checkpoint
 from ps_server.checkpoint.roots import confine, resolve_roots
+from ps_server.checkpoint.series import CheckpointRecord
+from ps_server.checkpoint.writer import CheckpointWriter
 from ps_server.config import NonFinitePolicy, check_same_config, config_from_dict, config_to_dict
 from ps_server.core.batch_ops import all_finite
 from ps_server.core.dense_table import DenseTable
 from ps_server.core.factory import make_table
+from ps_server.core.serving_table import ServingTable
 from ps_server.core.sparse_table import PushStats, SparseTable
 from ps_server.core.table import Table
 from ps_server.errors import (
@@ -91,6 +94,12 @@ class ServerState:
     checkpoint_roots: tuple[str, ...] = field(default_factory=resolve_roots)
     """Directories Save / Load requests may name (:mod:`ps_server.checkpoint.roots`; default
     FLEET_PS_CHECKPOINT_ROOT, else the working directory)."""
+    checkpoints: CheckpointWriter = field(default_factory=CheckpointWriter)
+    """This server's background checkpoint writes (:mod:`ps_server.checkpoint.writer`)."""
+    serving: list[CheckpointRecord] = field(default_factory=list)
+    """The serving exports loaded, base first; non-empty: a read-only serving server."""
+    last_export: str = ""
+    """Name of the directory of this server's last serving export (a delta follows it)."""
 
     def count_event(self, name: str) -> None:
         """Add one to server-level counter ``name``."""
@@ -185,7 +194,7 @@ class PullSparseReply:
 
 
 def _sparse_arrays(
-    state: ServerState, table: SparseTable, req: Any, with_rows: bool
+    state: ServerState, table: SparseTable | ServingTable, req: Any, with_rows: bool
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(keys, rows / grads or None) of a sparse request: views of its shared-memory segment
     (:mod:`ps_server.rpc.shm`) or of its packed bytes."""
@@ -202,7 +211,7 @@ def pull_sparse(state: ServerState, req: Any) -> PullSparseReply:
     """Rows of the keys (created with their initial value when admitted); ``req`` is a
     PullSparseRequest (or its :mod:`ps_server.rpc.wire` view)."""
     table = get_table(state, req.table, "sparse")
-    assert isinstance(table, SparseTable)
+    assert isinstance(table, (SparseTable, ServingTable))
     keys, out = _sparse_arrays(state, table, req, with_rows=False)
     values = table.pull(keys, out)
     return PullSparseReply(values, table.dim, in_shm=out is not None)
@@ -403,6 +412,7 @@ def stats(state: ServerState, req: ps_pb2.StatsRequest) -> ps_pb2.StatsResponse:
         "sync_rounds_open": state.sync.pending(),
         "barriers": state.barriers.snapshot(),
         "uploads_pending": state.uploads.num_pending(),
+        "serving": [r.to_dict() for r in state.serving],
     }
     return ps_pb2.StatsResponse(stats_json=json.dumps(data, default=float))
 

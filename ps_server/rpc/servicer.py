@@ -22,6 +22,14 @@ from google.protobuf.message import DecodeError, Message
 
 from ps_server import telemetry
 from ps_server.errors import NonFiniteGradientError
+from ps_server.rpc.checkpoint_service import (
+    check_writable,
+    checkpoint_begin,
+    checkpoint_commit,
+    checkpoint_wait,
+    list_checkpoints,
+    load,
+)
 from ps_server.rpc.proto import ps_pb2, ps_pb2_grpc
 from ps_server.rpc.service import (
     MAX_DETAILS_CHARS,
@@ -33,7 +41,6 @@ from ps_server.rpc.service import (
     end_day,
     init_dense,
     list_tables,
-    load,
     pull_dense,
     pull_sparse,
     push_dense,
@@ -93,6 +100,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             )
         else:
             try:
+                check_writable(st, op)
                 reply = fn(st, request)
                 if t0:
                     _record(st, op, request, "OK", t0, reply)
@@ -144,6 +152,18 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def Load(self, request: Any, context: Any) -> Message:
         return self._run("Load", load, request, context)
+
+    def CheckpointBegin(self, request: Any, context: Any) -> Message:
+        return self._run("CheckpointBegin", checkpoint_begin, request, context)
+
+    def CheckpointWait(self, request: Any, context: Any) -> Message:
+        return self._run("CheckpointWait", checkpoint_wait, request, context)
+
+    def CheckpointCommit(self, request: Any, context: Any) -> Message:
+        return self._run("CheckpointCommit", checkpoint_commit, request, context)
+
+    def ListCheckpoints(self, request: Any, context: Any) -> Message:
+        return self._run("ListCheckpoints", list_checkpoints, request, context)
 
     def Shrink(self, request: Any, context: Any) -> Message:
         return self._run("Shrink", shrink, request, context)

@@ -3,7 +3,8 @@
 Server side, :func:`status_of` turns an exception raised while serving a request into a status
 code (the servicer aborts the call with it and the exception's message):
 
-* ``WrongShardError`` (a client routing bug), ``ShmSegmentError`` → FAILED_PRECONDITION
+* ``WrongShardError`` (a client routing bug), ``ShmSegmentError``, ``ReadOnlyServingError`` (a
+  mutating call to a server serving a read-only export) → FAILED_PRECONDITION
 * ``TableInputError`` (incl. ``NonFiniteGradientError``), ``collective.errors.ConfigError``,
   ``RequestDecodeError`` (a body that is not the method's message) → INVALID_ARGUMENT
 * ``TableNotFoundError`` → NOT_FOUND
@@ -34,6 +35,7 @@ from ps_server.errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointPathError,
+    ReadOnlyServingError,
     ShmSegmentError,
     TableCapacityError,
     TableConfigMismatchError,
@@ -64,6 +66,7 @@ _SERVER_MAP: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     # order matters: subclasses before their bases
     (WrongShardError, grpc.StatusCode.FAILED_PRECONDITION),
     (ShmSegmentError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ReadOnlyServingError, grpc.StatusCode.FAILED_PRECONDITION),
     (TableInputError, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (RequestDecodeError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -117,7 +120,8 @@ class PSResourceExhaustedError(PSRpcError):
 
 
 class PSFailedPreconditionError(PSRpcError):
-    """FAILED_PRECONDITION: wrong routing, or a checkpoint that cannot be saved / loaded."""
+    """FAILED_PRECONDITION: wrong routing, a checkpoint that cannot be saved / loaded, or a
+    mutating call to a read-only serving server."""
 
 
 class PSDataLossError(PSRpcError):

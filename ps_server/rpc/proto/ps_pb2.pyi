@@ -209,6 +209,88 @@ class LoadResponse(_message.Message):
     created_tables: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, rows: _Optional[_Mapping[str, int]] = ..., created_tables: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class CheckpointBeginRequest(_message.Message):
+    __slots__ = ("root", "name", "kind", "mode", "min_show")
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MIN_SHOW_FIELD_NUMBER: _ClassVar[int]
+    root: str
+    name: str
+    kind: str
+    mode: str
+    min_show: int
+    def __init__(self, root: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., mode: _Optional[str] = ..., min_show: _Optional[int] = ...) -> None: ...
+
+class CheckpointBeginResponse(_message.Message):
+    __slots__ = ("snapshot_s", "snapshot_bytes", "previous_export")
+    SNAPSHOT_S_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_EXPORT_FIELD_NUMBER: _ClassVar[int]
+    snapshot_s: float
+    snapshot_bytes: int
+    previous_export: str
+    def __init__(self, snapshot_s: _Optional[float] = ..., snapshot_bytes: _Optional[int] = ..., previous_export: _Optional[str] = ...) -> None: ...
+
+class CheckpointWaitRequest(_message.Message):
+    __slots__ = ("root", "name", "timeout_s")
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    root: str
+    name: str
+    timeout_s: float
+    def __init__(self, root: _Optional[str] = ..., name: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class CheckpointWaitResponse(_message.Message):
+    __slots__ = ("manifest_json", "write_s")
+    MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    WRITE_S_FIELD_NUMBER: _ClassVar[int]
+    manifest_json: str
+    write_s: float
+    def __init__(self, manifest_json: _Optional[str] = ..., write_s: _Optional[float] = ...) -> None: ...
+
+class CheckpointCommitRequest(_message.Message):
+    __slots__ = ("root", "name", "step", "num_servers", "trainer_states_json", "extra_json", "keep")
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    NUM_SERVERS_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_STATES_JSON_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_JSON_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    root: str
+    name: str
+    step: int
+    num_servers: int
+    trainer_states_json: str
+    extra_json: str
+    keep: int
+    def __init__(self, root: _Optional[str] = ..., name: _Optional[str] = ..., step: _Optional[int] = ..., num_servers: _Optional[int] = ..., trainer_states_json: _Optional[str] = ..., extra_json: _Optional[str] = ..., keep: _Optional[int] = ...) -> None: ...
+
+class CheckpointCommitResponse(_message.Message):
+    __slots__ = ("record_json", "deleted")
+    RECORD_JSON_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    record_json: str
+    deleted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, record_json: _Optional[str] = ..., deleted: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = ("root", "full")
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
+    root: str
+    full: bool
+    def __init__(self, root: _Optional[str] = ..., full: _Optional[bool] = ...) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ("checkpoints_json",)
+    CHECKPOINTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    checkpoints_json: str
+    def __init__(self, checkpoints_json: _Optional[str] = ...) -> None: ...
+
 class ShrinkRequest(_message.Message):
     __slots__ = ("table", "unseen_days")
     TABLE_FIELD_NUMBER: _ClassVar[int]

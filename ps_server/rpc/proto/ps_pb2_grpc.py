@@ -29,8 +29,10 @@ if _version_not_supported:
 
 class ParameterServerStub:
     """One parameter server. Errors are gRPC status codes (ps_server/rpc/status.py has the mapping):
-    INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION,
-    DATA_LOSS, DEADLINE_EXCEEDED (barrier), UNAVAILABLE (stopping), INTERNAL (a bug).
+    INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION (also:
+    a mutating call to a read-only serving server), PERMISSION_DENIED (a checkpoint path outside
+    the checkpoint roots), DATA_LOSS, DEADLINE_EXCEEDED (barrier), UNAVAILABLE (stopping),
+    UNAUTHENTICATED (no or another job's token), INTERNAL (a bug).
     """
 
     def __init__(self, channel):
@@ -84,6 +86,26 @@ class ParameterServerStub:
                 request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadRequest.SerializeToString,
                 response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadResponse.FromString,
                 _registered_method=True)
+        self.CheckpointBegin = channel.unary_unary(
+                '/fleetrun.ps.v1.ParameterServer/CheckpointBegin',
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointBeginRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointBeginResponse.FromString,
+                _registered_method=True)
+        self.CheckpointWait = channel.unary_unary(
+                '/fleetrun.ps.v1.ParameterServer/CheckpointWait',
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointWaitRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointWaitResponse.FromString,
+                _registered_method=True)
+        self.CheckpointCommit = channel.unary_unary(
+                '/fleetrun.ps.v1.ParameterServer/CheckpointCommit',
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointCommitRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointCommitResponse.FromString,
+                _registered_method=True)
+        self.ListCheckpoints = channel.unary_unary(
+                '/fleetrun.ps.v1.ParameterServer/ListCheckpoints',
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListCheckpointsRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListCheckpointsResponse.FromString,
+                _registered_method=True)
         self.Shrink = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/Shrink',
                 request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShrinkRequest.SerializeToString,
@@ -123,8 +145,10 @@ class ParameterServerStub:
 
 class ParameterServerServicer:
     """One parameter server. Errors are gRPC status codes (ps_server/rpc/status.py has the mapping):
-    INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION,
-    DATA_LOSS, DEADLINE_EXCEEDED (barrier), UNAVAILABLE (stopping), INTERNAL (a bug).
+    INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION (also:
+    a mutating call to a read-only serving server), PERMISSION_DENIED (a checkpoint path outside
+    the checkpoint roots), DATA_LOSS, DEADLINE_EXCEEDED (barrier), UNAVAILABLE (stopping),
+    UNAUTHENTICATED (no or another job's token), INTERNAL (a bug).
     """
 
     def CreateTable(self, request, context):
@@ -185,6 +209,34 @@ class ParameterServerServicer:
 
     def Load(self, request, context):
         """Load the shards this server owns from a checkpoint saved by any number of servers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointBegin(self, request, context):
+        """Snapshot this server's tables and write its part of a checkpoint / export in the background.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointWait(self, request, context):
+        """Block until this server's part of a checkpoint is durable (or failed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointCommit(self, request, context):
+        """Commit a checkpoint every server wrote (checkpoint.json last); prune old ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCheckpoints(self, request, context):
+        """The numbered checkpoints of a directory, newest first, each verified.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -286,6 +338,26 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadRequest.FromString,
                     response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadResponse.SerializeToString,
             ),
+            'CheckpointBegin': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointBegin,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointBeginRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointBeginResponse.SerializeToString,
+            ),
+            'CheckpointWait': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointWait,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointWaitRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointWaitResponse.SerializeToString,
+            ),
+            'CheckpointCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointCommit,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointCommitRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointCommitResponse.SerializeToString,
+            ),
+            'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCheckpoints,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListCheckpointsRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListCheckpointsResponse.SerializeToString,
+            ),
             'Shrink': grpc.unary_unary_rpc_method_handler(
                     servicer.Shrink,
                     request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.ShrinkRequest.FromString,
@@ -331,8 +403,10 @@ def add_ParameterServerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ParameterServer:
     """One parameter server. Errors are gRPC status codes (ps_server/rpc/status.py has the mapping):
-    INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION,
-    DATA_LOSS, DEADLINE_EXCEEDED (barrier), UNAVAILABLE (stopping), INTERNAL (a bug).
+    INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION (also:
+    a mutating call to a read-only serving server), PERMISSION_DENIED (a checkpoint path outside
+    the checkpoint roots), DATA_LOSS, DEADLINE_EXCEEDED (barrier), UNAVAILABLE (stopping),
+    UNAUTHENTICATED (no or another job's token), INTERNAL (a bug).
     """
 
     @staticmethod
@@ -568,6 +642,114 @@ class ParameterServer:
             '/fleetrun.ps.v1.ParameterServer/Load',
             ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadRequest.SerializeToString,
             ps__server_dot_rpc_dot_proto_dot_ps__pb2.LoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointBegin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrun.ps.v1.ParameterServer/CheckpointBegin',
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointBeginRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointBeginResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointWait(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrun.ps.v1.ParameterServer/CheckpointWait',
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointWaitRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointWaitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrun.ps.v1.ParameterServer/CheckpointCommit',
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointCommitRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.CheckpointCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrun.ps.v1.ParameterServer/ListCheckpoints',
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListCheckpointsRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.ListCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

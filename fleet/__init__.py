@@ -77,6 +77,7 @@ _LAZY = {
     "PipelineLayer": "fleet.meta_parallel",
     # modules
     "sharding": "fleet.meta_optimizers.sharding.",
+    "asp": "fleet.meta_optimizers.asp.",
     "util": "fleet.util.",
     "utils": "fleet.utils.",
     "role_maker": "fleet.base.role_maker.",
@@ -122,6 +123,7 @@ __all__ = [
     "LayerDesc",
     "PipelineLayer",
     "SharedLayerDesc",
+    "asp",
     "barrier_worker",
     "clip_grad_norm_",
     "data",

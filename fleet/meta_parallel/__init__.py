@@ -1,6 +1,7 @@
 """``fleet.meta_parallel``: how a model is cut across ranks — tensor-parallel layers, the
 pipeline (``PipelineLayer`` described, ``PipelineParallel`` run in 1F1B/FThenB), the model-parallel
-RNG tracker, and activation recompute (which replays that tracker).
+RNG tracker, activation recompute (which replays that tracker), and batch norm synchronised over
+the data-parallel replicas (:mod:`~fleet.meta_parallel.sync_batch_norm`).
 
 Imports :mod:`fleet.base` (the hybrid groups), :mod:`fleet.strategy`, :mod:`fleet.telemetry` and
 :mod:`collective`; never the optimizer wrappers, the PS side or the facade.

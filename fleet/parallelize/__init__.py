@@ -3,8 +3,8 @@
 Owns ``fleet.distributed_model`` (:mod:`~fleet.parallelize.model`),
 ``fleet.distributed_optimizer`` (:mod:`~fleet.parallelize.optimizer`), the one function that
 applies every wrapper in a fixed order (:func:`~fleet.parallelize.compose.parallelize`), the
-per-model and per-optimizer strategy features (:mod:`~fleet.parallelize.features`: recompute,
-AMP, LARS/LAMB, clipping) and torch DDP with gradient merge
+per-model and per-optimizer strategy features (:mod:`~fleet.parallelize.features`: sync batch
+norm, ASP pruning, recompute, AMP, LARS/LAMB, clipping) and torch DDP with gradient merge
 (:class:`~fleet.parallelize.data_parallel.DataParallel`). The only subpackage that may import
 both :mod:`fleet.meta_parallel` and :mod:`fleet.meta_optimizers` (and :mod:`fleet.ps`, to leave a
 PS job's model alone); nothing below imports it.

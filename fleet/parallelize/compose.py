@@ -6,20 +6,30 @@
 
 model::
 
-    1. features      fleet.parallelize.features.wrap_model_features: recompute checkpoints, AMP (O2 cast)
+    1. features      fleet.parallelize.features.wrap_model_features: SyncBatchNorm over the
+                     data-replica group, ASP 2:4 pruning, recompute checkpoints, AMP (O2 cast)
     2. tensor par.   nothing to do: the model is built from fleet.meta_parallel TP layers
     3. pipeline      PipelineLayer -> PipelineParallel (it reduces gradients over dp itself)
        or stage 3    FSDP2 fully_shard over the sharding (x dp: HSDP) DeviceMesh
     4. data parallel torch DDP over the gradient group: dp x sharding for sharding stage 1 (the
                      all-reduce overlaps backward), dp for stage 2 (the optimizer reduces to the
-                     owner), the whole world for pure data parallel; skipped when it has 1 rank
+                     owner), the whole world for pure data parallel; skipped when it has 1 rank.
+                     Buckets: fuse_grad_size_in_MB, a first one of last_comm_group_size_MB
+                     (fuse_all_reduce_ops=False: one per parameter)
+    5. comm hook     fleet.meta_optimizers.comm_hooks: fp16/bf16 compression, post-local SGD or
+                     DGC replaces DDP's float32 all-reduce (at most one)
 
 optimizer::
 
     1. features      fleet.parallelize.features.wrap_optimizer_features: LARS/LAMB, global-norm clipping
     2. sharding      stage 1/2: fleet.meta_optimizers.sharding.ShardedOptimizer over the sharding group
                      (stage 3: the optimizer must hold FSDP2's sharded parameters)
-    3. grad merge    fleet.meta_optimizers.gradient_merge.DistributedOptimizer (no_sync shared with the model)
+    3. comm          dgc: fleet.meta_optimizers.dgc.DGCMomentumOptimizer (linked to the model's
+                     DGC hook); localsgd / adaptive_localsgd: fleet.meta_optimizers.localsgd
+                     (torch's PostLocalSGDOptimizer, averaging over the gradient group)
+    4. asp           fleet.meta_optimizers.asp.decorate: masks re-applied after every update
+                     (outside 3, so DGC's and local SGD's updates are masked too)
+    5. grad merge    fleet.meta_optimizers.gradient_merge.DistributedOptimizer (no_sync shared with the model)
 
 :func:`fleet.strategy.check_composition` refuses the combinations that cannot work, naming both
 features and the fix; it runs at ``fleet.init``, at both wrapping calls, and again here. Nothing is
@@ -35,17 +45,22 @@ import torch
 import torch.distributed as tdist
 
 from collective.errors import ConfigError, FleetNotImplementedError
+from fleet.meta_optimizers import asp
+from fleet.meta_optimizers.comm_hooks import register_comm_hook
+from fleet.meta_optimizers.dgc import DGCMomentumOptimizer, DGCState, find_dgc_optimizer
 from fleet.meta_optimizers.gradient_merge import (
     DistributedOptimizer,
     GradientMergeState,
     link_gradient_merge,
 )
+from fleet.meta_optimizers.localsgd import build_localsgd_optimizer
 from fleet.meta_optimizers.sharding import ShardedOptimizer, apply_fsdp
 from fleet.meta_parallel.pipeline_layer import PipelineLayer
 from fleet.meta_parallel.pipeline_parallel import PipelineParallel
 from fleet.parallelize.data_parallel import DataParallel
 from fleet.parallelize.features import wrap_model_features, wrap_optimizer_features
 from fleet.strategy import DistributedStrategy, check_composition, sharding_stage, uses_pipeline
+from fleet.strategy.distributed_strategy import NO_OP_KEYS
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +130,12 @@ def parallelize(
     stage = sharding_stage(strategy)
 
     if model is not None:
-        # 1. features (recompute, AMP) on the plain module.
-        model = wrap_model_features(model, strategy)
+        _apply_process_settings(strategy)
+        # 1. features (sync BN over the data replicas, ASP, recompute, AMP) on the plain module.
+        sync_bn_group = None
+        if strategy.sync_batch_norm and hcg is not None:
+            sync_bn_group = dp_sharding_group(hcg)[1]
+        model = wrap_model_features(model, strategy, sync_bn_group=sync_bn_group)
         # 2. tensor parallel: the TP layers already hold their shards (fleet.meta_parallel).
         # 3a. pipeline: PipelineParallel runs the schedule and averages gradients over dp itself.
         if uses_pipeline(strategy):
@@ -165,7 +184,22 @@ def parallelize(
         )
     elif stage == 3:
         _check_fsdp_params(optimizer)
-    # 3. gradient merge (a pass-through wrapper without it).
+    # 3. communication-efficient data parallel (the model side is DDP's comm hook).
+    if strategy.dgc:
+        if getattr(optimizer, "grad_clip", None) is not None:
+            raise ConfigError(
+                "optimizer.grad_clip (global-norm clipping) with strategy.dgc: the clip would see "
+                "the exchanged sparse gradient; DGC clips each rank's local gradient instead: "
+                "strategy.dgc_configs = {'local_grad_clip_norm': C}",
+                key="dgc",
+            )
+        optimizer = DGCMomentumOptimizer(optimizer)
+    elif strategy.localsgd or strategy.adaptive_localsgd:
+        optimizer = build_localsgd_optimizer(optimizer, strategy, _grad_group(runtime, stage)[0])
+    # 4. ASP: the 2:4 masks re-applied after every update.
+    if strategy.asp:
+        optimizer = asp.decorate(optimizer)
+    # 5. gradient merge (a pass-through wrapper without it).
     gm_cfg = strategy.gradient_merge_configs
     grad_merge = (
         GradientMergeState(k_steps=gm_cfg.k_steps, avg=gm_cfg.avg)
@@ -175,38 +209,82 @@ def parallelize(
     wrapper = DistributedOptimizer(optimizer, grad_merge)
     runtime.optimizers.add(wrapper)
     link_gradient_merge(runtime)
+    _link_dgc(runtime)
     return wrapper
+
+
+def _grad_group(runtime: Any, stage: int) -> tuple[Any, int, str]:
+    """``(group, size, what)`` of the ranks DDP averages gradients over (None: the world)."""
+    hcg = runtime.hcg
+    if hcg is None:
+        return None, runtime.env.world_size, "all"
+    if stage == 1:
+        ranks, group = dp_sharding_group(hcg)
+        return group, len(ranks), "dp x sharding"
+    return hcg.get_data_parallel_group(), hcg.get_data_parallel_world_size(), "dp"
+
+
+def _bucket_kwargs(strategy: DistributedStrategy) -> dict[str, Any]:
+    """DDP's bucket arguments: fuse_all_reduce_ops, fuse_grad_size_in_MB, last_comm_group_size_MB."""
+    if not strategy.fuse_all_reduce_ops:
+        return {"bucket_cap_mb": 0}  # one bucket (one all-reduce) per parameter
+    fuse, first = strategy.fuse_grad_size_in_MB, strategy.last_comm_group_size_MB
+    if first < fuse:
+        return {"bucket_cap_mb_list": [first, fuse]}  # the small bucket, then fuse-sized ones
+    return {"bucket_cap_mb": fuse}
 
 
 def _apply_ddp(model: torch.nn.Module, runtime: Any, stage: int) -> torch.nn.Module:
     strategy, hcg = runtime.strategy, runtime.hcg
     device = next(p.device for p in model.parameters() if p.requires_grad)
     device_ids = [device.index] if device.type == "cuda" else None
-    if hcg is None:
-        group, size, what = None, runtime.env.world_size, "all"
-    elif stage == 1:
-        ranks, group = dp_sharding_group(hcg)
-        size, what = len(ranks), "dp x sharding"
-    else:
-        group, size, what = (hcg.get_data_parallel_group(), hcg.get_data_parallel_world_size(),
-                             "dp")
+    group, size, what = _grad_group(runtime, stage)
     if hcg is not None and size == 1:
         # Tensor parallel alone (or stage 2 with dp 1): no replica to average with.
         return model
+    buckets = _bucket_kwargs(strategy)
     dp = DataParallel(
         model,
         device_ids=device_ids,
         process_group=group,
         find_unused_parameters=strategy.find_unused_parameters,
-        bucket_cap_mb=strategy.fuse_grad_size_in_MB,
+        **buckets,
     )
+    # 5. the communication hook (fp16/bf16 compression, post-local SGD, DGC), if any.
+    register_comm_hook(dp, strategy, group)
     runtime.models.add(dp)
     link_gradient_merge(runtime)
+    _link_dgc(runtime)
     logger.debug(
-        "distributed_model: DDP over %d rank(s) (%s), bucket %d MiB, find_unused_parameters=%s",
-        size, what, strategy.fuse_grad_size_in_MB, strategy.find_unused_parameters,
+        "distributed_model: DDP over %d rank(s) (%s), buckets %s, find_unused_parameters=%s, "
+        "comm hook %s", size, what, buckets, strategy.find_unused_parameters,
+        type(dp.comm_hook_state).__name__,
     )
     return dp
+
+
+def _link_dgc(runtime: Any) -> None:
+    """Share each DGC model's hook state with the DGC optimizer that updates its parameters
+    (whichever of distributed_model / distributed_optimizer came first)."""
+    for opt in list(runtime.optimizers):
+        dgc_opt = find_dgc_optimizer(opt)
+        if dgc_opt is None:
+            continue
+        ids = {id(p) for g in dgc_opt.param_groups for p in g["params"]}
+        for model in list(runtime.models):
+            state = getattr(model, "comm_hook_state", None)
+            if isinstance(state, DGCState) and any(id(p) in ids for p in model.parameters()):
+                dgc_opt.attach(state)
+
+
+def _apply_process_settings(strategy: DistributedStrategy) -> None:
+    """Process-wide settings of the strategy, and a log line for the keys without effect."""
+    if strategy.cudnn_exhaustive_search:
+        torch.backends.cudnn.benchmark = True
+    inert = strategy.no_op_settings()
+    if inert and (not tdist.is_initialized() or tdist.get_rank() == 0):
+        logger.info("strategy keys with no effect on torch (see fleet.strategy.NO_OP_KEYS): %s",
+                    ", ".join(f"{k}={v}: {NO_OP_KEYS[k]}" for k, v in inert.items()))
 
 
 def _apply_stage3(model: torch.nn.Module, hcg: Any, device_type: str, offload: bool

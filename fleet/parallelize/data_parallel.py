@@ -1,8 +1,10 @@
 """Data parallel: torch DDP that follows fleet's gradient-merge cycle.
 
 Data parallelism is torch's own ``DistributedDataParallel`` (bucketed, overlapped all-reduce);
-fleet adds only the strategy mapping (``find_unused_parameters``; ``fuse_grad_size_in_MB`` →
-``bucket_cap_mb``) and one behaviour: when the optimizer of this model merges gradients over K
+fleet adds only the strategy mapping (``find_unused_parameters``; ``fuse_grad_size_in_MB``,
+``last_comm_group_size_MB``, ``fuse_all_reduce_ops`` → the bucket sizes; ``fp16_allreduce``,
+``localsgd``, ``adaptive_localsgd``, ``dgc`` → a communication hook; both chosen in
+:mod:`fleet.parallelize.compose`) and one behaviour: when the optimizer of this model merges gradients over K
 micro-steps (``strategy.gradient_merge``), the forward of micro-steps 1..K-1 runs under DDP's
 ``no_sync`` so their backward skips the all-reduce (see :mod:`fleet.meta_optimizers.gradient_merge`).
 

@@ -1,7 +1,12 @@
-"""The strategy's per-model and per-optimizer features — AMP, recompute, LARS/LAMB, gradient
-clipping — as two entry points that the composition (``fleet.parallelize.compose``) calls:
+"""The strategy's per-model and per-optimizer features — sync batch norm, ASP pruning, AMP,
+recompute, LARS/LAMB, gradient clipping — as two entry points that the composition
+(``fleet.parallelize.compose``) calls:
 
-* :func:`wrap_model_features` (before the data-parallel/sharding wrapper): names every parameter
+* :func:`wrap_model_features` (before the data-parallel/sharding wrapper): BatchNorm layers to
+  ``SyncBatchNorm`` over the data-parallel group (``sync_batch_norm``,
+  :mod:`fleet.meta_parallel.sync_batch_norm`); eligible Linear/Conv weights pruned to 2:4
+  (``asp``, :mod:`fleet.meta_optimizers.asp`; the optimizer side, re-applying the masks, is in
+  the composition); names every parameter
   (``fleet_name``, for ``exclude_from_weight_decay``); recompute of the sub-modules named in
   ``recompute_configs.checkpoints``; AMP O2 (``use_pure_fp16``) casts the parameters to the low
   dtype (normalisation layers stay float32); AMP runs the forward under autocast with the custom
@@ -27,10 +32,12 @@ import torch
 from torch import nn
 
 from collective.errors import ConfigError, FleetNotImplementedError
+from fleet.meta_optimizers import asp
 from fleet.meta_optimizers.amp import MasterWeightOptimizer, autocast, torch_dtype
 from fleet.meta_optimizers.clip import ClipGradByGlobalNorm
 from fleet.meta_optimizers.lars_lamb import LAMB, LARS
 from fleet.meta_parallel.recompute import recompute
+from fleet.meta_parallel.sync_batch_norm import convert_sync_batchnorm
 from fleet.strategy import DistributedStrategy
 
 logger = logging.getLogger(__name__)
@@ -82,10 +89,14 @@ def _model_device_type(model: nn.Module) -> str:
     return "cpu"
 
 
-def wrap_model_features(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
-    """Apply the model-side features of ``strategy`` to ``model`` in place; returns ``model``.
+def wrap_model_features(model: nn.Module, strategy: DistributedStrategy,
+                        sync_bn_group: Any = None) -> nn.Module:
+    """Apply the model-side features of ``strategy`` to ``model``; returns the model to use
+    (``model`` itself unless it is a BatchNorm layer that sync batch norm replaces).
 
-    Order: name parameters → recompute the checkpointed sub-modules → O2 cast → autocast the
+    Order: BatchNorm → SyncBatchNorm over ``sync_bn_group`` (``sync_batch_norm``; first, so the
+    wrappers below land on the layers that stay) → 2:4 pruning (``asp``, on the float32
+    weights) → name parameters → recompute the checkpointed sub-modules → O2 cast → autocast the
     forward (outermost, so recomputed blocks replay under the same autocast state: torch's
     checkpoint records and restores it).
     """
@@ -93,6 +104,11 @@ def wrap_model_features(model: nn.Module, strategy: DistributedStrategy) -> nn.M
         raise ConfigError(f"expected a torch.nn.Module, got {type(model).__name__}", key="model")
     if getattr(model, _MODEL_MARK, False):
         return model
+    if strategy.sync_batch_norm:
+        model = convert_sync_batchnorm(model, sync_bn_group)
+    if strategy.asp:
+        pruned = asp.prune_model(model)
+        logger.debug("asp: %d weight(s) pruned to 2:4: %s", len(pruned), list(pruned))
     for name, p in model.named_parameters():
         if not hasattr(p, "fleet_name"):
             p.fleet_name = name

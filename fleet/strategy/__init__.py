@@ -17,13 +17,17 @@ from fleet.strategy.composition import (
     uses_pipeline,
 )
 from fleet.strategy.configs import (
+    AdaptiveLocalSGDConfig,
     AmpConfig,
     AmpDtype,
     ASyncConfig,
+    DGCConfig,
+    FP16AllReduceConfig,
     GradientMergeConfig,
     HybridConfig,
     LambConfig,
     LarsConfig,
+    LocalSGDConfig,
     PipelineConfig,
     PipelineSchedule,
     RecomputeConfig,
@@ -31,17 +35,22 @@ from fleet.strategy.configs import (
     StrategySection,
     TensorParallelConfig,
 )
-from fleet.strategy.distributed_strategy import DistributedStrategy
+from fleet.strategy.distributed_strategy import NO_OP_KEYS, DistributedStrategy
 
 __all__ = [
+    "NO_OP_KEYS",
     "ASyncConfig",
+    "AdaptiveLocalSGDConfig",
     "AmpConfig",
     "AmpDtype",
+    "DGCConfig",
     "DistributedStrategy",
+    "FP16AllReduceConfig",
     "GradientMergeConfig",
     "HybridConfig",
     "LambConfig",
     "LarsConfig",
+    "LocalSGDConfig",
     "PipelineConfig",
     "PipelineSchedule",
     "RecomputeConfig",

@@ -102,6 +102,85 @@ def check_composition(strategy: DistributedStrategy) -> None:
             "strategy.pipeline_configs = {'accumulate_steps': K} and strategy.gradient_merge = "
             "False",
         )
+    _check_communication(strategy)
+
+
+# The communication-efficient data-parallel keys, each replacing DDP's plain gradient all-reduce
+# (a DDP communication hook, plus an optimizer wrapper for the last three).
+_COMM_KEYS = ("fp16_allreduce", "localsgd", "adaptive_localsgd", "dgc")
+
+_ONE_EXCHANGE = "each replaces the gradient all-reduce with its own exchange; keep one"
+_MASTER = "the models would be averaged under the float32 master weights; use AMP O1"
+_NO_DDP = {
+    "pipeline": "PipelineParallel reduces gradients itself, there is no DDP to hook",
+    "sharding_reduce": ("the sharded optimizer / FSDP2 reduce(-scatter) the gradients, not DDP; "
+                        "use sharding stage 1"),
+}
+_DP_ONLY = {
+    "sharding": "local steps and DGC need every rank's whole optimizer state; use pure data "
+                "parallel",
+    "tensor_parallel": "local SGD and DGC are built and tested for pure data parallel only so far",
+}
+
+# (a, b, contradiction?, why and what to do). A contradiction is a ConfigError; otherwise the
+# pair is a FleetNotImplementedError (it could work, it is not built or tested yet).
+_REFUSED_PAIRS: list[tuple[str, str, bool, str]] = [
+    ("localsgd", "adaptive_localsgd", True, "two model-averaging schedules; keep one"),
+    ("dgc", "localsgd", True, _ONE_EXCHANGE),
+    ("dgc", "adaptive_localsgd", True, _ONE_EXCHANGE),
+    ("fp16_allreduce", "dgc", True,
+     ("DGC sends float32 top-k values and indices, there is no dense all-reduce to cast "
+      "(Paddle refuses it too); keep one")),
+    ("dgc", "gradient_merge", True,
+     "DGC already accumulates the gradient it did not send (local accumulation); keep one"),
+    ("dgc", "lars", True,
+     "DGC's momentum correction needs a momentum SGD, LARS replaces it; keep one"),
+    ("dgc", "lamb", True,
+     "DGC's momentum correction needs a momentum SGD, LAMB replaces an Adam; keep one"),
+    ("localsgd", "gradient_merge", False, "use one of them"),
+    ("adaptive_localsgd", "gradient_merge", False, "use one of them"),
+    ("localsgd", "amp_o2", False, _MASTER),
+    ("adaptive_localsgd", "amp_o2", False, _MASTER),
+    ("dgc", "amp_o2", False,
+     "DGC compresses float32 gradients of float32 parameters (as Paddle); use AMP O1"),
+    ("asp", "amp_o2", False,
+     "the 2:4 masks would be re-applied under the float32 master weights; use AMP O1"),
+    ("asp", "sharding", False,
+     "the masks would be re-applied to this rank's partition only; use asp without sharding"),
+    *((key, other, False, why) for key in _COMM_KEYS for other, why in _NO_DDP.items()),
+    *((key, other, False, why) for key in _COMM_KEYS[1:] for other, why in _DP_ONLY.items()),
+]
+
+
+def _active_settings(strategy: DistributedStrategy) -> dict[str, str]:
+    """The switches the refusal table talks about that are on, with how to name them."""
+    hybrid, stage = strategy.hybrid_configs, sharding_stage(strategy)
+    names = [*_COMM_KEYS, "asp", "lars", "lamb"]
+    on = {k: f"strategy.{k}" for k in names if getattr(strategy, k)}
+    if strategy.gradient_merge and strategy.gradient_merge_configs.k_steps > 1:
+        on["gradient_merge"] = "strategy.gradient_merge"
+    if strategy.amp and strategy.amp_configs.use_pure_fp16:
+        on["amp_o2"] = "amp_configs.use_pure_fp16 (AMP O2)"
+    if hybrid.pp_degree > 1:
+        on["pipeline"] = f"hybrid_configs.pp_degree={hybrid.pp_degree}"
+    if stage:
+        on["sharding"] = f"sharding stage {stage}"
+    if stage in (2, 3):
+        on["sharding_reduce"] = f"sharding stage {stage}"
+    if hybrid.mp_degree > 1:
+        on["tensor_parallel"] = f"hybrid_configs.mp_degree={hybrid.mp_degree}"
+    return on
+
+
+def _check_communication(strategy: DistributedStrategy) -> None:
+    """Refuse the pairs of :data:`_REFUSED_PAIRS` that are both on, naming both."""
+    on = _active_settings(strategy)
+    for a, b, contradiction, why in _REFUSED_PAIRS:
+        if a in on and b in on:
+            what = f"{on[a]} with {on[b]}"
+            if contradiction:
+                raise ConfigError(f"{what}: {why}", key=a)
+            raise FleetNotImplementedError(what, hint=why)
 
 
 

@@ -344,14 +344,115 @@ class LambConfig(StrategySection):
                 f"must be >= 0, got {self.lamb_weight_decay}")
 
 
+@dataclass(frozen=True)
+class FP16AllReduceConfig(StrategySection):
+    """``fp16_allreduce_configs``: the dtype gradients travel in under ``fp16_allreduce``.
+
+    Not a Paddle section: Paddle's ``fp16_allreduce`` is float16 only. One switch with a dtype
+    (as ``amp_configs.dtype``) rather than a second ``bf16_allreduce`` key, so the two can never
+    both be on."""
+
+    SECTION: ClassVar[str] = "fp16_allreduce_configs"
+
+    dtype: AmpDtype = AmpDtype.FLOAT16
+    """``float16`` (torch's ``fp16_compress_hook``) or ``bfloat16`` (``bf16_compress_hook``: the
+    float32 exponent range, so no overflow of large gradients; NCCL >= 2.9.6 on GPUs)."""
+
+
+@dataclass(frozen=True)
+class LocalSGDConfig(StrategySection):
+    """``localsgd_configs``: local SGD — every rank steps on its own gradients and the models are
+    averaged every ``k_steps`` steps."""
+
+    SECTION: ClassVar[str] = "localsgd_configs"
+
+    k_steps: int = 1
+    """Steps between two parameter averagings after the warm-up (>= 1)."""
+    begin_step: int = 1
+    """Steps of ordinary data parallel (gradients all-reduced every step) before local SGD starts
+    (>= 0)."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(self.k_steps >= 1, f"{p}.k_steps",
+                f"must be >= 1 (steps between averagings), got {self.k_steps}")
+        require(self.begin_step >= 0, f"{p}.begin_step",
+                f"must be >= 0 (warm-up steps), got {self.begin_step}")
+
+
+ADAPTIVE_LOCALSGD_MAX_K_STEPS = 16
+"""Upper bound of the adaptive averaging interval (Paddle's ``max_local_steps``)."""
+
+
+@dataclass(frozen=True)
+class AdaptiveLocalSGDConfig(StrategySection):
+    """``adaptive_localsgd_configs``: local SGD whose averaging interval follows the loss."""
+
+    SECTION: ClassVar[str] = "adaptive_localsgd_configs"
+
+    init_k_steps: int = 1
+    """The interval the rule scales from (1 .. 16)."""
+    begin_step: int = 1
+    """Steps of ordinary data parallel before local SGD starts (>= 0)."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        top = ADAPTIVE_LOCALSGD_MAX_K_STEPS
+        require(1 <= self.init_k_steps <= top, f"{p}.init_k_steps",
+                f"must be between 1 and {top}, got {self.init_k_steps}")
+        require(self.begin_step >= 0, f"{p}.begin_step",
+                f"must be >= 0 (warm-up steps), got {self.begin_step}")
+
+
+@dataclass(frozen=True)
+class DGCConfig(StrategySection):
+    """``dgc_configs``: Deep Gradient Compression (Lin et al., 2018)."""
+
+    SECTION: ClassVar[str] = "dgc_configs"
+
+    rampup_begin_step: int = 0
+    """Steps of dense all-reduce (with the optimizer's own momentum) before compression starts
+    (>= 0)."""
+    rampup_step: int = 1
+    """Steps over which ``sparsity`` is walked through once compression started (>= 1): step
+    ``t`` after the start uses ``sparsity[min(t * len(sparsity) // rampup_step, len - 1)]``."""
+    sparsity: tuple[float, ...] = (0.999,)
+    """The sparsity warm-up schedule: fraction of each gradient *not* sent, each in [0, 1)
+    (Paddle's example: ``[0.75, 0.9375, 0.984375, 0.996, 0.999]``)."""
+    local_grad_clip_norm: float = 0.0
+    """Not in Paddle's ``dgc_configs`` (Paddle takes it from the optimizer's
+    ``GradientClipByNorm``): clip each compressed tensor's local gradient to
+    ``local_grad_clip_norm * sqrt(world_size)`` before accumulation (the paper's local gradient
+    clipping for averaged gradients); 0 = off."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(self.rampup_begin_step >= 0, f"{p}.rampup_begin_step",
+                f"must be >= 0, got {self.rampup_begin_step}")
+        require(self.rampup_step >= 1, f"{p}.rampup_step",
+                f"must be >= 1, got {self.rampup_step}")
+        require(len(self.sparsity) > 0, f"{p}.sparsity",
+                "must list at least one sparsity, e.g. [0.999]")
+        bad = [s for s in self.sparsity if not 0.0 <= s < 1.0]
+        require(not bad, f"{p}.sparsity",
+                f"every value must be in [0, 1) (the fraction not sent), got {bad}")
+        require(self.local_grad_clip_norm >= 0, f"{p}.local_grad_clip_norm",
+                f"must be >= 0 (0 = no clipping), got {self.local_grad_clip_norm}")
+
+
 __all__ = [
+    "ADAPTIVE_LOCALSGD_MAX_K_STEPS",
     "ASyncConfig",
+    "AdaptiveLocalSGDConfig",
     "AmpConfig",
     "AmpDtype",
+    "DGCConfig",
+    "FP16AllReduceConfig",
     "GradientMergeConfig",
     "HybridConfig",
     "LambConfig",
     "LarsConfig",
+    "LocalSGDConfig",
     "PipelineConfig",
     "PipelineSchedule",
     "RecomputeConfig",

@@ -30,12 +30,16 @@ import yaml
 from collective.errors import ConfigError
 from collective.typed_config import convert, from_dict, unknown_key_error
 from fleet.strategy.configs import (
+    AdaptiveLocalSGDConfig,
     AmpConfig,
     ASyncConfig,
+    DGCConfig,
+    FP16AllReduceConfig,
     GradientMergeConfig,
     HybridConfig,
     LambConfig,
     LarsConfig,
+    LocalSGDConfig,
     PipelineConfig,
     RecomputeConfig,
     ShardingConfig,
@@ -97,6 +101,63 @@ class DistributedStrategy:
     per step; torch DDP's ``find_unused_parameters``)."""
     fuse_grad_size_in_MB: int = 32
     """Gradients are all-reduced in buckets of this many MiB (DDP's ``bucket_cap_mb``, >= 1)."""
+    fuse_all_reduce_ops: bool = True
+    """Fuse gradients into buckets for the all-reduce; False all-reduces every gradient on its
+    own (DDP with ``bucket_cap_mb=0``: one bucket per parameter)."""
+    last_comm_group_size_MB: float = 1.0
+    """Size in MiB of the small extra bucket (> 0): DDP's first bucket (``bucket_cap_mb_list =
+    [last_comm_group_size_MB, fuse_grad_size_in_MB]``). Paddle puts the small group at the end
+    of backward; torch, after its first-iteration bucket rebuild, at the start (the gradients
+    ready first), so communication begins sooner — the same aim, the other end."""
+    sync_batch_norm: bool = False
+    """Batch-norm statistics over every data-parallel replica: BatchNorm layers become
+    ``SyncBatchNorm`` over the data-parallel group."""
+    fp16_allreduce: bool = False
+    """All-reduce gradients in half precision and apply them in float32 (torch DDP's
+    ``fp16_compress_hook`` / ``bf16_compress_hook``); dtype in ``fp16_allreduce_configs``."""
+    fp16_allreduce_configs: FP16AllReduceConfig = field(default_factory=FP16AllReduceConfig)
+    """The half-precision dtype gradients travel in (ours; Paddle's is float16 only)."""
+    localsgd: bool = False
+    """Local SGD: ranks step on local gradients and average the models every ``k_steps`` steps
+    (torch's ``post_localSGD_hook`` + ``PostLocalSGDOptimizer``); see ``localsgd_configs``."""
+    localsgd_configs: LocalSGDConfig = field(default_factory=LocalSGDConfig)
+    """Averaging interval and warm-up of local SGD."""
+    adaptive_localsgd: bool = False
+    """Local SGD whose averaging interval follows the training loss (Paddle's rule); the loss
+    reaches the optimizer by ``opt.step(closure)`` or ``opt.set_loss(loss)``."""
+    adaptive_localsgd_configs: AdaptiveLocalSGDConfig = field(
+        default_factory=AdaptiveLocalSGDConfig)
+    """Initial interval and warm-up of adaptive local SGD."""
+    dgc: bool = False
+    """Deep Gradient Compression: momentum-corrected top-k gradients exchanged sparsely (momentum
+    SGD only); see ``dgc_configs``."""
+    dgc_configs: DGCConfig = field(default_factory=DGCConfig)
+    """Warm-up and sparsity schedule of DGC."""
+    asp: bool = False
+    """Automatic 2:4 structured sparsity: eligible Linear/Conv weights pruned to 2 of every 4
+    along the input dimension at ``distributed_model``, kept sparse after every optimizer step."""
+    cudnn_exhaustive_search: bool = False
+    """Benchmark the cuDNN convolution algorithms and keep the fastest (True sets
+    ``torch.backends.cudnn.benchmark``; False leaves torch's setting alone)."""
+    # ---- accepted for Paddle scripts, no effect on torch (reasons in NO_OP_KEYS) ----
+    sync_nccl_allreduce: bool = True
+    """No effect (see :data:`NO_OP_KEYS`)."""
+    nccl_comm_num: int = 1
+    """No effect (see :data:`NO_OP_KEYS`); >= 1."""
+    use_hierarchical_allreduce: bool = False
+    """No effect (see :data:`NO_OP_KEYS`)."""
+    hierarchical_allreduce_inter_nranks: int = 1
+    """No effect (see :data:`NO_OP_KEYS`); >= 1."""
+    without_graph_optimization: bool = False
+    """No effect (see :data:`NO_OP_KEYS`)."""
+    fuse_grad_size_in_num: int = 8
+    """No effect (see :data:`NO_OP_KEYS`); >= 1."""
+    fuse_grad_merge: bool = False
+    """No effect (see :data:`NO_OP_KEYS`)."""
+    conv_workspace_size_limit: int = 512
+    """No effect (see :data:`NO_OP_KEYS`); MiB, >= 0."""
+    cudnn_batchnorm_spatial_persistent: bool = False
+    """No effect (see :data:`NO_OP_KEYS`)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         hints = _hints()
@@ -125,8 +186,9 @@ class DistributedStrategy:
                 )
         else:
             value = convert(value, tp, name)
-        if name == "fuse_grad_size_in_MB" and value < 1:
-            raise ConfigError(f"must be >= 1 (MiB), got {value}", key=name)
+        check = _SCALAR_CHECKS.get(name)
+        if check is not None and not check[0](value):
+            raise ConfigError(f"{check[1]}, got {value}", key=name)
         object.__setattr__(self, name, value)
 
     # ---- construction and export -------------------------------------------------------------
@@ -180,6 +242,12 @@ class DistributedStrategy:
         default = _flatten(DistributedStrategy().to_dict())
         return {k: v for k, v in mine.items() if default.get(k) != v}
 
+    def no_op_settings(self) -> dict[str, Any]:
+        """``{key: value}`` of the keys of :data:`NO_OP_KEYS` set to something other than their
+        default (accepted, no effect on torch; ``fleet.distributed_model`` logs them once)."""
+        default = DistributedStrategy()
+        return {k: getattr(self, k) for k in NO_OP_KEYS if getattr(self, k) != getattr(default, k)}
+
     def __str__(self) -> str:
         rows = self.non_default_settings()
         if not rows:
@@ -196,6 +264,38 @@ class DistributedStrategy:
     def __repr__(self) -> str:
         items = ", ".join(f"{k}={_fmt(v)}" for k, v in self.non_default_settings().items())
         return f"DistributedStrategy({items})"
+
+
+NO_OP_KEYS: dict[str, str] = {
+    "sync_nccl_allreduce": "Paddle synchronises its compute stream after each all-reduce; torch "
+    "DDP orders its communication stream against the compute stream itself",
+    "nccl_comm_num": "Paddle opens several NCCL communicators per group; torch keeps one per "
+    "process group and NCCL picks its own channels",
+    "use_hierarchical_allreduce": "NCCL already runs a topology-aware (intra-node, then "
+    "inter-node) all-reduce; torch has no separate hierarchical mode for DDP",
+    "hierarchical_allreduce_inter_nranks": "only read with use_hierarchical_allreduce (no "
+    "effect, above)",
+    "without_graph_optimization": "switches off Paddle's static-graph passes; fleet runs torch "
+    "eager modules, there is no graph to optimise",
+    "fuse_grad_size_in_num": "Paddle fuses gradients by count in its static graph; DDP buckets "
+    "by size (fuse_grad_size_in_MB)",
+    "fuse_grad_merge": "Paddle fuses the gradient-merge buffers of its static graph; DDP already "
+    "accumulates into its buckets' gradient tensors",
+    "conv_workspace_size_limit": "torch chooses cuDNN workspaces itself and has no limit knob",
+    "cudnn_batchnorm_spatial_persistent": "torch picks cuDNN's persistent batch-norm mode "
+    "itself where it applies",
+}
+"""Paddle strategy keys accepted (so Paddle scripts and YAML run unchanged) that have no effect
+on torch, each with the reason. An unknown key is still an error."""
+
+_SCALAR_CHECKS: dict[str, tuple[Any, str]] = {
+    "fuse_grad_size_in_MB": (lambda v: v >= 1, "must be >= 1 (MiB)"),
+    "last_comm_group_size_MB": (lambda v: v > 0, "must be > 0 (MiB)"),
+    "nccl_comm_num": (lambda v: v >= 1, "must be >= 1"),
+    "hierarchical_allreduce_inter_nranks": (lambda v: v >= 1, "must be >= 1"),
+    "fuse_grad_size_in_num": (lambda v: v >= 1, "must be >= 1"),
+    "conv_workspace_size_limit": (lambda v: v >= 0, "must be >= 0 (MiB)"),
+}
 
 
 def _is_section(tp: Any) -> bool:
@@ -232,4 +332,4 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["DistributedStrategy"]
+__all__ = ["NO_OP_KEYS", "DistributedStrategy"]

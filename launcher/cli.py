@@ -67,6 +67,19 @@ FLAG_TO_KEY = {
     "workers": "ps.workers",
     "pod_ip": "ps.pod_ip",
     "metrics": "metrics",
+    # elastic jobs (launcher/elastic/config.py folds the spellings): torchrun's, then Paddle's
+    "rdzv_backend": "elastic.rdzv_backend",
+    "rdzv_endpoint": "elastic.rdzv_endpoint",
+    "rdzv_id": "run_id",
+    "rdzv_conf": "elastic.rdzv_conf",
+    "standalone": "elastic.standalone",
+    "monitor_interval": "elastic.monitor_interval_s",
+    "elastic_server": "elastic.rdzv_endpoint",
+    "job_id": "run_id",
+    "np": "sizes.nnodes",
+    "ps_checkpoint_dir": "ps_checkpoint.dir",
+    "ps_checkpoint_interval": "ps_checkpoint.interval_s",
+    "ps_checkpoint_keep": "ps_checkpoint.keep",
 }
 
 EPILOG = """\b
@@ -77,6 +90,10 @@ Examples:
   # two nodes (run on each, with its rank):
   fleetrun --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --master_port 29500 train.py
   fleetrun --ips 10.0.0.1,10.0.0.2 --nproc_per_node 8 train.py   # Paddle style
+  # elastic, 1 to 4 nodes (run on each; the agent on 10.0.0.1 hosts the store):
+  fleetrun --nnodes 1:4 --rdzv_backend c10d --rdzv_endpoint 10.0.0.1:29400 --rdzv_id job1 \
+    --max_restarts 3 train.py
+  fleetrun --elastic_server etcd://10.0.0.9:2379 --job_id job1 --np 1:4 train.py  # Paddle
 
 Every option can also be set in the environment as FLEETRUN_<OPTION>
 (e.g. FLEETRUN_NPROC_PER_NODE=2). Precedence: job file < environment < flag.
@@ -102,7 +119,8 @@ def _opt(*names: str, **kw: Any) -> Any:
 @_opt("-c", "--config", "config", type=click.Path(dir_okay=False), help="Job file (YAML); see configs/.")
 @_opt("--nproc_per_node", "nproc_per_node", metavar="N|auto",
       help="Trainers per node (default 1; auto = one per GPU, or 1 without GPUs).")
-@_opt("--nnodes", "nnodes", type=int, help="Number of nodes (default 1).")
+@_opt("--nnodes", "nnodes", metavar="N|MIN:MAX",
+      help="Number of nodes (default 1); MIN:MAX = an elastic job (needs --rdzv_backend).")
 @_opt("--node_rank", "node_rank", type=int, help="Rank of this node (default 0, or own index in --ips).")
 @_opt("--master_addr", "master_addr", metavar="HOST", help="Address of node 0 (default 127.0.0.1).")
 @_opt("--master_port", "master_port", type=int, metavar="PORT",
@@ -129,8 +147,30 @@ def _opt(*names: str, **kw: Any) -> Any:
       help="PS mode on several nodes: every server's endpoint (each node runs those with its IP).")
 @_opt("--workers", "workers", metavar="IP:PORT,...", help="PS mode on several nodes: every trainer's endpoint.")
 @_opt("--pod_ip", "pod_ip", metavar="IP", help="This node's IP in --servers/--workers (default: detected).")
+@_opt("--ps_checkpoint_dir", "ps_checkpoint_dir", metavar="DIR",
+      help="PS mode: checkpoint the job here automatically, resume from it at start, and recover "
+      "a dead server or trainer from it (each recovery uses one --max_restarts).")
+@_opt("--ps_checkpoint_interval", "ps_checkpoint_interval", type=float, metavar="SECONDS",
+      help="PS mode: seconds between automatic checkpoints (default 600).")
+@_opt("--ps_checkpoint_keep", "ps_checkpoint_keep", type=int, metavar="K",
+      help="PS mode: newest automatic checkpoints kept (default 3; 0 = all).")
 @_opt("--rdzv_timeout", "rdzv_timeout", type=float, metavar="SECONDS",
       help="How long nodes wait for each other at start (default 300).")
+@_opt("--rdzv_backend", "rdzv_backend", type=click.Choice(["static", "c10d", "etcd", "etcd-v2"]),
+      help="Elastic jobs: torch's rendezvous (c10d, etcd, etcd-v2); static (default) = fixed nodes.")
+@_opt("--rdzv_endpoint", "rdzv_endpoint", metavar="HOST:PORT",
+      help="Elastic jobs: the c10d store (hosted by the agent on HOST) or the etcd server.")
+@_opt("--rdzv_id", "rdzv_id", metavar="ID", help="Elastic jobs: the job's rendezvous id (= --run_id).")
+@_opt("--rdzv_conf", "rdzv_conf", metavar="K=V,...",
+      help="Elastic jobs: options of torch's handler (e.g. last_call_timeout=1,join_timeout=60).")
+@_opt("--standalone", "standalone", is_flag=True,
+      help="Elastic job on this machine only: c10d on 127.0.0.1 with a free port.")
+@_opt("--monitor_interval", "monitor_interval", type=float, metavar="SECONDS",
+      help="Elastic jobs: seconds between checks for nodes waiting to join (default 0.1).")
+@_opt("--elastic_server", "elastic_server", metavar="etcd://HOST:PORT",
+      help="Paddle spelling of --rdzv_backend etcd --rdzv_endpoint HOST:PORT.")
+@_opt("--job_id", "job_id", metavar="ID", help="Paddle spelling of --rdzv_id.")
+@_opt("--np", "np", metavar="N|MIN:MAX", help="Paddle spelling of --nnodes (elastic node range).")
 @_opt("--grace_period", "grace_period", type=float, metavar="SECONDS",
       help="Seconds between SIGTERM and SIGKILL at teardown (default 5).")
 @_opt("--dry_run", "dry_run", is_flag=True,
@@ -282,6 +322,8 @@ def format_config_table(spec: JobSpec, place: Placement) -> str:
         ("backend", str(spec.backend)),
         ("log_dir", os.path.abspath(spec.log_dir)),
         ("restarts", f"max {spec.max_restarts}"),
+        *([("ps checkpoints", f"{spec.ps_checkpoint.dir} every {spec.ps_checkpoint.interval_s:g} s, "
+            f"keep {spec.ps_checkpoint.keep or 'all'}")] if spec.ps_checkpoint.dir else []),
         ("console", str(spec.tee)),
     ]
     width = max(len(k) for k, _ in rows)
@@ -316,6 +358,10 @@ def launch_local(spec: JobSpec) -> int:
         raise ConfigError(
             f"script {entry.script!r} not found (working directory {os.getcwd()})", key="entrypoint.script"
         )
+    if spec.elastic.enabled:
+        from launcher.elastic.launch import launch_elastic  # lazy: elastic jobs only (torch)
+
+        return launch_elastic(spec)
     place = resolve_placement(spec)
     write_job_file(spec, node_file("job.yaml", place.node_rank, place.num_nodes))  # per node
     logger.info("resolved configuration:\n%s", format_config_table(spec, place))

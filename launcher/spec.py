@@ -28,6 +28,7 @@ import yaml
 from collective.env import Backend, StrEnum
 from collective.errors import ConfigError
 from collective.typed_config import from_dict, require, to_dict
+from launcher.elastic.config import ElasticConfig, check_elastic_spec, normalize_elastic
 
 DEFAULT_MULTINODE_PORT = 29500
 """Rendezvous port used when nodes > 1 and none is given (torchrun's default)."""
@@ -219,6 +220,30 @@ class PSEndpoints:
         require(self.server_grace_s >= 0, "server_grace_s", f"must be >= 0, got {self.server_grace_s}")
 
 
+@dataclass(frozen=True)
+class PSCheckpointConfig:
+    """Automatic checkpoints and recovery of a PS job (``ps_checkpoint:``; the
+    ``--ps_checkpoint_*`` flags). With ``dir`` set, the trainers checkpoint the job (servers'
+    tables + each trainer's data position) every ``interval_s``, resume from the newest good
+    checkpoint at start, and a process that dies is recovered from it (one unit of
+    ``max_restarts`` each)."""
+
+    dir: str | None = None
+    """Directory of the job's checkpoints (``ckpt-<step>`` inside); relative = under the
+    directory fleetrun runs in. None: no automatic checkpoints."""
+    interval_s: float = 600.0
+    """Seconds between checkpoints (cut at a step boundary all trainers agree on)."""
+    keep: int = 3
+    """Newest checkpoints kept (0 = all)."""
+
+    def __post_init__(self) -> None:
+        require(self.dir is None or bool(str(self.dir).strip()), "ps_checkpoint.dir",
+                "must be a directory path (or leave it out for no automatic checkpoints)")
+        require(self.interval_s > 0, "ps_checkpoint.interval_s",
+                f"must be a number of seconds > 0, got {self.interval_s}")
+        require(self.keep >= 0, "ps_checkpoint.keep", f"must be >= 0 (0 = keep all), got {self.keep}")
+
+
 class PlacementStrategy(StrEnum):
     """How Ray places a job's actors on nodes (Ray placement-group strategies)."""
 
@@ -343,6 +368,8 @@ class JobSpec:
     """Multi-node rendezvous."""
     ps: PSEndpoints = PSEndpoints()
     """Parameter-server layout (PS mode)."""
+    ps_checkpoint: PSCheckpointConfig = PSCheckpointConfig()
+    """Automatic PS checkpoints and recovery (PS mode)."""
     backend: Backend = Backend.AUTO
     """Process-group backend: auto (nccl with GPUs, else gloo), gloo, nccl."""
     log_dir: str = "log"
@@ -358,6 +385,9 @@ class JobSpec:
     ``log_dir/metrics_targets.json``; false = no endpoints (job_state.json is still written)."""
     grace_period_s: float = 5.0
     """After SIGTERM, seconds before remaining processes get SIGKILL."""
+    elastic: ElasticConfig = ElasticConfig()
+    """Elastic collective job (``--nnodes MIN:MAX --rdzv_backend c10d|etcd|etcd-v2``); the
+    default ``static`` backend is a fixed job."""
     ray: RayConfig = RayConfig()
     """Ray scheduler settings."""
     k8s: K8sConfig = K8sConfig()
@@ -384,9 +414,13 @@ class JobSpec:
                 require(self.sizes.server_num >= 1 and self.sizes.worker_num >= 1, "sizes.server_num",
                         f"PS mode needs server_num >= 1 and worker_num >= 1 (got "
                         f"{self.sizes.server_num} and {self.sizes.worker_num}), or ps.servers/ps.workers")
+        elif self.ps_checkpoint.dir:
+            raise ConfigError("ps_checkpoint.dir is for PS jobs (mode: ps); drop it or use mode: ps",
+                              key="ps_checkpoint.dir")
         elif self.sizes.server_num or self.ps.servers:
             raise ConfigError("parameter servers are given but mode is 'collective'; "
                               "use mode: ps (--run_mode ps) or drop them", key="mode")
+        check_elastic_spec(self)
         if self.rendezvous.node_rank is not None:
             require(
                 self.rendezvous.node_rank < self.num_nodes,
@@ -443,7 +477,7 @@ def build_spec(data: Mapping[str, Any]) -> JobSpec:
     Without an explicit ``mode``, giving servers (``sizes.server_num`` or ``ps.servers``) means
     ``ps``: ``fleetrun --server_num 2 --worker_num 2 train.py`` needs no ``--run_mode``.
     """
-    data = dict(data)
+    data = normalize_elastic(data)
     sizes, ps = data.get("sizes") or {}, data.get("ps") or {}
     if ("mode" not in data and isinstance(sizes, Mapping) and isinstance(ps, Mapping)
             and (sizes.get("server_num") or ps.get("servers"))):

@@ -198,10 +198,15 @@ class _OptimizerView:
             tuple(_local(value).shape) == tuple(_local(self.state_key(p)).shape)
 
 
-def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any = None) -> None:
+def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any = None, *,
+                    single_writer: bool = False) -> None:
     """Write this job's model (and optimizer) state under directory ``path`` (collective: every
     rank calls it). ``model``/``optimizer``: what ``fleet.distributed_model`` /
-    ``fleet.distributed_optimizer`` returned (or the plain ones)."""
+    ``fleet.distributed_optimizer`` returned (or the plain ones). ``single_writer``: rank 0
+    writes every tensor that several ranks hold (DCP's ``dedup_save_to_lowest_rank``; by
+    default DCP spreads them over the ranks), so a data-parallel job's checkpoint is written by
+    rank 0 alone; state only some ranks hold (a sharding owner's optimizer state, a
+    tensor-parallel shard) is still written by its holders."""
     path = Path(path)
     degrees = _degrees()
     module = _unwrap(model)
@@ -240,7 +245,8 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any = N
     for part in gathered:  # a parameter's state keys: whichever rank has any
         for name, keys in part["state_keys"].items():
             merged["state_keys"][name] = sorted(set(merged["state_keys"][name]) | set(keys))
-    dcp.save(state, checkpoint_id=str(path))
+    planner = dcp.DefaultSavePlanner(dedup_save_to_lowest_rank=True) if single_writer else None
+    dcp.save(state, checkpoint_id=str(path), planner=planner)
     if tdist.get_rank() == 0:
         optim_meta: dict[str, Any] | None = None
         if view is not None:

@@ -14,7 +14,7 @@ torch; the first call that needs the process group does.
 
 The facade is the top of fleet's one-way layers (docs/architecture.md; kept by import-linter)::
 
-    fleet (this facade), fleet.api, fleet.util, fleet.utils, fleet.train_loop
+    fleet (this facade), fleet.api, fleet.util, fleet.utils, fleet.train_loop, fleet.elastic
       -> fleet.parallelize, fleet.checkpoint
       -> fleet.meta_parallel | fleet.meta_optimizers | fleet.ps | fleet.data | fleet.metrics
       -> fleet.base
@@ -86,6 +86,7 @@ _LAZY = {
     "meta_parallel": "fleet.meta_parallel.",
     "data": "fleet.data.",
     "ps": "fleet.ps.",
+    "elastic": "fleet.elastic.",
 }
 
 # Module paths from before fleet was grouped into subpackages (fleet.amp, fleet.embedding, ...):
@@ -130,6 +131,7 @@ __all__ = [
     "distributed_model",
     "distributed_optimizer",
     "distributed_scaler",
+    "elastic",
     "end_day",
     "get_hybrid_communicate_group",
     "init",

@@ -5,11 +5,18 @@ Run on 2 CPU processes (or GPUs)::
     fleetrun --nproc_per_node 2 examples/dp/train.py --steps 300
     fleetrun --nproc_per_node 2 examples/dp/train.py --strategy configs/strategy_dp.yaml
     python examples/dp/train.py            # a world of one, no launcher
+    fleetrun -c configs/dp_elastic.yaml    # elastic: 1 to 2 nodes, resumes from checkpoints
 
 The dataset is generated deterministically (same on every rank): points in 32-D labelled by a
 fixed random "teacher" network, so the task is learnable and the loss visibly falls. Each rank
 reads its own share through a ``DistributedSampler``; ``fleet.distributed_model`` all-reduces
 the gradients, so every rank holds the same model. Rank 0 prints the loss averaged over ranks.
+
+``--elastic``: the job may be restarted at another world size (``fleetrun --nnodes MIN:MAX``);
+every ``--save_every`` steps ``fleet.elastic.Checkpointer`` saves the model, the optimizer, the
+step and the data position under ``--ckpt_dir``, and a (re)started job resumes from the newest
+checkpoint there, reading the rest of the epoch through ``fleet.elastic.ElasticSampler`` split
+over the ranks it has now (README: "Resuming an elastic job").
 """
 
 from __future__ import annotations
@@ -56,6 +63,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--strategy", default=None, help="DistributedStrategy YAML file")
     p.add_argument("--log_every", type=int, default=25, help="print the loss every N steps")
+    p.add_argument("--elastic", action="store_true",
+                   help="resume from / save checkpoints in --ckpt_dir (an elastic job)")
+    p.add_argument("--ckpt_dir", default="log/dp-elastic/ckpt",
+                   help="--elastic: the checkpoint directory every rank sees")
+    p.add_argument("--save_every", type=int, default=25,
+                   help="--elastic: save a checkpoint every N steps")
     return p.parse_args()
 
 
@@ -69,21 +82,37 @@ def main() -> None:
     device = torch.device(f"cuda:{fleet.local_rank()}" if torch.cuda.is_available() else "cpu")
 
     dataset = make_dataset()
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler: DistributedSampler
+    if args.elastic:  # its position in an epoch carries over to another world size
+        sampler = fleet.elastic.ElasticSampler(dataset, shuffle=True, seed=0, drop_last=True)
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
     model = fleet.distributed_model(make_model().to(device))
     opt = fleet.distributed_optimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     )
+    step, epoch, offset, first, last = 0, 0, 0, None, None
+    ckpt = None
+    if args.elastic:
+        ckpt = fleet.elastic.Checkpointer(model, opt, args.ckpt_dir, every_steps=args.save_every)
+        resume = ckpt.restore()  # the newest checkpoint, at whatever world size saved it
+        step, epoch, offset = resume.step, resume.epoch, resume.offset
+        first = resume.extra.get("first_loss")  # the job's first loss, for the check below
+        if fleet.is_first_worker() and resume.path:
+            print(f"resumed from {resume.path}: step {step}, epoch {epoch}, sample {offset} "
+                  f"(saved by {resume.saved_world_size} worker(s), now {world})", flush=True)
     if fleet.is_first_worker():
         print(f"training on {world} worker(s), {device}, batch {args.batch_size}/rank, "
               f"{args.steps} steps", flush=True)
 
-    step, epoch, first, last = 0, 0, None, None
     start = time.perf_counter()
     while step < args.steps:
-        sampler.set_epoch(epoch)
+        if ckpt is not None:
+            sampler.set_epoch(epoch, offset)  # the rest of the epoch, over today's ranks
+        else:
+            sampler.set_epoch(epoch)
         for x, y in loader:
             x, y = x.to(device), y.to(device)
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -91,7 +120,7 @@ def main() -> None:
             opt.step()
             opt.zero_grad()
             fleet.report(loss=loss)  # the dashboard's loss curve (no-op without metrics)
-            step += 1
+            step, offset = step + 1, offset + len(x) * world
             if step == 1 or step % args.log_every == 0 or step == args.steps:
                 mean = loss.detach().clone()
                 dist.all_reduce(mean, op=dist.ReduceOp.AVG)
@@ -99,13 +128,20 @@ def main() -> None:
                 first = last if first is None else first
                 if fleet.is_first_worker():
                     print(f"step {step:4d}  epoch {epoch}  loss {last:.4f}", flush=True)
+            if ckpt is not None:
+                ckpt.step(step, epoch=epoch, offset=offset, extra={"first_loss": first})
             if step >= args.steps:
                 break
-        epoch += 1
+        else:
+            epoch, offset = epoch + 1, 0
 
     with torch.no_grad():
         x, y = dataset.tensors
         acc = (model.module(x.to(device)).argmax(dim=1) == y.to(device)).float().mean()
+    if last is None and ckpt is not None:  # resumed from the last step: nothing left to train
+        if fleet.is_first_worker():
+            print(f"done: already trained {step} steps, accuracy {float(acc):.3f}", flush=True)
+        return
     if fleet.is_first_worker():
         print(f"done: loss {first:.4f} -> {last:.4f}, accuracy {float(acc):.3f}, "
               f"{time.perf_counter() - start:.1f} s", flush=True)

@@ -14,7 +14,8 @@ torch; the first call that needs the process group does.
 
 The facade is the top of fleet's one-way layers (docs/architecture.md; kept by import-linter)::
 
-    fleet (this facade), fleet.api, fleet.util, fleet.utils, fleet.train_loop, fleet.elastic
+    fleet (this facade), fleet.streaming (the day/pass loop over train_loop)
+      -> fleet.api, fleet.util, fleet.utils, fleet.train_loop, fleet.elastic
       -> fleet.parallelize, fleet.checkpoint
       -> fleet.meta_parallel | fleet.meta_optimizers | fleet.ps | fleet.data | fleet.metrics
       -> fleet.base
@@ -65,6 +66,12 @@ _LAZY = {
     "end_day": "fleet.ps.runtime",
     "DistributedEmbedding": "fleet.ps.embedding",
     "train_from_dataset": "fleet.train_loop",
+    "train_days": "fleet.streaming",
+    "StreamingTrainer": "fleet.streaming",
+    "StreamingConfig": "fleet.streaming",
+    "PassResult": "fleet.streaming",
+    "load_model": "fleet.streaming",
+    "save_cache_model": "fleet.streaming",
     "InMemoryDataset": "fleet.data.in_memory",
     "QueueDataset": "fleet.data.dataset",
     "MultiSlotDataGenerator": "fleet.data.generator",
@@ -121,9 +128,12 @@ __all__ = [
     "CommunicateTopology",
     "DistributedEmbedding",
     "DistributedStrategy",
+    "PassResult",
     "LayerDesc",
     "PipelineLayer",
     "SharedLayerDesc",
+    "StreamingConfig",
+    "StreamingTrainer",
     "asp",
     "barrier_worker",
     "clip_grad_norm_",
@@ -141,6 +151,7 @@ __all__ = [
     "is_server",
     "is_worker",
     "load_checkpoint",
+    "load_model",
     "local_rank",
     "meta_parallel",
     "metrics",
@@ -149,6 +160,7 @@ __all__ = [
     "report",
     "role_maker",
     "run_server",
+    "save_cache_model",
     "save_checkpoint",
     "save_persistables",
     "server_endpoints",
@@ -159,6 +171,7 @@ __all__ = [
     "shutdown",
     "stop_worker",
     "telemetry",
+    "train_days",
     "train_from_dataset",
     "util",
     "utils",

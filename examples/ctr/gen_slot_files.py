@@ -20,6 +20,12 @@ start_index)`` makes (the trainers' in-memory data), except that dense values ar
 
 Ids are the generator's raw 64-bit ids written as signed decimal int64 (negative ones
 included; Paddle's parser reads them as the same 64 bits of a uint64 feasign).
+
+``--days 20261120,20261121 --passes 3`` writes the day/pass layout of online training
+(``examples/ctr/online.py``, ``fleet.train_days``): ``out_dir/<day>/<pass>/part-0000k`` with
+passes ``00`` .. , each pass ``--num_files`` files; the passes hold consecutive examples of the
+one dataset (day 0 pass 0 first), so a stream of D days x P passes is examples
+``start_index .. start_index + D * P * num_files * lines_per_file``.
 """
 
 from __future__ import annotations
@@ -151,6 +157,22 @@ def ensure_files(out_dir: str, spec: SlotFiles) -> list[str]:
     return paths
 
 
+def write_day_pass_files(out_dir: str, spec: SlotFiles, days: list[str], passes: int) -> list[str]:
+    """The day/pass layout (module docstring): ``out_dir/<day>/<pass:02d>/`` holds the files of
+    ``spec`` shifted to that pass's examples. Returns every path written."""
+    if not days or passes < 1:
+        raise ValueError(f"need at least one day and passes >= 1, got days={days!r} passes={passes!r}")
+    per_pass = spec.num_files * spec.lines_per_file
+    paths: list[str] = []
+    for d, day in enumerate(days):
+        for p in range(passes):
+            first = spec.start_index + (d * passes + p) * per_pass
+            pass_spec = SlotFiles(spec.num_files, spec.lines_per_file, spec.format, spec.seed,
+                                  spec.gzip, first)  # fmt: skip
+            paths += write_files(os.path.join(out_dir, day, f"{p:02d}"), pass_spec)
+    return paths
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out_dir", required=True, help="directory to write the files into")
@@ -160,9 +182,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--start_index", type=int, default=0, help="global index of the first example")
     p.add_argument("--format", choices=sorted(FORMATS), default="multislot")
     p.add_argument("--gzip", action="store_true", help="gzip each file (name ends in .gz)")
+    p.add_argument("--days", default="",
+                   help="comma-separated day folders (e.g. 20261120,20261121): day/pass layout")
+    p.add_argument("--passes", type=int, default=1, help="pass folders per day (with --days)")
     args = p.parse_args(argv)
     spec = SlotFiles(args.num_files, args.lines_per_file, args.format, args.seed, args.gzip,
                      args.start_index)  # fmt: skip
+    if args.days:
+        days = [d for d in args.days.split(",") if d]
+        print("\n".join(write_day_pass_files(args.out_dir, spec, days, args.passes)))
+        return
     print("\n".join(write_files(args.out_dir, spec)))
 
 

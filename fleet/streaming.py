@@ -1,0 +1,471 @@
+"""Online (day/pass) training on the parameter server: ``fleet.train_days`` and
+:class:`StreamingTrainer`.
+
+The loop Paddle's online trainers write by hand around ``fleet.save_persistables(mode=...)``,
+``fleet.shrink`` and day/pass folders of slot files (``data_root/<day>/<pass>/part-*``)::
+
+    for day in days:
+        for pass in passes(day):                      # e.g. 20261120/00 .. 20261120/23
+            files = fleet.util.get_file_shard(files of the pass)
+            dataset = make_dataset(files)             # a fleet.data dataset, loaded
+            progressive AUC: the current model on the pass, BEFORE training on it
+            fleet.train_from_dataset(model, optimizer, dataset, loss_fn)
+            fleet.save_persistables(output_dir/<day>/delta-<pass>, mode=1)   # rows changed since the last save
+            donefile += (day, pass, path, "delta")
+        fleet.end_day(); fleet.shrink(unseen_days)    # unseen_days + 1 for rows not pushed today; evict old rows
+        fleet.save_persistables(output_dir/<day>/base, mode=0)               # the model entering the next day
+        donefile += (day, -1, path, "base")
+
+Every trainer calls :func:`train_days` with the same arguments; trainer 0 writes the donefile
+(``output_dir/donefile.txt``, one tab-separated line per save, as Paddle's ``FleetUtil``
+donefiles: ``day  pass  path  kind``; pass ``-1`` is a day's base) after the save it names is
+complete.
+
+**Order at the end of a day.** ``end_day`` and ``shrink`` run *before* the base is saved, so the
+base is exactly the model the next day starts from: resuming from it, or serving it, needs no
+replay, and the next day's deltas follow it directly.
+
+**Resume.** Started again with the same ``output_dir`` (a crashed or restarted job: fresh, empty
+servers), the loop reads the donefile, restores the model from the newest base and the deltas
+after it, loaded in order (``PSClient.load`` of a delta updates the tables; its deleted keys and
+``end_day`` calls are replayed), and continues after the last recorded save. A day whose passes
+are all recorded but whose base is not gets its ``end_day`` / ``shrink`` / base first.
+
+**Job checkpoints.** With ``checkpoint_dir`` a job checkpoint (:func:`fleet.ps.checkpoint`: one
+consistent cut of every server, a full copy) follows every donefile record, its trainer state
+naming the record; resuming then loads the newest good checkpoint (:func:`fleet.ps.load_latest`)
+and replays only the deltas recorded after it (a few deltas instead of a base and a day of
+them). fleetrun's automatic mid-pass checkpoints (``--ps_checkpoint_dir``, which resume inside
+``fleet.distributed_optimizer``) are not combined with this loop yet: with them on,
+:func:`train_days` raises rather than restore the servers twice.
+
+Where we differ from Paddle: one helper instead of the hand-written loop; the dataset comes
+from a factory (``make_dataset(files)``) so any ``fleet.data`` dataset fits; progressive
+validation is built in; ``mode=2`` (xbox/serving base) is :func:`fleet.ps.export_serving` /
+:func:`save_cache_model` (a read-only copy with ``min_show``), not a save mode.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import torch
+
+import fleet.metrics as metrics
+from collective.errors import ConfigError, FleetError
+from fleet.ps import recovery, serving
+from fleet.ps import runtime as ps_runtime
+from fleet.train_loop import train_from_dataset
+
+logger = logging.getLogger(__name__)
+
+DONEFILE = "donefile.txt"
+"""Name of the donefile in ``output_dir``."""
+BASE_PASS = "-1"
+"""The pass column of a base record (Paddle's donefiles use -1 for a day's base)."""
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    """What :func:`train_days` streams and where it saves (one per job; every trainer the same)."""
+
+    data_root: str
+    """Folder of day folders, each holding pass folders of slot files."""
+    output_dir: str
+    """Where deltas and bases go (``<day>/delta-<pass>``, ``<day>/base``: paths on the servers'
+    file system, under their checkpoint roots) and the donefile (written by trainer 0)."""
+    days: tuple[str, ...] = ()
+    """Day folders to train, in order (empty: every folder of ``data_root``, sorted)."""
+    file_pattern: str = "part-*"
+    """Glob of a pass's files inside its folder."""
+    progressive_validation: bool = True
+    """Evaluate the model on each pass before training on it (the pass's progressive AUC)."""
+    save_delta: bool = True
+    """Save a delta (``save_persistables(mode=1)``) after each pass. Off, a resume can only
+    restart from a day's base (or a job checkpoint)."""
+    shrink_unseen_days: int | None = 30
+    """``fleet.shrink`` at the end of each day: rows unseen for more days are evicted
+    (None: no shrink)."""
+    checkpoint_dir: str = ""
+    """Job checkpoints after every save, in this directory ("" : off)."""
+    checkpoint_keep: int = 2
+    """Job checkpoints kept."""
+    resume: bool = True
+    """Continue after the donefile's last record (False: refuse a non-empty donefile)."""
+    label: str = "click"
+    """The label slot of the datasets' batches."""
+    print_period: int = 100
+    """Batches between progress lines of ``train_from_dataset``."""
+    max_passes: int | None = None
+    """Stop after this many passes trained in this run (smoke runs; None: all)."""
+
+    def __post_init__(self) -> None:
+        if not self.data_root or not self.output_dir:
+            raise ConfigError("data_root and output_dir must be set", key="data_root/output_dir")
+        if self.shrink_unseen_days is not None and self.shrink_unseen_days < 0:
+            raise ConfigError(f"must be None or >= 0, got {self.shrink_unseen_days!r}",
+                              key="shrink_unseen_days")
+        if self.max_passes is not None and self.max_passes < 0:
+            raise ConfigError(f"must be None or >= 0, got {self.max_passes!r}", key="max_passes")
+        if self.checkpoint_keep < 0:
+            raise ConfigError(f"must be >= 0, got {self.checkpoint_keep!r}", key="checkpoint_keep")
+
+
+@dataclass(frozen=True)
+class DoneRecord:
+    """One line of the donefile: a save that is complete."""
+
+    day: str
+    pass_id: str
+    """The pass folder's name, or :data:`BASE_PASS` for a day's base."""
+    path: str
+    kind: str
+    """``delta`` or ``base``."""
+
+    def line(self) -> str:
+        return f"{self.day}\t{self.pass_id}\t{self.path}\t{self.kind}\n"
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass measured (``auc`` values over every trainer)."""
+
+    day: str
+    pass_id: str
+    examples: int
+    """Examples trained on, every trainer together."""
+    progressive_auc: float
+    """AUC of the model on the pass before training on it (nan when off)."""
+    train_auc: float
+    """AUC of the predictions made while training (``TrainStats.auc``)."""
+    train_seconds: float
+    """Wall time of ``train_from_dataset`` (slowest trainer)."""
+    pass_seconds: float
+    """Wall time of the whole pass: dataset, validation, training, delta save."""
+    save_path: str = ""
+
+    @property
+    def examples_per_second(self) -> float:
+        """Training throughput of the pass, every trainer together."""
+        return self.examples / self.train_seconds if self.train_seconds > 0 else math.nan
+
+
+@dataclass
+class _Plan:
+    """The day/pass folders, and what the donefile says is done."""
+
+    days: list[tuple[str, list[str]]]
+    records: list[DoneRecord] = field(default_factory=list)
+
+
+def list_passes(config: StreamingConfig) -> list[tuple[str, list[str]]]:
+    """``[(day, [pass, ...]), ...]`` under ``data_root`` (folders, sorted by name)."""
+    root = config.data_root
+    if not os.path.isdir(root):
+        raise ConfigError(f"{root!r} is not a directory: write day/pass folders of slot files "
+                          "there (examples/ctr/gen_slot_files.py --days ... --passes ...)",
+                          key="data_root")
+    days = list(config.days) or sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    out = []
+    for day in days:
+        folder = os.path.join(root, day)
+        if not os.path.isdir(folder):
+            raise ConfigError(f"day {day!r} has no folder {folder!r}", key="days")
+        passes = sorted(p for p in os.listdir(folder) if os.path.isdir(os.path.join(folder, p)))
+        if not passes:
+            raise ConfigError(f"day folder {folder!r} has no pass folders", key="data_root")
+        out.append((day, passes))
+    if not out:
+        raise ConfigError(f"{root!r} has no day folders", key="data_root")
+    return out
+
+
+def read_donefile(output_dir: str) -> list[DoneRecord]:
+    """The records of ``output_dir/donefile.txt`` ([] when absent); ValueError naming the line
+    for a malformed one."""
+    path = os.path.join(output_dir, DONEFILE)
+    if not os.path.exists(path):
+        return []
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 4 or parts[3] not in ("delta", "base"):
+                raise FleetError(f"{path}:{number}: expected 'day<TAB>pass<TAB>path<TAB>delta|base', "
+                                 f"got {line.rstrip()!r}")
+            records.append(DoneRecord(*parts))
+    return records
+
+
+def _append_donefile(output_dir: str, record: DoneRecord) -> None:
+    """Append one record, durably (the file is only ever appended to)."""
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, DONEFILE), "a", encoding="utf-8") as f:
+        f.write(record.line())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _is_rank0() -> bool:
+    return ps_runtime._require("train_days()").env.rank == 0
+
+
+def _from_rank0(fn: Callable[[], Any]) -> Any:
+    """Trainer 0's result of ``fn`` on every trainer (its FleetError raised on every trainer)."""
+    st = ps_runtime._require("train_days()")
+    return recovery._agree(st.env.rank, recovery._outcome(fn) if st.env.rank == 0 else None)
+
+
+def _refresh_dense() -> None:
+    """After the servers loaded a model: drop cached rows, take the dense values from them."""
+    comm = ps_runtime.get_communicator()
+    comm.forget_server_values()
+    if comm.dense:
+        comm._set_dense(comm.pull_dense())
+        if hasattr(comm, "set_dense_base"):
+            comm.set_dense_base()
+
+
+def load_model(dirname: str, mode: int = 0) -> dict[str, int]:
+    """Paddle's ``fleet.load_model(path, mode)``: every trainer calls it; trainer 0 has every
+    server load ``dirname`` (``mode`` 0: a full save replaces the tables; 1: a delta updates
+    them, and must follow the model loaded or saved last). Returns rows read per table."""
+    if mode not in (0, 1):
+        raise ConfigError(f"got {mode!r}; allowed: 0 (a full save), 1 (a delta)", key="mode")
+    ps_runtime.get_communicator().flush()
+    recovery._gather(None)  # every trainer flushed: nothing reaches the servers after the load
+
+    def load() -> dict[str, int]:
+        from ps_server.checkpoint import read_checkpoint
+
+        info = read_checkpoint(dirname)
+        want = "all" if mode == 0 else "delta"
+        if info.mode != want:
+            raise FleetError(f"{dirname} holds a {info.mode!r} save; load it with mode="
+                             f"{0 if info.mode == 'all' else 1}")
+        return ps_runtime.get_client().load(dirname)
+
+    rows = _from_rank0(load)
+    _refresh_dense()
+    return rows
+
+
+def save_cache_model(dirname: str, mode: int = 0, *, min_show: int = 1,
+                     model: torch.nn.Module | None = None) -> Any:
+    """Paddle's ``fleet.save_cache_model(dirname, mode=...)``: the rows shown at least
+    ``min_show`` times as a read-only serving copy (:func:`fleet.ps.export_serving`; mode 0 all,
+    1 only what changed since the previous one). Returns the export's record."""
+    if mode not in (0, 1):
+        raise ConfigError(f"got {mode!r}; allowed: 0 (all), 1 (delta)", key="mode")
+    return serving.export_serving(dirname, min_show=min_show, mode="all" if mode == 0 else "delta",
+                                  model=model)
+
+
+class StreamingTrainer:
+    """The day/pass loop of the module docstring for one model (see :func:`train_days`)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+        make_dataset: Callable[[list[str]], Iterable[Mapping[str, Any]]],
+        config: StreamingConfig,
+        *,
+        on_pass: Callable[[PassResult], None] | None = None,
+        out: TextIO | None = None,
+    ) -> None:
+        """``make_dataset(files)``: a dataset over this trainer's files of one pass, ready to
+        iterate (loaded, for an InMemoryDataset); it is iterated twice with progressive
+        validation. ``on_pass``: called on every trainer after each pass. ``out``: where the
+        per-pass lines go (default stderr on trainer 0)."""
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.make_dataset, self.config, self.on_pass = make_dataset, config, on_pass
+        self.out = out if out is not None else (sys.stderr if _is_rank0() else None)
+        self.checkpoint_dir = config.checkpoint_dir
+        if getattr(ps_runtime._require("train_days()"), "auto_checkpoint", None) is not None:
+            raise FleetError(
+                "train_days does not combine with fleetrun's automatic PS checkpoints "
+                "(--ps_checkpoint_dir / FLEET_PS_CHECKPOINT_DIR) yet: both would restore the "
+                "servers on a restart. Drop --ps_checkpoint_dir and pass "
+                "StreamingConfig(checkpoint_dir=...) for job checkpoints at every pass")
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> list[PassResult]:
+        """Train every pass not yet in the donefile; returns this run's passes."""
+        cfg = self.config
+        plan = _Plan(list_passes(cfg), _from_rank0(lambda: [r.__dict__ for r in read_donefile(cfg.output_dir)]))
+        plan.records = [DoneRecord(**r) for r in plan.records]  # type: ignore[arg-type]
+        if plan.records and not cfg.resume:
+            raise ConfigError(f"{cfg.output_dir} already has a donefile with {len(plan.records)} "
+                              "record(s): pass resume=True to continue, or a new output_dir",
+                              key="resume")
+        if plan.records:
+            self._restore(plan.records)
+        done = {(r.day, r.pass_id) for r in plan.records}
+        results: list[PassResult] = []
+        for day, passes in plan.days:
+            for pass_id in passes:
+                if (day, pass_id) in done or (day, BASE_PASS) in done:
+                    continue
+                if cfg.max_passes is not None and len(results) >= cfg.max_passes:
+                    return results
+                result = self._pass(day, pass_id, plan.records)
+                results.append(result)
+                if self.on_pass is not None:
+                    self.on_pass(result)
+            if (day, BASE_PASS) not in done:
+                self._end_day(day, plan.records)
+        return results
+
+    def _pass(self, day: str, pass_id: str, records: list[DoneRecord]) -> PassResult:
+        cfg = self.config
+        t0 = time.perf_counter()
+        files = sorted(glob.glob(os.path.join(cfg.data_root, day, pass_id, cfg.file_pattern)))
+        if not files:
+            raise ConfigError(f"pass folder {os.path.join(cfg.data_root, day, pass_id)!r} has no "
+                              f"files matching {cfg.file_pattern!r}", key="file_pattern")
+        from fleet.util import get_file_shard
+
+        mine = get_file_shard(files)
+        dataset: Iterable[Mapping[str, Any]] = self.make_dataset(mine) if mine else []
+        pv_auc = self.evaluate(dataset) if cfg.progressive_validation else math.nan
+        stats = train_from_dataset(self.model, self.optimizer, dataset, self.loss_fn,
+                                   label=cfg.label, print_period=cfg.print_period, out=self.out)
+        release = getattr(dataset, "release_memory", None)
+        if release is not None:
+            release()
+        examples = int(metrics.sum(stats.examples))
+        train_s = float(metrics.max(stats.seconds))
+        path = ""
+        if cfg.save_delta:
+            path = os.path.join(cfg.output_dir, day, f"delta-{pass_id}")
+            ps_runtime.save_persistables(path, mode=1)
+            self._record(DoneRecord(day, pass_id, path, "delta"), records)
+        result = PassResult(day, pass_id, examples, pv_auc, stats.auc, train_s,
+                            float(metrics.max(time.perf_counter() - t0)), path)
+        if self.out is not None:
+            self.out.write(
+                f"[online] day {day} pass {pass_id}: progressive auc {result.progressive_auc:.5f} "
+                f"(before training), train auc {result.train_auc:.5f}, {examples} examples, "
+                f"{result.examples_per_second:.0f} ex/s, pass {result.pass_seconds:.1f} s"
+                + (f", delta {path}" if path else "") + "\n")
+            self.out.flush()
+        return result
+
+    def _end_day(self, day: str, records: list[DoneRecord]) -> None:
+        cfg = self.config
+        ps_runtime.end_day()
+        removed = 0
+        if cfg.shrink_unseen_days is not None:
+            removed = int(metrics.sum(ps_runtime.shrink(cfg.shrink_unseen_days)))
+        path = os.path.join(cfg.output_dir, day, "base")
+        ps_runtime.save_persistables(path, mode=0)
+        self._record(DoneRecord(day, BASE_PASS, path, "base"), records)
+        if self.out is not None:
+            self.out.write(f"[online] day {day} done: end_day, shrink removed {removed} rows, "
+                           f"base {path}\n")
+            self.out.flush()
+
+    def evaluate(self, dataset: Iterable[Mapping[str, Any]]) -> float:
+        """AUC of the current model on ``dataset`` over every trainer (nothing is pushed)."""
+        state = metrics.AucState()
+        label = self.config.label
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for batch in dataset:
+                    if label not in batch:
+                        raise ConfigError(f"the batch has no slot {label!r} (slots: {sorted(batch)})",
+                                          key="label")
+                    output = self.model({k: v for k, v in batch.items() if k != label})
+                    state.update(torch.sigmoid(output).reshape(-1), batch[label].reshape(-1))
+        finally:
+            self.model.train(was_training)
+        try:
+            return state.auc()
+        except ConfigError:  # one class missing everywhere
+            return math.nan
+
+    # -- saves, donefile, resume ------------------------------------------------------------------
+    def _record(self, record: DoneRecord, records: list[DoneRecord]) -> None:
+        """The save is complete on every server: trainer 0 appends the donefile record; a job
+        checkpoint naming it follows when checkpoints are on."""
+        if _is_rank0():
+            _append_donefile(self.config.output_dir, record)
+        records.append(record)
+        ps_runtime._barrier()
+        if self.checkpoint_dir:
+            from fleet.ps.recovery import checkpoint
+
+            checkpoint(self.checkpoint_dir, len(records), keep=self.config.checkpoint_keep,
+                       trainer_state={"records": len(records), "day": record.day,
+                                      "pass": record.pass_id}, wait=True)
+
+    def _restore(self, records: list[DoneRecord]) -> None:
+        """Rebuild the model of the donefile's last record on the (fresh) servers."""
+        start = 0
+        if self.checkpoint_dir:
+            latest = recovery.load_latest(self.checkpoint_dir)
+            if latest.chosen is not None:
+                state = latest.chosen.trainer_states.get(0) or latest.chosen.trainer_states.get("0")
+                count = int(state["records"]) if isinstance(state, dict) else 0
+                if 0 < count <= len(records):
+                    start = count
+        last_base = max((i for i, r in enumerate(records) if r.kind == "base"), default=-1)
+        if last_base + 1 > start:  # a base newer than the checkpoint replaces everything
+            start = last_base + 1
+            if last_base >= 0:
+                load_model(records[last_base].path, mode=0)
+        for r in records[start:]:
+            load_model(r.path, mode=1)
+        last = records[-1]
+        if self.out is not None:
+            self.out.write(f"[online] resumed after day {last.day} pass {last.pass_id} "
+                           f"({last.kind} {last.path}; {len(records) - start} delta(s) replayed)\n")
+            self.out.flush()
+
+
+def train_days(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+    make_dataset: Callable[[list[str]], Iterable[Mapping[str, Any]]],
+    config: StreamingConfig | None = None,
+    **options: Any,
+) -> list[PassResult]:
+    """Run the day/pass loop (module docstring); every trainer calls it after
+    ``fleet.init_worker()``. ``options``: :class:`StreamingConfig` fields (``data_root=``,
+    ``output_dir=``, ...) when ``config`` is not given. Returns this run's passes."""
+    if config is None:
+        config = StreamingConfig(**options)
+    elif options:
+        raise ConfigError(f"give either config or its fields, not both (got {sorted(options)})",
+                          key="config")
+    return StreamingTrainer(model, optimizer, loss_fn, make_dataset, config).run()
+
+
+__all__ = [
+    "BASE_PASS",
+    "DONEFILE",
+    "DoneRecord",
+    "PassResult",
+    "StreamingConfig",
+    "StreamingTrainer",
+    "list_passes",
+    "load_model",
+    "read_donefile",
+    "save_cache_model",
+    "train_days",
+]

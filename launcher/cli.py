@@ -39,7 +39,7 @@ from launcher.telemetry import node_file
 
 logger = logging.getLogger("launcher")
 
-SUBCOMMANDS = ("status", "logs", "delete", "dashboard", "pod")
+SUBCOMMANDS = ("status", "logs", "delete", "dashboard", "pod", "k8s")
 """First words that select a tool subcommand (launcher/commands.py) instead of a launch."""
 
 # click parameter name -> job-spec key path

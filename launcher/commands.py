@@ -1,4 +1,4 @@
-"""``fleetrun status|logs|delete|dashboard``: tool subcommands next to the launch command.
+"""``fleetrun status|logs|delete|dashboard|pod|k8s``: tool subcommands next to the launch command.
 
 ``launcher.cli.main`` routes here when the first argument is one of ``cli.SUBCOMMANDS``.
 """
@@ -114,6 +114,26 @@ def delete_cmd(job: str, namespace: str) -> None:
         return
     click.echo(f"deleted {', '.join(deleted)}" if deleted
                else f"job '{job}' has no objects in {namespace}")
+
+
+@tools.group(name="k8s")
+def k8s_group() -> None:
+    """Kubernetes jobs: fleetrun k8s scale JOB N."""
+
+
+@k8s_group.command(name="scale")
+@click.argument("job")
+@click.argument("replicas", metavar="N", type=int)
+@_NAMESPACE
+def scale_cmd(job: str, replicas: int, namespace: str) -> None:
+    """Set an elastic JOB's trainer pods to N (within its --nnodes MIN:MAX): added pods join
+    the next rendezvous round; removed ones leave and the others re-form without them."""
+    from launcher.schedulers import k8s_client  # lazy: the kubernetes client, k8s commands only
+
+    try:
+        click.echo(k8s_client.scale_job(job, namespace, replicas))
+    except FleetError as err:
+        _fail(err)
 
 
 @tools.command(name="pod")

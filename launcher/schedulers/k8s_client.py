@@ -23,12 +23,14 @@ from collections.abc import Callable
 from typing import Any
 
 from collective.errors import LaunchError
+from launcher.schedulers.k8s_elastic import check_scale
 from launcher.schedulers.k8s_render import (
     INDEX_ANNOTATION,
     JOB_LABEL,
     NPROC_LABEL,
     PODGROUP_API,
     ROLE_LABEL,
+    TRAINER,
 )
 
 logger = logging.getLogger(__name__)
@@ -422,4 +424,31 @@ def delete_job(job_name: str, namespace: str) -> list[str]:
     return deleted
 
 
-__all__ = ["apply", "delete_job", "job_logs", "job_status", "stream_status"]
+def scale_job(job_name: str, namespace: str, replicas: int) -> str:
+    """``fleetrun k8s scale``: set the elastic job's trainer pods to ``replicas`` (the Job's
+    ``parallelism``), within the node range its annotations give; returns what changed."""
+    client = _client()
+    ApiException = _api_exceptions()
+
+    batch = client.BatchV1Api()
+    name = f"{job_name}-{TRAINER}"
+    try:
+        job = batch.read_namespaced_job(name, namespace)
+    except ApiException as err:
+        if getattr(err, "status", None) == 404:
+            raise LaunchError(f"no job '{job_name}' in namespace {namespace} (no Job {name}); "
+                              f"kubectl get jobs -n {namespace}") from None
+        raise _api_error(err, f"reading Job {name}") from None
+    low, high = check_scale(job_name, job.metadata.annotations, replicas)
+    before = job.spec.parallelism
+    try:
+        batch.patch_namespaced_job(name, namespace, {"spec": {"parallelism": replicas}})
+    except ApiException as err:
+        raise _api_error(err, f"scaling Job {name}") from None
+    logger.info("scaled job '%s' from %s to %d pod(s) (nodes %d..%d)", job_name, before,
+                replicas, low, high)
+    return (f"job '{job_name}': {before} -> {replicas} trainer pod(s) (node range {low}..{high}); "
+            "the agents re-form at the next rendezvous round")
+
+
+__all__ = ["apply", "delete_job", "job_logs", "job_status", "scale_job", "stream_status"]

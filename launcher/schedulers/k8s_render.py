@@ -8,6 +8,9 @@ Collective job ``N`` (one pod per node, ``nproc_per_node`` trainers in each)::
                                subdomain N-trainer -> pod i is N-trainer-i.N-trainer.NS.svc
     PodGroup  N                (gang only) Volcano, minMember = every pod of the job
 
+Elastic collective job (``--nnodes MIN:MAX``): one elastic agent per pod, up to MAX pods, a
+rendezvous endpoint instead of the trainer Service (see :mod:`launcher.schedulers.k8s_elastic`).
+
 PS job: the same, plus ``Service N-server`` + ``StatefulSet N-server`` (server i is
 ``N-server-i.N-server.NS.svc``) and ``Secret N-ps-token`` (the job's token, key ``token``; every
 pod reads it as FLEET_PS_TOKEN through ``valueFrom.secretKeyRef``, so it is in no pod spec);
@@ -30,6 +33,7 @@ import yaml
 
 from collective.errors import ConfigError
 from launcher.agent import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN, job_ps_token
+from launcher.schedulers import k8s_elastic
 from launcher.spec import JobSpec, Mode, RoleResources
 
 CONFIG_MOUNT = "/etc/fleetrun"
@@ -120,6 +124,8 @@ def check_renderable(spec: JobSpec) -> None:
             )
     for role in ("trainer", "server"):
         scale_quantity(getattr(spec.resources, role).memory, 1, f"resources.{role}.memory")
+    if spec.elastic.enabled:
+        k8s_elastic.check_elastic_renderable(spec)
     if isinstance(spec.strategy, str):
         _read_text(spec.strategy)
 
@@ -294,7 +300,8 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         for key, value in spec.env.items()
         if key != FLEET_PS_TOKEN
     ]
-    if role == TRAINER:  # the StatefulSet's servers take their ordinal from FLEET_POD_NAME
+    elastic = spec.elastic.enabled and role == TRAINER  # node ranks come from the rendezvous
+    if role == TRAINER and not elastic:  # the StatefulSet's servers: ordinal from FLEET_POD_NAME
         env.append(_field_env("FLEET_POD_INDEX", f"metadata.annotations['{INDEX_ANNOTATION}']"))
     if spec.mode is Mode.PS:
         secret = {"name": names["token"], "key": TOKEN_KEY}
@@ -317,7 +324,8 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
             {"name": "FLEET_METRICS_HOST", "value": "$(FLEET_POD_IP)"},
         ]
     own_port = k.master_port if role == TRAINER else k.server_port
-    ports = [{"name": "rendezvous" if role == TRAINER else "ps", "containerPort": own_port}]
+    ports = [] if elastic else [
+        {"name": "rendezvous" if role == TRAINER else "ps", "containerPort": own_port}]
     ports += [
         {"name": f"metrics-{r}" if r else "metrics", "containerPort": k.metrics_port + r}
         for r in range(nproc if metrics else 0)
@@ -327,7 +335,9 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         "image": k.image,
         "imagePullPolicy": str(k.image_pull_policy),
         "command": ["fleetrun"],
-        "args": pod_args(spec, role),
+        "args": (k8s_elastic.agent_args(spec, f"{CONFIG_MOUNT}/strategy.yaml"
+                                        if spec.strategy is not None else None)
+                 if elastic else pod_args(spec, role)),
         "env": env,
         "ports": ports,
         "resources": _resources(getattr(spec.resources, role), nproc, role),
@@ -358,7 +368,7 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         ],
         "terminationGracePeriodSeconds": int(spec.grace_period_s) + 25,
     }
-    if role == TRAINER:
+    if role == TRAINER and not elastic:
         pod["subdomain"] = names[TRAINER]
     if k.service_account:
         pod["serviceAccountName"] = k.service_account
@@ -377,23 +387,23 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
 def render_trainer_job(spec: JobSpec) -> dict[str, Any]:
     """The trainers: an Indexed Job; pod index = node rank (collective) or trainer id (PS)."""
     pods = num_pods(spec, TRAINER)
-    job_spec: dict[str, Any] = {
-        "completionMode": "Indexed",
-        "completions": pods,
-        "parallelism": pods,
-        # A failed pod is re-created while the budget lasts; every pod of a group may fail once
-        # per restart of the group (its peers lose it), hence max_restarts x pods.
-        "backoffLimit": spec.max_restarts * pods,
-        "template": render_pod_template(spec, TRAINER),
-    }
+    meta = _meta(spec, object_names(spec)[TRAINER], TRAINER)
+    if spec.elastic.enabled:  # one elastic agent per pod, MIN..MAX pods
+        job_spec = k8s_elastic.elastic_job_spec(spec, render_pod_template(spec, TRAINER))
+        meta["annotations"] = k8s_elastic.node_range_annotations(spec)
+    else:
+        job_spec = {
+            "completionMode": "Indexed",
+            "completions": pods,
+            "parallelism": pods,
+            # A failed pod is re-created while the budget lasts; every pod of a group may fail
+            # once per restart of the group (its peers lose it), hence max_restarts x pods.
+            "backoffLimit": spec.max_restarts * pods,
+            "template": render_pod_template(spec, TRAINER),
+        }
     if spec.k8s.ttl_seconds_after_finished is not None:
         job_spec["ttlSecondsAfterFinished"] = spec.k8s.ttl_seconds_after_finished
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _meta(spec, object_names(spec)[TRAINER], TRAINER),
-        "spec": job_spec,
-    }
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
 
 
 def render_server_statefulset(spec: JobSpec) -> dict[str, Any]:
@@ -417,6 +427,8 @@ def render_podgroup(spec: JobSpec) -> dict[str, Any]:
     """Volcano PodGroup: schedule every pod of the job at once or none (minMember = all pods)."""
     group, version, _ = PODGROUP_API
     total = num_pods(spec, TRAINER) + num_pods(spec, SERVER)
+    if spec.elastic.enabled:  # the job may run with MIN nodes (its etcd is not in the group)
+        total = int(spec.elastic.min_nodes or 1)
     return {
         "apiVersion": f"{group}/{version}",
         "kind": "PodGroup",
@@ -432,7 +444,11 @@ def render_job(spec: JobSpec, ps_token: str | None = None) -> list[dict[str, Any
     objs = [render_configmap(spec)]
     if spec.mode is Mode.PS:
         objs.append(render_token_secret(spec, ps_token or job_ps_token(spec)))
-    objs.append(render_service(spec, TRAINER))
+    if spec.elastic.enabled:  # the agents meet at the rendezvous endpoint, not through DNS
+        if k8s_elastic.renders_etcd(spec):
+            objs += k8s_elastic.render_etcd(spec, labels(spec, k8s_elastic.ETCD))
+    else:
+        objs.append(render_service(spec, TRAINER))
     if spec.mode is Mode.PS:
         objs.append(render_service(spec, SERVER))
     if spec.k8s.gang:

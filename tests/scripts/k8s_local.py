@@ -1,7 +1,7 @@
 """Run rendered Kubernetes pods as local processes: a manifest-to-local translation for tests.
 
-For every pod a workload would create (Indexed Job: one per completion index; StatefulSet: one
-per ordinal) it builds exactly the process Kubernetes would start: the container's
+For every pod a workload would create (Indexed Job: one per completion index; NonIndexed Job:
+``parallelism`` pods; StatefulSet: one per ordinal) it builds exactly the process Kubernetes would start: the container's
 command + args, and the environment the manifest gives that pod plus what Kubernetes injects
 (downward-API ``fieldRef`` values, ``secretKeyRef`` values of the rendered Secrets,
 JOB_COMPLETION_INDEX, HOSTNAME; a container runtime's PATH and
@@ -85,9 +85,11 @@ def translate(objs: list[dict[str, Any]], workdir: Path, cwd: Path) -> list[Loca
     shared = {p: _free_port() for p in sorted(service_ports)}
     pods: list[LocalPod] = []
     for obj in objs:
-        if obj["kind"] == "Job":
+        indexed = obj["kind"] == "Job" and obj["spec"].get("completionMode") == "Indexed"
+        if indexed:
             count = obj["spec"]["completions"]
-            assert obj["spec"]["completionMode"] == "Indexed"
+        elif obj["kind"] == "Job":  # NonIndexed (an elastic job): parallelism pods, no index
+            count = obj["spec"]["parallelism"]
         elif obj["kind"] == "StatefulSet":
             count = obj["spec"]["replicas"]
         else:
@@ -96,9 +98,11 @@ def translate(objs: list[dict[str, Any]], workdir: Path, cwd: Path) -> list[Loca
         for i in range(count):
             wname = obj["metadata"]["name"]
             annotations = dict(template["metadata"].get("annotations", {}))
-            if obj["kind"] == "Job":
+            if indexed:
                 name, hostname = f"{wname}-{i}-x7k2p", f"{wname}-{i}"
                 annotations[INDEX_ANNOTATION] = str(i)
+            elif obj["kind"] == "Job":
+                name = hostname = f"{wname}-x7k2{chr(ord('a') + i)}"
             else:
                 name = hostname = f"{wname}-{i}"
             meta = {
@@ -112,7 +116,7 @@ def translate(objs: list[dict[str, Any]], workdir: Path, cwd: Path) -> list[Loca
                     obj["kind"],
                     {"metadata": meta, "spec": template["spec"]},
                     hostname,
-                    i,
+                    i if indexed else None,
                     configmaps,
                     secrets,
                     dns,
@@ -128,7 +132,7 @@ def _pod(
     kind: str,
     pod: dict[str, Any],
     hostname: str,
-    index: int,
+    index: int | None,
     configmaps: dict[str, Any],
     secrets: dict[str, dict[str, str]],
     dns: re.Pattern[str],
@@ -172,7 +176,7 @@ def _pod(
         "HOME": str(root),
         "HOSTNAME": hostname,
     }
-    if kind == "Job":
+    if index is not None:  # the Job controller sets it in an Indexed Job's pods only
         env["JOB_COMPLETION_INDEX"] = str(index)
     for item in container.get("env", []):
         if "value" in item:

@@ -53,6 +53,13 @@ FLEET_METRICS_PORT = "FLEET_METRICS_PORT"
 FLEET_METRICS_HOST = "FLEET_METRICS_HOST"
 FLEET_PS_TABLE_THREADS = "FLEET_PS_TABLE_THREADS"
 """Threads a parameter server splits one large pull/push over (ps_server.server)."""
+FLEET_PS_CHECKPOINT_DIR = "FLEET_PS_CHECKPOINT_DIR"
+"""PS trainers: where the job's automatic checkpoints go (fleetrun --ps_checkpoint_dir); set =
+checkpoints on, and the trainers resume from the newest good one there at start."""
+FLEET_PS_CHECKPOINT_INTERVAL = "FLEET_PS_CHECKPOINT_INTERVAL"
+"""Seconds between automatic PS checkpoints (--ps_checkpoint_interval)."""
+FLEET_PS_CHECKPOINT_KEEP = "FLEET_PS_CHECKPOINT_KEEP"
+"""Automatic PS checkpoints kept (--ps_checkpoint_keep; 0 = all)."""
 
 
 def usable_cpus() -> int:
@@ -269,6 +276,45 @@ def metrics_env(port: int, host: str = "127.0.0.1") -> dict[str, str]:
     return {FLEET_METRICS_PORT: str(port), FLEET_METRICS_HOST: host} if port else {}
 
 
+@dataclass(frozen=True)
+class PSCheckpointEnv:
+    """Automatic checkpoints of a PS job, as the launcher hands them to the trainers."""
+
+    dir: str
+    """Directory of the numbered checkpoints (on the servers' side, under their roots)."""
+    interval_s: float = 600.0
+    """Seconds between checkpoints (cut at a step boundary every trainer agrees on)."""
+    keep: int = 3
+    """Newest checkpoints kept (0 = all)."""
+
+
+def ps_checkpoint_env(cfg: PSCheckpointEnv) -> dict[str, str]:
+    """FLEET_PS_CHECKPOINT_* for the trainers of a job with automatic checkpoints."""
+    return {FLEET_PS_CHECKPOINT_DIR: cfg.dir, FLEET_PS_CHECKPOINT_INTERVAL: repr(float(cfg.interval_s)),
+            FLEET_PS_CHECKPOINT_KEEP: str(cfg.keep)}
+
+
+def read_ps_checkpoint_env(environ: Mapping[str, str] | None = None) -> PSCheckpointEnv | None:
+    """The automatic-checkpoint settings (None when FLEET_PS_CHECKPOINT_DIR is unset)."""
+    env = os.environ if environ is None else environ
+    directory = env.get(FLEET_PS_CHECKPOINT_DIR, "")
+    if not directory:
+        return None
+    raw = env.get(FLEET_PS_CHECKPOINT_INTERVAL) or "600"
+    try:
+        interval = float(raw)
+    except ValueError:
+        interval = -1.0
+    if not interval > 0:
+        raise EnvContractError(f"{FLEET_PS_CHECKPOINT_INTERVAL}={raw!r} must be a number of seconds > 0 "
+                               "(fleetrun --ps_checkpoint_interval sets it)")
+    keep = _get_int(env, FLEET_PS_CHECKPOINT_KEEP)
+    keep = 3 if keep is None else keep
+    if keep < 0:
+        raise EnvContractError(f"{FLEET_PS_CHECKPOINT_KEEP}={keep} must be >= 0 (0 = keep all)")
+    return PSCheckpointEnv(directory, interval, keep)
+
+
 def _read_server_env(env: Mapping[str, str]) -> WorkerEnv:
     """The PSERVER side of the contract: POD_IP:PADDLE_PORT must be one of the server list."""
     pservers = _split_endpoints(env.get("PADDLE_PSERVERS_IP_PORT_LIST"))
@@ -472,6 +518,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 __all__ = [
     "Backend",
     "NodeLayout",
+    "PSCheckpointEnv",
     "PSLayout",
     "TrainingRole",
     "WorkerEnv",
@@ -480,7 +527,9 @@ __all__ = [
     "make_ps_trainer_env",
     "make_worker_env",
     "metrics_env",
+    "ps_checkpoint_env",
     "read_metrics_endpoint",
+    "read_ps_checkpoint_env",
     "read_worker_env",
     "usable_cpus",
 ]

@@ -40,6 +40,7 @@ from collective.errors import ConfigError, LaunchError, RendezvousError
 from launcher.attempt import SERVER, TRAINER, ProcSpec, start_all, watch
 from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, terminate_all
+from launcher.ps_recovery import make_recovery
 from launcher.rendezvous import NodeInfo, NodeRendezvous
 from launcher.spec import JobSpec, Tee
 from launcher.summary import Failure, format_summary
@@ -295,6 +296,8 @@ class PSPlan:
                     "'import secrets; print(secrets.token_urlsafe(32))')",
                     key=FLEET_PS_TOKEN)
         self.token = job_ps_token(spec)
+        self.recovery = make_recovery(spec)  # automatic checkpoints: recover from them
+        self._servers: tuple[str, ...] = ()
 
     def layout(self, attempt: int) -> PSLayout:
         ps, sizes = self.spec.ps, self.spec.sizes
@@ -303,6 +306,8 @@ class PSPlan:
         else:
             ip = self.place.node_ip
             servers = tuple(f"{ip}:{find_free_port(ip)}" for _ in range(sizes.server_num))
+            if self.recovery is not None:  # a recovered server comes back on its endpoint
+                servers = self._servers = self._servers or servers
             workers = tuple(f"{ip}:{find_free_port(ip)}" for _ in range(sizes.worker_num))
         log_dir = self.spec.log_dir
         return PSLayout(
@@ -326,6 +331,10 @@ class PSPlan:
         base = {**_base_env(self.spec, len(servers) + len(trainers)), FLEET_PS_TOKEN: self.token}
         server_base = {**base, **_table_threads_env(base, len(servers) + len(trainers)),
                        **ps_checkpoint_root_env(base, self.spec.log_dir, os.getcwd())}
+        if self.recovery is not None:
+            server_base[FLEET_PS_CHECKPOINT_ROOT] = self.recovery.server_roots(
+                server_base.get(FLEET_PS_CHECKPOINT_ROOT, ""))
+            base = {**base, **self.recovery.trainer_env()}
         out = []
         for i in servers:
             show, prefix = console_prefix(self.spec, SERVER, i)
@@ -457,8 +466,22 @@ class Agent:
             monitor.attempt_failed([cause_of(f.exit_desc) for f in failures]
                                    or ([FailureCause.NODE] if remote is not None else []))
             decision = decide(bool(failures) or remote is not None, attempt, plan.max_restarts)
+            recovery = getattr(plan, "recovery", None)
+            no_recovery = ""
+            if recovery is not None and failures and decision is not Decision.SUCCEED:
+                first = min(failures, key=lambda f: f.time)
+                got = recovery.recover(attempt, f"{_label(first)} {first.exit_desc}", first.role,
+                                       decision is Decision.RESTART)
+                if isinstance(got, str):
+                    decision, no_recovery = Decision.FAIL, got
+                else:
+                    monitor.recovered(first.role, got.text())
+                    logger.warning("%s", got.text())
             if decision is Decision.SUCCEED:
                 logger.info("job '%s' succeeded (%d restart(s) used)", spec.name, attempt)
+                if recovery is not None and recovery.recoveries:
+                    sys.stderr.write(f"fleetrun: job '{spec.name}' succeeded; "
+                                     f"{recovery.finish(attempt)}\n")
                 monitor.finished(JobState.SUCCEEDED)
                 return 0
             what = remote or ", ".join(
@@ -472,9 +495,10 @@ class Agent:
                                attempt - 1, what, attempt, plan.max_restarts)
                 continue
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
+            after = "\n".join(t for t in (no_recovery, recovery.finish(attempt)) if t) if recovery else ""
             if failures:
                 text = format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
-                                      plan.max_restarts, note) + "\n"
+                                      plan.max_restarts, note) + "\n" + (after + "\n" if after else "")
             else:
                 text = (f"fleetrun: job '{spec.name}' FAILED: {remote}. This node's processes were "
                         f"stopped; the root-cause summary is on that node's console. Logs: {spec.log_dir}/\n")

@@ -6,6 +6,10 @@ Metrics (``fleet_launcher_*``, served by the launcher itself on a free 127.0.0.1
 * ``fleet_launcher_processes_up{role}`` — processes of this node running now, by role;
 * ``fleet_launcher_restarts_total`` — job restarts done;
 * ``fleet_launcher_failures_total{cause}`` — failed processes / attempts by :class:`FailureCause`.
+* ``fleet_membership_changes_total{cause}`` — elastic jobs: rounds whose nodes differ from the
+  previous round's, by cause (``failure`` or ``join``; :mod:`launcher.elastic.agent`).
+* ``fleet_ps_recoveries_total{role}`` — PS recoveries from a checkpoint, by the role of the
+  process that died (:mod:`launcher.ps_recovery`).
 
 Files (formats documented in README "Metrics"; the dashboard reads them):
 
@@ -112,6 +116,10 @@ JOB_STATE = Gauge("fleet_launcher_job_state", "1 for the job's current state, 0 
 PROCESSES_UP = Gauge("fleet_launcher_processes_up", "Processes of this node running now", ["role"])
 RESTARTS = Counter("fleet_launcher_restarts", "Job restarts done by this launcher")
 FAILURES = Counter("fleet_launcher_failures", "Failures seen by this launcher, by cause", ["cause"])
+MEMBERSHIP_CHANGES = Counter("fleet_membership_changes", "Elastic jobs: rounds whose nodes differ "
+                             "from the previous round's, by cause", ["cause"])
+PS_RECOVERIES = Counter("fleet_ps_recoveries", "PS job recoveries from a checkpoint, by the role "
+                        "of the process that died", ["role"])
 
 for _s in JobState:
     JOB_STATE.labels(state=_s.value)
@@ -119,6 +127,8 @@ for _r in ROLES:
     PROCESSES_UP.labels(role=_r)
 for _c in FailureCause:
     FAILURES.labels(cause=_c.value)
+for _r in ROLES:
+    PS_RECOVERIES.labels(role=_r)
 
 
 def cause_of(exit_desc: str) -> FailureCause:
@@ -203,6 +213,8 @@ class JobMonitor:
         self.restarts = 0
         self.started_at = time.time()
         self.failure_summary: str | None = None
+        self.membership_changes: list[str] = []
+        self.recoveries: list[str] = []
         self.processes: list[ProcRecord] = []
         self._running: Sequence[Any] = ()
         self._lock = threading.Lock()
@@ -256,6 +268,20 @@ class JobMonitor:
         self.restarts = attempt
         self._set_state(JobState.RESTARTING)
 
+    def recovered(self, role: str, text: str) -> None:
+        """A PS recovery (one line: who died, what was restored, work redone) is under way."""
+        PS_RECOVERIES.labels(role=role).inc()
+        with self._lock:
+            self.recoveries.append(text)
+
+    def membership_changed(self, cause: str, text: str) -> None:
+        """An elastic job re-formed with other nodes (``text``: who left/joined, old -> new
+        world size)."""
+        MEMBERSHIP_CHANGES.labels(cause=cause).inc()
+        with self._lock:
+            self.membership_changes.append(text)
+        self._set_state(self.state)
+
     def finished(self, state: JobState, failure_summary: str | None = None,
                  failed: Sequence[tuple[str, int]] = ()) -> None:
         """The job ended (succeeded, failed or stopped by a signal)."""
@@ -286,6 +312,8 @@ class JobMonitor:
             "launcher_metrics": self.launcher_metrics,
             "processes": procs,
             "failure_summary": self.failure_summary,
+            "membership_changes": list(self.membership_changes),
+            "recoveries": list(self.recoveries),
         }
 
     # -- internals -----------------------------------------------------------------------------

@@ -31,10 +31,10 @@ CONTRACT = {
     "fleet_ps_table_rows", "fleet_ps_table_bytes", "fleet_ps_entry_keys_total",
     "fleet_ps_nonfinite_gradients_total", "fleet_ps_checkpoint_seconds",
     "fleet_launcher_job_state", "fleet_launcher_processes_up", "fleet_launcher_restarts_total",
-    "fleet_launcher_failures_total",
+    "fleet_launcher_failures_total", "fleet_ps_recoveries_total",
 }
 JOB_STATE_KEYS = {"name", "run_id", "state", "attempt", "restarts", "max_restarts", "started_at",
-                  "updated_at", "launcher_metrics", "processes", "failure_summary"}
+                  "updated_at", "launcher_metrics", "processes", "failure_summary", "recoveries"}
 PROC_KEYS = {"role", "rank", "host", "pid", "state", "exit_code", "signal", "metrics", "log"}
 
 

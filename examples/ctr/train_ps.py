@@ -95,8 +95,11 @@ def count_lines(paths: list[str]) -> int:
     return total
 
 
-def file_batches(args: argparse.Namespace, local_batch: int) -> tuple[int, Iterator[Batch], float]:
-    """(examples, batches, load seconds) of this trainer's share of the slot files."""
+def file_batches(args: argparse.Namespace,
+                 local_batch: int) -> tuple[int, int, Iterator[Batch], float]:
+    """(examples to train, examples in the files, batches, load seconds) of this trainer's share
+    of the slot files. The two counts differ when a fleetrun job with --ps_checkpoint_dir
+    resumed: the dataset then skips (and does not count) what was trained before."""
     files = args.files or sorted(glob.glob(os.path.join(args.data_dir, "part-*")))
     if not files:
         raise SystemExit(f"no slot files: --files is empty and {args.data_dir!r} has no part-* "
@@ -109,10 +112,10 @@ def file_batches(args: argparse.Namespace, local_batch: int) -> tuple[int, Itera
     t0 = time.perf_counter()
     if args.dataset == "inmemory":
         ds.load_into_memory()
-        count = int(ds.get_memory_data_size())
+        count, held = int(ds.get_memory_data_size()), len(ds)
     else:  # streamed while training: sync lockstep needs the step count before the first batch
-        count = count_lines(mine)
-    return count, (batch_to_inputs(b) for b in ds), time.perf_counter() - t0
+        count = held = count_lines(mine)
+    return count, held, (batch_to_inputs(b) for b in ds), time.perf_counter() - t0
 
 
 def tensor_batches(train: CTRBatch, local_batch: int) -> Iterator[Batch]:
@@ -150,8 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     from_files = bool(args.data_dir or args.files)
     load_seconds = 0.0
     if from_files:
-        count, batches, load_seconds = file_batches(args, local_batch)
-        test_start = int(fleet.metrics.sum(count))  # the files hold examples 0 .. (gen_slot_files)
+        count, held, batches, load_seconds = file_batches(args, local_batch)
+        test_start = int(fleet.metrics.sum(held))  # the files hold examples 0 .. (gen_slot_files)
     else:
         start, count = shard(args.train, rank, world)
         batches = tensor_batches(generate(data, count, start), local_batch)

@@ -46,6 +46,7 @@ from typing import Any
 
 from collective.env import StrEnum
 from collective.errors import ConfigError, FleetNotImplementedError
+from fleet.base import data_position
 from fleet.data.batch import Batch, make_batch
 from fleet.data.columns import Columns, concat_columns
 from fleet.data.loader import LoadConfig, Pipeline
@@ -264,6 +265,18 @@ class DatasetBase:
             yield make_batch(concat_columns(self.use_var, pending), copy=copy and len(pending) == 1)
 
 
+def skip_examples_of(parts: Iterator[Columns], skip: int) -> Iterator[Columns]:
+    """``parts`` without their first ``skip`` examples (a resumed pass,
+    :mod:`fleet.base.data_position`)."""
+    for cols in parts:
+        n = cols.num_examples
+        if skip >= n:
+            skip -= n
+            continue
+        yield cols.slice(skip, n) if skip else cols
+        skip = 0
+
+
 class QueueDataset(DatasetBase):
     """Paddle's ``QueueDataset``: streams the files through ``thread_num`` parser threads and
     bounded queues, one pass per iteration; never holds more than a few blocks of lines.
@@ -276,9 +289,13 @@ class QueueDataset(DatasetBase):
     _KIND = "queue"
 
     def __iter__(self) -> Iterator[Batch]:
+        skip = data_position.tracker().begin_pass()  # a resumed trainer skips what it trained
+        if skip is None:
+            return
         pipe = Pipeline(self._load_config())
         try:
-            yield from self._batches_of(block.columns for block in pipe.blocks())
+            blocks = (block.columns for block in pipe.blocks())
+            yield from self._batches_of(skip_examples_of(blocks, skip * self.batch_size))
             self.skipped_lines = pipe.stats.skipped
             pipe.report()
         finally:

@@ -55,10 +55,11 @@ from typing import Any
 import numpy as np
 
 from collective.errors import ConfigError, FleetNotImplementedError
+from fleet.base import data_position
 from fleet.data import shuffle
 from fleet.data.batch import Batch
 from fleet.data.columns import Columns, permute_chunks, trim_heap
-from fleet.data.dataset import DatasetBase
+from fleet.data.dataset import DatasetBase, skip_examples_of
 from fleet.data.loader import LoadConfig, Pipeline
 
 logger = logging.getLogger(__name__)
@@ -162,8 +163,11 @@ class InMemoryDataset(DatasetBase):
 
     def get_memory_data_size(self, fleet: Any = None) -> int:
         """Examples held by this trainer, or (any truthy ``fleet``) summed over every trainer
-        (a collective then: every trainer calls it)."""
-        return shuffle.sum_over_trainers(len(self)) if fleet else len(self)
+        (a collective then: every trainer calls it). A trainer that resumed from a checkpoint
+        counts only the examples its next pass has left (:mod:`fleet.base.data_position`)."""
+        n = len(self)
+        n -= data_position.skip_examples(self.batch_size, n)
+        return shuffle.sum_over_trainers(n) if fleet else n
 
     def get_shuffle_data_size(self, fleet: Any = None) -> int:
         """Examples held after the last local or global shuffle (0 before any), summed over every
@@ -235,8 +239,13 @@ class InMemoryDataset(DatasetBase):
 
     # -- batches ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
-        """Batches of ``batch_size`` in the loaded order, or the last shuffle's."""
-        yield from self._batches_of(iter(list(self._chunks)), copy=True)
+        """Batches of ``batch_size`` in the loaded order, or the last shuffle's (a trainer that
+        resumed from a checkpoint skips the batches it trained: :mod:`fleet.base.data_position`)."""
+        skip = data_position.tracker().begin_pass()
+        if skip is None:
+            return
+        parts = skip_examples_of(iter(list(self._chunks)), skip * self.batch_size)
+        yield from self._batches_of(parts, copy=True)
 
 
 __all__ = ["InMemoryDataset"]

@@ -4,7 +4,8 @@ Owns the PS runtime (roles, starting servers, the trainer's client:
 :mod:`fleet.ps.runtime`, behind ``fleet.is_server`` / ``init_worker`` / ``save_persistables`` ...),
 the communicators of the four modes (sync, async, half-async, GEO: :mod:`fleet.ps.communicator`),
 :class:`~fleet.ps.embedding.DistributedEmbedding` and the dense-parameter optimizer
-(:mod:`fleet.ps.optimizer`), job checkpoints (:mod:`fleet.ps.recovery`) and serving
+(:mod:`fleet.ps.optimizer`), job checkpoints (:mod:`fleet.ps.recovery`), the automatic
+checkpoints and resume of a fleetrun job (:mod:`fleet.ps.auto_checkpoint`) and serving
 (:mod:`fleet.ps.serving`). Imports :mod:`fleet.base`, :mod:`fleet.strategy`,
 :mod:`fleet.telemetry`, :mod:`collective` and :mod:`ps_server`; never the collective wrappers.
 ``ps_server``'s gRPC side is imported only when a server or client starts, so a collective job

@@ -21,6 +21,7 @@ import torch
 
 from collective.env import TrainingRole
 from collective.errors import ConfigError
+from fleet.ps import auto_checkpoint
 from fleet.ps.communicator import DENSE_BLOCK, DENSE_TABLE, GeoCommunicator
 from fleet.ps.runtime import _barrier, _require, get_client, get_communicator
 
@@ -83,6 +84,9 @@ class PSOptimizer(torch.optim.Optimizer):
         self.state = optimizer.state
         self.comm = get_communicator()
         client = get_client()
+        # a job with automatic checkpoints resumes here: the servers load the newest good one
+        # (dense values included, so they win over this trainer's below) before the first step
+        self.auto = auto_checkpoint.start()
         params = [p for group in optimizer.param_groups for p in group["params"]]
         geo = isinstance(self.comm, GeoCommunicator)
         rule = rule_from_torch(optimizer) if not geo else None
@@ -105,6 +109,8 @@ class PSOptimizer(torch.optim.Optimizer):
         """End of a training step: exchange with the servers as the strategy's mode says."""
         loss = closure() if closure is not None else None
         self.comm.step()
+        if self.auto is not None:
+            self.auto.after_step()  # a step boundary: maybe the job's automatic checkpoint
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -62,6 +62,8 @@ class PSState:
     created: set[str] = field(default_factory=set)
     pending_checkpoint: Any = None
     """Trainer 0: the last ``fleet.ps.checkpoint`` still being written and committed."""
+    auto_checkpoint: Any = None
+    """The automatic checkpointer (:mod:`fleet.ps.auto_checkpoint`) when the job has one."""
 
 
 _state: PSState | None = None
@@ -245,6 +247,8 @@ def stop_worker() -> None:
     checkpoint to be committed and stops the servers (a checkpoint that failed is raised after
     the servers were stopped)."""
     st = _require("stop_worker()", TrainingRole.TRAINER)
+    if st.auto_checkpoint is not None:
+        st.auto_checkpoint.finish()  # the progress file shows the last step
     if st.communicator is not None:
         st.communicator.close()
     _barrier()

@@ -1,0 +1,116 @@
+"""The pieces of PS recovery without processes: the flags and job-file keys (bad values named),
+the env contract, the data position a resumed trainer skips, the launcher's choice of checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collective.env import PSCheckpointEnv, ps_checkpoint_env, read_ps_checkpoint_env
+from collective.errors import ConfigError, EnvContractError
+from fleet.base.data_position import DataPosition, PositionTracker
+from launcher.ps_recovery import PSRecovery, latest_committed, make_recovery
+from launcher.spec import build_spec
+
+PS = {"mode": "ps", "sizes": {"server_num": 1, "worker_num": 2}}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("section", "key"), [
+    ({"dir": "ck", "interval_s": 0}, "ps_checkpoint.interval_s"),
+    ({"dir": "ck", "keep": -1}, "ps_checkpoint.keep"),
+    ({"dir": "ck", "every": 3}, "ps_checkpoint.every"),
+])
+def test_bad_ps_checkpoint_values_are_named(section: dict, key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        build_spec({**PS, "ps_checkpoint": section})
+
+
+@pytest.mark.timeout(30)
+def test_ps_checkpoint_needs_ps_mode() -> None:
+    with pytest.raises(ConfigError, match="ps_checkpoint.dir"):
+        build_spec({"ps_checkpoint": {"dir": "ck"}})
+
+
+@pytest.mark.timeout(30)
+def test_flags_reach_the_trainers_env(tmp_path: Path) -> None:
+    spec = build_spec({**PS, "ps_checkpoint": {"dir": str(tmp_path / "ck"), "interval_s": 2.5, "keep": 4},
+                       "log_dir": str(tmp_path / "log")})
+    rec = make_recovery(spec)
+    assert isinstance(rec, PSRecovery)
+    env = rec.trainer_env()
+    assert read_ps_checkpoint_env(env) == PSCheckpointEnv(str(tmp_path / "ck"), 2.5, 4)
+    assert rec.server_roots("/a:/b").split(":") == ["/a", "/b", str(tmp_path / "ck")]
+    assert make_recovery(build_spec(PS)) is None
+    assert read_ps_checkpoint_env({}) is None
+    with pytest.raises(EnvContractError, match="FLEET_PS_CHECKPOINT_INTERVAL"):
+        read_ps_checkpoint_env({**ps_checkpoint_env(PSCheckpointEnv("d")), "FLEET_PS_CHECKPOINT_INTERVAL": "x"})
+
+
+@pytest.mark.timeout(30)
+def test_latest_committed_skips_unfinished(tmp_path: Path) -> None:
+    assert latest_committed(str(tmp_path / "none")) is None
+    for step, committed in ((10, True), (20, True), (30, False)):
+        d = tmp_path / f"ckpt-{step:06d}"
+        d.mkdir()
+        if committed:
+            (d / "checkpoint.json").write_text("{}")
+    (tmp_path / "other").mkdir()
+    assert latest_committed(str(tmp_path)) == ("ckpt-000020", 20)
+
+
+@pytest.mark.timeout(30)
+def test_resumed_tracker_skips_what_was_trained() -> None:
+    t = PositionTracker()
+    t.resume(DataPosition.from_dict({"pass": 1, "step_in_pass": 7, "step": 57}))
+    assert t.skip_batches() is None  # pass 0 was trained entirely
+    assert t.begin_pass() is None
+    assert t.skip_batches() == 7
+    assert t.begin_pass() == 7
+    t.on_step()
+    assert t.position() == DataPosition(1, 8, 58)
+    assert t.begin_pass() == 0  # pass 2: after the resume point
+    assert t.position() == DataPosition(2, 0, 58)
+    assert DataPosition.from_dict(None) == DataPosition()
+
+
+@pytest.mark.timeout(60)
+def test_in_memory_dataset_resumes_mid_pass(tmp_path: Path) -> None:
+    import fleet
+    from fleet.base import data_position
+
+    (tmp_path / "part-0").write_text("".join(f"1 {i} 1 {i % 2}\n" for i in range(10)))
+    ds = fleet.data.InMemoryDataset()
+    ds.init(batch_size=3, thread_num=1, use_var=[fleet.data.Slot("id", "int64"), fleet.data.Slot("label", "int64")])
+    ds.set_filelist([str(tmp_path / "part-0")])
+    ds.load_into_memory()
+    saved = data_position._tracker
+    data_position._tracker = PositionTracker()
+    try:
+        data_position._tracker.resume(DataPosition(0, 2, 2))
+        assert ds.get_memory_data_size() == 4  # 10 examples, 2 batches of 3 trained
+        first = [b["id"].values.tolist() for b in ds]
+        assert ds.get_memory_data_size() == 10  # the next pass is after the resume point
+        second = [b["id"].values.tolist() for b in ds]
+    finally:
+        data_position._tracker = saved
+    assert first == [[6, 7, 8], [9]]
+    assert second == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+@pytest.mark.timeout(60)
+def test_skip_examples_of_slices_across_chunks() -> None:
+    from fleet.data.dataset import skip_examples_of
+
+    class Cols:
+        def __init__(self, lo: int, hi: int) -> None:
+            self.lo, self.hi, self.num_examples = lo, hi, hi - lo
+
+        def slice(self, a: int, b: int) -> Cols:
+            return Cols(self.lo + a, self.lo + b)
+
+    parts = [Cols(0, 4), Cols(4, 6), Cols(6, 10)]
+    out = [(c.lo, c.hi) for c in skip_examples_of(iter(parts), 5)]
+    assert out == [(5, 6), (6, 10)]
+    assert [(c.lo, c.hi) for c in skip_examples_of(iter(parts), 0)] == [(0, 4), (4, 6), (6, 10)]

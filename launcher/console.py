@@ -55,6 +55,8 @@ class Status:
     steps_per_s: float | None
     loss: float | None
     samples_per_s: float | None
+    membership: str | None = None
+    """Elastic jobs: ``N membership change(s), last: ...`` (None without changes)."""
 
     def text(self) -> str:
         """``2/2 up | step 120 | 9.8 steps/s | loss 0.4312 | 640 samples/s``."""
@@ -65,6 +67,8 @@ class Status:
             parts.append(f"loss {self.loss:.4g}")
         if self.samples_per_s:
             parts.append(f"{self.samples_per_s:.0f} samples/s")
+        if self.membership:
+            parts.append(self.membership)
         return " | ".join(parts)
 
 
@@ -103,7 +107,10 @@ class StatusConsole:
 
     def poll(self) -> Status | None:
         """Scrape the trainers once; None while no trainer answers."""
-        procs = self.monitor.snapshot()["processes"]
+        snap = self.monitor.snapshot()
+        procs = snap["processes"]
+        changes = snap.get("membership_changes") or []
+        membership = f"{len(changes)} membership change(s), last: {changes[-1]}" if changes else None
         trainers = sorted((p for p in procs if p["role"] == "trainer" and p["metrics"]),
                           key=lambda p: p["rank"])
         up = sum(1 for p in procs if p["state"] == "up")
@@ -120,7 +127,7 @@ class StatusConsole:
         losses = [s["fleet_trainer_loss"] for s in scraped if "fleet_trainer_loss" in s]
         thr = [s.get("fleet_trainer_throughput_samples_per_second", 0.0) for s in scraped]
         return Status(up, len(procs), steps, rate, sum(losses) / len(losses) if losses else None,
-                      sum(thr) or None)
+                      sum(thr) or None, membership)
 
     def _emit(self, status: Status) -> None:
         if self._rich is not None:

@@ -96,6 +96,14 @@ def _cut(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 20] + " ...[cut, see log]"
 
 
+def format_membership(changes: Sequence[object]) -> str:
+    """``Membership changes:`` and one line per change of an elastic job (objects with a
+    ``text()``: launcher.elastic.membership.MembershipChange); empty without changes."""
+    if not changes:
+        return ""
+    return "\n".join(["Membership changes:", *(f"  {c.text()}" for c in changes)])  # type: ignore[attr-defined]
+
+
 def format_summary(
     job_name: str,
     failures: Sequence[Failure],

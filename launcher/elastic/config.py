@@ -45,12 +45,14 @@ DEFAULT_ETCD_PORT = 2379
 FAST_RDZV_CONF: dict[str, str] = {
     "last_call_timeout": "1",
     "keep_alive_interval": "1",
-    "keep_alive_max_attempt": "3",
+    "keep_alive_max_attempt": "5",
 }
 """Our defaults for the c10d / etcd-v2 handlers (torch's are 30 s, 5 s and 3): a lost node is
-dropped after ~3 s without a heartbeat instead of ~15 s, and a rendezvous that reached MIN nodes
+dropped after ~5 s without a heartbeat instead of ~15 s, and a rendezvous that reached MIN nodes
 closes 1 s later instead of 30 s. Any ``rdzv_conf`` key given wins. etcd (v1) takes
-``last_call_timeout`` only."""
+``last_call_timeout`` only. Fewer missed heartbeats (``keep_alive_max_attempt=2``) recover
+faster but drop live nodes on an overloaded machine (seen at load 14 on 2 cores); the agent then
+notices and re-joins (launcher.elastic.agent), at the cost of a re-formed round."""
 
 KNOWN_RDZV_CONF = (
     "join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",

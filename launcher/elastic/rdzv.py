@@ -1,0 +1,171 @@
+"""torch's rendezvous handler for this agent, and what we add around it.
+
+We do not write a rendezvous engine: :func:`make_handler` builds
+``torch.distributed.elastic.rendezvous.RendezvousParameters`` from the job spec and asks
+``registry.get_rendezvous_handler`` for the c10d, etcd or etcd-v2 handler. Around it:
+
+* :func:`probe_endpoint` — an endpoint nobody listens on is named (with ``--rdzv_endpoint`` and
+  ``--rdzv_timeout``) instead of torch's generic connection error after 60 s;
+* :func:`claim_run_id` — the job's fingerprint (script, args, nproc_per_node) is stored under
+  the run id before joining, so a second job that reuses ``--rdzv_id`` by mistake is refused
+  before it disturbs the first;
+* :func:`hosts_port` — whether this agent hosts the c10d store (torch decides: the first agent
+  on the endpoint's host to bind it), so that losing the store can name its host.
+
+Uses two private attributes of torch's handlers (``_store`` of the dynamic handler,
+``_rdzv_impl.client`` of the etcd one) to reach the job-wide store; both exist since torch 2.0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from collective.errors import ConfigError, RendezvousError
+from launcher.elastic.config import RdzvBackend
+
+logger = logging.getLogger(__name__)
+
+PROBE_POLL_S = 0.2
+
+
+def is_local_host(host: str) -> bool:
+    """Whether ``host`` is an address of this machine (it could host the c10d store)."""
+    if host in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    for family, _, _, _, addr in infos:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((addr[0], 0))
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def route_ip(host: str) -> str:
+    """The local address this machine uses to reach ``host`` (this node's workers' address)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def probe_endpoint(host: str, port: int, timeout_s: float, what: str) -> None:
+    """Wait until ``host:port`` accepts TCP connections, or RendezvousError naming it."""
+    deadline = time.monotonic() + timeout_s
+    last: OSError | None = None
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(2.0, timeout_s))):
+                return
+        except OSError as err:
+            last = err
+        if time.monotonic() >= deadline:
+            raise RendezvousError(
+                f"cannot reach the rendezvous endpoint {host}:{port} ({what}, --rdzv_endpoint) "
+                f"within {timeout_s:g} s (--rdzv_timeout): {last}. Start it first "
+                f"({'scripts/etcd.sh' if 'etcd' in what else 'the agent on that host hosts it'}), "
+                "check the address, or raise --rdzv_timeout")
+        time.sleep(PROBE_POLL_S)
+
+
+def hosts_port(port: int) -> bool:
+    """Whether this process holds a listening TCP socket on ``port`` (Linux /proc)."""
+    inodes = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path, encoding="ascii") as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(cols[9])
+        except OSError:
+            continue
+    if not inodes:
+        return False
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            return True
+    return False
+
+
+def make_handler(backend: RdzvBackend, endpoint: str, run_id: str, min_nodes: int, max_nodes: int,
+                 local_addr: str, conf: dict[str, str]) -> Any:
+    """torch's handler for ``backend`` (imports torch)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    params = RendezvousParameters(backend=str(backend), endpoint=endpoint, run_id=run_id,
+                                  min_nodes=min_nodes, max_nodes=max_nodes, local_addr=local_addr,
+                                  **conf)
+    try:
+        return get_rendezvous_handler(params)
+    except ImportError as err:
+        raise ConfigError(
+            f"rdzv_backend {backend} needs the python-etcd client (torch's etcd handlers use "
+            f"etcd's v2 API): pip install python-etcd ({err})", key="elastic.rdzv_backend") from None
+    except Exception as err:  # torch raises RendezvousConnectionError / ValueError / RuntimeError
+        raise RendezvousError(
+            f"could not open the {backend} rendezvous at {endpoint} (--rdzv_endpoint): "
+            f"{type(err).__name__}: {err}{_cause(err)}") from None
+
+
+def _cause(err: BaseException) -> str:
+    return f" ({err.__cause__})" if err.__cause__ else ""
+
+
+def job_store(handler: Any, backend: RdzvBackend, run_id: str) -> Any:
+    """A store that lives as long as the rendezvous (not one round's): the c10d / etcd-v2
+    handler's own store, or an EtcdStore on the etcd handler's client."""
+    store = getattr(handler, "_store", None)
+    if store is not None:
+        return store
+    if backend is RdzvBackend.ETCD:
+        from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
+
+        return EtcdStore(handler._rdzv_impl.client, f"/fleetrun/run_{run_id}")
+    raise RendezvousError(f"torch's {backend} handler has no store we can reach (torch changed?)")
+
+
+def claim_run_id(store: Any, run_id: str, fingerprint: str, job: str) -> None:
+    """Store this job's fingerprint under ``run_id`` (first agent wins); ConfigError naming
+    ``--rdzv_id`` when another job holds it."""
+    key, job_key = f"fleetrun/{run_id}/fingerprint", f"fleetrun/{run_id}/job"
+    try:
+        if type(store).__name__ != "EtcdStore":  # EtcdStore has no compare_set
+            held = bytes(store.compare_set(key, "", fingerprint)).decode()
+            if held == fingerprint:
+                store.set(job_key, job)
+        elif store.check([key]):
+            held = bytes(store.get(key)).decode()
+        else:
+            store.set(key, fingerprint)
+            store.set(job_key, job)
+            held = fingerprint
+        other = bytes(store.get(job_key)).decode() if held != fingerprint else ""
+    except (RuntimeError, ValueError, TimeoutError) as err:
+        raise RendezvousError(f"could not read the rendezvous store for run id {run_id!r}: {err}") from None
+    if held != fingerprint:
+        raise ConfigError(
+            f"rendezvous id {run_id!r} is taken by another job ({other}); this agent runs {job}. "
+            "Two jobs must not share one --rdzv_id: pick another --rdzv_id (--job_id), or run "
+            "the same script, arguments and --nproc_per_node as that job", key="run_id")
+
+
+__all__ = ["claim_run_id", "hosts_port", "is_local_host", "job_store", "make_handler", "probe_endpoint",
+           "route_ip"]

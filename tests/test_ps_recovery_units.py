@@ -28,9 +28,12 @@ def test_bad_ps_checkpoint_values_are_named(section: dict, key: str) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_ps_checkpoint_needs_ps_mode() -> None:
+def test_ps_checkpoint_needs_ps_mode_on_the_local_scheduler() -> None:
     with pytest.raises(ConfigError, match="ps_checkpoint.dir"):
         build_spec({"ps_checkpoint": {"dir": "ck"}})
+    for scheduler in ("ray", "k8s"):
+        with pytest.raises(ConfigError, match="local scheduler only, not yet"):
+            build_spec({**PS, "scheduler": scheduler, "ps_checkpoint": {"dir": "ck"}})
 
 
 @pytest.mark.timeout(30)

@@ -59,7 +59,7 @@ import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
 
-from collective.errors import ConfigError
+from collective.errors import ConfigError, FleetNotImplementedError
 from fleet.base.runtime import get_runtime
 from fleet.meta_optimizers.sharding import ShardedOptimizer
 
@@ -131,6 +131,17 @@ class _TensorParallel:
                 "have no split_axis; set param.split_axis = <the dimension the full tensor is "
                 "split along, in mp-rank order> (fleet's tensor-parallel layers set it)",
                 key="split_axis")
+        if self.axes and any(_is_dtensor(p) for _, p in named):
+            # FSDP2 over the TP layers: each parameter is a TP shard sharded again over the
+            # sharding mesh (a 2-D layout this module does not describe to DCP yet)
+            raise FleetNotImplementedError(
+                "fleet.save_checkpoint / load_checkpoint of sharding stage 3 with tensor "
+                "parallelism (mp_degree > 1)",
+                hint="checkpoint that layout with sharding stage 1 or 2 (same optimizer "
+                "partition semantics), or save each rank's model.state_dict() / "
+                "optimizer.state_dict() with torch.distributed.checkpoint yourself; stage 3 "
+                "alone and stage 3 with pipeline parallelism are supported",
+            )
         if self.axes:
             from torch.distributed.device_mesh import DeviceMesh
 

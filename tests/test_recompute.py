@@ -16,7 +16,7 @@ from conftest import SCRIPTS, assert_all_ok, run_workers
 from torch import nn
 
 import fleet
-from collective.errors import ConfigError, FleetNotImplementedError
+from collective.errors import ConfigError
 from fleet.meta_parallel.recompute import SavedTensorBytes, recompute
 from fleet.strategy import DistributedStrategy
 from fleet.parallelize.features import wrap_model_features
@@ -103,9 +103,7 @@ def test_recompute_errors_and_no_grad() -> None:
     s.recompute_configs = {"checkpoints": ["layers.9"]}
     with pytest.raises(ConfigError, match="no sub-module 'layers.9'.*'layers', 'head'"):
         wrap_model_features(_Net(), s)
-    s.recompute_configs = {"checkpoints": ["layers.0"], "enable_offload": True}
-    with pytest.raises(FleetNotImplementedError, match="enable_offload"):
-        wrap_model_features(_Net(), s)
+    # enable_offload works since #15: tests/test_strategy_hybrid_combos.py
     layer = _Layer(4)
     with pytest.raises(ConfigError, match="use_reentrant"):
         recompute(layer, torch.randn(2, 4), use_reentrant=True)

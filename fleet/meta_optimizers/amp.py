@@ -11,7 +11,9 @@ Paddle's ``minimize`` and ``get_loss_scaling``; the unscale and the inf check ar
 ``_amp_foreach_non_finite_check_and_unscale_``.
 
 Hybrid parallelism: one rank's overflow must make *every* rank skip the step, or the replicas and
-shards drift apart. :func:`distributed_scaler` makes ``found_inf`` an all-reduce (MAX) over the
+shards drift apart. Under sharding stage 1/2 the scaler first has the sharded optimizer reduce
+its gradients (:func:`reduce_sharded_gradients`), then unscales this rank's partition and
+all-reduces the verdict over the world, as torch's ``ShardedGradScaler`` does for FSDP. :func:`distributed_scaler` makes ``found_inf`` an all-reduce (MAX) over the
 default group — every mp/pp/sharding/dp rank at once, one collective — for this scaler and for a
 ``torch.amp.GradScaler`` (whose ``unscale_`` it wraps, as Paddle wraps ``_unscale``).
 
@@ -38,6 +40,7 @@ from collective.errors import ConfigError, FleetError
 import fleet.telemetry as telemetry
 from fleet.base.runtime import get_runtime
 from fleet.meta_optimizers.base import DelegatingOptimizer
+from fleet.meta_optimizers.sharding import ShardedOptimizer
 from fleet.strategy.configs import AmpConfig, AmpDtype
 
 logger = logging.getLogger(__name__)
@@ -138,6 +141,7 @@ class GradScaler:
                 "GradScaler.unscale_() was already called on this optimizer since the last "
                 "update(); call it at most once per step (step() unscales if you did not)"
             )
+        sharded = reduce_sharded_gradients(optimizer)
         by_device: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -155,7 +159,8 @@ class GradScaler:
                 grads, f, torch.full((1,), inv, dtype=torch.float32, device=device)
             )
             found = torch.maximum(found, f.cpu())
-        if self._sync:
+        if self._sync or sharded:
+            # Sharded: this rank checked only its partition; every partition must agree.
             found = _all_reduce_max(found, self._sync_group)
         state["found_inf"] = bool(found.item() > 0)
         state["stage"] = _Stage.UNSCALED
@@ -239,6 +244,22 @@ class GradScaler:
         return f"GradScaler(scale={self._scale:g}, enabled={self._enabled}{sync})"
 
 
+def reduce_sharded_gradients(optimizer: torch.optim.Optimizer) -> bool:
+    """If a sharding stage 1/2 optimizer sits in ``optimizer``'s wrapper chain, reduce its
+    gradients now (before they are unscaled; torch's ``ShardedGradScaler`` order) and return
+    True: this rank's ``param_groups`` then hold its partition's *reduced* gradients, and the
+    inf/nan verdict must be agreed over every partition (an all-reduce over the world)."""
+    opt: Any = optimizer
+    for _ in range(16):  # wrapper chains are a few deep
+        if isinstance(opt, ShardedOptimizer):
+            opt.reduce_gradients()
+            return True
+        opt = opt.__dict__.get("_inner") if isinstance(opt, DelegatingOptimizer) else None
+        if opt is None:
+            return False
+    return False
+
+
 def _all_reduce_max(value: torch.Tensor, group: Any) -> torch.Tensor:
     if tdist.is_initialized() and tdist.get_world_size(group) > 1:
         backend = tdist.get_backend(group)
@@ -277,8 +298,9 @@ def _patch_torch_scaler(scaler: torch.amp.GradScaler, sync: bool) -> torch.amp.G
     stepped = [False]
 
     def unscale_(optimizer: torch.optim.Optimizer) -> None:
+        sharded = reduce_sharded_gradients(optimizer)
         original_unscale(optimizer)
-        if not sync:
+        if not (sync or sharded):
             return
         per_device = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         total = torch.zeros(1, dtype=torch.float32)
@@ -456,5 +478,6 @@ __all__ = [
     "MasterWeightOptimizer",
     "autocast",
     "distributed_scaler",
+    "reduce_sharded_gradients",
     "torch_dtype",
 ]

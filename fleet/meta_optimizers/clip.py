@@ -6,8 +6,8 @@ split parameter (marked ``param.is_distributed = True`` by the layers of
 its contribution must be summed over the model-parallel group, while a replicated parameter
 (a RowParallelLinear bias, a LayerNorm) must count once, not ``mp_degree`` times. Pipeline stages
 hold disjoint layers (summed over the pipe group); sharding ranks that own disjoint parameter
-partitions (ZeRO stage 2/3 optimizers pass their own partition) are summed over the sharding
-group; data-parallel replicas hold equal gradients after the all-reduce and are not reduced.
+partitions (ZeRO stage 1/2 optimizers clip their own partition: ``sharded_partition``) are
+summed over the sharding group (stage 3: FSDP2's DTensor gradients, this rank's shard of each); data-parallel replicas hold equal gradients after the all-reduce and are not reduced.
 The result equals ``clip_grad_norm_`` on the single-device model.
 
 Use it directly::
@@ -51,6 +51,19 @@ def _hcg_or_none() -> Any:
     return runtime.hcg if runtime is not None else None
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2's sharded gradients), else ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _collective_device() -> torch.device:
+    """Where a rank without gradients (a sharding rank owning nothing) keeps its partial sums:
+    the current GPU under NCCL, else the host."""
+    if tdist.is_initialized() and tdist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _reduce(value: torch.Tensor, group: Any, op: Any) -> torch.Tensor:
     if group is not None and tdist.is_initialized() and tdist.get_world_size(group) > 1:
         tdist.all_reduce(value, op=op, group=group)
@@ -78,12 +91,12 @@ def get_grad_norm(
         raise ConfigError(f"must be > 0 or inf, got {norm_type}", key="norm_type")
     grads = [(p.grad, is_distributed(p)) for p in parameters if p.grad is not None]
     hcg = hcg if hcg is not None else _hcg_or_none()
-    device = grads[0][0].device if grads else torch.device("cpu")
+    device = grads[0][0].device if grads else _collective_device()
     is_inf = math.isinf(norm_type)
     # [replicated, distributed] partial sums of |g|^p (or maxima for inf)
     parts = torch.zeros(2, dtype=torch.float32, device=device)
     for g, dist in grads:
-        g = g.detach().float()
+        g = _local(g).detach().float()
         if is_inf:
             parts[int(dist)] = torch.maximum(parts[int(dist)], g.abs().max())
         else:
@@ -119,7 +132,8 @@ def clip_grad_norm_(
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for p in params:
         if p.grad is not None:
-            p.grad.mul_(coef.to(device=p.grad.device, dtype=p.grad.dtype))
+            g = _local(p.grad)
+            g.mul_(coef.to(device=g.device, dtype=g.dtype))
     return total
 
 
@@ -131,12 +145,16 @@ class ClipGradByGlobalNorm:
         if not clip_norm > 0:
             raise ConfigError(f"must be > 0, got {clip_norm}", key="clip_norm")
         self.clip_norm = float(clip_norm)
+        self.sharded_partition = False
+        """True when the optimizer it clips holds one partition of a sharding group (set by
+        ``fleet.distributed_optimizer`` under sharding stage 1/2): the norm sums over it."""
         self.last_norm: torch.Tensor | None = None
         """The global norm measured before the latest clip."""
 
     def __call__(self, params: Iterable[torch.Tensor]) -> torch.Tensor:
         """Clip ``params`` in place over the fleet topology; returns the norm before."""
-        self.last_norm = clip_grad_norm_(params, self.clip_norm)
+        self.last_norm = clip_grad_norm_(params, self.clip_norm,
+                                         sharded_partition=self.sharded_partition)
         return self.last_norm
 
     def install(self, optimizer: torch.optim.Optimizer) -> Any:

@@ -129,6 +129,7 @@ class ShardedOptimizer(DelegatingOptimizer):
         self.reduce_grads = reduce_grads
         self.offload = offload
         self._cap = int(segment_MB * 2**20)
+        self._grads_reduced = False
 
         seen: set[int] = set()
         self._params: list[torch.Tensor] = []
@@ -197,11 +198,9 @@ class ShardedOptimizer(DelegatingOptimizer):
                 "on one shard); call step() without one",
                 key="closure",
             )
+        self.reduce_gradients()
+        self._grads_reduced = False
         with torch.no_grad():
-            if self.stage == 2:
-                self._reduce_to_owners()
-            elif self.reduce_grads:
-                self._all_reduce_grads()
             if self.offload:
                 self._grads_to_masters()
             loss = self._inner.step()
@@ -210,8 +209,26 @@ class ShardedOptimizer(DelegatingOptimizer):
             self._broadcast_params()
         return loss
 
+    def reduce_gradients(self) -> None:
+        """Reduce this step's gradients now (stage 2: to their owners; stage 1 under pipeline
+        parallelism: all-reduce over the sharding group), at most once per step.
+
+        :meth:`step` calls it; a loss scaler calls it first (torch's ``ShardedGradScaler``
+        order), so it unscales and checks for inf/nan the *reduced* gradients of this rank's
+        partition and agrees on the result with every other partition
+        (:class:`fleet.meta_optimizers.amp.GradScaler`)."""
+        if self._grads_reduced:
+            return
+        with torch.no_grad():
+            if self.stage == 2:
+                self._reduce_to_owners()
+            elif self.reduce_grads:
+                self._all_reduce_grads()
+        self._grads_reduced = True
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients of every parameter (owned or not)."""
+        self._grads_reduced = False
         for p in self._params:
             if p.grad is None:
                 continue
@@ -366,14 +383,29 @@ class ShardedOptimizer(DelegatingOptimizer):
         torch.cuda.synchronize()
 
 
-def apply_fsdp(model: torch.nn.Module, mesh: Any, offload: bool) -> torch.nn.Module:
+def apply_fsdp(model: torch.nn.Module, mesh: Any, offload: bool,
+               param_dtype: torch.dtype | None = None, reshard_after_forward: bool = True
+               ) -> torch.nn.Module:
     """Stage 3: FSDP2 ``fully_shard`` on every direct child that holds parameters, then on the
     root (one all-gather per child in forward, reshard after; the root picks up the rest).
 
     ``mesh``: 1-D over the sharding group, or 2-D ``(dp, sharding)`` for HSDP (replicate over
-    ``dp``, shard over ``sharding``).
+    ``dp``, shard over ``sharding``). The parameters may be tensor-parallel shards (fleet's TP
+    layers): each rank's TP shard is sharded again over ``mesh``, whose ranks share the model
+    coordinate, so the TP layers' own collectives see their whole shard in forward.
+    ``param_dtype`` (AMP O2): the float32 shards stay the master weights (partitioned with the
+    optimizer state) and are all-gathered as this dtype for compute; gradients are
+    reduce-scattered in float32 (torch's ``MixedPrecisionPolicy``).
+    ``reshard_after_forward``: False under pipeline parallelism (torchtitan's default there):
+    the gathered parameters stay for the step's other micro-batches and are freed after the
+    last backward, one all-gather per step instead of one per micro-batch.
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     policy: OffloadPolicy = OffloadPolicy()
     if offload:
@@ -385,11 +417,25 @@ def apply_fsdp(model: torch.nn.Module, mesh: Any, offload: bool) -> torch.nn.Mod
                 key="sharding_configs.offload",
             )
         policy = CPUOffloadPolicy()
+    # fully_shard replaces the parameters; keep the tensor-parallel marks (is_distributed,
+    # split_axis: global-norm clipping and hybrid checkpoints read them) on the new ones.
+    marks = {name: {k: p.__dict__[k] for k in _TP_MARKS if k in p.__dict__}
+             for name, p in model.named_parameters()}
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32
+                                     if param_dtype is not None else None)
     for child in model.children():
         if any(True for _ in child.parameters()):
-            fully_shard(child, mesh=mesh, offload_policy=policy)
-    fully_shard(model, mesh=mesh, offload_policy=policy)
+            fully_shard(child, mesh=mesh, offload_policy=policy, mp_policy=mp_policy,
+                        reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, offload_policy=policy, mp_policy=mp_policy,
+                reshard_after_forward=reshard_after_forward)
+    for name, p in model.named_parameters():
+        for k, v in marks.get(name, {}).items():
+            setattr(p, k, v)
     return model
+
+
+_TP_MARKS = ("is_distributed", "split_axis", "fleet_name")
 
 
 __all__ = [

@@ -14,7 +14,10 @@ micro-batch and back-propagates ``loss / accumulate_steps``, so the accumulated 
 those of the mean loss over the whole batch (the non-pipelined model's, for a mean-reduced loss).
 After the last micro-batch: tied (``SharedLayerDesc``) gradients are summed over the stages that
 hold them, gradients are averaged over the data-parallel group (one flat all-reduce per dtype)
-when ``dp_degree > 1``, then ``scaler.step(optimizer)``/``scaler.update()`` or
+when ``dp_degree > 1`` (with sharding stage 3 the stage's module is under FSDP2, built by
+:mod:`fleet.parallelize.compose`: it accumulates the micro-batches unsharded and
+reduce-scatters over the sharding (x dp) mesh with the last backward), then
+``scaler.step(optimizer)``/``scaler.update()`` or
 ``optimizer.step()``, ``lr_scheduler.step()`` and ``optimizer.zero_grad()``. The returned loss is
 the mean over micro-batches, passed from the last stage back along the pipeline to every stage
 (one point-to-point message per hop, whose receive is posted when the step starts, so no stage
@@ -121,6 +124,7 @@ class PipelineParallel(nn.Module):
         self._shared_groups = self._build_shared_groups()
         self._broadcast_initial_parameters()
         self._schedules: dict[tuple[PipelineSchedule, bool, int], list[Action]] = {}
+        self._backwards_left = 0
         self.last_step_stats: dict[str, float] = {}
         """Timings of the last train_batch: ``step_s`` (wall), ``compute_s`` (forward+backward),
         so ``1 - compute_s / step_s`` is this stage's bubble + communication share."""
@@ -252,6 +256,7 @@ class PipelineParallel(nn.Module):
                 actions = [a for a in actions if a.kind == "F"]
             self._schedules[key] = actions
         self._p2p.new_step(m, train, with_loss=compute_loss)
+        self._backwards_left = sum(1 for a in actions if a.kind != "F")
         inputs: dict[int, tuple[torch.Tensor, ...]] = {}
         outputs: dict[int, Any] = {}
         results: list[Any] = []
@@ -300,6 +305,15 @@ class PipelineParallel(nn.Module):
                   scaler: Any) -> float:
         i = action.micro_batch
         out = outputs.pop(i)
+        self._backwards_left -= 1
+        fsdp = self._fsdp_layers()
+        if fsdp is not None:
+            # Sharding stage 3: accumulate the micro-batches' gradients unsharded and
+            # reduce-scatter once, with the last backward (torch.distributed.pipelining's way).
+            last = self._backwards_left == 0
+            fsdp.set_requires_gradient_sync(last)
+            fsdp.set_reshard_after_backward(last)
+            fsdp.set_is_last_backward(last)
         if self.is_last_stage():
             t0 = time.perf_counter()
             (scaler.scale(out) if scaler is not None else out).backward()
@@ -316,13 +330,23 @@ class PipelineParallel(nn.Module):
         return elapsed
 
     # reductions ---------------------------------------------------------------------------------
+    def _fsdp_layers(self) -> Any:
+        """The stage's module when sharding stage 3 put it under FSDP2 (it then reduces the
+        gradients over dp x sharding itself), else None."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return self._layers if isinstance(self._layers, FSDPModule) else None
+
     def _reduce_gradients(self) -> None:
         for key, (group, _) in self._shared_groups.items():
             p = self._layers.shared_parameter(key)
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            tdist.all_reduce(p.grad, group=group)  # sum: the tied weight's total gradient
-        if self._dp_degree < 2:
+            # sum: the tied weight's total gradient. Under FSDP2 each holder's shard: the
+            # stages holding the tie share the sharding coordinate, so the shards line up.
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            tdist.all_reduce(grad, group=group)
+        if self._dp_degree < 2 or self._fsdp_layers() is not None:
             return
         params = [p for p in self._layers.parameters() if p.requires_grad]
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}

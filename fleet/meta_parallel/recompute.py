@@ -77,6 +77,40 @@ def recompute(
     )
 
 
+class OffloadSavedInputs(torch.autograd.graph.saved_tensors_hooks):
+    """Keep the tensors autograd saves in the block on the host until backward needs them
+    (``recompute_configs.enable_offload``): around :func:`recompute` those are the block's
+    inputs (the non-reentrant checkpoint saves its inputs under the caller's hooks and nothing
+    else), so the device holds no activation of the block between forward and backward.
+
+    torch's ``torch.autograd.graph.save_on_cpu`` with one difference: a tensor already in host
+    memory is kept as it is (save_on_cpu copies it too, which on a CPU model doubles what it
+    saves). ``pin_memory`` defaults to True when CUDA is there (asynchronous copies back).
+    ``offloaded_bytes`` counts what was moved off the device.
+    """
+
+    def __init__(self, pin_memory: bool | None = None) -> None:
+        self.pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.offloaded_bytes = 0
+        self.kept_bytes = 0
+        super().__init__(self._pack, self._unpack)
+
+    def _pack(self, t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+        if t.device.type == "cpu":
+            self.kept_bytes += t.numel() * t.element_size()
+            return t.device, t
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout,
+                           pin_memory=self.pin and not t.is_sparse)
+        host.copy_(t)
+        self.offloaded_bytes += t.numel() * t.element_size()
+        return t.device, host
+
+    @staticmethod
+    def _unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+        device, t = packed
+        return t if t.device == device else t.to(device, non_blocking=True)
+
+
 class SavedTensorBytes:
     """Counts the bytes autograd saves for backward inside the block (``saved_tensors_hooks``);
     how the memory recompute saves is measured. Tensors saved twice count twice."""
@@ -97,4 +131,4 @@ class SavedTensorBytes:
         self._hooks.__exit__(*exc)  # type: ignore[arg-type]
 
 
-__all__ = ["SavedTensorBytes", "recompute"]
+__all__ = ["OffloadSavedInputs", "SavedTensorBytes", "recompute"]

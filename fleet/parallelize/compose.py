@@ -9,8 +9,13 @@ model::
     1. features      fleet.parallelize.features.wrap_model_features: SyncBatchNorm over the
                      data-replica group, ASP 2:4 pruning, recompute checkpoints, AMP (O2 cast)
     2. tensor par.   nothing to do: the model is built from fleet.meta_parallel TP layers
-    3. pipeline      PipelineLayer -> PipelineParallel (it reduces gradients over dp itself)
-       or stage 3    FSDP2 fully_shard over the sharding (x dp: HSDP) DeviceMesh
+    3. pipeline      PipelineLayer -> PipelineParallel (it reduces gradients over dp itself);
+                     with stage 3, FSDP2 fully_shard of the stage's module over the sharding
+                     (x dp: HSDP) mesh of its pipe coordinate (FSDP2 then reduces over dp)
+       or stage 3    FSDP2 fully_shard over the sharding (x dp: HSDP) DeviceMesh, on top of
+                     the tensor-parallel layers when mp_degree > 1 (each TP shard is sharded
+                     again); AMP O2: MixedPrecisionPolicy(param_dtype=low, reduce_dtype=fp32),
+                     the float32 shards are the master weights
     4. data parallel torch DDP over the gradient group: dp x sharding for sharding stage 1 (the
                      all-reduce overlaps backward), dp for stage 2 (the optimizer reduces to the
                      owner), the whole world for pure data parallel; skipped when it has 1 rank.
@@ -23,6 +28,8 @@ optimizer::
 
     1. features      fleet.parallelize.features.wrap_optimizer_features: LARS/LAMB, global-norm clipping
     2. sharding      stage 1/2: fleet.meta_optimizers.sharding.ShardedOptimizer over the sharding group
+                     (around AMP O2's master-weight optimizer: masters exist for owned
+                     parameters only; a global-norm clip sums over the sharding group too)
                      (stage 3: the optimizer must hold FSDP2's sharded parameters)
     3. comm          dgc: fleet.meta_optimizers.dgc.DGCMomentumOptimizer (linked to the model's
                      DGC hook); localsgd / adaptive_localsgd: fleet.meta_optimizers.localsgd
@@ -44,8 +51,9 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from collective.errors import ConfigError, FleetNotImplementedError
+from collective.errors import ConfigError
 from fleet.meta_optimizers import asp
+from fleet.meta_optimizers.amp import torch_dtype
 from fleet.meta_optimizers.comm_hooks import register_comm_hook
 from fleet.meta_optimizers.dgc import DGCMomentumOptimizer, DGCState, find_dgc_optimizer
 from fleet.meta_optimizers.gradient_merge import (
@@ -147,12 +155,22 @@ def parallelize(
                     key="model",
                 )
             pipe = PipelineParallel(model, hcg, strategy)
+            if stage == 3:
+                # FSDP2 over this stage's module, on the sharding (x dp: HSDP) mesh of this
+                # pipe coordinate; after PipelineParallel broadcast the initial parameters.
+                device_type = next(model.parameters()).device.type
+                apply_fsdp(model, sharding_mesh(hcg, device_type),
+                           strategy.sharding_configs.offload, _fsdp_param_dtype(strategy),
+                           reshard_after_forward=False)  # gathered once per train_batch
             runtime.models.add(pipe)
             return pipe
-        # 3b. sharding stage 3: FSDP2 shards the parameters (and reduce-scatters gradients).
+        # 3b. sharding stage 3: FSDP2 shards the parameters (and reduce-scatters gradients);
+        # over tensor-parallel layers it shards each rank's TP shard over the sharding mesh
+        # (torchtitan's FSDP2-on-top-of-TP order).
         if stage == 3:
             device_type = next(model.parameters()).device.type
-            model = _apply_stage3(model, hcg, device_type, strategy.sharding_configs.offload)
+            model = _apply_stage3(model, hcg, device_type, strategy.sharding_configs.offload,
+                                  _fsdp_param_dtype(strategy))
             runtime.models.add(model)
             link_gradient_merge(runtime)
             return model
@@ -164,14 +182,11 @@ def parallelize(
     optimizer = wrap_optimizer_features(optimizer, strategy)
     # 2. sharding.
     if stage in (1, 2):
-        if getattr(optimizer, "grad_clip", None) is not None:
-            raise FleetNotImplementedError(
-                f"optimizer.grad_clip (global-norm clipping) with sharding stage {stage}",
-                hint="the clip hook would see only this rank's parameter partition; with stage "
-                "1 call fleet.clip_grad_norm_(model.parameters(), max_norm) before opt.step() "
-                "instead (every gradient is reduced there), or use stage 3",
-            )
-
+        grad_clip = getattr(optimizer, "grad_clip", None)
+        if grad_clip is not None:
+            # The clip hook sees this rank's partition (its owned, reduced gradients): the
+            # squared norms are summed over the sharding group too.
+            grad_clip.sharded_partition = True
         optimizer = ShardedOptimizer(
             optimizer,
             stage=stage,
@@ -184,6 +199,9 @@ def parallelize(
         )
     elif stage == 3:
         _check_fsdp_params(optimizer)
+        grad_clip = getattr(optimizer, "grad_clip", None)
+        if grad_clip is not None:
+            grad_clip.sharded_partition = True  # FSDP2's gradients are sharded
     # 3. communication-efficient data parallel (the model side is DDP's comm hook).
     if strategy.dgc:
         if getattr(optimizer, "grad_clip", None) is not None:
@@ -287,9 +305,17 @@ def _apply_process_settings(strategy: DistributedStrategy) -> None:
                     ", ".join(f"{k}={v}: {NO_OP_KEYS[k]}" for k, v in inert.items()))
 
 
-def _apply_stage3(model: torch.nn.Module, hcg: Any, device_type: str, offload: bool
-                  ) -> torch.nn.Module:
-    model = apply_fsdp(model, sharding_mesh(hcg, device_type), offload)
+def _fsdp_param_dtype(strategy: DistributedStrategy) -> torch.dtype | None:
+    """AMP O2 under stage 3: FSDP2 all-gathers the float32 shards (the master weights,
+    partitioned with the optimizer state) as this dtype for compute; None: no cast."""
+    if strategy.amp and strategy.amp_configs.use_pure_fp16:
+        return torch_dtype(strategy.amp_configs.dtype)
+    return None
+
+
+def _apply_stage3(model: torch.nn.Module, hcg: Any, device_type: str, offload: bool,
+                  param_dtype: torch.dtype | None) -> torch.nn.Module:
+    model = apply_fsdp(model, sharding_mesh(hcg, device_type), offload, param_dtype)
 
     def _sync_hook(module: Any, args: Any) -> None:
         # Gradient merge: FSDP2 reduce-scatters only on the last micro-step of a cycle.

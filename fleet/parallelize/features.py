@@ -8,8 +8,10 @@ recompute, LARS/LAMB, gradient clipping — as two entry points that the composi
   (``asp``, :mod:`fleet.meta_optimizers.asp`; the optimizer side, re-applying the masks, is in
   the composition); names every parameter
   (``fleet_name``, for ``exclude_from_weight_decay``); recompute of the sub-modules named in
-  ``recompute_configs.checkpoints``; AMP O2 (``use_pure_fp16``) casts the parameters to the low
-  dtype (normalisation layers stay float32); AMP runs the forward under autocast with the custom
+  ``recompute_configs.checkpoints`` (their inputs kept in host memory with
+  ``recompute_configs.enable_offload``); AMP O2 (``use_pure_fp16``) casts the parameters to the
+  low dtype (normalisation layers stay float32; under sharding stage 3 FSDP2's
+  ``MixedPrecisionPolicy`` casts instead, see :mod:`fleet.parallelize.compose`); AMP runs the forward under autocast with the custom
   op lists. Forwards are wrapped on the instance, so ``state_dict`` keys do not change.
 * :func:`wrap_optimizer_features` (on the user's optimizer, before the gradient-merge wrapper):
   LARS replaces a momentum SGD, LAMB an Adam/AdamW, keeping lr/momentum/betas/eps, as Paddle's
@@ -31,14 +33,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from collective.errors import ConfigError, FleetNotImplementedError
+from collective.errors import ConfigError
 from fleet.meta_optimizers import asp
 from fleet.meta_optimizers.amp import MasterWeightOptimizer, autocast, torch_dtype
 from fleet.meta_optimizers.clip import ClipGradByGlobalNorm
 from fleet.meta_optimizers.lars_lamb import LAMB, LARS
-from fleet.meta_parallel.recompute import recompute
+from fleet.meta_parallel.recompute import OffloadSavedInputs, recompute
 from fleet.meta_parallel.sync_batch_norm import convert_sync_batchnorm
-from fleet.strategy import DistributedStrategy
+from fleet.strategy import DistributedStrategy, sharding_stage
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,28 @@ def _wrap_forward(module: nn.Module, wrap: Callable[..., Any]) -> None:
 def _recompute_forward(module: nn.Module, inner: Callable[..., Any], *args: Any,
                        **kwargs: Any) -> Any:
     return recompute(inner, *args, **kwargs)
+
+
+class _OffloadedRecompute:
+    """``recompute_configs.enable_offload``: the recomputed block's inputs (all the checkpoint
+    keeps) wait for backward in host memory (:class:`~fleet.meta_parallel.recompute.
+    OffloadSavedInputs`). ``offloaded_bytes`` / ``kept_bytes``: totals over every call (moved
+    off the device / already on the host)."""
+
+    def __init__(self) -> None:
+        self.offloaded_bytes = 0
+        self.kept_bytes = 0
+
+    def __call__(self, module: nn.Module, inner: Callable[..., Any], *args: Any,
+                 **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return inner(*args, **kwargs)
+        hooks = OffloadSavedInputs()
+        with hooks:
+            out = recompute(inner, *args, **kwargs)
+        self.offloaded_bytes += hooks.offloaded_bytes
+        self.kept_bytes += hooks.kept_bytes
+        return out
 
 
 class _AmpForward:
@@ -121,12 +145,7 @@ def wrap_model_features(model: nn.Module, strategy: DistributedStrategy,
                 "model.named_modules())",
                 key="recompute_configs.checkpoints",
             )
-        if strategy.recompute_configs.enable_offload:
-            raise FleetNotImplementedError(
-                "recompute_configs.enable_offload (checkpoints kept in host memory)",
-                hint="set strategy.recompute_configs = {'enable_offload': False}; recompute "
-                "alone already keeps only the block inputs",
-            )
+        offload = strategy.recompute_configs.enable_offload
         modules = dict(model.named_modules())
         for name in names:
             if name not in modules or name == "":
@@ -136,11 +155,12 @@ def wrap_model_features(model: nn.Module, strategy: DistributedStrategy,
                     "dotted name from model.named_modules() works)",
                     key="recompute_configs.checkpoints",
                 )
-            _wrap_forward(modules[name], _recompute_forward)
-        logger.debug("recompute on %s", list(names))
+            _wrap_forward(modules[name], _OffloadedRecompute() if offload else _recompute_forward)
+        logger.debug("recompute on %s%s", list(names), " (inputs offloaded)" if offload else "")
     if strategy.amp:
         cfg = strategy.amp_configs
-        if cfg.use_pure_fp16:
+        if cfg.use_pure_fp16 and sharding_stage(strategy) != 3:
+            # (stage 3: FSDP2 keeps the float32 shards as master weights and casts for compute)
             cast_to_low_precision(model, torch_dtype(cfg.dtype))
 
         _wrap_forward(model, _AmpForward(cfg))
@@ -216,7 +236,8 @@ def wrap_optimizer_features(
         logger.info("strategy %s: %s replaces %s", "lars" if strategy.lars else "lamb",
                     type(opt).__name__, type(optimizer).__name__)
     stepping = opt
-    if strategy.amp and strategy.amp_configs.use_pure_fp16:
+    if strategy.amp and strategy.amp_configs.use_pure_fp16 and sharding_stage(strategy) != 3:
+        # (stage 3: the optimizer already holds FSDP2's float32 shards, the master weights)
         opt = MasterWeightOptimizer(stepping)
     if grad_clip is not None:
         if not isinstance(grad_clip, ClipGradByGlobalNorm):

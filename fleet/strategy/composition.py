@@ -67,33 +67,9 @@ def check_composition(strategy: DistributedStrategy) -> None:
             "strategy.hybrid_configs = {'pp_degree': N} with N > 1",
             key="hybrid_configs.pp_degree",
         )
-    stage = sharding_stage(strategy)
-    if stage == 3 and hybrid.pp_degree > 1:
-        raise FleetNotImplementedError(
-            "sharding stage 3 (FSDP2) with pipeline parallelism (pp_degree > 1)",
-            hint="use strategy.sharding_configs = {'stage': 1} or {'stage': 2} with pp_degree > 1 "
-            "(optimizer state and gradients sharded per stage), or pp_degree 1 with stage 3",
-        )
-    if stage == 3 and hybrid.mp_degree > 1:
-        raise FleetNotImplementedError(
-            "sharding stage 3 (FSDP2) with tensor parallelism (mp_degree > 1)",
-            hint="use strategy.sharding_configs = {'stage': 1} or {'stage': 2} with mp_degree > 1",
-        )
-    if stage and strategy.amp and strategy.amp_configs.use_pure_fp16:
-        raise FleetNotImplementedError(
-            f"AMP O2 (amp_configs.use_pure_fp16) with sharding stage {stage}",
-            hint="the O2 float32 master weights are not partitioned with the optimizer state "
-            "yet; use AMP O1 (strategy.amp_configs = {'use_pure_fp16': False}) with sharding",
-        )
-    reduces_in_step = stage == 2 or (stage == 1 and hybrid.pp_degree > 1)
-    if reduces_in_step and strategy.amp and strategy.amp_configs.dtype == "float16":
-        raise FleetNotImplementedError(
-            f"AMP float16 loss scaling with sharding stage {stage}"
-            + (" under pipeline parallelism" if stage == 1 else ""),
-            hint="GradScaler unscales only this rank's partition before the sharded optimizer "
-            "reduces the gradients; use amp_configs.dtype 'bfloat16' (no loss scaling) or "
-            "sharding stage 1 without pipeline parallelism",
-        )
+    # Lifted by #15 (each with a parity test, docs/strategy.md): stage 3 with tensor and with
+    # pipeline parallelism, AMP O2 with stages 1/2/3, float16 loss scaling with stage 2 and with
+    # stage 1 under pipeline parallelism, global-norm clipping with stages 1/2.
     if strategy.gradient_merge and strategy.gradient_merge_configs.k_steps > 1 and \
             hybrid.pp_degree > 1:
         raise FleetNotImplementedError(

@@ -11,7 +11,9 @@ side (order alternating) and takes that job's median step time. Rows:
    all-reduce calls per step against plain DDP (which all-reduces each of its buckets every step),
    and step time against torch's ``PostLocalSGDOptimizer``;
 3. ``dgc`` at sparsity 0.999: bytes per step against dense DDP (goal <= 0.02), and the DP example
-   (``examples/dp/train.py``) trained dense and with DGC: final loss within 2 %;
+   (``examples/dp/train.py``) trained dense and with DGC: final loss within 2 %; the same example
+   with ``adaptive_localsgd``: steps until its loss is within 2 % of the dense final loss, against
+   the dense run's steps (goal <= 1.1);
 4. plain data parallel: step time against DDP, >= 15 paired repetitions (goal <= 1.02).
 
 Bytes and all-reduce counts come from ``fleet.meta_optimizers.comm_hooks.CommCounter`` in extra
@@ -72,14 +74,29 @@ def paired_times(ours: tuple[str, str], peer: tuple[str, str], reps: int,
 
 def example_final_loss(strategy: dict[str, Any], steps: int, log_dir: str) -> float:
     """examples/dp/train.py on 2 ranks with ``strategy``: the mean of its last 4 logged losses."""
+    losses = example_losses(strategy, steps, log_dir)
+    return sum(v for _, v in losses[-4:]) / 4
+
+
+def steps_to_reach(losses: list[tuple[int, float]], target: float) -> int | None:
+    """The first logged step whose mean with the 3 logged losses before it is <= ``target``."""
+    for i in range(3, len(losses)):
+        if sum(v for _, v in losses[i - 3:i + 1]) / 4 <= target:
+            return losses[i][0]
+    return None
+
+
+def example_losses(strategy: dict[str, Any], steps: int, log_dir: str
+                   ) -> list[tuple[int, float]]:
+    """examples/dp/train.py on 2 ranks with ``strategy``: its logged ``(step, loss)`` pairs."""
     path = os.path.join(log_dir, f"strategy_{len(os.listdir(log_dir))}.yaml")
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(strategy, f)
     out = run_checked(fleetrun_cmd("--nproc_per_node", str(NPROC), "--log_dir", log_dir, EXAMPLE,
                                    "--steps", str(steps), "--log_every", "25",
                                    "--strategy", path)).stdout
-    losses = [float(v) for v in re.findall(r"^step +\d+ .* loss ([0-9.]+)$", out, re.MULTILINE)]
-    return sum(losses[-4:]) / 4
+    return [(int(s), float(v)) for s, v in
+            re.findall(r"^step +(\d+) .* loss ([0-9.]+)$", out, re.MULTILINE)]
 
 
 def main() -> None:
@@ -127,6 +144,15 @@ def main() -> None:
             "rampup_begin_step": 20, "rampup_step": args.example_steps,
             "sparsity": [0.75, 0.9375, 0.984375, 0.996, 0.999]}}, args.example_steps, tmp)
         extra["example_final_loss"] = {"dense": dense, "dgc": dgc, "ratio": dgc / dense}
+        # adaptive local SGD: steps until the mean of 4 logged losses is within 2 % of the
+        # dense run's final loss, against the dense run's length (goal <= 1.1)
+        adaptive = example_losses({"adaptive_localsgd": True, "adaptive_localsgd_configs": {
+            "init_k_steps": 1, "begin_step": 20}}, int(1.1 * args.example_steps), tmp)
+        reached = steps_to_reach(adaptive, 1.02 * dense)
+        extra["adaptive_localsgd"] = {
+            "dense_steps": args.example_steps, "steps_to_within_2pct": reached,
+            "ratio": None if reached is None else reached / args.example_steps,
+            "final_loss": sum(v for _, v in adaptive[-4:]) / 4}
         # 4. plain data parallel, paired
         pa, pb = paired_times(("fleet", "none"), ("ddp", "none"), args.pairs, args, tmp)
         ratios = sorted(x / y for x, y in zip(pa, pb))
@@ -148,6 +174,10 @@ def main() -> None:
     ex = extra["example_final_loss"]
     print(f"DP example final loss: dense {ex['dense']:.4f}, dgc {ex['dgc']:.4f}, ratio "
           f"{ex['ratio']:.3f}   goal: within 2 %")
+    ad = extra["adaptive_localsgd"]
+    print(f"adaptive localsgd: within 2 % of the dense final loss ({ex['dense']:.4f}) after "
+          f"{ad['steps_to_within_2pct']} steps vs dense {ad['dense_steps']} (ratio "
+          f"{ad['ratio']}; final {ad['final_loss']:.4f})   goal: <= 1.1")
     pr = extra["plain_paired_ratio"]
     print(f"plain DP paired ratio: median {pr['median']:.3f} [{pr['min']:.3f} .. {pr['max']:.3f}] "
           f"(n={pr['n']})   goal: <= 1.02; fastest job fleet/ddp "

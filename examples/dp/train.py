@@ -107,6 +107,7 @@ def main() -> None:
         print(f"training on {world} worker(s), {device}, batch {args.batch_size}/rank, "
               f"{args.steps} steps", flush=True)
 
+    set_loss = getattr(opt, "set_loss", None)  # local SGD optimizers only
     start = time.perf_counter()
     while step < args.steps:
         if ckpt is not None:
@@ -117,6 +118,8 @@ def main() -> None:
             x, y = x.to(device), y.to(device)
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
+            if set_loss is not None:
+                set_loss(loss)  # adaptive local SGD's averaging interval follows the loss
             opt.step()
             opt.zero_grad()
             fleet.report(loss=loss)  # the dashboard's loss curve (no-op without metrics)

@@ -111,10 +111,18 @@ class SparseTableConfig:
     """``reject``: a push with NaN/inf raises, nothing applied; ``skip``: those rows are dropped."""
     max_capacity: int | None = None
     """Most rows per server; when full, the longest-unseen rows are evicted. ``None``: no limit."""
+    show_decay_rate: float = 1.0
+    """Each ``end_day`` multiplies every row's show count by this and rounds down (Paddle's
+    ``show_click_decay_rate``; 1.0: no decay). In (0, 1]."""
 
     def __post_init__(self) -> None:
         _check_name(self.name)
         _parse_rules(self, entry=True)
+        require(
+            isinstance(self.show_decay_rate, (int, float)) and 0.0 < self.show_decay_rate <= 1.0,
+            "show_decay_rate",
+            f"must be a number in (0, 1], got {self.show_decay_rate!r}",
+        )
         require(
             isinstance(self.dim, int) and 1 <= self.dim <= 65536,
             "dim",
@@ -162,6 +170,8 @@ class SparseTableConfig:
             "seed": self.seed,
             "nonfinite": self.nonfinite.value,
             "max_capacity": self.max_capacity,
+            # only when set: configs and manifests without decay read as before
+            **({"show_decay_rate": self.show_decay_rate} if self.show_decay_rate != 1.0 else {}),
         }
 
     @classmethod

@@ -173,3 +173,34 @@ def test_donefile_and_config_errors(tmp_path: Path) -> None:
         StreamingConfig(data_root="d", output_dir="m", shrink_unseen_days=-1)
     with pytest.raises(ConfigError, match="data_root"):
         list_passes(StreamingConfig(data_root=os.path.join(str(tmp_path), "nope"), output_dir="m"))
+
+
+@pytest.mark.timeout(60)
+def test_end_day_decays_show_counts_and_deltas_replay_it(tmp_path: Path) -> None:
+    """SparseTableConfig.show_decay_rate (Paddle's show_click_decay_rate): every end_day scales
+    the show counts (rounded down); a delta saved after it reloads to the same counts."""
+    from ps_server import SGD, Constant, SparseTableConfig
+    from ps_server.checkpoint import save
+    from ps_server.core.factory import make_table
+
+    config = SparseTableConfig("t", 2, optimizer=SGD(0.1), initializer=Constant(0.0),
+                               num_shards=4, show_decay_rate=0.5)
+    table = make_table(config)
+    keys = np.arange(1, 9, dtype=np.int64)
+    for _ in range(4):
+        table.push(keys, np.ones((8, 2), np.float32))
+    table.push(keys[:2], np.ones((2, 2), np.float32))  # keys 1, 2 shown 5 times
+    save(tmp_path / "base", [table], "all")
+    table.end_day()
+    table.push(keys[:1], np.ones((1, 2), np.float32))  # key 1: floor(5 * 0.5) + 1
+    save(tmp_path / "delta", [table], "delta")
+    got = {int(k): int(c) for p in table.export_shards(False).values() for k, c in zip(p.keys, p.count)}
+    assert got == {1: 3, 2: 2, **{k: 2 for k in range(3, 9)}}, got
+    copy = create_tables(tmp_path / "base")
+    load(tmp_path / "base", copy)
+    load(tmp_path / "delta", copy)
+    again = {int(k): int(c) for p in copy["t"].export_shards(False).values()
+             for k, c in zip(p.keys, p.count)}
+    assert again == got
+    with pytest.raises(Exception, match="show_decay_rate"):
+        SparseTableConfig("t", 2, optimizer=SGD(0.1), initializer=Constant(0.0), show_decay_rate=0)

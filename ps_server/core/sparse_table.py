@@ -497,7 +497,9 @@ class SparseTable(Table):
     # -- aging --------------------------------------------------------------------------------
     def end_day(self) -> None:
         """Close a day: rows pushed since the last end_day get ``unseen_days = 0``, every other
-        row ``unseen_days += 1``; the seen marks are cleared (see the module docstring)."""
+        row ``unseen_days += 1``; the seen marks are cleared (see the module docstring); every
+        show count is multiplied by ``config.show_decay_rate`` (rounded down)."""
+        rate = float(self.config.show_decay_rate)
         with self.lock:
             for store in (self.store, self.pending):
                 if store is None:
@@ -509,6 +511,9 @@ class SparseTable(Table):
                 aged = np.minimum(unseen.astype(np.int32) + 1, _U16_MAX).astype(np.uint16)
                 unseen[:] = np.where(seen, np.uint16(0), aged)
                 flags &= ~SEEN
+                if rate != 1.0:  # show decay: not a change a delta carries (loads replay it)
+                    count = store.cols["count"][:hw]
+                    count[:] = np.floor(count * rate).astype(np.uint32)
             self.days_since_save += 1
 
     def shrink(self, max_unseen_days: int) -> int:

@@ -7,7 +7,8 @@ batch (real 4-rank gloo jobs, tests/scripts/combo_hybrid.py, several cases per j
   with the optimizer state;
 * float16 dynamic loss scaling x sharding stage 2, and x stage 1 under pipeline parallelism, with
   an overflow on one replica only (every rank skips that step; the scale follows the
-  reference's);
+  reference's); float16 O2 + scaler + clip through a sharded optimizer and FSDP2 float16 mixed
+  precision in one process (gloo on CPU; NCCL on a GPU, marked ``gpu``);
 * global-norm clipping x sharding stages 1/2/3 (the norm over every partition and every mp/pp
   rank equals torch's ``clip_grad_norm_`` on the dense model);
 * ``recompute_configs.enable_offload`` (one process: the recomputed blocks' inputs are what the
@@ -105,6 +106,28 @@ def test_sharding_x_pipeline_combinations_equal_the_single_process_model(tmp_pat
         assert fp16["ref_skipped"] == [False, True, False]
         assert fp16["scales"] == fp16["ref_scales"] == [1024.0, 512.0, 512.0]
         _close(rec["o2_s3"], BF16_TOL)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.timeout(150)
+def test_float16_o2_scaler_and_clip_through_a_sharded_optimizer_and_fsdp2(
+        tmp_path: Path, device: str) -> None:
+    """World 1 (gloo on CPU, NCCL on a GPU): float16 O2 masters under a stage-2 sharded
+    optimizer, the scaler reducing through it and skipping the overflowing step, the clip over
+    the partition — equal to the same training without the sharded optimizer; FSDP2 with a
+    float16 MixedPrecisionPolicy computes in float16 over float32 shards."""
+    env = {"FLEET_BACKEND": "nccl"} if device == "cuda" else {}
+    results = run_workers(SCRIPTS / "combo_gpu.py", 1, ["--out", str(tmp_path / "o"),
+                                                        "--device", device],
+                          timeout=130, tmp_path=tmp_path, extra_env=env)
+    assert_all_ok(results)
+    rec = json.loads((tmp_path / "o" / "rank0.json").read_text())
+    assert rec["backend"] == ("nccl" if device == "cuda" else "gloo")
+    assert rec["o2_dtype"] == "torch.float16" and rec["o2_vs_unsharded"] == 0.0
+    assert rec["skipped"] == rec["ref_skipped"] == [False, True, False]
+    assert rec["scales"] == rec["ref_scales"] == [1024.0, 512.0, 512.0]
+    assert rec["fsdp_fp16"] == {"out_dtype": "torch.float16", "param_dtype": "torch.float32",
+                                "finite": True}
 
 
 # ---- recompute offload (one process) ---------------------------------------------------------

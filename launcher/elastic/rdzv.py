@@ -164,7 +164,8 @@ def claim_run_id(store: Any, run_id: str, fingerprint: str, job: str) -> None:
         raise ConfigError(
             f"rendezvous id {run_id!r} is taken by another job ({other}); this agent runs {job}. "
             "Two jobs must not share one --rdzv_id: pick another --rdzv_id (--job_id), or run "
-            "the same script, arguments and --nproc_per_node as that job", key="run_id")
+            "the same script, arguments and --nproc_per_node as that job (an id kept in etcd "
+            "stays taken after its job ended)", key="run_id")
 
 
 __all__ = ["claim_run_id", "hosts_port", "is_local_host", "job_store", "make_handler", "probe_endpoint",

@@ -38,6 +38,12 @@ def test_paddle_server_spelling_means_etcd() -> None:
     assert (spec.elastic.min_nodes, spec.elastic.max_nodes) == (2, 4)
 
 
+def test_standalone_is_c10d_on_loopback() -> None:
+    e = _spec({"elastic": {"standalone": True}}).elastic
+    assert e.rdzv_backend is RdzvBackend.C10D and e.endpoint() == ("127.0.0.1", 0)
+    assert (e.min_nodes, e.max_nodes) == (1, 1)
+
+
 def test_fixed_size_elastic_and_static_default() -> None:
     spec = _spec({"sizes": {"nnodes": 2}, "elastic": {"rdzv_backend": "etcd-v2", "rdzv_endpoint": "h:1"}})
     assert (spec.elastic.min_nodes, spec.elastic.max_nodes) == (2, 2)
@@ -85,6 +91,8 @@ def test_bad_elastic_input_names_the_key(data: dict, key: str, fragment: str) ->
     [
         (["--nnodes", "3:2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1"], "(set by --nnodes)"),
         (["--np", "0:2"], "(set by --np)"),
+        (["--nnodes", "0"], "must be >= 1, got 0 (set by --nnodes)"),
+        (["--nnodes", "two"], "N or MIN:MAX"),
         (["--nnodes", "1:2"], "needs an elastic rendezvous"),
         (["--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1", "--node_rank", "1"],
          "(set by --node_rank)"),

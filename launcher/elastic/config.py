@@ -222,8 +222,8 @@ def normalize_elastic(data: Mapping[str, Any]) -> dict[str, Any]:
                                   f"{elastic[key]!r}; give the node range once", key="sizes.nnodes")
             elastic[key] = n
         sizes["nnodes"] = high
-    elif nnodes is not None and isinstance(nnodes, str):
-        parse_node_range(nnodes, "sizes.nnodes")  # "0", "x": a clear message naming the flag
+    elif isinstance(nnodes, str) and not nnodes.strip().lstrip("-").isdigit():
+        raise ConfigError(f"expected N or MIN:MAX (e.g. 2 or 1:4), got {nnodes!r}", key="sizes.nnodes")
     endpoint = elastic.get("rdzv_endpoint")
     if isinstance(endpoint, str) and "://" in endpoint:
         scheme, _, rest = endpoint.partition("://")

@@ -119,3 +119,23 @@ def test_paddle_and_torchrun_flags_build_the_same_spec(tmp_path: Path) -> None:
         ctx = run_command.make_context("fleetrun", [*args, script])
         specs.append(spec_from_params(ctx, dict(ctx.params)))
     assert specs[0] == specs[1] and specs[0].run_id == "j" and specs[0].elastic.min_nodes == 1
+
+
+def test_membership_diff_names_who_left_and_joined() -> None:
+    from launcher.elastic.membership import Membership, NodeRecord, diff
+    from launcher.summary import format_membership
+
+    def node(i: int) -> NodeRecord:
+        return NodeRecord(f"h/{i}", "h", "127.0.0.1", 1, (1000 + i,), "fp", "job")
+
+    r0 = Membership(0, 0, (node(1), node(2)))
+    r1 = Membership(1, 0, (node(1),))
+    r2 = Membership(2, 1, (node(1), node(3)))
+    assert diff(None, r0, "start") is None
+    lost, grown = diff(r0, r1, "failure"), diff(r1, r2, "join")
+    assert lost is not None and grown is not None
+    assert lost.text() == "round 1 (failure): left h/2; world 2 -> 1"
+    assert grown.text() == "round 2 (join): joined h/3; world 1 -> 2"
+    assert r2.endpoints() == ("127.0.0.1:1001", "127.0.0.1:1003") and r2.first_rank(1) == 1
+    assert format_membership([lost, grown]).splitlines() == [
+        "Membership changes:", "  " + lost.text(), "  " + grown.text()]

@@ -27,6 +27,9 @@ stopped (SIGTERM → grace → SIGKILL of the child's process group), killed, an
 removed; with restarts left (``max_restarts``) the whole group starts again, else the
 root-cause-first summary (:func:`launcher.summary.format_summary`) is printed and fleetrun exits 1.
 Ctrl-C / SIGTERM does the same teardown and also shuts down a local cluster fleetrun started.
+
+An elastic job (``--nnodes MIN:MAX``) forms each attempt from the actors the cluster can place
+and grows when resources return (:mod:`launcher.schedulers.ray_elastic`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from launcher.agent import (
 from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, ExitInfo
+from launcher.schedulers import ray_elastic
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
 from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect
 from launcher.schedulers.ray_plan import AttemptPaths, Placed, Slot, make_proc_specs, make_slots
@@ -157,6 +161,14 @@ class RayJob:
         cwd_given = "working_dir" in spec.ray.runtime_env
         self.cwd = None if cwd_given else os.getcwd()
         self.ps_token = job_ps_token(spec) if spec.mode is Mode.PS else ""
+        self.elastic = spec.elastic.enabled
+        self.probe: tuple[Any, Any] | None = None
+        """An elastic round's growth probe (ray_elastic.arm_growth_probe)."""
+        self.grow = False
+        """The growth probe was placed: the round ends and the next forms bigger."""
+        if self.elastic and not spec.elastic.standalone:
+            logger.info("elastic job on Ray: the driver forms each round from the actors it "
+                        "places; --rdzv_backend/--rdzv_endpoint are not used")
 
     def run(self) -> int:
         """Run all attempts; return fleetrun's exit code (keeps ``job_state.json`` current)."""
@@ -183,43 +195,71 @@ class RayJob:
     def _run(self, monitor: JobMonitor) -> int:
         spec = self.spec
         history: list[str] = []
-        attempt = 0
+        attempt = restarts = 0  # attempts: every round of an elastic job; restarts: failures
+        world = 0  # elastic: the previous round's world size, and why that round ended
+        change: tuple[str, list[str]] = ("", [])
         while True:
             group = _Group(pg=None)
             failures: list[Failure] = []
             stopped: list[tuple[str, int]] = []
+            self.grow = False
             try:
                 self._start(group, attempt)
                 monitor.attempt_started(attempt, group.members)
+                if self.elastic:
+                    world = self._membership(monitor, attempt, world, len(group.members), change)
+                    self.probe = ray_elastic.arm_growth_probe(
+                        self.ray, spec, self.run_id, attempt,
+                        len(group.members) // spec.sizes.nproc_per_node)
                 failures = self._watch(group, attempt)
                 stopped = [(m.proc.role, m.proc.rank) for m in group.members
                            if m.reply is None and m.failure is None and m.proc.role == TRAINER]
             finally:
+                ray_elastic.disarm_growth_probe(self.probe)
+                self.probe = None
                 self._teardown(group)
+            if self.grow and not failures:  # resources returned: re-form bigger, no restart spent
+                attempt += 1
+                change = ("join", [])
+                continue
             failed_ids = [(f.role, f.rank) for f in failures]
+            change = ("failure", [f"{_label(f)} ({f.exit_desc})" for f in failures])
             monitor.attempt_failed([FailureCause.NODE if f.exit_desc.startswith("Ray actor died")
                                     else cause_of(f.exit_desc) for f in failures])
-            decision = decide(bool(failures), attempt, spec.max_restarts)
+            decision = decide(bool(failures), restarts, spec.max_restarts)
             if decision is Decision.SUCCEED:
-                logger.info("job '%s' succeeded on Ray (%d restart(s) used)", spec.name, attempt)
+                logger.info("job '%s' succeeded on Ray (%d restart(s) used)", spec.name, restarts)
                 monitor.finished(JobState.SUCCEEDED)
                 return 0
             what = ", ".join(f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
             history.append(f"attempt {attempt}: {what}")
             if decision is Decision.RESTART:
-                attempt += 1
-                monitor.restarting(attempt)
+                attempt, restarts = attempt + 1, restarts + 1
+                monitor.restarting(restarts)
                 monitor.refresh(failed_ids)
                 logger.warning("attempt %d failed (%s); restarting the whole group (restart %d of %d)",
-                               attempt - 1, what, attempt, spec.max_restarts)
+                               attempt - 1, what, restarts, spec.max_restarts)
                 continue
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
-            text = format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
+            if monitor.membership_changes:
+                note = "; ".join([note, "Membership changes: " + "; ".join(
+                    monitor.membership_changes)]).lstrip("; ")
+            text = format_summary(spec.name, failures, stopped, spec.log_dir, restarts,
                                   spec.max_restarts, note)
             monitor.finished(JobState.FAILED, text, failed_ids)
             sys.stderr.write(text + "\n")
             sys.stderr.flush()
             return 1
+
+    def _membership(self, monitor: JobMonitor, attempt: int, old: int, new: int,
+                    change: tuple[str, list[str]]) -> int:
+        """Record an elastic round whose world size differs from the previous round's."""
+        if attempt and old != new:
+            cause, left = change
+            text = ray_elastic.change_text(attempt, cause, left, old, new)
+            monitor.membership_changed(cause, text)
+            logger.warning("membership change: %s", text)
+        return new
 
     # -- one attempt ---------------------------------------------------------------------------
     def _start(self, group: _Group, attempt: int) -> None:
@@ -228,9 +268,13 @@ class RayJob:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        if self.elastic:  # as many nodes as the cluster places now, MAX down to MIN
+            group.pg, self.slots = ray_elastic.place_round(ray, spec, self.run_id, attempt)
+        else:
+            group.pg = placement_group([s.bundle for s in self.slots],
+                                       strategy=str(spec.ray.placement_strategy),
+                                       name=f"fleetrun-{spec.name}-{self.run_id}-{attempt}")
         bundles = [s.bundle for s in self.slots]
-        group.pg = placement_group(bundles, strategy=str(spec.ray.placement_strategy),
-                                   name=f"fleetrun-{spec.name}-{self.run_id}-{attempt}")
         ready, _ = ray.wait([group.pg.ready()], timeout=spec.ray.placement_timeout_s)
         if not ready:
             raise LaunchError(
@@ -304,6 +348,11 @@ class RayJob:
             failures = [m.failure for m in group.members if m.failure is not None]
             if failures:
                 return failures
+            if not any(m.reply for m in group.members) and ray_elastic.probe_placed(
+                    self.ray, self.probe):  # an elastic job can grow (none has finished yet)
+                logger.info("resources for one more node are free: re-forming the job bigger")
+                self.grow = True
+                return []
             trainers_done = all(m.reply is not None for m in group.members if m.proc.role == TRAINER)
             if trainers_done:
                 # as the local scheduler: servers get server_grace_s to stop on their own

@@ -5,7 +5,7 @@ batch (real 4-rank gloo jobs, tests/scripts/combo_hybrid.py, several cases per j
   sharding 2);
 * AMP O2 (bfloat16 on CPU) x sharding stages 1/2/3, the float32 master weights partitioned
   with the optimizer state;
-* float16 dynamic loss scaling x sharding stage 2, and x stage 1 under pipeline parallelism, with
+* float16 dynamic loss scaling x sharding stage 2 and 3, and x stage 1 under pipeline parallelism, with
   an overflow on one replica only (every rank skips that step; the scale follows the
   reference's); float16 O2 + scaler + clip through a sharded optimizer and FSDP2 float16 mixed
   precision in one process (gloo on CPU; NCCL on a GPU, marked ``gpu``);
@@ -51,7 +51,7 @@ def _close(rec: dict, tol: float) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(170)
 def test_sharding_x_tensor_parallel_combinations_equal_the_dense_model(tmp_path: Path) -> None:
-    cases = ["s3_clip", "s1_clip", "s2_clip", "o2_s1", "o2_s2", "o2_s3", "fp16_s2"]
+    cases = ["s3_clip", "s1_clip", "s2_clip", "o2_s1", "o2_s2", "o2_s3", "fp16_s2", "fp16_s3"]
     recs = _run(tmp_path, "tp", cases)
     for rec in recs:
         # stage 3 over the TP layers: FSDP2 module, each rank holds 1/(mp x sharding) of the
@@ -77,11 +77,12 @@ def test_sharding_x_tensor_parallel_combinations_equal_the_dense_model(tmp_path:
         _close(o2, BF16_TOL)
         assert o2["param_dtype"] == "torch.float32" and o2["out_dtype"] == "torch.bfloat16"
         assert o2["local_param_bytes"] == 288
-        fp16 = rec["fp16_s2"]
-        _close(fp16, FP16_TOL)
-        # replica 1's overflow at step 1: every rank skipped it, the scale halved once
-        assert fp16["skipped"] == fp16["ref_skipped"] == [False, True, False]
-        assert fp16["scales"] == fp16["ref_scales"] == [1024.0, 512.0, 512.0]
+        for case in ("fp16_s2", "fp16_s3"):
+            fp16 = rec[case]
+            _close(fp16, FP16_TOL)
+            # replica 1's overflow at step 1: every rank skipped it, the scale halved once
+            assert fp16["skipped"] == fp16["ref_skipped"] == [False, True, False], case
+            assert fp16["scales"] == fp16["ref_scales"] == [1024.0, 512.0, 512.0], case
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ Paddle's ``minimize`` and ``get_loss_scaling``; the unscale and the inf check ar
 Hybrid parallelism: one rank's overflow must make *every* rank skip the step, or the replicas and
 shards drift apart. Under sharding stage 1/2 the scaler first has the sharded optimizer reduce
 its gradients (:func:`reduce_sharded_gradients`), then unscales this rank's partition and
-all-reduces the verdict over the world, as torch's ``ShardedGradScaler`` does for FSDP. :func:`distributed_scaler` makes ``found_inf`` an all-reduce (MAX) over the
+all-reduces the verdict over the world, as torch's ``ShardedGradScaler`` does for FSDP; under
+stage 3 it unscales the local shards of FSDP2's gradients and agrees over the world the same way. :func:`distributed_scaler` makes ``found_inf`` an all-reduce (MAX) over the
 default group — every mp/pp/sharding/dp rank at once, one collective — for this scaler and for a
 ``torch.amp.GradScaler`` (whose ``unscale_`` it wraps, as Paddle wraps ``_unscale``).
 
@@ -150,7 +151,12 @@ class GradScaler:
                 if p.grad.is_sparse:
                     raise ConfigError("sparse gradients cannot be loss-scaled; use dense ones",
                                       key="optimizer")
-                by_device.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+                grad = p.grad
+                if hasattr(grad, "to_local"):
+                    # FSDP2 (sharding stage 3): this rank's shard, unscaled in place; the
+                    # verdict is agreed over every shard below
+                    grad, sharded = grad.to_local(), True
+                by_device.setdefault((grad.device, grad.dtype), []).append(grad)
         found = torch.zeros(1, dtype=torch.float32)
         inv = 1.0 / self._scale
         for (device, _), grads in by_device.items():

@@ -6,8 +6,9 @@ with the next strategy: same hybrid degrees, the process group stays up). Writes
 
 ``--layout tp`` (world 4, sharding 2 x mp 2, a tensor-parallel MLP): ``s3_clip`` stage 3 (FSDP2 over
 the TP layers) with a global-norm clip, ``s1_clip`` / ``s2_clip`` stage 1/2 with the clip, ``o2_s1``
-/ ``o2_s2`` / ``o2_s3`` AMP O2 bfloat16, ``fp16_s2`` float16 loss scaling with stage 2 and an
-overflow on one replica.
+/ ``o2_s2`` / ``o2_s3`` AMP O2 bfloat16, ``fp16_s2`` / ``fp16_s3`` float16 loss scaling with
+stage 2 / 3 and an overflow on one replica (the scaler not made distributed: sharding agrees on
+inf/nan itself).
 ``--layout pp`` (world 4, pp 2 x sharding 2, a 2-stage PipelineLayer): ``s3`` stage 3 (FSDP2 over
 each stage), ``s1_clip`` stage 1 with the clip, ``fp16_s1`` float16 loss scaling with stage 1 and
 an overflow on one replica, ``o2_s3`` AMP O2 with stage 3.

@@ -57,6 +57,8 @@ class Status:
     samples_per_s: float | None
     membership: str | None = None
     """Elastic jobs: ``N membership change(s), last: ...`` (None without changes)."""
+    recoveries: str | None = None
+    """PS jobs with automatic checkpoints: ``N PS recovery(ies), last: ...`` (None without)."""
 
     def text(self) -> str:
         """``2/2 up | step 120 | 9.8 steps/s | loss 0.4312 | 640 samples/s``."""
@@ -69,6 +71,8 @@ class Status:
             parts.append(f"{self.samples_per_s:.0f} samples/s")
         if self.membership:
             parts.append(self.membership)
+        if self.recoveries:
+            parts.append(self.recoveries)
         return " | ".join(parts)
 
 
@@ -111,6 +115,8 @@ class StatusConsole:
         procs = snap["processes"]
         changes = snap.get("membership_changes") or []
         membership = f"{len(changes)} membership change(s), last: {changes[-1]}" if changes else None
+        recovered = snap.get("recoveries") or []
+        recoveries = f"{len(recovered)} PS recovery(ies), last: {recovered[-1]}" if recovered else None
         trainers = sorted((p for p in procs if p["role"] == "trainer" and p["metrics"]),
                           key=lambda p: p["rank"])
         up = sum(1 for p in procs if p["state"] == "up")
@@ -127,7 +133,7 @@ class StatusConsole:
         losses = [s["fleet_trainer_loss"] for s in scraped if "fleet_trainer_loss" in s]
         thr = [s.get("fleet_trainer_throughput_samples_per_second", 0.0) for s in scraped]
         return Status(up, len(procs), steps, rate, sum(losses) / len(losses) if losses else None,
-                      sum(thr) or None, membership)
+                      sum(thr) or None, membership, recoveries)
 
     def _emit(self, status: Status) -> None:
         if self._rich is not None:

@@ -117,3 +117,17 @@ def test_skip_examples_of_slices_across_chunks() -> None:
     out = [(c.lo, c.hi) for c in skip_examples_of(iter(parts), 5)]
     assert out == [(5, 6), (6, 10)]
     assert [(c.lo, c.hi) for c in skip_examples_of(iter(parts), 0)] == [(0, 4), (4, 6), (6, 10)]
+
+
+@pytest.mark.timeout(30)
+def test_recoveries_reach_job_state_status_line_and_metric(tmp_path: Path) -> None:
+    from launcher.console import Status
+    from launcher.telemetry import PS_RECOVERIES, JobMonitor
+
+    monitor = JobMonitor("job", "run", 3, str(tmp_path), "127.0.0.1", metrics=False)
+    before = PS_RECOVERIES.labels(role="server")._value.get()
+    monitor.recovered("server", "recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9)")
+    assert monitor.snapshot()["recoveries"] == ["recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9)"]
+    assert PS_RECOVERIES.labels(role="server")._value.get() == before + 1
+    text = Status(4, 4, 10, None, None, None, recoveries="1 PS recovery(ies), last: x").text()
+    assert text == "4/4 up | step 10 | 1 PS recovery(ies), last: x"

@@ -129,7 +129,7 @@ def run_ours(work: str, data: str, days: list[str], timeout: float) -> list[dict
 
 def summarize(runs: list[list[dict[str, Any]]], days: list[str]) -> dict[str, Any]:
     passes = [r for run in runs for r in run]
-    last = {d: [r for r in passes if r["day"] == d][-len(runs):] for d in days}
+    last = {d: [[r for r in run if r["day"] == d][-1] for run in runs] for d in days}  # per run
     return {
         "train": Stats.of([r["train_examples_per_s"] for r in passes]),
         "pass": Stats.of([r["pass_examples_per_s"] for r in passes]),

@@ -195,7 +195,9 @@ def etcd(tmp_path: Path) -> Iterator[str]:
 def test_elastic_pods_run_locally_meet_at_etcd_and_train(tmp_path: Path, etcd: str) -> None:
     ckpt = tmp_path / "ckpt"
     spec = _spec(
-        sizes={"nnodes": "1:2"},
+        # MIN = MAX = 2: the first round waits for both pods (with MIN 1 a pod started late
+        # could find the job already finished by the other)
+        sizes={"nnodes": "2:2"},
         entrypoint={"script": "examples/dp/train.py",
                     "args": ["--elastic", "--ckpt_dir", str(ckpt), "--steps", "20",
                              "--save_every", "10", "--log_every", "10"]},

@@ -126,7 +126,8 @@ def elastic_job_spec(spec: JobSpec, template: dict[str, Any]) -> dict[str, Any]:
             # takes an empty list as "not set")
             {"action": "FailJob", "onPodConditions": [], "onExitCodes": {
                 "containerName": "trainer", "operator": "In", "values": [CONFIG_ERROR_EXIT]}},
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "Ignore",
+             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]},
         "template": template,
     }

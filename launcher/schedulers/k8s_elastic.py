@@ -73,8 +73,9 @@ def check_elastic_renderable(spec: JobSpec) -> None:
     """ConfigError for an elastic job the cluster could not run as rendered."""
     e = spec.elastic
     if e.standalone or spec.elastic.endpoint()[0] in ("127.0.0.1", "localhost", "::1"):
+        what = "--standalone means" if e.standalone else f"{e.rdzv_endpoint!r} is"
         raise ConfigError(
-            f"{e.rdzv_endpoint!r} is this machine, not a place the pods can reach; on "
+            f"{what} this machine, not a place the pods can reach; on "
             f"Kubernetes give --rdzv_endpoint {etcd_name(spec)} (the etcd fleetrun renders with "
             "the job) or an etcd / c10d store the pods can reach", key="elastic.rdzv_endpoint")
     if renders_etcd(spec) and e.rdzv_backend not in (RdzvBackend.ETCD, RdzvBackend.ETCD_V2):

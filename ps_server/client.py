@@ -95,8 +95,9 @@ class PSClient(CheckpointCalls):
     """Client of the servers at ``endpoints`` (``["host:port", ...]`` or ``"h:p,h:p"``), in
     server-index order; the keyword arguments are :class:`~ps_server.rpc.rpc_client.RpcClient`'s
     (``timeout_s``, ``retries``, ``max_message_mb``, ``backoff_s``, ``shm``, ``shm_max_mb``,
-    ``token`` — the job's token, default FLEET_PS_TOKEN — and ``tls_ca``, ``tls_cert``,
-    ``tls_key``, ``tls_server_name``)."""
+    ``token`` — the job's token, default FLEET_PS_TOKEN — ``tls_ca``, ``tls_cert``,
+    ``tls_key``, ``tls_server_name``, and ``reconnect_s``: how long idempotent calls wait for a
+    server that is UNAVAILABLE, e.g. restarting, default FLEET_PS_RECONNECT_S)."""
 
     def __init__(self, endpoints: Sequence[str] | str, **options: Any) -> None:
         super().__init__(endpoints, **options)

@@ -3,6 +3,7 @@ the env contract, the data position a resumed trainer skips, the launcher's choi
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,39 @@ def test_recoveries_reach_job_state_status_line_and_metric(tmp_path: Path) -> No
     assert PS_RECOVERIES.labels(role="server")._value.get() == before + 1
     text = Status(4, 4, 10, None, None, None, recoveries="1 PS recovery(ies), last: x").text()
     assert text == "4/4 up | step 10 | 1 PS recovery(ies), last: x"
+
+
+@pytest.mark.timeout(60)
+def test_client_waits_for_a_server_restarted_on_its_endpoint() -> None:
+    import threading
+
+    from ps_server import PSClient, PSServer
+    from ps_server.rpc.status import PSRpcError
+
+    first = PSServer(host="127.0.0.1", port=0, server_index=0, num_servers=1)
+    port = first.start()
+    patient = PSClient([f"127.0.0.1:{port}"], token=None, retries=0, reconnect_s=30, timeout_s=5)
+    hasty = PSClient([f"127.0.0.1:{port}"], token=None, retries=0, timeout_s=5)
+    second = PSServer(host="127.0.0.1", port=port, server_index=0, num_servers=1)
+    restarted = threading.Event()
+
+    def restart() -> None:
+        time.sleep(1.0)
+        second.start()
+        restarted.set()
+
+    thread = threading.Thread(target=restart)
+    try:
+        patient.create_table("emb", 4)
+        first.stop()
+        with pytest.raises(PSRpcError, match="UNAVAILABLE"):
+            hasty.create_table("emb", 4)
+        thread.start()
+        patient.create_table("emb", 4)  # waits for the new server (an idempotent call)
+        assert restarted.is_set()
+        assert patient.pull_sparse("emb", [1, 2]).shape == (2, 4)
+    finally:
+        thread.join(10)
+        patient.close()
+        hasty.close()
+        second.stop()

@@ -10,6 +10,12 @@ apply a gradient twice (APPLY), count one trainer twice toward a SYNC round (the
 round boundary go wrong) or add a GEO delta twice. (gRPC's built-in retry policy is not used: it
 shares one deadline across attempts and cannot retry DEADLINE_EXCEEDED.)
 
+Reconnect: with ``reconnect_s`` > 0 (default FLEET_PS_RECONNECT_S, else 0) an idempotent call that
+still finds a server UNAVAILABLE after its retries keeps trying, backoff doubling up to
+:data:`MAX_BACKOFF_S`, until ``reconnect_s`` seconds after the first failure: a server being
+restarted on its endpoint is waited for, for a bounded time. The channels reconnect within
+:data:`MAX_BACKOFF_S` of the server's return (gRPC's own reconnect backoff is capped to it).
+
 Security: every call carries the job's token (``token=``, else FLEET_PS_TOKEN) as gRPC
 metadata (:mod:`ps_server.rpc.auth`); a server that wants another answers UNAUTHENTICATED
 (:class:`~ps_server.rpc.status.PSUnauthenticatedError`, never retried). TLS when a CA or a client
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,6 +65,10 @@ logger = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 """Status codes an idempotent call is retried on."""
+MAX_BACKOFF_S = 2.0
+"""Longest wait between two tries of a call, and of a channel to reconnect to its server."""
+RECONNECT_ENV = "FLEET_PS_RECONNECT_S"
+"""Default of ``reconnect_s``: seconds an idempotent call waits for an UNAVAILABLE server."""
 MESSAGE_OVERHEAD_BYTES = 64 * 1024
 """Room left in each message for everything but the packed arrays (names, framing)."""
 _PULL_SPARSE_RESPONSE = wire_message(ps_pb2.PullSparseResponse)
@@ -120,6 +131,7 @@ class RpcClient:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_server_name: str | None = None,
+        reconnect_s: float | None = None,
     ) -> None:
         """``timeout_s``: deadline of each attempt; ``retries``: extra attempts of idempotent
         calls; ``max_message_mb``: largest message this client sends or accepts (larger requests
@@ -127,7 +139,9 @@ class RpcClient:
         memory (:mod:`ps_server.rpc.shm`; None: unless ``FLEET_PS_SHM=0``), for requests up to
         ``shm_max_mb``. ``token``: the job's token sent with every call (None: FLEET_PS_TOKEN,
         else none). ``tls_*``: PEM paths and the server-name override of
-        :class:`~ps_server.rpc.tls.TLSConfig` (None: the FLEET_PS_TLS_* variables)."""
+        :class:`~ps_server.rpc.tls.TLSConfig` (None: the FLEET_PS_TLS_* variables).
+        ``reconnect_s``: how long an idempotent call keeps trying a server that is UNAVAILABLE
+        after its ``retries`` (None: FLEET_PS_RECONNECT_S, else 0 = no longer than the retries)."""
         eps = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
         eps = [e.strip() for e in eps if e.strip()]
         if not eps:
@@ -136,7 +150,19 @@ class RpcClient:
             raise ConfigError(f"must be > 0, got {timeout_s!r}", key="timeout_s")
         if not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"must be an integer >= 0, got {retries!r}", key="retries")
-        options = grpc_message_options(max_message_mb)
+        if reconnect_s is None:
+            raw = os.environ.get(RECONNECT_ENV) or "0"
+            try:
+                reconnect_s = float(raw)
+            except ValueError:
+                raise ConfigError(f"must be a number of seconds >= 0, got {raw!r}", key=RECONNECT_ENV) from None
+        if not reconnect_s >= 0:
+            raise ConfigError(f"must be a number of seconds >= 0, got {reconnect_s!r}", key="reconnect_s")
+        self.reconnect_s = float(reconnect_s)
+        options = grpc_message_options(max_message_mb) + [
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", int(MAX_BACKOFF_S * 1000)),
+        ]
         token = resolve_token(token)
         self._metadata: tuple[tuple[str, str], ...] | None = (
             ((METADATA_KEY, token),) if token is not None else None
@@ -193,7 +219,7 @@ class RpcClient:
             try:
                 results[i] = fut.result()
             except grpc.RpcError as err:
-                if idempotent and err.code() in RETRYABLE and self.retries:
+                if idempotent and err.code() in RETRYABLE and (self.retries or self.reconnect_s):
                     try:
                         results[i] = self._retry(call, timeout, err)
                         continue
@@ -205,26 +231,36 @@ class RpcClient:
         return results
 
     def _retry(self, call: Call, timeout: float, err: grpc.RpcError) -> Any:
+        """Try ``call`` again: ``retries`` times, then while the server is UNAVAILABLE and
+        ``reconnect_s`` has not passed since now; raise the last error."""
         method = self._methods[call.server][call.method]
-        for attempt in range(1, self.retries + 1):
-            delay = self.backoff_s * 2 ** (attempt - 1)
+        deadline = time.monotonic() + self.reconnect_s
+        attempt = 0
+        while True:
+            attempt += 1
+            left = deadline - time.monotonic()
+            reconnecting = attempt > self.retries
+            if reconnecting and (err.code() is not grpc.StatusCode.UNAVAILABLE or left <= 0):
+                raise err
+            delay = min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
+            if reconnecting:
+                delay = min(delay, left)
             logger.warning(
-                "%s on %s: %s; retry %d/%d in %.1fs",
+                "%s on %s: %s; %s in %.1fs",
                 call.method,
                 self.endpoints[call.server],
                 err.code().name,
-                attempt,
-                self.retries,
+                f"waiting for it to return ({left:.0f}s left)" if reconnecting
+                else f"retry {attempt}/{self.retries}",
                 delay,
             )
             time.sleep(delay)
             try:
                 return method(call.request, timeout=timeout, metadata=self._metadata)
             except grpc.RpcError as again:
-                if again.code() not in RETRYABLE or attempt == self.retries:
+                if again.code() not in RETRYABLE:
                     raise
                 err = again
-        raise err  # pragma: no cover - the loop returns or raises
 
     def _all(self, method: str, request: Message, idempotent: bool) -> list[Any]:
         return self._invoke(

@@ -2,7 +2,7 @@
 batch (real 4-rank gloo jobs, tests/scripts/combo_hybrid.py, several cases per job):
 
 * sharding stage 3 (FSDP2) x tensor parallel (sharding 2 x mp 2) and x pipeline (pp 2 x
-  sharding 2);
+  sharding 2, also with an embedding tied between the first and the last stage);
 * AMP O2 (bfloat16 on CPU) x sharding stages 1/2/3, the float32 master weights partitioned
   with the optimizer state;
 * float16 dynamic loss scaling x sharding stage 2 and 3, and x stage 1 under pipeline parallelism, with
@@ -89,10 +89,12 @@ def test_sharding_x_tensor_parallel_combinations_equal_the_dense_model(tmp_path:
 @pytest.mark.timeout(170)
 def test_sharding_x_pipeline_combinations_equal_the_single_process_model(tmp_path: Path
                                                                          ) -> None:
-    recs = _run(tmp_path, "pp", ["s3", "s1_clip", "fp16_s1", "o2_s3"])
+    recs = _run(tmp_path, "pp", ["s3", "s3_tied", "s1_clip", "fp16_s1", "o2_s3"])
     for rank, rec in enumerate(recs):
         stage = rank // 2  # pp is the outer axis: ranks 0, 1 hold stage 0
-        for case in ("s3", "s1_clip"):
+        # s3_tied: an embedding tied between the stages (its gradient summed shard by shard)
+        assert "shared_layers.embed.weight" in rec["s3_tied"]["errs"]
+        for case in ("s3", "s3_tied", "s1_clip"):
             _close(rec[case], TOL)
         s3 = rec["s3"]
         assert s3["model_type"] == "PipelineParallel" and s3["stage_type"] == "FSDPPipelineLayer"

@@ -386,8 +386,9 @@ class ShardedOptimizer(DelegatingOptimizer):
 def apply_fsdp(model: torch.nn.Module, mesh: Any, offload: bool,
                param_dtype: torch.dtype | None = None, reshard_after_forward: bool = True
                ) -> torch.nn.Module:
-    """Stage 3: FSDP2 ``fully_shard`` on every direct child that holds parameters, then on the
-    root (one all-gather per child in forward, reshard after; the root picks up the rest).
+    """Stage 3: FSDP2 ``fully_shard`` on every direct child that holds parameters (the modules
+    inside a ``ModuleList`` child; see :func:`_shard_units`), then on the root (one all-gather per unit in
+    forward, reshard after; the root picks up the rest).
 
     ``mesh``: 1-D over the sharding group, or 2-D ``(dp, sharding)`` for HSDP (replicate over
     ``dp``, shard over ``sharding``). The parameters may be tensor-parallel shards (fleet's TP
@@ -423,10 +424,9 @@ def apply_fsdp(model: torch.nn.Module, mesh: Any, offload: bool,
              for name, p in model.named_parameters()}
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32
                                      if param_dtype is not None else None)
-    for child in model.children():
-        if any(True for _ in child.parameters()):
-            fully_shard(child, mesh=mesh, offload_policy=policy, mp_policy=mp_policy,
-                        reshard_after_forward=reshard_after_forward)
+    for child in _shard_units(model):
+        fully_shard(child, mesh=mesh, offload_policy=policy, mp_policy=mp_policy,
+                    reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, offload_policy=policy, mp_policy=mp_policy,
                 reshard_after_forward=reshard_after_forward)
     for name, p in model.named_parameters():
@@ -436,6 +436,23 @@ def apply_fsdp(model: torch.nn.Module, mesh: Any, offload: bool,
 
 
 _TP_MARKS = ("is_distributed", "split_axis", "fleet_name")
+
+
+def _shard_units(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The direct children holding parameters, looking through an ``nn.ModuleList`` (a
+    container without a forward, which fully_shard refuses: a GPT's ``layers``) to the modules
+    in it. An ``nn.ModuleDict``'s modules stay in the root's unit: they are looked up by key and
+    may be used without their forward (a PipelineLayer's ``shared_layers``: the unembedding
+    reads the tied embedding's weight), which only the root's all-gather covers."""
+    units: list[torch.nn.Module] = []
+    for child in module.children():
+        if isinstance(child, torch.nn.ModuleList):
+            units += _shard_units(child)
+        elif isinstance(child, torch.nn.ModuleDict):
+            continue
+        elif any(True for _ in child.parameters()):
+            units.append(child)
+    return units
 
 
 __all__ = [

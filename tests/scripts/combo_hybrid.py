@@ -10,7 +10,7 @@ the TP layers) with a global-norm clip, ``s1_clip`` / ``s2_clip`` stage 1/2 with
 stage 2 / 3 and an overflow on one replica (the scaler not made distributed: sharding agrees on
 inf/nan itself).
 ``--layout pp`` (world 4, pp 2 x sharding 2, a 2-stage PipelineLayer): ``s3`` stage 3 (FSDP2 over
-each stage), ``s1_clip`` stage 1 with the clip, ``fp16_s1`` float16 loss scaling with stage 1 and
+each stage), ``s3_tied`` the same with an embedding tied between the first and the last stage, ``s1_clip`` stage 1 with the clip, ``fp16_s1`` float16 loss scaling with stage 1 and
 an overflow on one replica, ``o2_s3`` AMP O2 with stage 3.
 
 float32 cases must match to 1e-5; float16/bfloat16 ones to their precision (the test says).
@@ -35,10 +35,10 @@ from fleet.checkpoint import load_checkpoint, save_checkpoint
 from fleet.meta_optimizers.amp import GradScaler, MasterWeightOptimizer, autocast
 from fleet.meta_optimizers.sharding import ShardedOptimizer
 from fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear
-from fleet.meta_parallel.pipeline_layer import LayerDesc, PipelineLayer
+from fleet.meta_parallel.pipeline_layer import LayerDesc, PipelineLayer, SharedLayerDesc
 from fleet.strategy.configs import AmpConfig
 
-IN, HIDDEN, OUT, STEPS, PER = 8, 16, 8, 3, 4
+IN, HIDDEN, OUT, STEPS, PER, VOCAB = 8, 16, 8, 3, 4, 12
 CLIP = 0.05
 FP16_AMP = {"dtype": "float16", "init_loss_scaling": 1024.0, "decr_ratio": 0.5,
             "decr_every_n_nan_or_inf": 1, "incr_every_n_steps": 2}
@@ -221,15 +221,33 @@ def case_tp(args: argparse.Namespace, case: str) -> dict[str, Any]:
     return rec
 
 
+def unembed(embedding: nn.Embedding, h: torch.Tensor) -> torch.Tensor:
+    return h @ embedding.weight.t()
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def pp_model(case: str) -> tuple[list[Any], Any]:
+    if case == "s3_tied":  # a tied embedding on the first and the last stage
+        return [SharedLayerDesc("embed", nn.Embedding, None, "weight", VOCAB, HIDDEN),
+                LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
+                LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
+                SharedLayerDesc("embed", nn.Embedding, unembed, "weight", VOCAB, HIDDEN)
+                ], token_loss
+    return [LayerDesc(nn.Linear, IN, HIDDEN), LayerDesc(nn.Tanh),
+            LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
+            LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
+            LayerDesc(nn.Linear, HIDDEN, OUT)], nn.functional.mse_loss
+
+
 def case_pp(args: argparse.Namespace, case: str) -> dict[str, Any]:
     hcg = get_runtime("test").hcg
-    descs = [LayerDesc(nn.Linear, IN, HIDDEN), LayerDesc(nn.Tanh),
-             LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
-             LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
-             LayerDesc(nn.Linear, HIDDEN, OUT)]
+    descs, loss_fn = pp_model(case)
     torch.manual_seed(7)
-    dense = PipelineLayer(descs, num_stages=1, stage_id=0, loss_fn=nn.MSELoss())
-    pipe = PipelineLayer(descs, topology=hcg.topology(), loss_fn=nn.MSELoss())
+    dense = PipelineLayer(descs, num_stages=1, stage_id=0, loss_fn=loss_fn)
+    pipe = PipelineLayer(descs, topology=hcg.topology(), loss_fn=loss_fn)
     pipe.load_state_dict({k: v for k, v in dense.state_dict().items() if k in pipe.state_dict()})
     names = dict(pipe.named_parameters())
     ref = Reference(case, dense)
@@ -246,13 +264,15 @@ def case_pp(args: argparse.Namespace, case: str) -> dict[str, Any]:
                            "stage_type": type(pipe).__name__}
     for step in range(STEPS):
         x, y = batch(step, n * count, overflow)
+        if case == "s3_tied":  # token ids and next-token labels
+            x, y = (x.abs() * 7).long() % VOCAB, (y.abs() * 7).long() % VOCAB
         model.train_batch([x[rows], y[rows]], opt, scaler=scaler)
         if scaler is not None:
             rec["scales"].append(scaler.get_scale())
         clip = getattr(opt, "grad_clip", None)
         if clip is not None and clip.last_norm is not None:
             rec["norms"].append(float(clip.last_norm))
-        ref.step(x, y, nn.functional.mse_loss)
+        ref.step(x, y, loss_fn)
     rec["ref_norms"], rec["ref_skipped"], rec["ref_scales"] = ref.norms, ref.skipped, ref.scales
     ref_state = dense.state_dict()
     if args.ckpt and case == "s3":

@@ -43,6 +43,10 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dp_step_worke
 EXAMPLE = os.path.join(REPO, "examples", "dp", "train.py")
 NPROC = 2
 WARMUP = 4
+METRICS: list[str] = []
+"""Extra fleetrun flags; ``--no_metrics`` (this script's flag) turns the trainers' /metrics
+endpoints off: on a machine crowded with other jobs the port fleetrun picked for one was
+sometimes taken before the trainer bound it (the job fails, the run is lost)."""
 
 
 def job(impl: str, comm: str, args: argparse.Namespace, log_dir: str, count: int = 0
@@ -52,7 +56,8 @@ def job(impl: str, comm: str, args: argparse.Namespace, log_dir: str, count: int
              "--width", str(args.width), "--in_features", str(args.width),
              "--count_steps", str(count)]
     if impl == "fleet":
-        cmd = fleetrun_cmd("--nproc_per_node", str(NPROC), "--log_dir", log_dir, WORKER, *wargs)
+        cmd = fleetrun_cmd("--nproc_per_node", str(NPROC), "--log_dir", log_dir, *METRICS,
+                           WORKER, *wargs)
     else:
         cmd = torchrun_cmd("--nproc_per_node", str(NPROC), "--master_port", str(find_free_port()),
                            WORKER, *wargs)
@@ -92,7 +97,8 @@ def example_losses(strategy: dict[str, Any], steps: int, log_dir: str
     path = os.path.join(log_dir, f"strategy_{len(os.listdir(log_dir))}.yaml")
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(strategy, f)
-    out = run_checked(fleetrun_cmd("--nproc_per_node", str(NPROC), "--log_dir", log_dir, EXAMPLE,
+    out = run_checked(fleetrun_cmd("--nproc_per_node", str(NPROC), "--log_dir", log_dir, *METRICS,
+                                   EXAMPLE,
                                    "--steps", str(steps), "--log_every", "25",
                                    "--strategy", path)).stdout
     return [(int(s), float(v)) for s, v in
@@ -107,7 +113,11 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024, help="MLP width (and input features)")
     ap.add_argument("--example_steps", type=int, default=300)
     ap.add_argument("--json")
+    ap.add_argument("--no_metrics", action="store_true",
+                    help="fleetrun --no_metrics for every fleet job (see METRICS)")
     args = ap.parse_args()
+    if args.no_metrics:
+        METRICS.append("--no_metrics")
     rows: list[tuple[str, Stats, Stats, str]] = []
     extra: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:

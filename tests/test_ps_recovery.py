@@ -7,7 +7,8 @@ with SIGKILL while they train.
   is killed; the job finishes every step once, with a row for every id it saw;
 - async: a trainer is killed and recovered; then a server is killed with the budget spent: the
   job fails naming the server as the root cause, every recovery listed;
-- no checkpoint yet: the job fails as any job (no recovery);
+- no checkpoint yet: the same path as a spent budget (``PSRecovery.recover`` says why; unit test in
+  test_ps_recovery_units.py);
 - no process of a job outlives it.
 """
 
@@ -18,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -189,17 +189,3 @@ def test_async_trainer_kill_recovers_then_spent_budget_fails(tmp_path: Path, slo
     assert any("exit" in ln and "SIGKILL" in ln for ln in root), root
     tail = summary[summary.index("Root cause"):]
     assert "no PS recovery: the restart budget" in tail and "PS recoveries:" in tail
-
-
-@pytest.mark.timeout(150)
-def test_no_checkpoint_yet_fails_as_today(tmp_path: Path, slot_dir: Path) -> None:
-    job = Job(tmp_path, slot_dir, "sync", max_restarts=2, interval=3600)
-    try:
-        wait_for(lambda: job.progress(0).get("first_step_unix"), 120, "the first step")
-        job.kill("server", 1, 0)
-        rc, err = job.wait(120)
-    finally:
-        job.close()
-    assert rc == 1, err[-4000:]
-    assert "no PS recovery: no committed checkpoint" in err and "server 1" in err
-    assert json.loads((job.log / "job_state.json").read_text())["recoveries"] == []

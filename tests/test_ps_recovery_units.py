@@ -168,3 +168,23 @@ def test_client_waits_for_a_server_restarted_on_its_endpoint() -> None:
         patient.close()
         hasty.close()
         second.stop()
+
+
+@pytest.mark.timeout(30)
+def test_no_recovery_without_a_checkpoint_or_budget(tmp_path: Path) -> None:
+    spec = build_spec({**PS, "ps_checkpoint": {"dir": str(tmp_path / "ck")}, "log_dir": str(tmp_path / "log")})
+    rec = make_recovery(spec)
+    assert rec is not None
+    got = rec.recover(0, "server 1 signal SIGKILL (9)", "server", budget_left=True)
+    assert isinstance(got, str) and got.startswith("no PS recovery: no committed checkpoint")
+    (tmp_path / "ck" / "ckpt-000007").mkdir(parents=True)
+    (tmp_path / "ck" / "ckpt-000007" / "checkpoint.json").write_text("{}")
+    got = rec.recover(0, "server 1 signal SIGKILL (9)", "server", budget_left=False)
+    assert isinstance(got, str) and "budget" in got
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "ps_progress.0.json").write_text('{"rank": 0, "attempt": 0, "step": 19}')
+    got = rec.recover(0, "server 1 signal SIGKILL (9)", "server", budget_left=True)
+    assert not isinstance(got, str) and got.redone == 12
+    assert got.text() == ("recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9) at step ~19; "
+                          "restored ckpt-000007 (step 7); ~12 steps redone")
+    assert rec.finish(1).startswith("PS recoveries:\n  recovery 1")

@@ -271,6 +271,19 @@ def save_cache_model(dirname: str, mode: int = 0, *, min_show: int = 1,
                                   model=model)
 
 
+def _lookahead(dataset: Iterable[Mapping[str, Any]],
+               prefetch: Callable[[Mapping[str, Any]], None]) -> Iterable[Mapping[str, Any]]:
+    """``dataset``'s batches, each yielded after ``prefetch`` saw the one after it."""
+    it = iter(dataset)
+    current = next(it, None)
+    while current is not None:
+        following = next(it, None)
+        if following is not None:
+            prefetch(following)
+        yield current
+        current = following
+
+
 class StreamingTrainer:
     """The day/pass loop of the module docstring for one model (see :func:`train_days`)."""
 
@@ -283,14 +296,18 @@ class StreamingTrainer:
         config: StreamingConfig,
         *,
         on_pass: Callable[[PassResult], None] | None = None,
+        prefetch: Callable[[Mapping[str, Any]], None] | None = None,
         out: TextIO | None = None,
     ) -> None:
         """``make_dataset(files)``: a dataset over this trainer's files of one pass, ready to
         iterate (loaded, for an InMemoryDataset); it is iterated twice with progressive
-        validation. ``on_pass``: called on every trainer after each pass. ``out``: where the
+        validation. ``on_pass``: called on every trainer after each pass. ``prefetch``: called
+        with the next training batch before the current one trains (e.g. ``lambda b:
+        emb.prefetch(ids of b)``: async modes pull its rows during this step). ``out``: where the
         per-pass lines go (default stderr on trainer 0)."""
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.make_dataset, self.config, self.on_pass = make_dataset, config, on_pass
+        self.prefetch = prefetch
         self.out = out if out is not None else (sys.stderr if _is_rank0() else None)
         self.checkpoint_dir = config.checkpoint_dir
         if getattr(ps_runtime._require("train_days()"), "auto_checkpoint", None) is not None:
@@ -340,7 +357,8 @@ class StreamingTrainer:
         mine = get_file_shard(files)
         dataset: Iterable[Mapping[str, Any]] = self.make_dataset(mine) if mine else []
         pv_auc = self.evaluate(dataset) if cfg.progressive_validation else math.nan
-        stats = train_from_dataset(self.model, self.optimizer, dataset, self.loss_fn,
+        batches = dataset if self.prefetch is None else _lookahead(dataset, self.prefetch)
+        stats = train_from_dataset(self.model, self.optimizer, batches, self.loss_fn,
                                    label=cfg.label, print_period=cfg.print_period, out=self.out)
         release = getattr(dataset, "release_memory", None)
         if release is not None:

@@ -59,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also a job checkpoint (fleet.ps.checkpoint) after every save")
     p.add_argument("--max_passes", type=int, default=None, help="stop after this many passes")
     p.add_argument("--print_period", type=int, default=100)
+    p.add_argument("--prefetch", type=int, default=1,
+                   help="async: pull the next batch's rows during this step (1) or not (0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="rank 0 appends one JSON line per pass here")
     return p.parse_args(argv)
@@ -146,8 +148,12 @@ def main(argv: list[str] | None = None) -> None:
             with open(args.json, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def prefetch(batch: Mapping[str, Any]) -> None:  # the next batch's rows during this step
+        emb.prefetch([batch[name] for name in SPARSE_SLOTS])
+
     trainer = fleet.StreamingTrainer(model, opt, bce_loss, make_dataset_factory(args), config,
-                                     on_pass=on_pass)
+                                     on_pass=on_pass,
+                                     prefetch=prefetch if args.prefetch and args.mode == "async" else None)
     trainer.run()
     fleet.stop_worker()
 

@@ -2,7 +2,8 @@
 #17 goal): the same stream of slot files, the same model, 1 server + 1 trainer, async.
 
 * **fleetrun:** ``fleetrun --server_num 1 --worker_num 1 examples/ctr/online.py`` —
-  ``fleet.train_days`` over ``fleet.data`` InMemoryDatasets;
+  ``fleet.train_days`` over ``fleet.data`` InMemoryDatasets, the next batch's rows prefetched
+  during each step (``--prefetch 1``, the example's default);
 * **Paddle:** ``python -m paddle.distributed.launch --server_num 1 --trainer_num 1
   bench/bench_ps_paddle_worker.py`` under ``bench/.venv-paddle26`` (``bench/setup_paddle26_venv.sh``;
   the 3.x wheels have no PS core) — ``exe.train_from_dataset`` over Paddle's InMemoryDataset.

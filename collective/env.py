@@ -11,6 +11,7 @@ This module imports only the standard library: the launcher imports it at CLI st
 from __future__ import annotations
 
 import os
+import random
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -507,9 +508,35 @@ def make_ps_trainer_env(
     return env
 
 
+def _ephemeral_range_start() -> int:
+    """First port of the kernel's ephemeral range (outgoing connections take ports from it)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind to port 0, read it, close)."""
+    """A TCP port that was free on ``host`` a moment ago.
+
+    Picked at random from the 10000 ports below the kernel's ephemeral range where one is free
+    (at most 64 tries), else by binding port 0: a port of the ephemeral range can be taken by any
+    outgoing connection on the machine before the process it is meant for binds it (seen on a
+    busy machine: a PS trainer binding its gloo store after ~15 s of imports found its port in
+    use). System randomness, so seeded ``random`` in scripts cannot make processes pick alike."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    top = _ephemeral_range_start()
+    low = max(1024, top - 10000)
+    pick = random.SystemRandom()
+    for _ in range(64 if top - low >= 1000 else 0):
+        port = pick.randrange(low, top)
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -188,3 +188,18 @@ def test_no_recovery_without_a_checkpoint_or_budget(tmp_path: Path) -> None:
     assert got.text() == ("recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9) at step ~19; "
                           "restored ckpt-000007 (step 7); ~12 steps redone")
     assert rec.finish(1).startswith("PS recoveries:\n  recovery 1")
+
+
+@pytest.mark.timeout(30)
+def test_free_ports_come_from_below_the_ephemeral_range() -> None:
+    import socket
+
+    from collective.env import _ephemeral_range_start, find_free_port
+
+    top = _ephemeral_range_start()
+    ports = {find_free_port() for _ in range(20)}
+    assert len(ports) > 10
+    for port in ports:
+        assert top - 10000 <= port < top or top - 10000 < 1024
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

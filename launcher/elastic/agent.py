@@ -237,8 +237,9 @@ class ElasticAgent:
                 raise RendezvousError(self._store_lost)
             if not failures and remote is None:
                 self._exit_barrier(members)
-                logger.info("job '%s' succeeded (%d restart(s) used, %d membership change(s))",
-                            spec.name, restarts, len(self.changes))
+                logger.info("job '%s' succeeded (%d restart(s) used, %d membership change(s))%s",
+                            spec.name, restarts, len(self.changes),
+                            "\n" + format_membership(self.changes) if self.changes else "")
                 monitor.finished(JobState.SUCCEEDED)
                 return 0
             if not failures:  # a node waits to join (or we were dropped): re-form, no restart spent

@@ -53,6 +53,11 @@ STORE_HOST_LINGER_S = 10.0
 """After success, how long the agent hosting the c10d store waits for the others to leave."""
 
 
+class JobEndedWhileWaiting(Exception):
+    """torch's RendezvousGracefulExitError: this agent waited as a spare (the job had MAX nodes)
+    and the job closed its rendezvous meanwhile."""
+
+
 class ElasticAgent:
     """Runs this node's share of an elastic job to the end; :meth:`run` returns the exit code."""
 
@@ -74,16 +79,22 @@ class ElasticAgent:
 
     # -- rounds -----------------------------------------------------------------------------------
     def _next_round(self, round_no: int) -> Membership:
-        from torch.distributed.elastic.rendezvous.api import (  # lazy: elastic agents only
+        from torch.distributed.elastic.rendezvous import api  # lazy: elastic agents only
+        from torch.distributed.elastic.rendezvous.api import (
             RendezvousClosedError,
             RendezvousConnectionError,
             RendezvousTimeoutError,
         )
+        from torch.distributed.elastic.rendezvous.api import RendezvousError as TorchRendezvousError
+
+        graceful_exit = getattr(api, "RendezvousGracefulExitError", ())  # torch >= 2.5
 
         e, timeout_s = self.spec.elastic, self.spec.rendezvous.timeout_s
         t0 = time.monotonic()
         try:
             info = self.handler.next_rendezvous()
+        except graceful_exit:  # waited beyond MAX nodes; the job ended meanwhile
+            raise JobEndedWhileWaiting() from None
         except RendezvousClosedError:
             raise RendezvousError(
                 f"the rendezvous {self.run_id!r} at {self.where} is closed: another agent of this "
@@ -97,6 +108,9 @@ class ElasticAgent:
                 "MIN in --nnodes MIN:MAX") from None
         except RendezvousConnectionError as err:
             raise RendezvousError(self._lost_store_text(err)) from None
+        except TorchRendezvousError as err:
+            raise RendezvousError(f"rendezvous {self.run_id!r} at {self.where} failed: "
+                                  f"{type(err).__name__}: {err}") from None
         if isinstance(info, tuple):  # torch < 2.4: (store, rank, world_size)
             store, group_rank, group_world_size = info
         else:
@@ -119,6 +133,12 @@ class ElasticAgent:
         return members
 
     def _lost_store_text(self, err: BaseException) -> str:
+        if self.members is None:
+            return (f"lost the c10d rendezvous store at {self.where} before this agent joined a "
+                    f"round: the agent hosting it exited ({err}). The job may have ended while "
+                    f"this agent waited (it waits as a spare when the job already has MAX="
+                    f"{self.spec.elastic.max_nodes} nodes); --rdzv_backend etcd keeps the "
+                    "rendezvous beyond any agent")
         host = self.members.store_host() if self.members else None
         who = (f"hosted by the agent {host}" if host and host != self.node_id
                else "hosted by the first agent on the endpoint's host")
@@ -193,6 +213,11 @@ class ElasticAgent:
         status.start()
         try:
             return self._run(monitor)
+        except JobEndedWhileWaiting:
+            logger.info("job '%s' ended while this agent waited to join (it already had %d "
+                        "node(s), the maximum); nothing ran here", spec.name, spec.elastic.max_nodes)
+            monitor.finished(JobState.SUCCEEDED)
+            return 0
         except Interrupted as sig:  # leaving by a signal keeps the rendezvous open (as torchrun)
             monitor.finished(JobState.STOPPED, f"fleetrun got {sig}; this node's processes were stopped")
             raise

@@ -434,24 +434,26 @@ class StreamingTrainer:
     def _restore(self, records: list[DoneRecord]) -> None:
         """Rebuild the model of the donefile's last record on the (fresh) servers."""
         start = 0
+        source = "fresh tables"
         if self.checkpoint_dir:
             latest = recovery.load_latest(self.checkpoint_dir)
             if latest.chosen is not None:
                 state = latest.chosen.trainer_states.get(0) or latest.chosen.trainer_states.get("0")
                 count = int(state["records"]) if isinstance(state, dict) else 0
                 if 0 < count <= len(records):
-                    start = count
+                    start, source = count, f"job checkpoint {latest.chosen.name}"
         last_base = max((i for i, r in enumerate(records) if r.kind == "base"), default=-1)
         if last_base + 1 > start:  # a base newer than the checkpoint replaces everything
             start = last_base + 1
             if last_base >= 0:
                 load_model(records[last_base].path, mode=0)
+                source = f"base {records[last_base].path}"
         for r in records[start:]:
             load_model(r.path, mode=1)
         last = records[-1]
         if self.out is not None:
-            self.out.write(f"[online] resumed after day {last.day} pass {last.pass_id} "
-                           f"({last.kind} {last.path}; {len(records) - start} delta(s) replayed)\n")
+            self.out.write(f"[online] resumed after day {last.day} pass {last.pass_id}: from "
+                           f"{source}, {len(records) - start} delta(s) replayed\n")
             self.out.flush()
 
 

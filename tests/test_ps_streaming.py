@@ -95,7 +95,8 @@ def test_day_pass_stream_deltas_bases_resume(tmp_path: Path) -> None:
     assert [(r["day"], r["pass"]) for r in a] == [(DAYS[0], "00"), (DAYS[0], "01"), (DAYS[1], "00")], out_a
     out_b, b = _job(tmp_path, "b")
     assert [(r["day"], r["pass"]) for r in b] == [(DAYS[1], "01")], out_b  # nothing retrained
-    assert f"resumed after day {DAYS[1]} pass 00" in out_b, out_b[-3000:]
+    assert (f"resumed after day {DAYS[1]} pass 00: from base model/{DAYS[0]}/base, "
+            "1 delta(s) replayed") in out_b, out_b[-3000:]
 
     model = tmp_path / "model"
     done = [line.split("\t") for line in (model / "donefile.txt").read_text().splitlines()]

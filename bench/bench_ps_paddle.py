@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,14 +63,29 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--data_dir", default="", help="reuse/keep the stream here (default: a temp dir)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per job")
     p.add_argument("--json", default="", help="write the results here too")
+    p.add_argument("--keep_work", action="store_true", help="keep the runs' models and logs")
     return p.parse_args()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``, its process group and every descendant: Paddle's launcher starts its
+    server and trainer in sessions of their own, so the group alone leaves them running."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for child in family:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=30)
     proc.wait(timeout=30)
 
 
@@ -157,6 +173,14 @@ def main() -> None:
         write_day_pass_files(data, spec, days, args.passes)
         with open(marker, "w") as f:
             json.dump(want, f)
+    try:
+        run_all(args, tmp, data, days)
+    finally:
+        if not args.keep_work:  # the runs' models and logs (~1 GB per run at the defaults)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_all(args: argparse.Namespace, tmp: str, data: str, days: list[str]) -> None:
     ours_runs, paddle_runs = [], []
     uptime = []
     for rep in range(args.reps):

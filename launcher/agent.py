@@ -21,6 +21,7 @@ import secrets
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
@@ -37,9 +38,9 @@ from collective.env import (
     usable_cpus,
 )
 from collective.errors import ConfigError, LaunchError, RendezvousError
-from launcher.attempt import SERVER, TRAINER, ProcSpec, start_all, watch
+from launcher.attempt import SERVER, TRAINER, ProcSpec, Running, start_all, watch
 from launcher.console import StatusConsole
-from launcher.process import ConsoleWriter, terminate_all
+from launcher.process import ConsoleWriter, WorkerProcess, terminate_all
 from launcher.ps_recovery import make_recovery
 from launcher.rendezvous import NodeInfo, NodeRendezvous
 from launcher.spec import JobSpec, Tee
@@ -425,6 +426,37 @@ class Agent:
             status.stop()
             monitor.close()
 
+    def _restart_alone(self, running: list[Running], failures: list[Failure], remote: str | None,
+                       attempt: int, alone: int, monitor: JobMonitor, argv: list[str]) -> bool:
+        """A PS job in async/GEO mode whose one failure is a server: restart that server alone,
+        on its endpoint, restoring its shards from the newest good checkpoint, while the other
+        servers and the trainers go on (:meth:`PSRecovery.recover_alone`). True when done (the
+        dead server's entry of ``running`` is replaced)."""
+        recovery = getattr(self.plan, "recovery", None)
+        if recovery is None or remote is not None or len(failures) != 1:
+            return False
+        (failed,) = failures
+        budget_left = attempt + alone < self.plan.max_restarts
+        rec = recovery.recover_alone(attempt, f"{_label(failed)} {failed.exit_desc}", failed.role,
+                                     failed.rank, budget_left)
+        if rec is None:
+            return False
+        i = next(i for i, r in enumerate(running) if (r.spec.role, r.spec.rank) == (failed.role, failed.rank))
+        old = running[i].spec
+        new = replace(old, env={**old.env, **recovery.restore_env()})
+        header = (f"==== fleetrun: attempt {attempt}, {new.label} restarted alone, "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
+        try:
+            proc = WorkerProcess(argv, new.env, new.log_path, self.console if new.show else None,
+                                 new.prefix, header, append=True)
+        except OSError as err:
+            raise LaunchError(f"could not restart {new.label}: {err}") from None
+        running[i] = Running(new, proc)
+        monitor.recovered(failed.role, rec.text())
+        logger.warning("%s", rec.text())
+        monitor.attempt_started(attempt, running)
+        return True
+
     def _with_metrics(self, spec: ProcSpec, monitor: JobMonitor) -> ProcSpec:
         port = monitor.metrics_port()
         if not port:
@@ -436,6 +468,7 @@ class Agent:
         argv = worker_argv(spec)
         history: list[str] = []
         attempt = 0
+        alone = 0  # recoveries that restarted one process alone (each spends a restart)
         remote_tick = isinstance(plan, CollectivePlan) and plan.rdzv is not None
         while True:
             specs = [self._with_metrics(s, monitor) for s in plan.specs(attempt)]
@@ -444,15 +477,19 @@ class Agent:
             stopped: list[tuple[str, int]] = []
             failures, remote = [], None
             try:
-                try:
-                    failures, remote = watch(
-                        running, attempt, 0.25 if remote_tick else 3600.0,
-                        (lambda a=attempt: plan.remote_failure(a)) if remote_tick else None,
-                        spec.ps.server_grace_s, monitor.refresh,
-                    )
-                except Interrupted as sig:
-                    plan.report_failure(attempt, f"fleetrun on node {self.node_rank} got {sig}")
-                    raise
+                while True:
+                    try:
+                        failures, remote = watch(
+                            running, attempt, 0.25 if remote_tick else 3600.0,
+                            (lambda a=attempt: plan.remote_failure(a)) if remote_tick else None,
+                            spec.ps.server_grace_s, monitor.refresh,
+                        )
+                    except Interrupted as sig:
+                        plan.report_failure(attempt, f"fleetrun on node {self.node_rank} got {sig}")
+                        raise
+                    if not self._restart_alone(running, failures, remote, attempt, alone, monitor, argv):
+                        break
+                    alone += 1  # a unit of the budget spent; the job goes on in this attempt
                 if failures:
                     first = min(failures, key=lambda f: f.time)
                     plan.report_failure(attempt, f"{_label(first)} {first.exit_desc} {first.message}")
@@ -465,7 +502,7 @@ class Agent:
             failed_ids = [(f.role, f.rank) for f in failures]
             monitor.attempt_failed([cause_of(f.exit_desc) for f in failures]
                                    or ([FailureCause.NODE] if remote is not None else []))
-            decision = decide(bool(failures) or remote is not None, attempt, plan.max_restarts)
+            decision = decide(bool(failures) or remote is not None, attempt + alone, plan.max_restarts)
             recovery = getattr(plan, "recovery", None)
             no_recovery = ""
             if recovery is not None and failures and decision is not Decision.SUCCEED:
@@ -478,7 +515,7 @@ class Agent:
                     monitor.recovered(first.role, got.text())
                     logger.warning("%s", got.text())
             if decision is Decision.SUCCEED:
-                logger.info("job '%s' succeeded (%d restart(s) used)", spec.name, attempt)
+                logger.info("job '%s' succeeded (%d restart(s) used)", spec.name, attempt + alone)
                 if recovery is not None and recovery.recoveries:
                     sys.stderr.write(f"fleetrun: job '{spec.name}' succeeded; "
                                      f"{recovery.finish(attempt)}\n")

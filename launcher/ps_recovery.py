@@ -45,6 +45,15 @@ logger = logging.getLogger(__name__)
 _CKPT = re.compile(r"^ckpt-(\d+)$")
 COMMITTED = "checkpoint.json"
 """The file a job checkpoint's commit writes last (``ps_server.checkpoint.series.TOP_MANIFEST``)."""
+RESTORE_LATEST_ENV = "FLEET_PS_RESTORE_LATEST"
+"""``ps_server.server.RESTORE_LATEST_ENV`` (not imported: numpy)."""
+RECONNECT_ENV = "FLEET_PS_RECONNECT_S"
+"""``ps_server.rpc.rpc_client.RECONNECT_ENV``."""
+RECONNECT_S = 120.0
+"""How long a trainer's calls wait for a server restarted alone (start-up plus restore; the agent
+fails the job sooner if the server dies again with no budget left)."""
+ALONE_MODES = frozenset({"async", "geo"})
+"""Communicator modes in which a dead server is restarted alone."""
 
 
 @dataclass
@@ -63,19 +72,37 @@ class Recovery:
     checkpoint_step: int
     step_at_failure: int | None
     """Trainer steps done when the process died (from the progress files), None if unknown."""
+    alone: str = ""
+    """Set when only the dead process was restarted (async/GEO server death), e.g.
+    ``server 1``; empty: every process of the job was."""
 
     @property
     def redone(self) -> int | None:
-        """Steps trained again (those after the restored checkpoint)."""
+        """Steps trained again (those after the restored checkpoint; none when restarted
+        alone: the trainers went on)."""
         if self.step_at_failure is None:
+            return None
+        return 0 if self.alone else max(0, self.step_at_failure - self.checkpoint_step)
+
+    @property
+    def lost(self) -> int | None:
+        """Steps whose updates to the restarted server's shard are lost (restarted alone)."""
+        if self.step_at_failure is None or not self.alone:
             return None
         return max(0, self.step_at_failure - self.checkpoint_step)
 
     def text(self) -> str:
-        redone = "unknown" if self.redone is None else f"~{self.redone}"
         at = "" if self.step_at_failure is None else f" at step ~{self.step_at_failure}"
+        if self.alone:
+            lost = "unknown" if self.lost is None else f"~{self.lost}"
+            return (f"recovery {self.number} (attempt {self.attempt}, in place): {self.died}{at}; "
+                    f"restarted: {self.alone} only, "
+                    f"restored its shard from {self.checkpoint} (step {self.checkpoint_step}); "
+                    f"work lost: that shard's updates of {lost} steps; 0 steps redone")
+        redone = "unknown" if self.redone is None else f"~{self.redone}"
         return (f"recovery {self.number} (attempt {self.attempt} -> {self.attempt + 1}): {self.died}"
-                f"{at}; restored {self.checkpoint} (step {self.checkpoint_step}); {redone} steps redone")
+                f"{at}; restarted: every process, "
+                f"restored {self.checkpoint} (step {self.checkpoint_step}); {redone} steps redone")
 
 
 def latest_committed(directory: str) -> tuple[str, int] | None:
@@ -117,11 +144,37 @@ class PSRecovery:
         self.dir = os.path.abspath(cfg.dir)
         self.config = PSCheckpointEnv(self.dir, cfg.interval_s, cfg.keep)
         self.log_dir = spec.log_dir
+        self.num_trainers = len(spec.ps.workers) or spec.sizes.worker_num
         self.recoveries: list[Recovery] = []
 
     def trainer_env(self) -> dict[str, str]:
-        """FLEET_PS_CHECKPOINT_* for every trainer."""
-        return ps_checkpoint_env(self.config)
+        """FLEET_PS_CHECKPOINT_* for every trainer, and FLEET_PS_RECONNECT_S: a trainer's calls
+        to a server restarted alone wait for it (:data:`RECONNECT_S`)."""
+        return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S)}
+
+    def restore_env(self) -> dict[str, str]:
+        """The env added to a server restarted alone: it restores its shards from the newest
+        good checkpoint (``ps_server.server.RESTORE_LATEST_ENV``)."""
+        return {RESTORE_LATEST_ENV: self.dir}
+
+    def recover_alone(self, attempt: int, died: str, role: str, rank: int,
+                      budget_left: bool) -> Recovery | None:
+        """After one process of ``attempt`` died (and only one): the :class:`Recovery` that
+        restarts it alone, or None when the whole job must restart instead (or fail). Only a
+        server, only when every trainer of the attempt reports async or GEO mode (its progress
+        file), a committed checkpoint exists and the budget has a unit left."""
+        if role != "server" or not budget_left:
+            return None
+        latest = latest_committed(self.dir)
+        progress = [p for p in read_progress(self.log_dir) if p.get("attempt") == attempt]
+        if latest is None or len(progress) < self.num_trainers:
+            return None
+        if any(p.get("mode") not in ALONE_MODES for p in progress):
+            return None
+        rec = Recovery(len(self.recoveries) + 1, attempt, died, role, latest[0], latest[1],
+                       self._progress_step(attempt), alone=f"server {rank}")
+        self.recoveries.append(rec)
+        return rec
 
     def server_roots(self, roots: str) -> str:
         """The servers' FLEET_PS_CHECKPOINT_ROOT with the checkpoint directory added."""
@@ -174,4 +227,4 @@ def make_recovery(spec: JobSpec) -> PSRecovery | None:
     return PSRecovery(spec)
 
 
-__all__ = ["COMMITTED", "PSRecovery", "Recovery", "latest_committed", "make_recovery", "read_progress"]
+__all__ = ["ALONE_MODES", "COMMITTED", "PSRecovery", "Recovery", "latest_committed", "make_recovery", "read_progress"]

@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         "the CPU count up to 8)",
     )
     add("load", default=None, metavar="DIR", help="load this checkpoint before serving")
+    add("restore_latest", default=None, metavar="ROOT",
+        help="restore this server's shards from the newest good job checkpoint under ROOT, "
+        "falling back past one that does not load (default: FLEET_PS_RESTORE_LATEST; a server "
+        "restarted alone while its job goes on)")
     add("serve", nargs="+", default=None, metavar="DIR",
         help="serve a read-only serving export: a base export, then its deltas in order (pushes "
         "and other changes are refused; unknown keys pull zeros)")
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 threads=args.threads,
                 table_threads=args.table_threads,
                 checkpoint_dir=args.load,
+                restore_latest=args.restore_latest,
                 on_ready=_announce,
                 metrics_port=args.metrics_port,
                 serving_dirs=args.serve,
@@ -154,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 threads=args.threads,
                 table_threads=args.table_threads,
                 checkpoint_dir=args.load,
+                restore_latest=args.restore_latest,
                 on_ready=_announce,
                 metrics_port=args.metrics_port,
                 serving_dirs=args.serve,

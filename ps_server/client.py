@@ -64,7 +64,7 @@ from ps_server.rpc.codec import (
 )
 from ps_server.rpc.proto import ps_pb2
 from ps_server.rpc.rpc_client import RETRYABLE, Call
-from ps_server.rpc.status import PSNotFoundError, PSRpcError
+from ps_server.rpc.status import PSFailedPreconditionError, PSNotFoundError, PSRpcError
 from ps_server.rpc.wire import wire_message
 
 logger = logging.getLogger(__name__)
@@ -268,6 +268,20 @@ class PSClient(CheckpointCalls):
             )
         if not sync and sync_count is not None:
             raise ConfigError(f"is only for mode='sync' (mode is {mode!r})", key="sync_count")
+        stats, lost = self._push_sparse(table, keys, grads, mode, sync_count, None)
+        if lost:  # restarted servers refused segments they no longer know, unread: once more
+            again, _ = self._push_sparse(table, keys, grads, mode, sync_count, lost)
+            stats = {f: stats[f] + again[f] for f in stats}
+        return stats
+
+    def _push_sparse(
+        self, table: str, keys: Any, grads: Any, mode: str, sync_count: int | None,
+        only: set[int] | None,
+    ) -> tuple[dict[str, int], set[int]]:
+        """The push to every server (``only``: to these); returns the summed stats and, for an
+        APPLY/GEO push, the servers that refused its shared-memory segment unread (lost it in a
+        restart; the caller sends their part again)."""
+        sync = mode == "sync"
         config: SparseTableConfig = self._config(table, SparseTableConfig)
         keys = as_keys(table, keys)
         grads = as_rows(table, grads, keys.shape[0], config.dim)
@@ -277,7 +291,7 @@ class PSClient(CheckpointCalls):
         for server, (pos, skeys) in enumerate(self._route(keys, config.num_shards)):
             sgrads = grads if pos is None else take_rows(grads, pos)
             n = skeys.shape[0]
-            if n == 0 and not sync:
+            if (n == 0 and not sync) or (only is not None and server not in only):
                 continue
             seg = self._lease(server, n, config.dim)
             if seg is not None:
@@ -301,14 +315,28 @@ class PSClient(CheckpointCalls):
                     }
                 )
                 (first if more else last).append(Call(server, "PushSparse", request))
+        lost: set[int] = set()
         try:
             replies = self._invoke(first, idempotent=False) if first else []
-            replies += self._invoke(last, idempotent=False)
+            if sync:
+                replies += self._invoke(last, idempotent=False)
+            else:
+                done = self._invoke(last, idempotent=False, reconnect=True, keep_errors=True)
+                for call, reply in zip(last, done):
+                    if isinstance(reply, PSFailedPreconditionError) and "shm:" in reply.details and only is None:
+                        lost.add(call.server)
+                    elif isinstance(reply, BaseException):
+                        raise reply
+                    else:
+                        replies.append(reply)
         finally:
             if segs:
                 self._release(segs, sys.exc_info()[1])
+        if lost and self._shm is not None:
+            for server in lost:
+                self._shm.forget_server(server)
         fields = ("num_keys", "applied", "created", "filtered", "skipped_nonfinite", "evicted")
-        return {f: int(sum(getattr(r, f) for r in replies)) for f in fields}
+        return {f: int(sum(getattr(r, f) for r in replies)) for f in fields}, lost
 
     def shrink(self, table: str, unseen_days: int) -> int:
         """Delete rows unseen for more than ``unseen_days`` days on every server; rows removed."""
@@ -325,12 +353,14 @@ class PSClient(CheckpointCalls):
         config: DenseTableConfig = self._config(table, DenseTableConfig)
         return block_shard(name, config.num_shards) % self.num_servers
 
-    def _upload(self, server: int, method: str, values: np.ndarray, make: Any, idem: bool) -> Any:
-        """Send a flat block in one request or in parts; returns the reply to the last part."""
+    def _upload(self, server: int, method: str, values: np.ndarray, make: Any, idem: bool,
+                reconnect: bool = False) -> Any:
+        """Send a flat block in one request or in parts; returns the reply to the last part
+        (``reconnect``: a one-part block is sent again while its server is UNAVAILABLE)."""
         per = max(1, self._payload_bytes // VALUE_BYTES)
         total = values.shape[0]
         if total <= per:
-            return self._invoke([Call(server, method, make(values, None))], idem)[0]
+            return self._invoke([Call(server, method, make(values, None))], idem, reconnect=reconnect)[0]
         upload_id = uuid.uuid4().hex
         calls = [
             Call(
@@ -407,7 +437,7 @@ class PSClient(CheckpointCalls):
                 upload=upload,
             )
 
-        return bool(self._upload(server, "PushDense", flat, make, False).applied)
+        return bool(self._upload(server, "PushDense", flat, make, False, mode != "sync").applied)
 
     # -- checkpoints, coordination, admin ---------------------------------------------------
     def save(self, directory: str, mode: str = "all") -> list[dict[str, Any]]:

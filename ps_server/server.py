@@ -188,6 +188,34 @@ class PSServer:
         telemetry.CHECKPOINT_SECONDS.labels(op="load").observe(time.perf_counter() - t0)
         return rows
 
+    def restore_latest(self, root: str) -> str | None:
+        """Load this server's shards of the newest good job checkpoint of ``root`` (before
+        ``start()``): a server restarted alone while the other servers and the trainers go on
+        (fleetrun's in-place recovery of async/GEO jobs, :data:`RESTORE_LATEST_ENV`). Newest
+        first, a checkpoint that is not committed or whose manifests are wrong is passed over, as
+        is one whose shards of this server fail to load (CRC, size): the previous one is tried,
+        as ``latest_good`` does. Returns the checkpoint's name, None when ``root`` holds none
+        that loads (the server then starts empty and says so)."""
+        from ps_server.checkpoint.series import list_checkpoints
+
+        for status in list_checkpoints(root):
+            if status.record is None:
+                logger.warning("server %d: checkpoint %s skipped: %s", self.state.server_index,
+                               status.name, status.reason)
+                continue
+            try:
+                rows = self.load_checkpoint(str(status.directory))
+            except PSError as err:
+                logger.warning("server %d: checkpoint %s skipped: %s", self.state.server_index,
+                               status.name, err)
+                continue
+            logger.warning("server %d restored its shards from %s (step %d): %s",
+                           self.state.server_index, status.name, status.step, rows)
+            return status.name
+        logger.warning("server %d: no checkpoint of %s loads; starting empty",
+                       self.state.server_index, root)
+        return None
+
     def serve_export(self, directories: Sequence[str]) -> dict[str, int]:
         """Serve a read-only serving export (before ``start()``): a base export, then its deltas
         in order (``python -m ps_server --serve DIR [DELTA ...]``; the operator's choice, not
@@ -314,6 +342,11 @@ class PSServer:
         self.stop()
 
 
+RESTORE_LATEST_ENV = "FLEET_PS_RESTORE_LATEST"
+"""Set by fleetrun on a server it restarts alone (async/GEO in-place recovery): the job's
+checkpoint directory, whose newest good checkpoint the server restores its shards from."""
+
+
 def serve(
     host: str = "127.0.0.1",
     port: int = 0,
@@ -326,13 +359,16 @@ def serve(
     metrics_port: int | None = None,
     table_threads: int | None = None,
     serving_dirs: Sequence[str] | None = None,
+    restore_latest: str | None = None,
     **security: Any,
 ) -> None:
     """Run one server until a Stop RPC or SIGTERM/SIGINT (graceful either way), then return.
 
     ``checkpoint_dir`` loads a checkpoint before serving, ``serving_dirs`` serves a read-only
     serving export (a base, then its deltas; :meth:`PSServer.serve_export`) — paths of the
-    caller's, not confined to the checkpoint roots; ``on_ready(server)`` is called once it listens (``python -m
+    caller's, not confined to the checkpoint roots; ``restore_latest`` (default
+    FLEET_PS_RESTORE_LATEST) restores this server's shards from the newest good job checkpoint
+    of that directory (:meth:`PSServer.restore_latest`); ``on_ready(server)`` is called once it listens (``python -m
     ps_server`` prints the endpoint there). ``metrics_port``, ``table_threads`` and
     ``security`` (``token``, ``insecure``, ``tls``, ``checkpoint_root``): as :class:`PSServer`'s.
     Signal handlers are installed only when called from the main thread.
@@ -343,6 +379,9 @@ def serve(
         raise ConfigError("give a checkpoint to load or an export to serve, not both", key="serve")
     if checkpoint_dir:
         server.load_checkpoint(checkpoint_dir)
+    restore = restore_latest or os.environ.get(RESTORE_LATEST_ENV)
+    if restore and not checkpoint_dir and not serving_dirs:
+        server.restore_latest(restore)
     if serving_dirs:
         server.serve_export(serving_dirs)
     server.start()
@@ -391,6 +430,7 @@ def serve_from_env(**kwargs: Any) -> None:
 __all__ = [
     "DEFAULT_MAX_MESSAGE_MB",
     "DEFAULT_THREADS",
+    "RESTORE_LATEST_ENV",
     "PSServer",
     "default_table_threads",
     "grpc_message_options",

@@ -44,13 +44,13 @@ class Job:
     """One fleetrun of the CTR example, its output in files (a pipe could fill and block it)."""
 
     def __init__(self, tmp: Path, data: Path, mode: str, max_restarts: int, interval: float,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), keep: int = 2) -> None:
         self.log, self.ckpt = tmp / "log", tmp / "ckpt"
         self.out, self.err = tmp / "stdout.txt", tmp / "stderr.txt"
         self.pids: set[int] = set()
         args = ["--server_num", "2", "--worker_num", "2", "--log_dir", str(self.log),
                 "--ps_checkpoint_dir", str(self.ckpt), "--ps_checkpoint_interval", str(interval),
-                "--ps_checkpoint_keep", "2", "--max_restarts", str(max_restarts), "--tee", "none",
+                "--ps_checkpoint_keep", str(keep), "--max_restarts", str(max_restarts), "--tee", "none",
                 "--grace_period", "2",
                 "examples/ctr/train_ps.py", "--data_dir", str(data), "--test", str(TEST),
                 "--batch_size", str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", mode,

@@ -32,9 +32,8 @@ def test_bad_ps_checkpoint_values_are_named(section: dict, key: str) -> None:
 def test_ps_checkpoint_needs_ps_mode_on_the_local_scheduler() -> None:
     with pytest.raises(ConfigError, match="ps_checkpoint.dir"):
         build_spec({"ps_checkpoint": {"dir": "ck"}})
-    for scheduler in ("ray", "k8s"):
-        with pytest.raises(ConfigError, match="local scheduler only, not yet"):
-            build_spec({**PS, "scheduler": scheduler, "ps_checkpoint": {"dir": "ck"}})
+    with pytest.raises(ConfigError, match="local and k8s schedulers only, not yet"):
+        build_spec({**PS, "scheduler": "ray", "ps_checkpoint": {"dir": "ck"}})
 
 
 @pytest.mark.timeout(30)
@@ -186,7 +185,7 @@ def test_no_recovery_without_a_checkpoint_or_budget(tmp_path: Path) -> None:
     got = rec.recover(0, "server 1 signal SIGKILL (9)", "server", budget_left=True)
     assert not isinstance(got, str) and got.redone == 12
     assert got.text() == ("recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9) at step ~19; "
-                          "restored ckpt-000007 (step 7); ~12 steps redone")
+                          "restarted: every process, restored ckpt-000007 (step 7); ~12 steps redone")
     assert rec.finish(1).startswith("PS recoveries:\n  recovery 1")
 
 
@@ -203,3 +202,87 @@ def test_free_ports_come_from_below_the_ephemeral_range() -> None:
         assert top - 10000 <= port < top or top - 10000 < 1024
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.timeout(60)
+def test_server_restarted_alone_restores_its_shard_and_pushes_wait_for_it(tmp_path: Path) -> None:
+    """A server restarted on its endpoint restores the newest checkpoint whose part loads
+    (ckpt 2's shard is corrupt: ckpt 1), and a client's APPLY push waits for it, re-establishes
+    shared memory (the new server does not know the old segment) and applies exactly once."""
+    import threading
+
+    import numpy as np
+
+    from ps_server import PSClient, PSServer
+    from ps_server.checkpoint.manifest import shard_path
+
+    root = str(tmp_path / "ck")
+    first = PSServer(host="127.0.0.1", port=0, checkpoint_root=str(tmp_path))
+    port = first.start()
+    client = PSClient([f"127.0.0.1:{port}"], token=None, retries=0, reconnect_s=30, timeout_s=10,
+                      shm=True)
+    second = PSServer(host="127.0.0.1", port=port, checkpoint_root=str(tmp_path))
+    keys = np.arange(40_000, dtype=np.int64)  # 40000 x 4 floats: over the shm threshold
+    grads = np.ones((keys.size, 4), dtype=np.float32)
+    restored: list[str | None] = []
+
+    def restart() -> None:
+        time.sleep(1.0)
+        restored.append(second.restore_latest(root))
+        second.start()
+
+    thread = threading.Thread(target=restart)
+    try:
+        client.create_table("emb", 4)
+        client.push_sparse("emb", keys, grads)
+        assert client._shm is not None and client._shm.attached  # the push went through shm
+        client.begin_checkpoint(root, 1).result()
+        at_ckpt1 = client.pull_sparse("emb", keys)
+        client.push_sparse("emb", keys, grads)
+        client.begin_checkpoint(root, 2).result()
+        shard = next(p for p in (shard_path(f"{root}/ckpt-000002", "emb", s) for s in range(64)) if p.exists())
+        raw = bytearray(shard.read_bytes())
+        raw[-1] ^= 0xFF  # same size, wrong CRC: found only when this server loads it
+        shard.write_bytes(bytes(raw))
+        first.stop()
+        thread.start()
+        client.push_sparse("emb", keys, grads)  # waits for the restarted server
+        assert restored == ["ckpt-000001"]
+        assert len(second.state.shm) > 0  # shared memory re-established with the new server
+        after = client.pull_sparse("emb", keys)
+        assert not np.array_equal(after, at_ckpt1)
+        client.push_sparse("emb", keys, grads)
+        twice = client.pull_sparse("emb", keys)  # one SGD step from ckpt 1 each: applied once
+        np.testing.assert_allclose(after - at_ckpt1, twice - after, rtol=1e-5, atol=1e-6)
+    finally:
+        thread.join(10)
+        client.close()
+        second.stop()
+        first.stop()
+
+
+@pytest.mark.timeout(30)
+def test_recover_alone_only_a_server_in_async_or_geo(tmp_path: Path) -> None:
+    spec = build_spec({**PS, "ps_checkpoint": {"dir": str(tmp_path / "ck")}, "log_dir": str(tmp_path / "log")})
+    rec = PSRecovery(spec)
+    assert rec.num_trainers == 2
+    (tmp_path / "log").mkdir()
+    died = "server 1 signal SIGKILL (9)"
+    assert rec.recover_alone(0, died, "server", 1, True) is None  # no checkpoint yet
+    (tmp_path / "ck" / "ckpt-000007").mkdir(parents=True)
+    (tmp_path / "ck" / "ckpt-000007" / "checkpoint.json").write_text("{}")
+    progress = {0: ("async", 19), 1: ("sync", 18)}
+    for rank, (mode, step) in progress.items():
+        (tmp_path / "log" / f"ps_progress.{rank}.json").write_text(
+            f'{{"rank": {rank}, "attempt": 0, "step": {step}, "mode": "{mode}"}}')
+    assert rec.recover_alone(0, died, "server", 1, True) is None  # sync: restart every process
+    (tmp_path / "log" / "ps_progress.1.json").write_text('{"rank": 1, "attempt": 0, "step": 18, "mode": "geo"}')
+    assert rec.recover_alone(0, "rank 1 signal SIGKILL (9)", "trainer", 1, True) is None
+    assert rec.recover_alone(0, died, "server", 1, False) is None  # budget spent
+    got = rec.recover_alone(0, died, "server", 1, True)
+    assert got is not None and got.redone == 0 and got.lost == 12
+    assert got.text() == ("recovery 1 (attempt 0, in place): server 1 signal SIGKILL (9) at step ~19; "
+                          "restarted: server 1 only, restored its shard from ckpt-000007 (step 7); "
+                          "work lost: that shard's updates of ~12 steps; 0 steps redone")
+    assert rec.restore_env() == {"FLEET_PS_RESTORE_LATEST": rec.dir}
+    assert rec.trainer_env()["FLEET_PS_RECONNECT_S"] == "120.0"

@@ -140,8 +140,9 @@ def test_server_without_shm_gets_tcp() -> None:
 
 @pytest.mark.timeout(120)
 def test_server_that_lost_its_segments() -> None:
-    """The server forgets its segments (as after a restart): a pull re-attaches and succeeds; a
-    push fails with FAILED_PRECONDITION naming the segment, and the next push works."""
+    """The server forgets its segments (as after a restart): a pull re-attaches and succeeds; so
+    does an APPLY push (refused unread, sent once more over a fresh segment: applied once); a
+    SYNC push fails with FAILED_PRECONDITION naming the segment."""
     with cluster(1, client_kw={"timeout_s": 20, "shm": True}) as (servers, client):
         client.create_table_from_config(_cfg("a"))
         keys, grads = _batch(3)
@@ -149,13 +150,15 @@ def test_server_that_lost_its_segments() -> None:
         servers[0].state.shm.close()
         np.testing.assert_array_equal(client.pull_sparse("a", keys), expected)
         servers[0].state.shm.close()
-        with pytest.raises(
+        with pytest.raises(  # SYNC: a push is never sent twice
             PSFailedPreconditionError, match=r"shm: segment fleetps_\w+ is not attached"
         ):
-            client.push_sparse("a", keys, grads)
+            client.push_sparse("a", keys, grads, mode="sync", sync_count=1)
         np.testing.assert_array_equal(client.pull_sparse("a", keys), expected)  # nothing applied
-        client.push_sparse("a", keys, grads)
+        normal = client.push_sparse("a", keys, grads)
         assert not np.array_equal(client.pull_sparse("a", keys), expected)
+        servers[0].state.shm.close()
+        assert client.push_sparse("a", keys, grads) == normal  # the same keys, applied once
 
 
 @pytest.mark.timeout(60)

@@ -15,6 +15,11 @@ to the trainers as FLEET_PS_CHECKPOINT_*).
   background), and from trainer 0's step rate every trainer computes the same next probe step.
   Every trainer must therefore run the same number of steps (as sync mode needs anyway; the CTR
   example evens them with ``fleet.metrics.min``).
+- **Failures.** A checkpoint that fails (in async/GEO mode fleetrun restarts a dead server alone
+  while the trainers go on: a checkpoint taken meanwhile, or one whose commit waited on that
+  server's part, fails) is logged and skipped: the trainers train on and try again an interval
+  later; the error reaches every trainer alike (:func:`fleet.ps.recovery.checkpoint` agrees on
+  trainer 0's outcome), so none waits for the others in a collective.
 - **Progress.** Each trainer keeps ``LOG_DIR/ps_progress.<rank>.json`` (tmp + rename, at most once
   a second): its step, the checkpoint it resumed from and when its first step after the resume
   ran. fleetrun reads it to report the work a recovery redid (:mod:`launcher.ps_recovery`).
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collective.env import PSCheckpointEnv, TrainingRole, read_ps_checkpoint_env
+from collective.errors import FleetError
 from fleet.base.data_position import DataPosition, tracker
 from fleet.ps import recovery
 from fleet.ps.runtime import _require
@@ -57,6 +63,12 @@ class AutoCheckpointer:
     first_step_unix: float | None = None
     checkpoint_step: int | None = None
     """Step of the last checkpoint this process took part in (its commit may still run)."""
+    failed: int = 0
+    """Checkpoints that failed and were skipped (e.g. a server restarted while it was taken, or
+    the previous one's commit lost a server's part)."""
+    mode: str = ""
+    """The communicator's mode (``sync``/``async``/``geo``...): fleetrun restarts a dead server
+    alone in async/GEO mode (:mod:`launcher.ps_recovery`)."""
     _written: float = 0.0
 
     # -- resume ----------------------------------------------------------------------------------
@@ -102,11 +114,16 @@ class AutoCheckpointer:
         interval = self.cfg.interval_s
         if elapsed0 >= interval * 0.95:
             position = track.position()
-            recovery.checkpoint(self.cfg.dir, step, trainer_state={"data": position.to_dict()},
-                                keep=self.cfg.keep)
+            try:
+                recovery.checkpoint(self.cfg.dir, step, trainer_state={"data": position.to_dict()},
+                                    keep=self.cfg.keep)
+                self.checkpoint_step = step
+            except FleetError as err:  # every trainer gets the same error (recovery._agree)
+                self.failed += 1
+                logger.warning("trainer %d: automatic checkpoint at step %d failed, skipped to "
+                               "the next interval: %s", self.rank, step, err)
             self.last_time, self.last_step = time.monotonic(), step
             self.next_probe = step + max(1, round(interval * rate))
-            self.checkpoint_step = step
             self._write_progress(force=True)
         else:
             self.next_probe = step + max(1, round((interval - elapsed0) * rate))
@@ -122,6 +139,7 @@ class AutoCheckpointer:
         self._written = now
         data = {"rank": self.rank, "attempt": self.restart_count, "step": tracker().step,
                 "unix": time.time(), "resumed": self.resumed, "first_step_unix": self.first_step_unix,
+                "mode": self.mode, "checkpoints_failed": self.failed,
                 **({"checkpoint_step": self.checkpoint_step} if self.checkpoint_step is not None else {})}
         path = os.path.join(self.log_dir, f"ps_progress.{self.rank}.json")
         tmp = f"{path}.tmp"
@@ -143,6 +161,7 @@ def start() -> AutoCheckpointer | None:
     if cfg is None:
         return None
     auto = AutoCheckpointer(cfg, st.env.rank, st.env.log_dir, st.env.restart_count)
+    auto.mode = st.communicator.mode if st.communicator is not None else ""
     auto.resume()
     st.auto_checkpoint = auto
     return auto

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -129,6 +130,7 @@ def init_server(dirname: str | None = None) -> None:
     """Start this process's parameter server on POD_IP:PADDLE_PORT (tables from ``dirname``'s
     checkpoint when given; otherwise the trainers create them)."""
     from ps_server import PSServer
+    from ps_server.server import RESTORE_LATEST_ENV
 
     st = _require("init_server()", TrainingRole.PSERVER)
     env = st.env
@@ -137,6 +139,8 @@ def init_server(dirname: str | None = None) -> None:
                          num_servers=len(env.pserver_endpoints))
     if dirname:
         st.server.load_checkpoint(dirname)
+    elif os.environ.get(RESTORE_LATEST_ENV):  # restarted alone by fleetrun (async/GEO recovery)
+        st.server.restore_latest(os.environ[RESTORE_LATEST_ENV])
     st.server.start()
     logger.info("parameter server %d serving on %s", env.server_index, env.current_endpoint)
 
@@ -257,7 +261,10 @@ def stop_worker() -> None:
         try:
             st.pending_checkpoint.result()
         except FleetError as err:
-            failed = err
+            if st.auto_checkpoint is None:
+                failed = err
+            else:  # an automatic checkpoint is best effort (a server restarted while it wrote)
+                logger.warning("the last automatic checkpoint failed and is skipped: %s", err)
         st.pending_checkpoint = None
     if st.client is not None:
         if st.env.rank == 0:

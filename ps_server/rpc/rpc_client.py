@@ -15,6 +15,10 @@ still finds a server UNAVAILABLE after its retries keeps trying, backoff doublin
 :data:`MAX_BACKOFF_S`, until ``reconnect_s`` seconds after the first failure: a server being
 restarted on its endpoint is waited for, for a bounded time. The channels reconnect within
 :data:`MAX_BACKOFF_S` of the server's return (gRPC's own reconnect backoff is capped to it).
+APPLY and GEO-delta pushes (not SYNC ones) are sent again too, only while their server is
+UNAVAILABLE: an UNAVAILABLE push did not reach a live server's tables, and one that reached a
+server which then died was lost with it (fleetrun restarts that server alone from its last
+checkpoint in async/GEO mode; the push applies to the restored state).
 
 Security: every call carries the job's token (``token=``, else FLEET_PS_TOKEN) as gRPC
 metadata (:mod:`ps_server.rpc.auth`); a server that wants another answers UNAUTHENTICATED
@@ -25,8 +29,9 @@ shared-memory attach is an RPC like any other: it carries the token too.
 Shared memory: a large sparse request to a server on this host leases a segment of this client
 (created and attached on first use, see :mod:`ps_server.rpc.shm`); a server that cannot attach one
 (another host or container, an older server) gets TCP from then on. A server that lost its
-segments (it restarted) answers FAILED_PRECONDITION; the client drops them, and a pull is retried
-once over fresh ones (a push is not: it raises, as any failed push does).
+segments (it restarted) answers FAILED_PRECONDITION; the client drops them, and a pull (or an
+APPLY/GEO push: the server refused it unread) is retried once over fresh ones (a SYNC push is not:
+it raises, as any failed push does).
 """
 
 from __future__ import annotations
@@ -197,9 +202,15 @@ class RpcClient:
 
     # -- plumbing ---------------------------------------------------------------------------
     def _invoke(
-        self, calls: list[Call], idempotent: bool, timeout_s: float | None = None
+        self, calls: list[Call], idempotent: bool, timeout_s: float | None = None,
+        reconnect: bool = False, keep_errors: bool = False,
     ) -> list[Any]:
-        """Send ``calls`` at once, wait for every reply; raise the first failure."""
+        """Send ``calls`` at once, wait for every reply; raise the first failure. ``reconnect``
+        (a call that is not idempotent, e.g. an async/GEO push): no retries, but with
+        ``reconnect_s`` > 0 it is sent again while its server is UNAVAILABLE (restarting: a push
+        re-applied to a server restored from a checkpoint is safe, that server lost it).
+        ``keep_errors``: a failed call's PSRpcError takes its place in the list, nothing is
+        raised."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
 
         def blocking(c: Call) -> Any:
@@ -219,18 +230,23 @@ class RpcClient:
             try:
                 results[i] = fut.result()
             except grpc.RpcError as err:
-                if idempotent and err.code() in RETRYABLE and (self.retries or self.reconnect_s):
+                again = (idempotent and err.code() in RETRYABLE and (self.retries or self.reconnect_s)) or (
+                    reconnect and err.code() is grpc.StatusCode.UNAVAILABLE and self.reconnect_s > 0)
+                if again:
                     try:
-                        results[i] = self._retry(call, timeout, err)
+                        results[i] = self._retry(call, timeout, err, self.retries if idempotent else 0)
                         continue
                     except grpc.RpcError as last:
                         err = last
-                error = error or rpc_error(call.method, self.endpoints[call.server], err)
-        if error is not None:
+                failed = rpc_error(call.method, self.endpoints[call.server], err)
+                if keep_errors:
+                    results[i] = failed
+                error = error or failed
+        if error is not None and not keep_errors:
             raise error
         return results
 
-    def _retry(self, call: Call, timeout: float, err: grpc.RpcError) -> Any:
+    def _retry(self, call: Call, timeout: float, err: grpc.RpcError, retries: int) -> Any:
         """Try ``call`` again: ``retries`` times, then while the server is UNAVAILABLE and
         ``reconnect_s`` has not passed since now; raise the last error."""
         method = self._methods[call.server][call.method]
@@ -239,7 +255,7 @@ class RpcClient:
         while True:
             attempt += 1
             left = deadline - time.monotonic()
-            reconnecting = attempt > self.retries
+            reconnecting = attempt > retries
             if reconnecting and (err.code() is not grpc.StatusCode.UNAVAILABLE or left <= 0):
                 raise err
             delay = min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
@@ -251,7 +267,7 @@ class RpcClient:
                 self.endpoints[call.server],
                 err.code().name,
                 f"waiting for it to return ({left:.0f}s left)" if reconnecting
-                else f"retry {attempt}/{self.retries}",
+                else f"retry {attempt}/{retries}",
                 delay,
             )
             time.sleep(delay)

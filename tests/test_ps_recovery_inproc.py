@@ -1,0 +1,82 @@
+"""In async/GEO mode a dead server is restarted alone (fleetrun --ps_checkpoint_dir): a real
+fleetrun job of the CTR example (2 servers, 2 trainers, async) whose server 1 is killed with
+SIGKILL mid-pass. Only that server restarts, on its endpoint, restoring its shards from the
+newest good checkpoint by itself; the other server and both trainers keep their processes and go
+on (their calls to the dead server wait for it); the job finishes with exit 0, one recovery
+listed as ``restarted: server 1 only``; every row of the restored checkpoint is still there at
+the end; no process outlives the job.
+
+Checkpoints are taken every 0.5 s, so the kill usually lands while one is being taken or
+committed: such a checkpoint fails on the trainers, is logged and skipped, and training goes on
+(counted in the progress files; the test asserts the job goes on either way, as the kill's
+moment is not controlled).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import wait_for
+from test_ps_recovery import LINES, Job, slot_dir  # noqa: F401 - slot_dir is a fixture
+
+GLOBAL_BATCH = 32
+
+
+def keys_of(directory: Path) -> dict[str, set[int]]:
+    """Keys of every sparse table of a checkpoint (all servers' shards)."""
+    from ps_server.checkpoint.save_load import create_tables, load
+    from ps_server.core.shard_data import SparseShardData
+
+    tables = create_tables(directory, 0, 1)
+    load(directory, tables)
+    out: dict[str, set[int]] = {}
+    for name, table in tables.items():
+        shards = table.export_shards(False)
+        if all(isinstance(d, SparseShardData) for d in shards.values()):  # dense: no keys
+            out[name] = {k for d in shards.values() for k in d.keys.tolist()}
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_async_server_kill_restarts_it_alone(tmp_path: Path, slot_dir: Path) -> None:  # noqa: F811
+    final = tmp_path / "log" / "final"
+    job = Job(tmp_path, slot_dir, "async", max_restarts=1, interval=0.5,
+              extra=("--save", str(final)), keep=0)
+    try:
+        wait_for(lambda: job.checkpointed(0), 120, "a checkpoint of attempt 0")
+        before = {(r, k): wait_for(lambda r=r, k=k: job.pid(r, k, 0), 60, f"{r} {k}")
+                  for r, k in (("server", 0), ("server", 1), ("trainer", 0), ("trainer", 1))}
+        created = {key: psutil.Process(pid).create_time() for key, pid in before.items()}
+        job.kill("server", 1, 0)
+        # the replacement server is up in the same attempt, with a new pid
+        wait_for(lambda: (job.pid("server", 1, 0) or before[("server", 1)]) != before[("server", 1)],
+                 120, "server 1 restarted")
+        for key, pid in before.items():
+            if key != ("server", 1):  # the others never stopped
+                assert job.pid(*key, 0) == pid, (key, job.state()["processes"])
+                assert psutil.Process(pid).create_time() == created[key]
+        rc, err = job.wait(180)
+    finally:
+        job.close()
+    assert rc == 0, err[-4000:]
+    state = json.loads((job.log / "job_state.json").read_text())
+    assert state["state"] == "succeeded" and state["attempt"] == 0, state
+    (line,) = state["recoveries"]
+    assert "server 1 signal SIGKILL" in line and "restarted: server 1 only" in line, line
+    assert "0 steps redone" in line and "work lost" in line, line
+    assert "restarted: server 1 only" in err and "PS recoveries:" in err, err[-3000:]
+    steps = LINES // (GLOBAL_BATCH // 2)
+    for rank in (0, 1):  # one attempt: no trainer was restarted, each trained every step once
+        p = json.loads((job.log / f"ps_progress.{rank}.json").read_text())
+        assert p["attempt"] == 0 and p["step"] == steps and p["mode"] == "async", p
+    log = (job.log / "serverlog.1").read_text()
+    restored = re.findall(r"server 1 restored its shards from (ckpt-\d+)", log)
+    assert len(restored) == 1, log[-3000:]
+    at_restore, at_end = keys_of(job.ckpt / restored[0]), keys_of(final)
+    assert at_restore and set(at_restore) == set(at_end), (at_restore.keys(), at_end.keys())
+    for name, keys in at_restore.items():  # the restored shard's rows are all still there
+        assert keys <= at_end[name], (name, len(keys - at_end[name]))

@@ -11,15 +11,34 @@ checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its 
   (:mod:`fleet.base.data_position`), so servers and trainers roll to the same cut. One line per
   recovery (who died and how, the checkpoint restored, the steps redone) goes to the console,
   ``job_state.json`` (``recoveries``), the final summary, and ``fleet_ps_recoveries_total``;
+- **in place** (:meth:`PSRecovery.recover_alone`): in async/GEO mode (every trainer's progress
+  file says so) the death of one server, with a checkpoint and a unit of the budget, restarts
+  that server alone, on its endpoint, in the same attempt, with FLEET_PS_RESTORE_LATEST=dir: it
+  restores its own shards from the newest good checkpoint before listening
+  (``ps_server.PSServer.restore_latest``: falls back past one whose part for this server does not
+  load). The other servers and the trainers keep running: the trainers' calls to that server wait
+  for it (FLEET_PS_RECONNECT_S, set here for every trainer; APPLY/GEO pushes are re-sent too, and
+  same-host shared memory re-attached: ``ps_server.rpc.rpc_client``), and an automatic checkpoint
+  that fails meanwhile is skipped (:mod:`fleet.ps.auto_checkpoint`). Lost: that shard's updates
+  since its checkpoint (one interval at most, plus the commit); redone: nothing. Async PS
+  training tolerates a shard stepping back (Monolith restores a failed PS from its last snapshot
+  while training goes on): it is staleness of the kind async training already has, and cheaper
+  than stopping every trainer. Listed as ``restarted: server N only`` with the work lost;
 - no checkpoint yet, or no restart left → the job fails as any failed job (root cause first,
   every process stopped), the recoveries so far listed in the summary.
 
-Where this differs from the issue's plan, and why: the surviving servers and trainers are
-restarted too, not kept. A surviving server holds SYNC rounds and barriers half-filled by
-trainers that are gone, which would corrupt the next rounds, and its tables are replaced by the
-checkpoint anyway; a surviving trainer is in a gloo group that cannot admit a replacement, and its
-script's loop cannot be rewound from outside. So in async/GEO mode too a dead trainer costs every
-trainer the steps since the last checkpoint (measured in BENCHMARKS.md).
+Where this differs from the issue's plan, and why: in sync mode, and for a dead trainer in any
+mode, the surviving servers and trainers are restarted too. A surviving sync server holds SYNC
+rounds and barriers half-filled by trainers that are gone or by pushes the restored server never
+saw, which would corrupt the next rounds (the mean and the round boundary), so sync servers and
+trainers roll back to one cut together; a surviving trainer is in a gloo group that cannot admit
+a replacement (barriers, fleet.metrics, the checkpoints' gathers; its store lives in trainer 0),
+and its script's loop cannot be rewound from outside. So in async/GEO mode a dead trainer still
+costs every trainer the steps since the last checkpoint (measured in BENCHMARKS.md). Restarting a
+trainer alone would need the trainers' coordination moved out of the trainers (a gather with
+payloads and a membership epoch on the servers or the agent's store: the servers' Barrier RPC
+carries no data and dies with server 0), the trainer's data position in its progress file, and
+the equal-step-count rule of automatic checkpoints relaxed for a trainer joining mid-pass.
 
 Work redone comes from the trainers' progress files (``LOG_DIR/ps_progress.<rank>.json``, at
 most a second old) minus the restored checkpoint's step. Checkpoints are found by their committed

@@ -125,13 +125,29 @@ class Run:
             p.wait(10)
 
 
+def wait_listening(port: int, timeout: float = WAIT_S) -> None:
+    """Until 127.0.0.1:port accepts connections (the first agent hosts the c10d store there)."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s") from None
+            time.sleep(0.05)
+
+
 def one_rep(variant: str, etcd: str | None, join: bool, join_timeout: float = WAIT_S) -> tuple[float, float | None]:
     """(loss recovery s, join s or None) of one repetition."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Run(Path(tmp), variant, etcd)
         try:
             run.start("a")
-            time.sleep(0.5)  # A first: it hosts the c10d store
+            if variant != "fleetrun-etcd":  # A hosts the c10d store: B starts once it listens
+                wait_listening(run.port)
             b = run.start("b")
             if run.first_step(2, 0.0) is None:
                 raise RuntimeError(f"{variant}: no steps at world 2\n" + (Path(tmp) / "a.out").read_text()[-3000:])

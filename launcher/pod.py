@@ -36,6 +36,7 @@ from collective.errors import ConfigError, LaunchError
 from launcher.agent import Interrupted, install_signal_handlers, worker_argv
 from launcher.attempt import SERVER, TRAINER, ProcSpec, Running, failure_of, start_all, watch
 from launcher.process import ConsoleWriter, terminate_all, wait_any
+from launcher.schedulers import k8s_ps_recovery
 from launcher.spec import Entrypoint, JobSpec, Mode
 from launcher.summary import Failure, format_summary
 
@@ -299,8 +300,12 @@ def run_pod(cfg: PodConfig) -> int:
     os.makedirs(cfg.log_dir, exist_ok=True)
     install_signal_handlers()  # as PID 1 we get no default signal actions
     running: list[Running] = []
+    generation = None
     try:
         wait_resolvable(_hosts_needed(cfg, index), cfg.rdzv_timeout_s)
+        if cfg.mode is Mode.PS:  # automatic checkpoints: pods restart each other (see the module)
+            generation = k8s_ps_recovery.enter(cfg.role, index, cfg.run_id, cfg.servers,
+                                               cfg.trainers, cfg.rdzv_timeout_s)
         specs = build_proc_specs(cfg, index)
         logger.info(
             "pod %s %d of job '%s': %d process(es), %s",
@@ -318,6 +323,8 @@ def run_pod(cfg: PodConfig) -> int:
         sys.stderr.write(f"fleetrun pod: got {sig}; stopped this pod's processes\n")
         return 128 + sig.signum
     finally:
+        if generation is not None:
+            generation.close()
         terminate_all([r.proc for r in running], cfg.grace_period_s)
     if failures:
         text = format_summary(cfg.job, failures, stopped, cfg.log_dir, 0, 0, "")

@@ -18,6 +18,11 @@ the trainers' Job has one pod per trainer. The token is FLEET_PS_TOKEN of the jo
 fleetrun's, else a new random one per render: ``--dry_run`` prints it inside the Secret (that
 output is what you apply), nothing else does.
 
+PS job with ``ps_checkpoint``: every pod gets FLEET_PS_CHECKPOINT_* (the directory must be on a
+mounted ReadWriteMany PersistentVolumeClaim), the trainers FLEET_PS_RECONNECT_S; a dead server or
+trainer pod is restarted by Kubernetes and the pods restart each other from the newest checkpoint
+(:mod:`launcher.schedulers.k8s_ps_recovery`).
+
 Every container runs ``fleetrun pod ...`` (:mod:`launcher.pod`), which derives its rank / role /
 endpoints from the pod index and these DNS names and starts the user's entrypoint with the env
 contract. The pod-level settings are command-line arguments, so ``kubectl get -o yaml`` shows
@@ -33,7 +38,7 @@ import yaml
 
 from collective.errors import ConfigError
 from launcher.agent import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN, job_ps_token
-from launcher.schedulers import k8s_elastic
+from launcher.schedulers import k8s_elastic, k8s_ps_recovery
 from launcher.spec import JobSpec, Mode, RoleResources
 
 CONFIG_MOUNT = "/etc/fleetrun"
@@ -126,6 +131,7 @@ def check_renderable(spec: JobSpec) -> None:
         scale_quantity(getattr(spec.resources, role).memory, 1, f"resources.{role}.memory")
     if spec.elastic.enabled:
         k8s_elastic.check_elastic_renderable(spec)
+    k8s_ps_recovery.check_checkpoint_volume(spec)
     if isinstance(spec.strategy, str):
         _read_text(spec.strategy)
 
@@ -311,6 +317,7 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
             writable = [m["mountPath"] for m in k.volume_mounts if not m.get("readOnly")]
             roots = dict.fromkeys([".", spec.log_dir, *writable])
             env.append({"name": FLEET_PS_CHECKPOINT_ROOT, "value": ":".join(roots)})
+        env += k8s_ps_recovery.checkpoint_env(spec, role)  # the volume is a writable mount: a root
     env += [
         _field_env("FLEET_POD_NAME", "metadata.name"),
         _field_env("FLEET_POD_NAMESPACE", "metadata.namespace"),

@@ -12,7 +12,8 @@ HOME). The translation, and nothing else, stands in for the cluster:
   exposes keeps one mapping for the whole job (its peers address it), any other container port
   (metrics) gets one per pod;
 * a configMap volume becomes a directory holding the ConfigMap's files; an emptyDir a fresh
-  directory; the mount path is rewritten to it in args and env;
+  directory; a persistentVolumeClaim one directory per claim shared by every pod (ReadWriteMany);
+  the mount path is rewritten to it in args and env;
 * ``command[0]`` is looked up on PATH (the test's virtualenv bin first), cwd = the repository
   (the image's WORKDIR holds it).
 
@@ -147,11 +148,13 @@ def _pod(
     for mount in container.get("volumeMounts", []):
         vol = volumes[mount["name"]]
         local = root / "volumes" / mount["name"]
+        if "persistentVolumeClaim" in vol:  # one directory per claim, shared by every pod
+            local = root.parent / "claims" / vol["persistentVolumeClaim"]["claimName"]
         local.mkdir(parents=True, exist_ok=True)
         if "configMap" in vol:
             for key, text in configmaps[vol["configMap"]["name"]]["data"].items():
                 (local / key).write_text(text)
-        elif "emptyDir" not in vol:
+        elif "emptyDir" not in vol and "persistentVolumeClaim" not in vol:
             raise ValueError(f"volume {vol} is not translated")
         paths[mount["mountPath"].rstrip("/")] = str(local)
     own = {
@@ -163,6 +166,9 @@ def _pod(
 
     def local(value: str) -> str:
         value = dns.sub("127.0.0.1", value)
+        parts = value.split(":")  # a path list (FLEET_PS_CHECKPOINT_ROOT): each path mapped
+        if len(parts) > 1 and all(p.startswith(("/", ".")) for p in parts):
+            return ":".join(local(p) for p in parts)
         for mount_path, where in paths.items():
             if value == mount_path or value.startswith(mount_path + "/"):
                 value = where + value[len(mount_path) :]

@@ -80,3 +80,29 @@ def test_async_server_kill_restarts_it_alone(tmp_path: Path, slot_dir: Path) -> 
     assert at_restore and set(at_restore) == set(at_end), (at_restore.keys(), at_end.keys())
     for name, keys in at_restore.items():  # the restored shard's rows are all still there
         assert keys <= at_end[name], (name, len(keys - at_end[name]))
+
+
+@pytest.mark.timeout(180)
+def test_failed_automatic_checkpoints_are_skipped(tmp_path: Path, slot_dir: Path) -> None:  # noqa: F811
+    """A checkpoint that fails (here every checkpoint's directory name is taken by a file, so
+    the servers cannot write it; a server restarted while a checkpoint is taken or committed
+    fails it the same way) is logged by every trainer and skipped; training goes on and the job
+    ends normally."""
+    steps = LINES // (GLOBAL_BATCH // 2)
+    (tmp_path / "ckpt").mkdir()
+    for step in range(steps + 1):
+        (tmp_path / "ckpt" / f"ckpt-{step:06d}").write_text("not a checkpoint")
+    job = Job(tmp_path, slot_dir, "async", max_restarts=0, interval=0.5)
+    try:
+        rc, err = job.wait(150)
+    finally:
+        job.close()
+    assert rc == 0, err[-4000:]
+    for rank in (0, 1):
+        p = json.loads((job.log / f"ps_progress.{rank}.json").read_text())
+        assert p["checkpoints_failed"] >= 1 and p["step"] == steps, p
+        log = (job.log / f"workerlog.{rank}").read_text()
+        assert re.search(rf"trainer {rank}: automatic checkpoint at step \d+ failed, skipped", log), log[-3000:]
+    from launcher.ps_recovery import latest_committed
+
+    assert latest_committed(str(job.ckpt)) is None

@@ -446,6 +446,9 @@ class Agent:
         new = replace(old, env={**old.env, **recovery.restore_env()})
         header = (f"==== fleetrun: attempt {attempt}, {new.label} restarted alone, "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
+        if not self.spec.entrypoint.no_python:  # the server side of a fleet script is only
+            # init_server + run_server: the same, without the script's imports (torch: seconds)
+            argv = [sys.executable, "-u", "-m", "collective.bootstrap", "-m", "ps_server", "--from_env"]
         try:
             proc = WorkerProcess(argv, new.env, new.log_path, self.console if new.show else None,
                                  new.prefix, header, append=True)

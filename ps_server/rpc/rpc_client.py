@@ -70,7 +70,7 @@ logger = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 """Status codes an idempotent call is retried on."""
-MAX_BACKOFF_S = 2.0
+MAX_BACKOFF_S = 0.5
 """Longest wait between two tries of a call, and of a channel to reconnect to its server."""
 RECONNECT_ENV = "FLEET_PS_RECONNECT_S"
 """Default of ``reconnect_s``: seconds an idempotent call waits for an UNAVAILABLE server."""

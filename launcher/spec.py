@@ -420,11 +420,6 @@ class JobSpec:
         elif self.sizes.server_num or self.ps.servers:
             raise ConfigError("parameter servers are given but mode is 'collective'; "
                               "use mode: ps (--run_mode ps) or drop them", key="mode")
-        if self.ps_checkpoint.dir and self.scheduler is SchedulerKind.RAY:
-            raise ConfigError(f"automatic PS checkpoints and recovery are built for the local and k8s "
-                              f"schedulers only, not yet for '{self.scheduler}' (issue #17); drop ps_checkpoint "
-                              "there and call fleet.ps.checkpoint / load_latest in the script",
-                              key="ps_checkpoint.dir")
         check_elastic_spec(self)
         if self.rendezvous.node_rank is not None:
             require(

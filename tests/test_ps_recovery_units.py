@@ -29,11 +29,11 @@ def test_bad_ps_checkpoint_values_are_named(section: dict, key: str) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_ps_checkpoint_needs_ps_mode_on_the_local_scheduler() -> None:
+def test_ps_checkpoint_needs_ps_mode_on_any_scheduler() -> None:
     with pytest.raises(ConfigError, match="ps_checkpoint.dir"):
         build_spec({"ps_checkpoint": {"dir": "ck"}})
-    with pytest.raises(ConfigError, match="local and k8s schedulers only, not yet"):
-        build_spec({**PS, "scheduler": "ray", "ps_checkpoint": {"dir": "ck"}})
+    for scheduler in ("ray", "k8s"):  # every scheduler recovers a PS job
+        build_spec({**PS, "scheduler": scheduler, "ps_checkpoint": {"dir": "ck"}})
 
 
 @pytest.mark.timeout(30)

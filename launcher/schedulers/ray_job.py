@@ -28,6 +28,14 @@ removed; with restarts left (``max_restarts``) the whole group starts again, els
 root-cause-first summary (:func:`launcher.summary.format_summary`) is printed and fleetrun exits 1.
 Ctrl-C / SIGTERM does the same teardown and also shuts down a local cluster fleetrun started.
 
+A PS job with automatic checkpoints (``ps_checkpoint``) recovers as on the local scheduler
+(:mod:`launcher.ps_recovery`): the failure of a server or trainer (its process, its actor, its
+node) spends one restart, and every actor is re-created in the job's placement group, which is
+kept across the attempts (the same bundles, so the same nodes; each server on its first port, so
+on its endpoint); trainer 0 loads the newest good checkpoint and the trainers skip what they had
+trained. Each recovery goes to the console, ``job_state.json``, the final summary and
+``fleet_ps_recoveries_total``; no checkpoint yet or no restart left: the job fails as above.
+
 An elastic job (``--nnodes MIN:MAX``) forms each attempt from the actors the cluster can place
 and grows when resources return (:mod:`launcher.schedulers.ray_elastic`).
 """
@@ -46,6 +54,7 @@ from typing import IO, Any
 from collective.env import metrics_env
 from collective.errors import ConfigError, LaunchError
 from launcher.agent import (
+    FLEET_PS_CHECKPOINT_ROOT,
     Decision,
     Interrupted,
     decide,
@@ -57,6 +66,7 @@ from launcher.agent import (
 from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, ExitInfo
+from launcher.ps_recovery import make_recovery
 from launcher.schedulers import ray_elastic
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
 from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect
@@ -161,6 +171,13 @@ class RayJob:
         cwd_given = "working_dir" in spec.ray.runtime_env
         self.cwd = None if cwd_given else os.getcwd()
         self.ps_token = job_ps_token(spec) if spec.mode is Mode.PS else ""
+        self.recovery = make_recovery(spec)
+        """PS job with automatic checkpoints: a failed attempt is recovered as locally (every
+        actor re-created in the same placement group, servers on their node and port)."""
+        self.kept_pg: Any = None
+        """The placement group kept across the attempts of a recovered PS job."""
+        self.server_ports: dict[int, int] = {}
+        """Server index -> its port (a recovered server comes back on its endpoint)."""
         self.elastic = spec.elastic.enabled
         self.probe: tuple[Any, Any] | None = None
         """An elastic round's growth probe (ray_elastic.arm_growth_probe)."""
@@ -191,6 +208,8 @@ class RayJob:
         finally:
             status.stop()
             monitor.close()
+            if self.kept_pg is not None:
+                _remove_pg(self.kept_pg)
 
     def _run(self, monitor: JobMonitor) -> int:
         spec = self.spec
@@ -227,8 +246,21 @@ class RayJob:
             monitor.attempt_failed([FailureCause.NODE if f.exit_desc.startswith("Ray actor died")
                                     else cause_of(f.exit_desc) for f in failures])
             decision = decide(bool(failures), restarts, spec.max_restarts)
+            no_recovery = ""
+            if self.recovery is not None and failures and decision is not Decision.SUCCEED:
+                first = min(failures, key=lambda f: f.time)
+                got = self.recovery.recover(attempt, f"{_label(first)} {first.exit_desc}",
+                                            first.role, decision is Decision.RESTART)
+                if isinstance(got, str):
+                    decision, no_recovery = Decision.FAIL, got
+                else:
+                    monitor.recovered(first.role, got.text())
+                    logger.warning("%s", got.text())
+            recovered = self.recovery.finish(attempt) if self.recovery is not None else ""
             if decision is Decision.SUCCEED:
                 logger.info("job '%s' succeeded on Ray (%d restart(s) used)", spec.name, restarts)
+                if recovered:
+                    sys.stderr.write(f"fleetrun: job '{spec.name}' succeeded; {recovered}\n")
                 monitor.finished(JobState.SUCCEEDED)
                 return 0
             what = ", ".join(f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
@@ -246,6 +278,7 @@ class RayJob:
                     monitor.membership_changes)]).lstrip("; ")
             text = format_summary(spec.name, failures, stopped, spec.log_dir, restarts,
                                   spec.max_restarts, note)
+            text += "".join(f"\n{t}" for t in (no_recovery, recovered) if t)
             monitor.finished(JobState.FAILED, text, failed_ids)
             sys.stderr.write(text + "\n")
             sys.stderr.flush()
@@ -270,10 +303,14 @@ class RayJob:
 
         if self.elastic:  # as many nodes as the cluster places now, MAX down to MIN
             group.pg, self.slots = ray_elastic.place_round(ray, spec, self.run_id, attempt)
+        elif self.kept_pg is not None:  # a recovery: the same bundles, so the same nodes
+            group.pg = self.kept_pg
         else:
             group.pg = placement_group([s.bundle for s in self.slots],
                                        strategy=str(spec.ray.placement_strategy),
                                        name=f"fleetrun-{spec.name}-{self.run_id}-{attempt}")
+        if self.recovery is not None:
+            self.kept_pg = group.pg
         bundles = [s.bundle for s in self.slots]
         ready, _ = ray.wait([group.pg.ready()], timeout=spec.ray.placement_timeout_s)
         if not ready:
@@ -298,12 +335,17 @@ class RayJob:
         ports = self._get([a.free_ports.remote(info.node_ip, 1 + int(metrics) + int(collective and i == 0))
                            for i, (a, info) in enumerate(zip(group.actors, infos, strict=True))],
                           "find free ports")
-        placed = [Placed(slot, info.node_ip, info.node_id, info.gpu_ids, got[0])
+        placed = [Placed(slot, info.node_ip, info.node_id, info.gpu_ids, self._port(slot, got[0]))
                   for slot, info, got in zip(self.slots, infos, ports, strict=True)]
         master_port = ports[0][-1] if collective else 0
         paths = AttemptPaths(self.run_id, attempt, spec.max_restarts, self.log_dir,
                              self.strategy_file, ps_token=self.ps_token, cwd=self.cwd or ".")
         procs, head = make_proc_specs(spec, placed, master_port, paths)
+        if self.recovery is not None:  # as the local agent: checkpoints on, the servers may load them
+            rec = self.recovery
+            procs = [replace(p, env={**p.env, **rec.trainer_env()}) if p.role == TRAINER else
+                     replace(p, env={**p.env, FLEET_PS_CHECKPOINT_ROOT: rec.server_roots(
+                         p.env.get(FLEET_PS_CHECKPOINT_ROOT, ""))}) for p in procs]
         if metrics:  # bound to the node IP the actor runs on
             procs = [replace(p, metrics_port=got[1], env={**p.env, **metrics_env(got[1], info.node_ip)})
                      for p, got, info in zip(procs, ports, infos, strict=True)]
@@ -322,6 +364,12 @@ class RayJob:
             m.pid = pid
         logger.info("attempt %d: %d process(es) running on %d Ray node(s) (run_id %s)", attempt,
                     len(group.members), len({i.node_id for i in infos}), self.run_id)
+
+    def _port(self, slot: Slot, found: int) -> int:
+        """A slot's endpoint port: a server of a recovered job keeps its first one."""
+        if self.recovery is None or slot.role != SERVER:
+            return found
+        return self.server_ports.setdefault(slot.index, found)
 
     def _get(self, refs: list[Any], what: str) -> list[Any]:
         from ray.exceptions import GetTimeoutError, RayError
@@ -433,13 +481,18 @@ class RayJob:
                     ray.kill(actor, no_restart=True)
                 except (RayError, ValueError):
                     pass
-            if group.pg is not None:
-                from ray.util.placement_group import remove_placement_group
+            if group.pg is not None and group.pg is not self.kept_pg:
+                _remove_pg(group.pg)
 
-                try:
-                    remove_placement_group(group.pg)
-                except (RayError, ValueError):
-                    pass
+
+def _remove_pg(pg: Any) -> None:
+    from ray.exceptions import RayError
+    from ray.util.placement_group import remove_placement_group
+
+    try:
+        remove_placement_group(pg)
+    except (RayError, ValueError):
+        pass
 
 
 def _label(f: Failure) -> str:

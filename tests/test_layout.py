@@ -124,6 +124,23 @@ def test_launcher_start_and_strategy_load_no_heavy_module() -> None:
     assert json.loads(_run(code)) == []
 
 
+# torch modules that cost seconds at import (FSDP, DTensor and sympy behind them): a fleet job pays
+# them only when it uses a feature that needs them (sharding stage 3, TP, localsgd, checkpoints).
+SLOW_TORCH = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.optim",
+              "torch.distributed.checkpoint", "sympy")
+
+
+@pytest.mark.timeout(120)
+def test_plain_data_parallel_entry_points_load_no_slow_torch_module() -> None:
+    code = (
+        "import sys, json, fleet\n"
+        "from fleet.parallelize import model, optimizer\n"
+        "from fleet.meta_optimizers import comm_hooks, localsgd, dgc\n"
+        f"print(json.dumps([m for m in {SLOW_TORCH!r} if m in sys.modules]))\n"
+    )
+    assert json.loads(_run(code)) == []
+
+
 @pytest.mark.timeout(60)
 def test_fleetrun_help_loads_no_heavy_module() -> None:
     out = subprocess.run(

@@ -35,7 +35,6 @@ from torch.distributed.algorithms.model_averaging.averagers import (
     ModelAverager,
     PeriodicModelAverager,
 )
-from torch.distributed.optim import PostLocalSGDOptimizer
 
 from collective.errors import ConfigError
 from fleet.meta_optimizers.base import DelegatingOptimizer
@@ -131,6 +130,9 @@ class LocalSGDOptimizer(DelegatingOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, averager: ModelAverager) -> None:
         super().__init__(optimizer)
         self.averager = averager
+        # torch.distributed.optim loads FSDP, DTensor and sympy (~1.5 s): only when localsgd is on.
+        from torch.distributed.optim import PostLocalSGDOptimizer
+
         self.post_local = PostLocalSGDOptimizer(optimizer, averager)
 
     def set_loss(self, loss: torch.Tensor | float) -> None:

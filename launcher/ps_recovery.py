@@ -1,4 +1,6 @@
-"""Recovery of a PS job from its automatic checkpoints (local scheduler).
+"""Recovery of a PS job from its automatic checkpoints (local scheduler; the Ray driver calls the same
+:class:`PSRecovery`, and the Kubernetes pods log its :class:`Recovery` lines:
+:mod:`launcher.schedulers.k8s_ps_recovery`).
 
 A PS job started with ``--ps_checkpoint_dir`` (``ps_checkpoint: {dir, interval_s, keep}``) is
 checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its processes dies

@@ -25,7 +25,7 @@ from launcher.spec import build_spec
 sys.path.insert(0, str(SCRIPTS))
 import k8s_local
 
-LINES = 3000
+LINES = 1500
 GLOBAL_BATCH = 32
 CLAIM = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "ps-ckpt"}}
 MOUNT = {"name": "ckpt", "mountPath": "/ckpt"}
@@ -91,6 +91,7 @@ def _kill_pod(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(10)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Path) -> None:
     data = tmp_path / "slots"

@@ -21,10 +21,11 @@ from test_ray_scheduler import _assert_nothing_left, cluster  # noqa: F401 - the
 
 psutil = pytest.importorskip("psutil")
 
-LINES = 3000
+LINES = 1500
 GLOBAL_BATCH = 32
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_server_actor_killed_job_recovers(cluster: str, tmp_path: Path) -> None:  # noqa: F811
     data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"

@@ -6,7 +6,7 @@ Metrics (``fleet_launcher_*``, served by the launcher itself on a free 127.0.0.1
 * ``fleet_launcher_processes_up{role}`` — processes of this node running now, by role;
 * ``fleet_launcher_restarts_total`` — job restarts done;
 * ``fleet_launcher_failures_total{cause}`` — failed processes / attempts by :class:`FailureCause`.
-* ``fleet_membership_changes_total{cause}`` — elastic jobs: rounds whose nodes differ from the
+* ``fleet_launcher_membership_changes_total{cause}`` — elastic jobs: rounds whose nodes differ from the
   previous round's, by cause (``failure`` or ``join``; :mod:`launcher.elastic.agent`).
 * ``fleet_ps_recoveries_total{role}`` — PS recoveries from a checkpoint, by the role of the
   process that died (:mod:`launcher.ps_recovery`).
@@ -116,7 +116,7 @@ JOB_STATE = Gauge("fleet_launcher_job_state", "1 for the job's current state, 0 
 PROCESSES_UP = Gauge("fleet_launcher_processes_up", "Processes of this node running now", ["role"])
 RESTARTS = Counter("fleet_launcher_restarts", "Job restarts done by this launcher")
 FAILURES = Counter("fleet_launcher_failures", "Failures seen by this launcher, by cause", ["cause"])
-MEMBERSHIP_CHANGES = Counter("fleet_membership_changes", "Elastic jobs: rounds whose nodes differ "
+MEMBERSHIP_CHANGES = Counter("fleet_launcher_membership_changes", "Elastic jobs: rounds whose nodes differ "
                              "from the previous round's, by cause", ["cause"])
 PS_RECOVERIES = Counter("fleet_ps_recoveries", "PS job recoveries from a checkpoint, by the role "
                         "of the process that died", ["role"])

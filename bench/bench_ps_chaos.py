@@ -11,8 +11,11 @@ Three fleetrun jobs of ``examples/ctr/train_ps.py`` (async, InMemoryDataset over
 3. **trainers** — the same with a random trainer.
 
 Measured per kill: recovery time (kill → trainer 0's first step of the next attempt, from its
-progress file), steps redone (from the job's recovery lines), and, for the trainer runs, how long
-the *other* trainer did not step. Per run: final AUC minus the undisturbed one, wall time,
+progress file; async server kills restart that server alone in the same attempt: kill → trainer
+0's first step after the new server is up, from its progress file's time, at most ~1 s late),
+steps redone (from the job's recovery lines), for the trainer runs how long the *other* trainer
+did not step, and each trainer's longest stretch without a step that spans a kill
+(``trainer_longest_gap_s``, ~1 s resolution). Per run: final AUC minus the undisturbed one, wall time,
 recoveries, orphans (any process whose command line names the run's directory, after fleetrun
 exited), and files left outside the job's directories (``/dev/shm`` entries that appeared; the
 run's own directory holds only ``log/``, ``ckpt/`` and the result file). Medians with min/max.
@@ -79,6 +82,28 @@ def summary(values: list[float]) -> dict[str, float | int | None]:
             "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
+def in_place(state: dict[str, Any], n: int) -> bool:
+    """Whether recovery ``n`` of the job restarted the dead process alone."""
+    lines = state.get("recoveries", [])
+    return len(lines) >= n and "in place" in lines[n - 1]
+
+
+def watch_steps(log: Path, advances: dict[int, list[tuple[float, int]]]) -> None:
+    """Append (time, step) whenever a trainer's progress file shows a new step (the files are
+    written at most once a second: ~1 s resolution)."""
+    for rank, seen in advances.items():
+        p = read_json(log / f"ps_progress.{rank}.json") or {}
+        if isinstance(p.get("step"), int) and (not seen or p["step"] != seen[-1][1]):
+            seen.append((float(p.get("unix", time.time())), p["step"]))
+
+
+def longest_gap(seen: list[tuple[float, int]], kills: list[dict[str, Any]]) -> float | None:
+    """Longest time between two step advances of one trainer that spans a kill."""
+    gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:])
+            if any(a[0] <= k["unix"] <= b[0] for k in kills)]
+    return round(max(gaps), 3) if gaps else None
+
+
 def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None) -> dict[str, Any]:
     """One fleetrun; ``victim``: None, "server" or "trainer"."""
     root.mkdir(parents=True)
@@ -94,6 +119,7 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
     total_steps = args.lines // local_batch
     rng = random.Random(args.seed)
     kills: list[dict[str, Any]] = []
+    advances: dict[int, list[tuple[float, int]]] = {0: [], 1: []}
     t0 = time.time()
     with open(root / "stderr.txt", "w") as err, open(root / "stdout.txt", "w") as out:
         proc = subprocess.Popen(cmd, cwd=str(root), stdout=out, stderr=err, start_new_session=True,
@@ -101,11 +127,27 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
         try:
             attempt, resumed_at = 0, None
             while proc.poll() is None:
-                time.sleep(0.2)
+                time.sleep(0.1 if victim else 0.2)
                 if victim is None:
                     continue
                 p0 = read_json(log / "ps_progress.0.json") or {}
                 state = read_json(log / "job_state.json") or {}
+                watch_steps(log, advances)
+                if kills and "recovery_s" not in kills[-1] and args.in_place and kills[-1]["role"] == "server":
+                    # restarted alone (async/GEO): same attempt; recovered when trainer 0 steps
+                    # again after the new server is up (its progress file's time, <= 1 s late)
+                    k = kills[-1]
+                    if not in_place(state, len(kills)):
+                        continue
+                    up = [p for p in state.get("processes", []) if p["role"] == k["role"]
+                          and p["rank"] == k["rank"] and p["state"] == "up" and p["pid"] != k["pid"]]
+                    if "up_step" not in k and up:
+                        k["up_step"] = int(p0.get("step", 0))
+                    elif "up_step" in k and int(p0.get("step", 0)) > k["up_step"]:
+                        k["recovery_s"] = round(float(p0["unix"]) - k["unix"], 3)
+                        k["in_place"] = True
+                        resumed_at = float(p0["unix"])
+                    continue
                 if p0.get("attempt") != attempt or not p0.get("first_step_unix"):
                     continue
                 if resumed_at is None:
@@ -127,11 +169,11 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
                 target = rng.choice(alive)
                 p_other = read_json(log / f"ps_progress.{1 - target['rank']}.json") or {}
                 os.kill(int(target["pid"]), signal.SIGKILL)
-                kills.append({"role": role, "rank": target["rank"], "unix": time.time(),
+                kills.append({"role": role, "rank": target["rank"], "unix": time.time(), "pid": target["pid"],
                               "step": p0.get("step"), "last_step_unix": float(p_other.get("unix", time.time()))})
                 print(f"  [{root.name}] killed {role} {target['rank']} at step ~{p0.get('step')} "
                       f"({time.time() - t0:.0f} s)", flush=True)
-                attempt, resumed_at = attempt + 1, None
+                attempt, resumed_at = attempt + (0 if args.in_place and role == "server" else 1), None
             rc = proc.wait(timeout=args.timeout)
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -155,6 +197,8 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
             "other_trainer_gap_s": summary([k["other_trainer_gap_s"] for k in kills
                                             if "other_trainer_gap_s" in k]),
             "steps_redone": summary([float(r) for r in redone]),
+            "in_place": sum(1 for k in kills if k.get("in_place")),
+            "trainer_longest_gap_s": {r: longest_gap(a, kills) for r, a in advances.items()} if kills else {},
             "recoveries": len(state.get("recoveries", [])), "orphans": left,
             "new_shm_entries": outside, "files_outside_job_dirs": extra_files}
 
@@ -172,6 +216,7 @@ def main() -> int:
     p.add_argument("--runs", default="undisturbed,server,trainer")
     p.add_argument("--json", default="")
     args = p.parse_args()
+    args.in_place = args.mode == "async"  # fleetrun restarts a dead server alone (not a trainer)
     with tempfile.TemporaryDirectory(prefix="bench_ps_chaos_") as tmp:
         data = Path(tmp) / "data"
         gen_data(data, args.lines)

@@ -34,7 +34,8 @@ CONTRACT = {
     "fleet_launcher_failures_total", "fleet_ps_recoveries_total",
 }
 JOB_STATE_KEYS = {"name", "run_id", "state", "attempt", "restarts", "max_restarts", "started_at",
-                  "updated_at", "launcher_metrics", "processes", "failure_summary", "recoveries"}
+                  "updated_at", "launcher_metrics", "processes", "failure_summary", "recoveries",
+                  "membership_changes"}
 PROC_KEYS = {"role", "rank", "host", "pid", "state", "exit_code", "signal", "metrics", "log"}
 
 

@@ -46,6 +46,7 @@ silently switched off.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import torch
@@ -74,14 +75,17 @@ logger = logging.getLogger(__name__)
 
 # ---- groups ---------------------------------------------------------------------------------
 
-_GRAD_GROUPS: dict[int, tuple[list[int], Any]] = {}
+# Keyed by the topology object itself, weakly: a key of id(hcg) outlived the hcg that fleet.init
+# replaced, and when a new hcg reused the address on some ranks only, those ranks skipped the
+# collective new_group() the others called (a 4-rank job hung in 1 of ~4 runs).
+_GRAD_GROUPS: weakref.WeakKeyDictionary[Any, tuple[list[int], Any]] = weakref.WeakKeyDictionary()
 
 
 def dp_sharding_group(hcg: Any) -> tuple[list[int], Any]:
     """The ranks that hold the same model shard (same pipe and model coordinates): the
     data-parallel x sharding replicas, and a torch group over them (built once, collectively:
     every rank creates every such group in the same order)."""
-    key = id(hcg)
+    key = hcg
     if key not in _GRAD_GROUPS:
         topo = hcg.topology()
         mine: tuple[list[int], Any] | None = None

@@ -263,7 +263,7 @@ def test_etcd_node_lost_with_paddle_and_torchrun_spellings(tmp_path: Path, agent
                                                            etcd: str) -> None:
     """etcd rendezvous against a real etcd: one agent started with Paddle's flags
     (--elastic_server etcd://, --job_id, --np), one with torchrun's; the second is SIGKILLed and
-    the first finishes alone from the checkpoint."""
+    the first goes on alone from the checkpoint; a third joins and the world grows back to 2."""
     pytest.importorskip("etcd", reason="python-etcd (the v2 client torch's etcd handler uses) is missing")
     ckpt, stop = tmp_path / "ckpt", tmp_path / "stop"
     ckpt.mkdir()
@@ -278,11 +278,18 @@ def test_etcd_node_lost_with_paddle_and_torchrun_spellings(tmp_path: Path, agent
     agents[1].kill_with_workers()
     killed = time.time()
     wait_for("steps at world 1 after the kill", lambda: steps_since(ckpt, killed, 1), agents[:1])
+    # a third agent joins: the running one leaves its round at once (deletes its etcd lease,
+    # launcher.elastic.rdzv.leave_round) and the world grows back to 2
+    agents.append(Agent(tmp_path, "joiner", torchrun, args))
+    joined = time.time()
+    wait_for("steps at world 2 after the join", lambda: steps_since(ckpt, joined, 2), [agents[0], agents[2]])
     stop.write_text("")
     assert agents[0].wait(60) == 0, agents[0].output()
+    assert agents[2].wait(60) == 0, agents[2].output()
     recs = records(ckpt)
     check_continuous(recs, 6)
-    assert "(failure): left" in agents[0].output()
+    out = agents[0].output()
+    assert "(failure): left" in out and "(join): joined" in out, out
     assert_no_orphans(agents)
     # etcd-v2 (torch's dynamic rendezvous with its state in etcd), one agent, on the same etcd
     v2 = tmp_path / "v2"

@@ -41,6 +41,7 @@ from launcher.attempt import TRAINER, ProcSpec, start_all, watch
 from launcher.console import StatusConsole
 from launcher.elastic.config import describe_job, job_fingerprint
 from launcher.elastic.membership import Membership, MembershipChange, NodeRecord, diff, exchange
+from launcher.elastic.rdzv import leave_round
 from launcher.process import ConsoleWriter, terminate_all
 from launcher.spec import JobSpec
 from launcher.summary import format_membership, format_summary
@@ -75,6 +76,7 @@ class ElasticAgent:
         self._round_store: Any = None
         self._store_lost: str | None = None
         self._joined_round: int | None = None
+        self._group_rank: int | None = None
         self._dropped = False
 
     # -- rounds -----------------------------------------------------------------------------------
@@ -91,6 +93,8 @@ class ElasticAgent:
 
         e, timeout_s = self.spec.elastic, self.spec.rendezvous.timeout_s
         t0 = time.monotonic()
+        if round_no > 0:  # etcd (v1): say we left the old round instead of letting our lease expire
+            leave_round(self.handler, e.rdzv_backend, self._group_rank)
         try:
             info = self.handler.next_rendezvous()
         except graceful_exit:  # waited beyond MAX nodes; the job ended meanwhile
@@ -115,7 +119,7 @@ class ElasticAgent:
             store, group_rank, group_world_size = info
         else:
             store, group_rank, group_world_size = info.store, info.rank, info.world_size
-        self._round_store = store
+        self._round_store, self._group_rank = store, group_rank
         joined = self._torch_round()
         self._joined_round = joined[0] if joined else None
         self._dropped = False

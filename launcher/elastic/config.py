@@ -49,8 +49,9 @@ FAST_RDZV_CONF: dict[str, str] = {
 }
 """Our defaults for the c10d / etcd-v2 handlers (torch's are 30 s, 5 s and 3): a lost node is
 dropped after ~5 s without a heartbeat instead of ~15 s, and a rendezvous that reached MIN nodes
-closes 1 s later instead of 30 s. Any ``rdzv_conf`` key given wins. etcd (v1) takes
-``last_call_timeout`` only. Fewer missed heartbeats (``keep_alive_max_attempt=2``) recover
+closes 1 s later instead of 30 s. Any ``rdzv_conf`` key given wins. etcd (v1) has no heartbeat
+options: there the two keep-alive keys set its members' lease TTL (interval x attempts, 5 s; torch's
+is a fixed 10 s), see :func:`launcher.elastic.rdzv.set_etcd_keep_alive`. Fewer missed heartbeats (``keep_alive_max_attempt=2``) recover
 faster but drop live nodes on an overloaded machine (seen at load 14 on 2 cores); the agent then
 notices and re-joins (launcher.elastic.agent), at the cost of a re-formed round."""
 
@@ -189,8 +190,6 @@ class ElasticConfig:
 
     def handler_conf(self) -> dict[str, str]:
         """``rdzv_conf`` with our fast defaults for the keys not given (see FAST_RDZV_CONF)."""
-        if self.rdzv_backend is RdzvBackend.ETCD:
-            return {"last_call_timeout": FAST_RDZV_CONF["last_call_timeout"], **self.rdzv_conf}
         return {**FAST_RDZV_CONF, **self.rdzv_conf}
 
 

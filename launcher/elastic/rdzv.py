@@ -110,6 +110,9 @@ def make_handler(backend: RdzvBackend, endpoint: str, run_id: str, min_nodes: in
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
+    if backend is RdzvBackend.ETCD:
+        conf = dict(conf)
+        set_etcd_keep_alive(conf.pop("keep_alive_interval", None), conf.pop("keep_alive_max_attempt", None))
     params = RendezvousParameters(backend=str(backend), endpoint=endpoint, run_id=run_id,
                                   min_nodes=min_nodes, max_nodes=max_nodes, local_addr=local_addr,
                                   **conf)
@@ -123,6 +126,50 @@ def make_handler(backend: RdzvBackend, endpoint: str, run_id: str, min_nodes: in
         raise RendezvousError(
             f"could not open the {backend} rendezvous at {endpoint} (--rdzv_endpoint): "
             f"{type(err).__name__}: {err}{_cause(err)}") from None
+
+
+def set_etcd_keep_alive(interval: str | None, attempts: str | None) -> None:
+    """Give torch's etcd (v1) handler the c10d handler's liveness rule: a node is dropped after
+    ``keep_alive_interval * keep_alive_max_attempt`` seconds without renewing its lease.
+
+    The v1 handler has no such option: each member's keep-alive key lives ``CONST_WORKER_KEEPALIVE_TTL``
+    (10 s, a module constant read at each round) and is renewed every half of it, so survivors
+    waited 5-10 s for a dead node's key to expire (measured: node loss 12.2 s). The TTL is set on
+    the key by its owner, so agents with the default TTL (plain torchrun) still work beside ours."""
+    if interval is None and attempts is None:
+        return
+    from torch.distributed.elastic.rendezvous import etcd_rendezvous
+
+    ttl = float(interval or 5) * int(attempts or 3)
+    etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL = max(2, round(ttl))  # etcd v2 TTLs are whole seconds
+
+
+def leave_round(handler: Any, backend: RdzvBackend, group_rank: int | None) -> None:
+    """Before this agent re-enters the etcd (v1) rendezvous, delete its own keep-alive key of the
+    round it leaves, so the round is seen as dead at once.
+
+    Otherwise torch's handler only stops renewing the key, and every agent re-forming (a node
+    joined, or a worker failed) waits for it to expire (the TTL above). The c10d and etcd-v2
+    handlers close the round themselves. Best effort: a key already gone is fine."""
+    if backend is not RdzvBackend.ETCD or group_rank is None:
+        return
+    impl = getattr(handler, "_rdzv_impl", None)
+    if impl is None:
+        return
+    try:
+        _, state = impl.get_rdzv_state()
+        if state.get("status") != "final":
+            return
+        key = impl.get_path(f"/rdzv/v_{state['version']}/rank_{group_rank}")
+        if key not in state.get("keep_alives", ()):
+            return
+        stop = getattr(impl, "_lease_this_rank_stop", None)
+        if stop is not None:
+            stop.set()
+        impl.client.delete(key)
+        logger.info("left etcd rendezvous round %s (deleted %s)", state["version"], key)
+    except Exception as err:  # noqa: BLE001 - etcd errors, a state already replaced: torch copes
+        logger.debug("leaving the etcd round: %s", err)
 
 
 def _cause(err: BaseException) -> str:
@@ -168,5 +215,5 @@ def claim_run_id(store: Any, run_id: str, fingerprint: str, job: str) -> None:
             "stays taken after its job ended)", key="run_id")
 
 
-__all__ = ["claim_run_id", "hosts_port", "is_local_host", "job_store", "make_handler", "probe_endpoint",
-           "route_ip"]
+__all__ = ["claim_run_id", "hosts_port", "is_local_host", "job_store", "leave_round", "make_handler",
+           "probe_endpoint", "route_ip", "set_etcd_keep_alive"]

@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from collective.env import (
     Backend,
@@ -294,6 +294,13 @@ def _write_termination_log(text: str) -> None:
             logger.warning("could not write %s: %s", TERMINATION_LOG, err.strerror)
 
 
+def _refused(reason: str) -> None:
+    text = f"fleetrun pod: {reason}"
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+    _write_termination_log(text)
+
+
 def run_pod(cfg: PodConfig) -> int:
     """Run this pod's share of the job; return the container's exit code."""
     index = cfg.index if cfg.index is not None else pod_index(os.environ, cfg.role)
@@ -305,8 +312,10 @@ def run_pod(cfg: PodConfig) -> int:
         wait_resolvable(_hosts_needed(cfg, index), cfg.rdzv_timeout_s)
         if cfg.mode is Mode.PS:  # automatic checkpoints: pods restart each other (see the module)
             generation = k8s_ps_recovery.enter(cfg.role, index, cfg.run_id, cfg.servers,
-                                               cfg.trainers, cfg.rdzv_timeout_s)
+                                               cfg.trainers, cfg.rdzv_timeout_s, cfg.log_dir)
         specs = build_proc_specs(cfg, index)
+        if generation is not None and generation.process_env():  # a server restarted alone
+            specs = [replace(s, env={**s.env, **generation.process_env()}) for s in specs]
         logger.info(
             "pod %s %d of job '%s': %d process(es), %s",
             cfg.role,
@@ -319,7 +328,13 @@ def run_pod(cfg: PodConfig) -> int:
         running = start_all(specs, worker_argv(job), 0, ConsoleWriter())
         failures = _supervise(cfg, running)
         stopped = [(r.spec.role, r.spec.rank) for r in running if r.proc.exit is None]
+    except k8s_ps_recovery.RecoveryRefused as err:  # the job cannot recover: it fails
+        _refused(str(err))
+        return k8s_ps_recovery.REFUSED_EXIT
     except Interrupted as sig:
+        if generation is not None and generation.refused:  # the job cannot recover (a pod said)
+            _refused(generation.refused)
+            return k8s_ps_recovery.REFUSED_EXIT
         sys.stderr.write(f"fleetrun pod: got {sig}; stopped this pod's processes\n")
         return 128 + sig.signum
     finally:

@@ -4,7 +4,7 @@ Metrics (``fleet_launcher_*``, served by the launcher itself on a free 127.0.0.1
 
 * ``fleet_launcher_job_state{state}`` — 1 for the current :class:`JobState`, 0 for the others;
 * ``fleet_launcher_processes_up{role}`` — processes of this node running now, by role;
-* ``fleet_launcher_restarts_total`` — job restarts done;
+* ``fleet_launcher_restarts_total`` — job restarts done (a process restarted alone in place counts one);
 * ``fleet_launcher_failures_total{cause}`` — failed processes / attempts by :class:`FailureCause`.
 * ``fleet_launcher_membership_changes_total{cause}`` — elastic jobs: rounds whose nodes differ from the
   previous round's, by cause (``failure`` or ``join``; :mod:`launcher.elastic.agent`).
@@ -262,11 +262,20 @@ class JobMonitor:
         for cause in causes:
             FAILURES.labels(cause=cause.value).inc()
 
-    def restarting(self, attempt: int) -> None:
-        """The job restarts as ``attempt``."""
+    def restarting(self, restarts: int) -> None:
+        """The job restarts (a new attempt); ``restarts``: the restarts spent so far, this one and
+        in-place ones (:meth:`restarted_in_place`) included."""
         RESTARTS.inc()
-        self.restarts = attempt
+        self.restarts = restarts
         self._set_state(JobState.RESTARTING)
+
+    def restarted_in_place(self, restarts: int) -> None:
+        """One process was restarted alone while the others go on in the same attempt (a PS
+        server in async/GEO mode): a restart spent like any other (``restarts``: spent so far,
+        this one included), the state stays running."""
+        RESTARTS.inc()
+        self.restarts = restarts
+        self._set_state(self.state)
 
     def recovered(self, role: str, text: str) -> None:
         """A PS recovery (one line: who died, what was restored, work redone) is under way."""

@@ -242,6 +242,26 @@ def test_restart_counts_in_job_state(tmp_path: Path) -> None:
         "succeeded", 1, 1, 1)
 
 
+@pytest.mark.timeout(30)
+def test_in_place_restarts_count_in_job_state(tmp_path: Path) -> None:
+    """A process restarted alone (a PS server in async/GEO mode) spends a restart: job_state.json
+    counts it while the job stays in its attempt, and a later restart of the job counts on."""
+    from launcher.telemetry import JobMonitor, JobState
+
+    monitor = JobMonitor("j", "r", 3, str(tmp_path), "127.0.0.1", metrics=False)
+    monitor.attempt_started(0, [])
+    monitor.recovered("server", "recovery 1 (attempt 0, in place): server 0 ...")
+    monitor.restarted_in_place(1)
+    state = read_state(tmp_path)
+    assert (state["state"], state["attempt"], state["restarts"], len(state["recoveries"])) == (
+        "running", 0, 1, 1)
+    monitor.restarting(2)
+    monitor.attempt_started(1, [])
+    monitor.finished(JobState.SUCCEEDED)
+    state = read_state(tmp_path)
+    assert (state["state"], state["attempt"], state["restarts"]) == ("succeeded", 1, 2)
+
+
 @pytest.mark.timeout(120)
 def test_no_metrics_flag(tmp_path: Path) -> None:
     log, out = tmp_path / "log", tmp_path / "out"

@@ -1,37 +1,50 @@
 """Recovery of a PS job with automatic checkpoints on Kubernetes: the pods' side.
 
-The local design (:mod:`launcher.ps_recovery`) restarts every process of the job when one dies,
-the servers on the same endpoints, and trainer 0 loads the newest good checkpoint. On Kubernetes
-Kubernetes restarts the dead pod (the servers' StatefulSet: ``restartPolicy: Always``, same pod
+Kubernetes restarts a dead pod (the servers' StatefulSet: ``restartPolicy: Always``, same pod
 name, same DNS name through the headless Service; the trainers' Indexed Job: a new pod for the
-failed index while ``backoffLimit`` lasts), and the pods restart each other through **generations**
-kept on the checkpoint volume every pod mounts (``FLEET_PS_CHECKPOINT_DIR``, a ReadWriteMany
-PersistentVolumeClaim)::
+failed index), and the pods decide what that restart means through files on the checkpoint
+volume every pod mounts (``FLEET_PS_CHECKPOINT_DIR``, a ReadWriteMany PersistentVolumeClaim)::
 
-    DIR/.pods/RUN_ID/gen-N          generation N exists (created O_EXCL: one pod makes it)
-    DIR/.pods/RUN_ID/server-I       {"generation": N, ...}: server pod I runs in generation N
-    DIR/.pods/RUN_ID/trainer-I      the same for trainer pod I
+    DIR/.pods/RUN_ID/gen-N                 generation N exists (created O_EXCL: one pod makes it)
+    DIR/.pods/RUN_ID/server-I              {"generation": N, ...}: server pod I runs in generation N
+    DIR/.pods/RUN_ID/trainer-I             the same for trainer pod I
+    DIR/.pods/RUN_ID/progress.trainer-I    trainer I's progress (LOG_DIR/ps_progress.I.json, copied
+                                           by its pod every WATCH_PERIOD_S) with its generation
+    DIR/.pods/RUN_ID/alone-K               in-place recovery K (a server restarted alone)
+    DIR/.pods/RUN_ID/failed                why the job cannot recover: every pod stops, exit 3
 
-* A pod starting finds its own marker at the current generation: it is a restart of a pod that
-  died (a SIGKILL, an OOM kill, a node loss; the pod cannot tell which) → it creates generation
-  N + 1 and logs one recovery line (:class:`launcher.ps_recovery.Recovery`: who, the checkpoint
-  the trainers will load).
-* Every pod joins the newest generation (writes its marker), then waits until every server and
-  trainer pod has joined it (bounded by ``--rdzv_timeout``) before starting its process: no
-  server of the new generation serves while a trainer of the old one can still push to it, and
-  trainer 0 loads the checkpoint only into servers that will not restart again.
-* While its process runs, a pod watches the generation (every :data:`WATCH_PERIOD_S`); a newer
-  one stops the process and the pod exits non-zero (SIGTERM to itself → 143): a server's
-  container is restarted by the kubelet, a trainer's pod is replaced by the Job controller.
+A pod starting finds its own marker at the current generation: it is a restart of a pod that
+died (a SIGKILL, an OOM kill, a node loss; the pod cannot tell which). Then, as the local agent
+(:mod:`launcher.ps_recovery`) decides:
 
-So one recovery costs each trainer pod one failure: ``backoffLimit = max_restarts x trainers``
-is the budget (when spent the Job fails; the StatefulSet's servers restart without bound, the
-launcher deletes them with the Job). Trainers get FLEET_PS_RECONNECT_S: a call that finds a
-server restarting waits for it instead of failing at once.
+* **no committed checkpoint yet, or the budget spent** (restarts used = generations + in-place
+  recoveries, against FLEET_PS_MAX_RESTARTS = ``max_restarts``) → the job fails: the pod writes
+  ``failed`` with the reason and exits :data:`REFUSED_EXIT`; every other pod sees it, stops its
+  process and exits :data:`REFUSED_EXIT` too; the trainers' Job fails at once on that exit code
+  (its ``podFailurePolicy``), and ``fleetrun`` prints the termination message;
+* **a server, and every trainer's progress of this generation says async or GEO** → in place:
+  only this server restarts (``alone-K``), its process gets FLEET_PS_RESTORE_LATEST=DIR and
+  restores its own shards from the newest good checkpoint before it listens; the trainers keep
+  running, their calls to it wait (FLEET_PS_RECONNECT_S) on its unchanged DNS name. Logged as
+  locally: ``recovery 2 (attempt 0, in place): server 0 restarted by Kubernetes at step ~61;
+  restarted: server 0 only, restored its shard from ckpt-000044 (step 44); work lost: ...``;
+* **otherwise** (sync mode, a trainer died) → every pod restarts: the pod creates generation
+  N + 1 and logs the recovery line with the steps redone (from the progress copies); every pod
+  watches the generation (every :data:`WATCH_PERIOD_S`), and a newer one stops its process and
+  the pod exits 143, so the kubelet / the Job controller restarts it. A pod starting joins the
+  newest generation and waits until every server and trainer pod has joined it (bounded by
+  ``--rdzv_timeout``) before it starts its process: no server of the new generation serves
+  while a trainer of the old one can still push to it; then trainer 0 loads the newest good
+  checkpoint into the servers.
 
-Not like the local scheduler: a recovery before the first checkpoint restarts the job from the
-beginning (the local agent fails the job then); a recovery after some trainer pods finished
-(exit 0) waits for them at the barrier until ``--rdzv_timeout`` and fails.
+The budget is counted here, not by Kubernetes: a StatefulSet restarts a container without
+bound, and a Job's ``backoffLimit`` counts pod failures, not recoveries. ``backoffLimit`` stays
+``max_restarts x trainers`` as an outer bound (one restart-all recovery costs each trainer pod
+one failure). Trainers get FLEET_PS_RECONNECT_S.
+
+Not like the local scheduler: a recovery after some trainer pods finished (exit 0) waits for them
+at the barrier until ``--rdzv_timeout`` and fails; the pods of one run id share ``.pods`` (a job
+re-applied with the same name and run id should get a fresh ``ps_checkpoint.dir``).
 """
 
 from __future__ import annotations
@@ -48,7 +61,7 @@ from typing import Any
 
 from collective.env import PSCheckpointEnv, ps_checkpoint_env
 from collective.errors import ConfigError, LaunchError
-from launcher.ps_recovery import Recovery, latest_committed
+from launcher.ps_recovery import ALONE_MODES, RESTORE_LATEST_ENV, Recovery, latest_committed
 from launcher.spec import JobSpec
 
 logger = logging.getLogger(__name__)
@@ -64,6 +77,13 @@ launcher loads no grpc)."""
 RECONNECT_S = 60.0
 """The trainers' FLEET_PS_RECONNECT_S (unless the job's env sets it): a restarting server pod
 (container start, imports, tables) is waited for this long."""
+MAX_RESTARTS_ENV = "FLEET_PS_MAX_RESTARTS"
+"""The job's ``max_restarts`` in every pod: the recoveries the pods may start (counted on the
+volume)."""
+REFUSED_EXIT = 3
+"""Exit code of a pod when the job cannot recover (no checkpoint yet, budget spent): the
+trainers' Job fails at once on it (``podFailurePolicy``)."""
+FAILED_FILE = "failed"
 
 
 # -- rendering (launcher.schedulers.k8s_render calls these) ---------------------------------------
@@ -92,28 +112,47 @@ def check_checkpoint_volume(spec: JobSpec) -> None:
 
 
 def checkpoint_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
-    """FLEET_PS_CHECKPOINT_* of every pod (the servers use the directory for the generations)
-    and the trainers' FLEET_PS_RECONNECT_S; empty without ``ps_checkpoint.dir``."""
+    """FLEET_PS_CHECKPOINT_* and FLEET_PS_MAX_RESTARTS of every pod (the pods keep their
+    recovery files in the directory) and the trainers' FLEET_PS_RECONNECT_S; empty without
+    ``ps_checkpoint.dir``."""
     cfg = spec.ps_checkpoint
     if not cfg.dir:
         return []
     env = ps_checkpoint_env(PSCheckpointEnv(cfg.dir, cfg.interval_s, cfg.keep))
+    env[MAX_RESTARTS_ENV] = str(spec.max_restarts)
     if role == "trainer" and RECONNECT_ENV not in spec.env:
         env[RECONNECT_ENV] = f"{RECONNECT_S:g}"
     return [{"name": k, "value": v} for k, v in env.items() if k not in spec.env]
 
 
+def pod_failure_policy(spec: JobSpec) -> dict[str, Any] | None:
+    """The trainers' Job ``podFailurePolicy``: a pod exiting :data:`REFUSED_EXIT` (the job cannot
+    recover) fails the Job at once rather than being retried; None without ``ps_checkpoint``."""
+    if not spec.ps_checkpoint.dir:
+        return None
+    # (an empty onPodConditions: the 1.28 schema requires the field; the API server takes an
+    # empty list as "not set", as k8s_elastic does)
+    return {"rules": [{"action": "FailJob", "onPodConditions": [], "onExitCodes": {
+        "containerName": "trainer", "operator": "In", "values": [REFUSED_EXIT]}}]}
+
+
+class RecoveryRefused(LaunchError):
+    """The job cannot recover from a pod's death (no checkpoint yet, budget spent): the pod exits
+    :data:`REFUSED_EXIT`."""
+
+
 def _generation(directory: str) -> int:
     """The newest generation of ``directory`` (0 when none was created yet)."""
-    best = 0
+    return max(_numbered(directory, "gen-"), default=0)
+
+
+def _numbered(directory: str, prefix: str) -> list[int]:
     try:
         names = os.listdir(directory)
     except OSError:
-        return 0
-    for name in names:
-        if name.startswith("gen-") and name[4:].isdigit():
-            best = max(best, int(name[4:]))
-    return best
+        return []
+    return [int(n[len(prefix):]) for n in names
+            if n.startswith(prefix) and n[len(prefix):].isdigit()]
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -125,11 +164,42 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _marker(directory: str, who: str) -> int | None:
+def _read_json(path: str) -> dict[str, Any] | None:
     try:
-        with open(os.path.join(directory, who), encoding="utf-8") as f:
-            return int(json.load(f)["generation"])
-    except (OSError, ValueError, KeyError, TypeError):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _marker(directory: str, who: str) -> int | None:
+    data = _read_json(os.path.join(directory, who))
+    try:
+        return int(data["generation"]) if data else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _create(path: str, text: str) -> bool:
+    """Create ``path`` with ``text`` unless it exists (O_EXCL: one pod wins); True if created."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def read_refusal(directory: str) -> str | None:
+    """Why the job cannot recover (the ``failed`` file), or None."""
+    try:
+        with open(os.path.join(directory, FAILED_FILE), encoding="utf-8") as f:
+            return f.read().strip() or "the job cannot recover"
+    except OSError:
         return None
 
 
@@ -144,32 +214,94 @@ class PodGeneration:
     """``server-I`` or ``trainer-I``."""
     members: tuple[str, ...]
     """Every pod of the job (``server-0``..., ``trainer-0``...)."""
+    max_restarts: int = 0
+    """Recoveries the job may make (``max_restarts``)."""
+    log_dir: str = ""
+    """The pod's log directory (a trainer copies its progress file from there)."""
     generation: int = 0
     recovery: Recovery | None = None
     """The recovery this pod started (it is a restart), else None."""
+    refused: str = ""
+    """Set when the pod stopped because the job cannot recover (``failed``)."""
     _stop: threading.Event | None = None
 
+    @property
+    def alone(self) -> bool:
+        """This pod is a server restarted alone (in place)."""
+        return self.recovery is not None and bool(self.recovery.alone)
+
+    def process_env(self) -> dict[str, str]:
+        """Env added to the pod's process: FLEET_PS_RESTORE_LATEST for a server restarted
+        alone (it restores its own shards before it listens)."""
+        return {RESTORE_LATEST_ENV: self.checkpoint_dir} if self.alone else {}
+
+    def progress(self, generation: int) -> list[dict[str, Any]]:
+        """The trainers' progress copies of ``generation``."""
+        out = []
+        for m in self.members:
+            if m.startswith("trainer-"):
+                data = _read_json(os.path.join(self.directory, f"progress.{m}"))
+                if data and data.get("generation") == generation:
+                    out.append(data)
+        return out
+
+    def used(self) -> int:
+        """Recoveries made so far: generations started plus servers restarted alone."""
+        return _generation(self.directory) + len(_numbered(self.directory, "alone-"))
+
+    def refuse(self, reason: str) -> RecoveryRefused:
+        """Record that the job cannot recover (every pod stops); the error to raise."""
+        _create(os.path.join(self.directory, FAILED_FILE), reason)
+        self.refused = read_refusal(self.directory) or reason
+        return RecoveryRefused(self.refused)
+
+    def _restarted(self, current: int) -> None:
+        """This pod ran in generation ``current`` and died: recover (in place or every pod) or
+        refuse."""
+        role, _, index = self.who.partition("-")
+        refusal = read_refusal(self.directory)
+        if refusal:
+            raise self.refuse(refusal)
+        latest = latest_committed(self.checkpoint_dir)
+        if latest is None:
+            raise self.refuse(f"no PS recovery: {role} {index} was restarted by Kubernetes but "
+                              f"there is no committed checkpoint in {self.checkpoint_dir} yet (as "
+                              "locally, the job fails; the first is taken after "
+                              "ps_checkpoint.interval_s of training)")
+        used = self.used()
+        if used >= self.max_restarts:
+            raise self.refuse(f"no PS recovery: {role} {index} was restarted by Kubernetes but "
+                              f"the restart budget is spent ({used} of max_restarts "
+                              f"{self.max_restarts} used); raise --max_restarts to allow more")
+        progress = self.progress(current)
+        steps = [int(p["step"]) for p in progress if isinstance(p.get("step"), int)]
+        step = max(steps) if steps else None
+        num_trainers = sum(m.startswith("trainer-") for m in self.members)
+        died = f"{role} {index} restarted by Kubernetes"
+        alone = (role == "server" and len(progress) == num_trainers
+                 and all(p.get("mode") in ALONE_MODES for p in progress))
+        if alone:
+            rec = Recovery(used + 1, current, died, role, latest[0], latest[1], step,
+                           alone=f"{role} {index}")
+            k = len(_numbered(self.directory, "alone-")) + 1
+            while not _create(os.path.join(self.directory, f"alone-{k}"), rec.text()):
+                k += 1  # bounded by the files there: another server restarted alone at once
+            self.recovery = rec
+            logger.warning("PS %s", rec.text())
+            return
+        rec = Recovery(used + 1, current, died, role, latest[0], latest[1], step)
+        if _create(os.path.join(self.directory, f"gen-{current + 1}"), rec.text()):
+            self.recovery = rec
+            logger.warning("PS %s; every pod of the job restarts", rec.text())
+        # else another restarted pod made it first: join that one
+
     def join(self, timeout_s: float) -> None:
-        """Create the next generation if this pod is a restart; join the newest; wait until every
-        pod joined it."""
+        """Recover (or refuse) if this pod is a restart; join the newest generation; wait until
+        every pod joined it."""
         os.makedirs(self.directory, exist_ok=True)
         current = _generation(self.directory)
         if _marker(self.directory, self.who) == current:  # this pod ran in it and died
-            role, _, index = self.who.partition("-")
-            latest = latest_committed(self.checkpoint_dir)
-            name, step = latest if latest else ("no checkpoint (a fresh start)", 0)
-            rec = Recovery(current + 1, current, f"{role} {index} restarted by Kubernetes", role,
-                           name, step, None)
-            try:
-                fd = os.open(os.path.join(self.directory, f"gen-{current + 1}"),
-                             os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                pass  # another restarted pod made it first: join that one
-            else:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(rec.text() + "\n")
-                self.recovery = rec
-                logger.warning("PS %s; every pod of the job restarts", rec.text())
+            self._restarted(current)
         deadline = time.monotonic() + timeout_s
         while True:
             self.generation = _generation(self.directory)
@@ -178,6 +310,9 @@ class PodGeneration:
             missing = [m for m in self.members if _marker(self.directory, m) != self.generation]
             if not missing:
                 return
+            refusal = read_refusal(self.directory)
+            if refusal:
+                raise self.refuse(refusal)
             if time.monotonic() > deadline:
                 raise LaunchError(
                     f"PS recovery: pods {', '.join(missing)} did not join generation "
@@ -185,13 +320,35 @@ class PodGeneration:
                     "finished or cannot be scheduled holds the job back")
             time.sleep(0.2)
 
+    def copy_progress(self) -> None:
+        """A trainer pod: copy its process's progress file to the volume, with the generation
+        (what a restarted pod reads for the mode and the steps redone)."""
+        role, _, index = self.who.partition("-")
+        if role != "trainer" or not self.log_dir:
+            return
+        data = _read_json(os.path.join(self.log_dir, f"ps_progress.{index}.json"))
+        if data is not None:
+            try:
+                _write_json(os.path.join(self.directory, f"progress.{self.who}"),
+                            {**data, "generation": self.generation})
+            except OSError as err:  # progress is for the recovery's report and mode only
+                logger.debug("progress of %s not copied: %s", self.who, err)
+
     def watch(self) -> None:
-        """Until :meth:`close`: when a newer generation appears, SIGTERM this pod's fleetrun (its
-        process is stopped and it exits non-zero, so Kubernetes restarts it)."""
+        """Until :meth:`close`: copy the progress (a trainer); when a newer generation appears or
+        the job cannot recover, SIGTERM this pod's fleetrun (its process is stopped; it exits
+        non-zero, and Kubernetes restarts it or the Job fails)."""
         self._stop = threading.Event()
 
         def loop(stop: threading.Event) -> None:
             while not stop.wait(WATCH_PERIOD_S):
+                self.copy_progress()
+                refusal = read_refusal(self.directory)
+                if refusal:
+                    logger.error("PS recovery: %s; stopping this pod (%s)", refusal, self.who)
+                    self.refused = refusal
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
                 newer = _generation(self.directory)
                 if newer > self.generation:
                     logger.warning("PS recovery: generation %d started (%s); restarting this pod",
@@ -202,24 +359,32 @@ class PodGeneration:
         threading.Thread(target=loop, args=(self._stop,), name="ps-generation", daemon=True).start()
 
     def close(self) -> None:
-        """Stop watching."""
+        """Stop watching (a trainer's progress copied a last time)."""
         if self._stop is not None:
             self._stop.set()
+        self.copy_progress()
 
 
 def enter(role: str, index: int, run_id: str, servers: int, trainers: int,
-          timeout_s: float) -> PodGeneration | None:
-    """For a PS pod with FLEET_PS_CHECKPOINT_DIR: join the job's newest generation (after starting
-    a new one if this pod is a restart) and watch it; None without automatic checkpoints."""
+          timeout_s: float, log_dir: str = "") -> PodGeneration | None:
+    """For a PS pod with FLEET_PS_CHECKPOINT_DIR: recover or refuse if this pod is a restart,
+    join the job's newest generation and watch it; None without automatic checkpoints.
+    :class:`RecoveryRefused` when the job cannot recover."""
     checkpoint_dir = os.environ.get(CHECKPOINT_DIR_ENV, "")
     if not checkpoint_dir:
         return None
-    members = tuple([f"server-{i}" for i in range(servers)] + [f"trainer-{i}" for i in range(trainers)])
+    raw = os.environ.get(MAX_RESTARTS_ENV, "0")
+    if not raw.isdigit():
+        raise ConfigError(f"must be a whole number >= 0, got {raw!r}", key=MAX_RESTARTS_ENV)
+    members = tuple([f"server-{i}" for i in range(servers)]
+                    + [f"trainer-{i}" for i in range(trainers)])
     gen = PodGeneration(os.path.join(checkpoint_dir, PODS_DIR, run_id), checkpoint_dir,
-                        f"{role}-{index}", members)
+                        f"{role}-{index}", members, int(raw), log_dir)
     gen.join(timeout_s)
     gen.watch()
     return gen
 
 
-__all__ = ["PODS_DIR", "PodGeneration", "check_checkpoint_volume", "checkpoint_env", "enter"]
+__all__ = ["MAX_RESTARTS_ENV", "PODS_DIR", "REFUSED_EXIT", "PodGeneration", "RecoveryRefused",
+           "check_checkpoint_volume", "checkpoint_env", "enter", "pod_failure_policy",
+           "read_refusal"]

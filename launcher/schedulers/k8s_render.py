@@ -18,9 +18,11 @@ the trainers' Job has one pod per trainer. The token is FLEET_PS_TOKEN of the jo
 fleetrun's, else a new random one per render: ``--dry_run`` prints it inside the Secret (that
 output is what you apply), nothing else does.
 
-PS job with ``ps_checkpoint``: every pod gets FLEET_PS_CHECKPOINT_* (the directory must be on a
-mounted ReadWriteMany PersistentVolumeClaim), the trainers FLEET_PS_RECONNECT_S; a dead server or
-trainer pod is restarted by Kubernetes and the pods restart each other from the newest checkpoint
+PS job with ``ps_checkpoint``: every pod gets FLEET_PS_CHECKPOINT_* and FLEET_PS_MAX_RESTARTS
+(the directory must be on a mounted ReadWriteMany PersistentVolumeClaim), the trainers
+FLEET_PS_RECONNECT_S, the trainers' Job a ``podFailurePolicy`` (exit 3, the job cannot recover:
+FailJob); a dead server or trainer pod is restarted by Kubernetes and either restarts alone (an
+async/GEO server restoring its own shards) or restarts every pod from the newest checkpoint
 (:mod:`launcher.schedulers.k8s_ps_recovery`).
 
 Every container runs ``fleetrun pod ...`` (:mod:`launcher.pod`), which derives its rank / role /
@@ -408,6 +410,9 @@ def render_trainer_job(spec: JobSpec) -> dict[str, Any]:
             "backoffLimit": spec.max_restarts * pods,
             "template": render_pod_template(spec, TRAINER),
         }
+        policy = k8s_ps_recovery.pod_failure_policy(spec) if spec.mode is Mode.PS else None
+        if policy is not None:  # a pod finding that the job cannot recover fails it at once
+            job_spec["podFailurePolicy"] = policy
     if spec.k8s.ttl_seconds_after_finished is not None:
         job_spec["ttlSecondsAfterFinished"] = spec.k8s.ttl_seconds_after_finished
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}

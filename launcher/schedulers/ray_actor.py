@@ -7,7 +7,8 @@ bundle:
 
 * :meth:`ProcessActor.info` — where it landed (node IP, node id, host name, GPU ids);
 * :meth:`ProcessActor.free_port` / :meth:`ProcessActor.free_ports` — free ports on its node
-  (rendezvous/endpoints, and the process's ``/metrics``);
+  (rendezvous/endpoints, and the process's ``/metrics``); :meth:`ProcessActor.port_free` —
+  whether a given one is (a PS server re-created alone takes its previous port);
 * :meth:`ProcessActor.start` — the user's command (``launcher.agent.worker_argv``: through
   ``collective.bootstrap``, so an uncaught exception lands in the error file) with the env the
   driver built from ``collective.env``; the child runs in its own session with
@@ -118,6 +119,18 @@ class ProcessActor:
         finally:
             for sock in socks:
                 sock.close()
+
+    def port_free(self, host: str, port: int) -> bool:
+        """Whether ``port`` can be bound on ``host`` now (a server restarted alone needs its
+        previous port: the trainers' endpoints do not change)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+        return True
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str | None, driver_python: str) -> int:
         """Start the child; return its pid. ``env`` holds the job's variables (spec env and the

@@ -33,8 +33,11 @@ A PS job with automatic checkpoints (``ps_checkpoint``) recovers as on the local
 node) spends one restart, and every actor is re-created in the job's placement group, which is
 kept across the attempts (the same bundles, so the same nodes; each server on its first port, so
 on its endpoint); trainer 0 loads the newest good checkpoint and the trainers skip what they had
-trained. Each recovery goes to the console, ``job_state.json``, the final summary and
-``fleet_ps_recoveries_total``; no checkpoint yet or no restart left: the job fails as above.
+trained. In async/GEO mode a dead server alone is re-created in its bundle on its port and
+restores its own shards while the trainers go on (:mod:`launcher.schedulers.ray_ps_recovery`).
+Each recovery goes to the console, ``job_state.json`` (``recoveries``; ``restarts`` counts
+in-place ones too), the final summary and ``fleet_ps_recoveries_total``; no checkpoint yet or no
+restart left: the job fails as above.
 
 An elastic job (``--nnodes MIN:MAX``) forms each attempt from the actors the cluster can place
 and grows when resources return (:mod:`launcher.schedulers.ray_elastic`).
@@ -67,7 +70,7 @@ from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, ExitInfo
 from launcher.ps_recovery import make_recovery
-from launcher.schedulers import ray_elastic
+from launcher.schedulers import ray_elastic, ray_ps_recovery
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
 from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect
 from launcher.schedulers.ray_plan import AttemptPaths, Placed, Slot, make_proc_specs, make_slots
@@ -178,6 +181,8 @@ class RayJob:
         """The placement group kept across the attempts of a recovered PS job."""
         self.server_ports: dict[int, int] = {}
         """Server index -> its port (a recovered server comes back on its endpoint)."""
+        self.restarts = 0
+        """Restarts spent: failed attempts restarted, and servers restarted alone in place."""
         self.elastic = spec.elastic.enabled
         self.probe: tuple[Any, Any] | None = None
         """An elastic round's growth probe (ray_elastic.arm_growth_probe)."""
@@ -214,7 +219,7 @@ class RayJob:
     def _run(self, monitor: JobMonitor) -> int:
         spec = self.spec
         history: list[str] = []
-        attempt = restarts = 0  # attempts: every round of an elastic job; restarts: failures
+        attempt = 0  # every round of an elastic job; self.restarts: failures (in place too)
         world = 0  # elastic: the previous round's world size, and why that round ended
         change: tuple[str, list[str]] = ("", [])
         while True:
@@ -245,7 +250,7 @@ class RayJob:
             change = ("failure", [f"{_label(f)} ({f.exit_desc})" for f in failures])
             monitor.attempt_failed([FailureCause.NODE if f.exit_desc.startswith("Ray actor died")
                                     else cause_of(f.exit_desc) for f in failures])
-            decision = decide(bool(failures), restarts, spec.max_restarts)
+            decision = decide(bool(failures), self.restarts, spec.max_restarts)
             no_recovery = ""
             if self.recovery is not None and failures and decision is not Decision.SUCCEED:
                 first = min(failures, key=lambda f: f.time)
@@ -258,7 +263,8 @@ class RayJob:
                     logger.warning("%s", got.text())
             recovered = self.recovery.finish(attempt) if self.recovery is not None else ""
             if decision is Decision.SUCCEED:
-                logger.info("job '%s' succeeded on Ray (%d restart(s) used)", spec.name, restarts)
+                logger.info("job '%s' succeeded on Ray (%d restart(s) used)", spec.name,
+                            self.restarts)
                 if recovered:
                     sys.stderr.write(f"fleetrun: job '{spec.name}' succeeded; {recovered}\n")
                 monitor.finished(JobState.SUCCEEDED)
@@ -266,17 +272,17 @@ class RayJob:
             what = ", ".join(f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
             history.append(f"attempt {attempt}: {what}")
             if decision is Decision.RESTART:
-                attempt, restarts = attempt + 1, restarts + 1
-                monitor.restarting(restarts)
+                attempt, self.restarts = attempt + 1, self.restarts + 1
+                monitor.restarting(self.restarts)
                 monitor.refresh(failed_ids)
                 logger.warning("attempt %d failed (%s); restarting the whole group (restart %d of %d)",
-                               attempt - 1, what, restarts, spec.max_restarts)
+                               attempt - 1, what, self.restarts, spec.max_restarts)
                 continue
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
             if monitor.membership_changes:
                 note = "; ".join([note, "Membership changes: " + "; ".join(
                     monitor.membership_changes)]).lstrip("; ")
-            text = format_summary(spec.name, failures, stopped, spec.log_dir, restarts,
+            text = format_summary(spec.name, failures, stopped, spec.log_dir, self.restarts,
                                   spec.max_restarts, note)
             text += "".join(f"\n{t}" for t in (no_recovery, recovered) if t)
             monitor.finished(JobState.FAILED, text, failed_ids)
@@ -395,7 +401,11 @@ class RayJob:
                 self.monitor.refresh()
             failures = [m.failure for m in group.members if m.failure is not None]
             if failures:
-                return failures
+                member = self._restart_alone(group, failures, attempt)
+                if member is None:
+                    return failures
+                pending[member.actor.poll.remote(POLL_S)] = member
+                continue
             if not any(m.reply for m in group.members) and ray_elastic.probe_placed(
                     self.ray, self.probe):  # an elastic job can grow (none has finished yet)
                 logger.info("resources for one more node are free: re-forming the job bigger")
@@ -408,6 +418,35 @@ class RayJob:
                 if time.monotonic() >= server_deadline:
                     return []
         return []
+
+    def _restart_alone(self, group: _Group, failures: list[Failure],
+                       attempt: int) -> _Member | None:
+        """A PS job in async/GEO mode whose one failure is a server: re-create that server's actor
+        alone in its bundle, on its port, restoring its shards (:mod:`ray_ps_recovery`); the
+        trainers go on. The new member (replacing the dead one), or None: the attempt ends."""
+        if self.recovery is None or self.elastic or len(failures) != 1:
+            return None
+        i = next(i for i, m in enumerate(group.members) if m.failure is failures[0])
+        old = group.members[i]
+        ctx = ray_ps_recovery.RespawnContext(
+            self.ray, self.actor_cls, group.pg, self.run_id, self.argv,
+            self.spec.entrypoint.no_python, self.cwd, self.monitor.metrics_enabled, self._get)
+        got = ray_ps_recovery.respawn_server(
+            ctx, self.recovery, failures, old.actor, old.proc, i, self.slots[i].bundle, old.log,
+            attempt, self.restarts < self.spec.max_restarts)
+        if not isinstance(got, ray_ps_recovery.Respawned):
+            if got == ray_ps_recovery.PORT_TAKEN:  # the restart-all recovery finds it a new port
+                self.server_ports.pop(old.proc.rank, None)
+            return None
+        member = _Member(got.actor, got.info, got.proc, old.log, got.pid)
+        group.members[i] = member
+        group.actors.append(got.actor)
+        self.restarts += 1
+        self.monitor.recovered(old.proc.role, got.recovery.text())
+        self.monitor.restarted_in_place(self.restarts)
+        self.monitor.attempt_started(attempt, group.members)
+        logger.warning("%s", got.recovery.text())
+        return member
 
     def _handle_poll(self, m: _Member, ref: Any, attempt: int) -> bool:
         """Write a poll reply's output; record an exit. True while the process still runs."""

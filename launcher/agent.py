@@ -493,6 +493,7 @@ class Agent:
                     if not self._restart_alone(running, failures, remote, attempt, alone, monitor, argv):
                         break
                     alone += 1  # a unit of the budget spent; the job goes on in this attempt
+                    monitor.restarted_in_place(attempt + alone)
                 if failures:
                     first = min(failures, key=lambda f: f.time)
                     plan.report_failure(attempt, f"{_label(first)} {first.exit_desc} {first.message}")
@@ -529,10 +530,10 @@ class Agent:
             history.append(f"attempt {attempt}: {what}")
             if decision is Decision.RESTART:
                 attempt += 1
-                monitor.restarting(attempt)
+                monitor.restarting(attempt + alone)
                 monitor.refresh(failed_ids)
                 logger.warning("attempt %d failed (%s); restarting the job (restart %d of %d)",
-                               attempt - 1, what, attempt, plan.max_restarts)
+                               attempt - 1, what, attempt + alone, plan.max_restarts)
                 continue
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
             after = "\n".join(t for t in (no_recovery, recovery.finish(attempt)) if t) if recovery else ""

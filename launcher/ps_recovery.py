@@ -184,18 +184,23 @@ class PSRecovery:
         restarts it alone, or None when the whole job must restart instead (or fail). Only a
         server, only when every trainer of the attempt reports async or GEO mode (its progress
         file), a committed checkpoint exists and the budget has a unit left."""
-        if role != "server" or not budget_left:
+        if not self.alone_possible(attempt, role, budget_left):
             return None
         latest = latest_committed(self.dir)
-        progress = [p for p in read_progress(self.log_dir) if p.get("attempt") == attempt]
-        if latest is None or len(progress) < self.num_trainers:
-            return None
-        if any(p.get("mode") not in ALONE_MODES for p in progress):
+        if latest is None:
             return None
         rec = Recovery(len(self.recoveries) + 1, attempt, died, role, latest[0], latest[1],
                        self._progress_step(attempt), alone=f"server {rank}")
         self.recoveries.append(rec)
         return rec
+
+    def alone_possible(self, attempt: int, role: str, budget_left: bool) -> bool:
+        """Whether :meth:`recover_alone` would restart the dead process alone (nothing recorded:
+        the Ray driver asks before it re-creates the server's actor)."""
+        if role != "server" or not budget_left or latest_committed(self.dir) is None:
+            return False
+        progress = [p for p in read_progress(self.log_dir) if p.get("attempt") == attempt]
+        return len(progress) >= self.num_trainers and all(p.get("mode") in ALONE_MODES for p in progress)
 
     def server_roots(self, roots: str) -> str:
         """The servers' FLEET_PS_CHECKPOINT_ROOT with the checkpoint directory added."""

@@ -64,7 +64,7 @@ def test_async_server_kill_restarts_it_alone(tmp_path: Path, slot_dir: Path) -> 
         job.close()
     assert rc == 0, err[-4000:]
     state = json.loads((job.log / "job_state.json").read_text())
-    assert state["state"] == "succeeded" and state["attempt"] == 0, state
+    assert state["state"] == "succeeded" and state["attempt"] == 0 and state["restarts"] == 1, state
     (line,) = state["recoveries"]
     assert "server 1 signal SIGKILL" in line and "restarted: server 1 only" in line, line
     assert "0 steps redone" in line and "work lost" in line, line

@@ -35,9 +35,25 @@ are all recorded but whose base is not gets its ``end_day`` / ``shrink`` / base 
 consistent cut of every server, a full copy) follows every donefile record, its trainer state
 naming the record; resuming then loads the newest good checkpoint (:func:`fleet.ps.load_latest`)
 and replays only the deltas recorded after it (a few deltas instead of a base and a day of
-them). fleetrun's automatic mid-pass checkpoints (``--ps_checkpoint_dir``, which resume inside
-``fleet.distributed_optimizer``) are not combined with this loop yet: with them on,
-:func:`train_days` raises rather than restore the servers twice.
+them).
+
+**fleetrun's automatic checkpoints** (``--ps_checkpoint_dir``; :mod:`fleet.ps.auto_checkpoint`).
+The loop cuts the job's checkpoints at its own boundaries instead of every ``interval_s``: once
+when the stream starts, then after every save (a delta, a base) *before* its donefile record, so
+a record is published only once a checkpoint holds it. The trainer state carries the stream
+position (records done and the last one, phase ``start``/``pass``/``day``, the last pass's
+AUCs). After fleetrun restarts every process (servers restored from the newest good cut at
+``distributed_optimizer``) the loop reconciles the donefile with the cut (appends the cut's
+last record if missing, drops records after it), skips done passes and trains the pass in
+progress again (at most one pass redone); a day's ``end_day``/``shrink``/base run once. Why
+boundaries only: a job checkpoint does not hold the servers' delta change log, so servers
+restored from a cut inside a pass (all of them, or one restarted alone in async/GEO mode) would
+write a next delta missing the rows changed before the cut; at a boundary that log is empty. A
+server restarted alone while a pass trains restores the last cut (its shard loses the pass's
+updates so far, the delta chain stays exact); a trainer restarted alone
+(:mod:`fleet.base.coordination`) replays its rounds and skips what it trained. A save,
+``end_day``, ``shrink`` or cut that fails (a server down) raises: fleetrun then recovers the job
+from the last cut (one more unit of ``--max_restarts``).
 
 Where we differ from Paddle: one helper instead of the hand-written loop; the dataset comes
 from a factory (``make_dataset(files)``) so any ``fleet.data`` dataset fits; progressive
@@ -61,6 +77,7 @@ import torch
 
 import fleet.metrics as metrics
 from collective.errors import ConfigError, FleetError
+from fleet.base.data_position import DataPosition, tracker
 from fleet.ps import recovery, serving
 from fleet.ps import runtime as ps_runtime
 from fleet.train_loop import train_from_dataset
@@ -95,7 +112,8 @@ class StreamingConfig:
     """``fleet.shrink`` at the end of each day: rows unseen for more days are evicted
     (None: no shrink)."""
     checkpoint_dir: str = ""
-    """Job checkpoints after every save, in this directory ("" : off)."""
+    """Job checkpoints after every save, in this directory ("" : off). Under fleetrun's
+    ``--ps_checkpoint_dir`` leave it empty: the loop cuts the job's checkpoints there."""
     checkpoint_keep: int = 2
     """Job checkpoints kept."""
     resume: bool = True
@@ -216,6 +234,40 @@ def _append_donefile(output_dir: str, record: DoneRecord) -> None:
         os.fsync(f.fileno())
 
 
+def _write_donefile(output_dir: str, records: list[DoneRecord]) -> None:
+    """Replace the donefile with ``records`` (temp file, fsync, rename)."""
+    path = os.path.join(output_dir, DONEFILE)
+    with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+        f.writelines(r.line() for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f"{path}.tmp", path)
+
+
+def _reconcile_donefile(output_dir: str, count: int, last: list[str] | None) -> list[DoneRecord]:
+    """The donefile made to agree with a checkpoint that holds ``count`` records, the last one
+    ``last``: a missing last record is appended (the job died between the cut and the append);
+    records after it are dropped (the checkpoint chosen is older: a newer one was partial or
+    corrupt), with a warning naming them. Returns the records kept."""
+    records = read_donefile(output_dir)
+    want = DoneRecord(*last) if last else None
+    path = os.path.join(output_dir, DONEFILE)
+    if len(records) < count - 1 or (want is not None and len(records) >= count
+                                    and records[count - 1] != want):
+        raise FleetError(f"{path} does not match the job's checkpoint: it holds {len(records)} "
+                         f"record(s), the checkpoint {count} ending with {want}; was output_dir "
+                         "or the donefile changed? Use a new --ps_checkpoint_dir (or output_dir)")
+    if len(records) > count:
+        logger.warning("%s: dropping %d record(s) after the checkpoint's last (%s); their "
+                       "passes are trained again: %s", path, len(records) - count, want,
+                       [(r.day, r.pass_id, r.kind) for r in records[count:]])
+        _write_donefile(output_dir, records[:count])
+    elif want is not None and len(records) == count - 1:
+        _append_donefile(output_dir, want)
+        records.append(want)
+    return records[:count]
+
+
 def _is_rank0() -> bool:
     return ps_runtime._require("train_days()").env.rank == 0
 
@@ -310,12 +362,15 @@ class StreamingTrainer:
         self.prefetch = prefetch
         self.out = out if out is not None else (sys.stderr if _is_rank0() else None)
         self.checkpoint_dir = config.checkpoint_dir
-        if getattr(ps_runtime._require("train_days()"), "auto_checkpoint", None) is not None:
-            raise FleetError(
-                "train_days does not combine with fleetrun's automatic PS checkpoints "
-                "(--ps_checkpoint_dir / FLEET_PS_CHECKPOINT_DIR) yet: both would restore the "
-                "servers on a restart. Drop --ps_checkpoint_dir and pass "
-                "StreamingConfig(checkpoint_dir=...) for job checkpoints at every pass")
+        self.auto = ps_runtime._require("train_days()").auto_checkpoint  # None: no --ps_checkpoint_dir
+        if self.auto is not None and config.checkpoint_dir:
+            raise ConfigError(
+                f"checkpoint_dir={config.checkpoint_dir!r} and fleetrun's --ps_checkpoint_dir "
+                f"({self.auto.cfg.dir}) would both restore the servers: under fleetrun leave "
+                "checkpoint_dir empty (the loop cuts the job's checkpoints at its pass boundaries)",
+                key="checkpoint_dir")
+        self.cut_step = -1  # step of the last automatic checkpoint (cuts get increasing steps)
+        self.last_pass: dict[str, Any] = {}
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> list[PassResult]:
@@ -323,12 +378,15 @@ class StreamingTrainer:
         cfg = self.config
         plan = _Plan(list_passes(cfg), _from_rank0(lambda: [r.__dict__ for r in read_donefile(cfg.output_dir)]))
         plan.records = [DoneRecord(**r) for r in plan.records]  # type: ignore[arg-type]
-        if plan.records and not cfg.resume:
+        resumed = self._resume_cut(plan)
+        if plan.records and not cfg.resume and not resumed:
             raise ConfigError(f"{cfg.output_dir} already has a donefile with {len(plan.records)} "
                               "record(s): pass resume=True to continue, or a new output_dir",
                               key="resume")
-        if plan.records:
+        if plan.records and not resumed:
             self._restore(plan.records)
+        if self.auto is not None and not resumed:
+            self._cut(plan.records, "start")  # a failure in the first pass recovers from here
         done = {(r.day, r.pass_id) for r in plan.records}
         results: list[PassResult] = []
         for day, passes in plan.days:
@@ -365,11 +423,15 @@ class StreamingTrainer:
             release()
         examples = int(metrics.sum(stats.examples))
         train_s = float(metrics.max(stats.seconds))
+        self.last_pass = {"day": day, "pass": pass_id, "examples": examples,
+                          "progressive_auc": pv_auc, "train_auc": stats.auc}
         path = ""
         if cfg.save_delta:
             path = os.path.join(cfg.output_dir, day, f"delta-{pass_id}")
             ps_runtime.save_persistables(path, mode=1)
             self._record(DoneRecord(day, pass_id, path, "delta"), records)
+        elif self.auto is not None:
+            self._cut(records, "pass", day, pass_id)
         result = PassResult(day, pass_id, examples, pv_auc, stats.auc, train_s,
                             float(metrics.max(time.perf_counter() - t0)), path)
         if self.out is not None:
@@ -418,11 +480,15 @@ class StreamingTrainer:
 
     # -- saves, donefile, resume ------------------------------------------------------------------
     def _record(self, record: DoneRecord, records: list[DoneRecord]) -> None:
-        """The save is complete on every server: trainer 0 appends the donefile record; a job
-        checkpoint naming it follows when checkpoints are on."""
+        """The save is complete on every server: under fleetrun's automatic checkpoints a cut
+        holding it is committed first; trainer 0 appends the donefile record; a job checkpoint
+        naming it follows when ``checkpoint_dir`` is set."""
+        records.append(record)
+        if self.auto is not None:
+            self._cut(records, "day" if record.pass_id == BASE_PASS else "pass", record.day,
+                      record.pass_id)
         if _is_rank0():
             _append_donefile(self.config.output_dir, record)
-        records.append(record)
         ps_runtime._barrier()
         if self.checkpoint_dir:
             from fleet.ps.recovery import checkpoint
@@ -430,6 +496,64 @@ class StreamingTrainer:
             checkpoint(self.checkpoint_dir, len(records), keep=self.config.checkpoint_keep,
                        trainer_state={"records": len(records), "day": record.day,
                                       "pass": record.pass_id}, wait=True)
+
+    def _cut(self, records: list[DoneRecord], phase: str, day: str = "", pass_id: str = "") -> None:
+        """One automatic checkpoint of the job at this boundary (every trainer; trainer 0 waits
+        for its commit). Raises FleetError when it fails: the caller's trainer exits and fleetrun
+        recovers the job from the previous cut."""
+        assert self.auto is not None
+        # trainer 0's step names it (trainers' steps differ in async mode; a trainer restarted
+        # alone replaying this round gets the same one)
+        step = _from_rank0(lambda: max(tracker().step, self.cut_step + 1))
+        last = records[-1] if records else None
+        state = {"data": tracker().position().to_dict(),
+                 "stream": {"records": len(records), "record": list(last.__dict__.values()) if last else None,
+                            "phase": phase, "day": day, "pass": pass_id, "last_pass": self.last_pass}}
+        try:
+            recovery.checkpoint(self.auto.cfg.dir, step, trainer_state=state, keep=self.auto.cfg.keep,
+                                wait=True)
+        except FleetError as err:
+            self.auto.record_cut(None)
+            raise FleetError(f"train_days: the automatic checkpoint after {phase} {day} {pass_id} "
+                             f"failed ({err}); fleetrun recovers the job from the previous one") from err
+        self.cut_step = step
+        self.auto.record_cut(step)
+
+    def _resume_cut(self, plan: _Plan) -> bool:
+        """Under fleetrun's automatic checkpoints: True when the servers were restored from a
+        cut of this loop (at ``distributed_optimizer``); ``plan.records`` becomes the donefile
+        reconciled with the cut. False for a fresh start (no checkpoint yet)."""
+        auto = self.auto
+        if auto is None:
+            return False
+        auto.interval_cuts = False  # the loop cuts at its boundaries (module docstring)
+        if auto.resumed.get("alone"):
+            # fleetrun restarted this trainer alone (async/GEO, fleet.base.coordination): its
+            # rounds replay, its datasets skip what it trained (its own position); servers untouched
+            return False
+        # cuts are taken between passes: no pass of this process skips batches
+        tracker().resume(DataPosition(0, 0, tracker().step))
+        state = auto.resumed_state
+        if state is None:
+            return False
+        stream = state.get("stream") if isinstance(state, dict) else None
+        name = auto.resumed.get("checkpoint")
+        if not isinstance(stream, dict):
+            raise FleetError(f"checkpoint {name} of {auto.cfg.dir} was not taken by train_days "
+                             "(its trainer state has no 'stream'): give this stream its own "
+                             "--ps_checkpoint_dir")
+        self.cut_step = int(auto.resumed.get("step", 0))
+        self.last_pass = dict(stream.get("last_pass") or {})
+        count, last = int(stream["records"]), stream.get("record")
+        output_dir = self.config.output_dir
+        kept = _from_rank0(lambda: [r.__dict__ for r in _reconcile_donefile(output_dir, count, last)])
+        plan.records = [DoneRecord(**r) for r in kept]
+        if self.out is not None:
+            where = f"after day {last[0]} pass {last[1]}" if last else "at the start"
+            self.out.write(f"[online] resumed {where} from the job's checkpoint {name} "
+                           f"({count} record(s), phase {stream.get('phase')})\n")
+            self.out.flush()
+        return True
 
     def _restore(self, records: list[DoneRecord]) -> None:
         """Rebuild the model of the donefile's last record on the (fresh) servers."""

@@ -69,6 +69,11 @@ class AutoCheckpointer:
     mode: str = ""
     """The communicator's mode (``sync``/``async``/``geo``...): fleetrun restarts a dead server
     alone in async/GEO mode (:mod:`launcher.ps_recovery`)."""
+    interval_cuts: bool = True
+    """Cut every ``interval_s`` at probe steps. False: the caller cuts and reports each cut with
+    :meth:`record_cut` (``fleet.train_days`` cuts at its pass boundaries: :mod:`fleet.streaming`)."""
+    resumed_state: Any = None
+    """This trainer's state in the checkpoint it resumed from (None: a fresh start)."""
     _written: float = 0.0
 
     # -- resume ----------------------------------------------------------------------------------
@@ -80,6 +85,7 @@ class AutoCheckpointer:
         chosen = result.chosen
         if chosen is not None:
             state = chosen.trainer_states.get(self.rank) or {}
+            self.resumed_state = state
             position = DataPosition.from_dict(state.get("data") if isinstance(state, dict) else None)
             tracker().resume(position)
             self.resumed = {"checkpoint": chosen.name, "step": chosen.step,
@@ -105,7 +111,7 @@ class AutoCheckpointer:
             self._write_progress(force=True)
         else:
             self._write_progress()
-        if track.step < self.next_probe:
+        if not self.interval_cuts or track.step < self.next_probe:
             return
         step = track.step
         elapsed = time.monotonic() - self.last_time
@@ -127,6 +133,16 @@ class AutoCheckpointer:
             self._write_progress(force=True)
         else:
             self.next_probe = step + max(1, round((interval - elapsed0) * rate))
+
+    def record_cut(self, step: int | None) -> None:
+        """The caller took a checkpoint at ``step`` (None: it failed) with ``interval_cuts`` off:
+        the progress file says so (fleetrun's recovery report reads it)."""
+        if step is None:
+            self.failed += 1
+        else:
+            self.checkpoint_step = step
+            self.last_time, self.last_step = time.monotonic(), tracker().step
+        self._write_progress(force=True)
 
     def finish(self) -> None:
         """Training ended (``fleet.stop_worker``): write the progress file a last time."""

@@ -17,6 +17,10 @@ Inputs may be Python numbers, numpy arrays or torch tensors (any device). Scalar
 Python floats; ``sum`` / ``max`` / ``min`` of an array return a numpy array (int64 for integer or
 bool input, float64 for floating input), of a scalar a float.
 
+Async/GEO trainers of a fleetrun PS job with automatic checkpoints have no process group: the
+same functions gather through fleetrun's coordinator (:mod:`fleet.base.coordination`) and reduce
+on each trainer, so a restarted trainer can replay them.
+
 Every rank must call the same function in the same order (they are collectives). Before the data
 is reduced, one small all-reduce makes the ranks agree on the input sizes and on whether any rank
 found its input invalid, so a bad input on one rank raises :class:`ConfigError` on *every* rank
@@ -41,6 +45,7 @@ import torch.distributed as tdist
 
 from collective.comm import ReduceOp, all_reduce
 from collective.errors import ConfigError
+from fleet.base import coordination
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +162,9 @@ def _reduce(
     ``build()`` raised; only then is the data reduced, so a mismatch raises everywhere instead
     of hanging or mis-reducing.
     """
+    client = coordination.active()
+    if client is not None:
+        return _reduce_coordinated(client, name, build, op, group)
     if _world_size(group) == 1:
         return build()
     device = _device(group)
@@ -196,6 +204,54 @@ def _reduce(
     tensor = torch.from_numpy(np.ascontiguousarray(local)).to(device)
     all_reduce(tensor, op=op, group=group)
     return tensor.cpu().numpy().reshape(local.shape)
+
+
+_NUMPY_OPS = {ReduceOp.SUM: np.sum, ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}
+
+
+def _reduce_coordinated(
+    client: coordination.CoordinationClient,
+    name: str,
+    build: Callable[[], np.ndarray],
+    op: int,
+    group: tdist.ProcessGroup | None,
+) -> np.ndarray:
+    """:func:`_reduce` for PS trainers that meet through fleetrun's coordinator (no process
+    group: :mod:`fleet.base.coordination`): one round gathers every trainer's values (or its
+    error), each trainer checks and reduces them the same way. A restarted trainer replaying
+    this round gets the others' recorded values and its own new ones."""
+    if group is not None:
+        coordination.refuse("fleet.metrics over a process group (group=)")
+    error: ConfigError | None = None
+    local = np.zeros(0)
+    try:
+        local = build()
+    except ConfigError as exc:
+        error = exc
+    gathered = client.gather(("error", str(error)) if error else ("ok", local),
+                             f"fleet.metrics {_OP_NAMES.get(op, op)}")
+    if error is not None:
+        raise error
+    bad = [r for r, (kind, _) in enumerate(gathered) if kind == "error"]
+    if bad:
+        raise ConfigError(f"the input was invalid on rank {bad[0]} (see that rank's error); every "
+                          "rank stops at this metric", key=name)
+    arrays = [a for _, a in gathered]
+    if len({a.size for a in arrays}) > 1:
+        raise ConfigError(f"trainers passed different sizes ({sorted({a.size for a in arrays})} "
+                          f"elements, this rank {local.size}); every trainer must pass the same "
+                          "shape", key=name)
+    if len({a.dtype for a in arrays}) > 1:
+        raise ConfigError("some trainers passed integers and others floats; pass the same dtype "
+                          "everywhere", key=name)
+    reduce = _NUMPY_OPS.get(op)
+    if reduce is None:
+        raise ConfigError(f"reduction {op!r} is not one of SUM, MAX, MIN", key=name)
+    stacked = np.stack([a.reshape(local.shape) for a in arrays])
+    return np.asarray(reduce(stacked, axis=0), dtype=local.dtype).reshape(local.shape)
+
+
+_OP_NAMES = {ReduceOp.SUM: "SUM", ReduceOp.MAX: "MAX", ReduceOp.MIN: "MIN"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -298,6 +298,8 @@ class PSPlan:
                     key=FLEET_PS_TOKEN)
         self.token = job_ps_token(spec)
         self.recovery = make_recovery(spec)  # automatic checkpoints: recover from them
+        if self.recovery is not None and not self.static:  # async/GEO trainers meet through it
+            self.recovery.start_coordinator(self.token)   # and one can be restarted alone
         self._servers: tuple[str, ...] = ()
 
     def layout(self, attempt: int) -> PSLayout:
@@ -333,6 +335,7 @@ class PSPlan:
         server_base = {**base, **_table_threads_env(base, len(servers) + len(trainers)),
                        **ps_checkpoint_root_env(base, self.spec.log_dir, os.getcwd())}
         if self.recovery is not None:
+            self.recovery.begin_attempt(attempt)
             server_base[FLEET_PS_CHECKPOINT_ROOT] = self.recovery.server_roots(
                 server_base.get(FLEET_PS_CHECKPOINT_ROOT, ""))
             base = {**base, **self.recovery.trainer_env()}
@@ -425,13 +428,15 @@ class Agent:
         finally:
             status.stop()
             monitor.close()
+            if getattr(self.plan, "recovery", None) is not None:
+                self.plan.recovery.close()  # type: ignore[attr-defined]
 
     def _restart_alone(self, running: list[Running], failures: list[Failure], remote: str | None,
                        attempt: int, alone: int, monitor: JobMonitor, argv: list[str]) -> bool:
-        """A PS job in async/GEO mode whose one failure is a server: restart that server alone,
-        on its endpoint, restoring its shards from the newest good checkpoint, while the other
-        servers and the trainers go on (:meth:`PSRecovery.recover_alone`). True when done (the
-        dead server's entry of ``running`` is replaced)."""
+        """A PS job in async/GEO mode whose one failure is a server (or a trainer, when the
+        trainers meet through the coordinator): restart it alone — a server on its endpoint,
+        restoring its shards; a trainer from its data position — while the others go on
+        (:meth:`PSRecovery.recover_alone`). True when done (its entry of ``running`` replaced)."""
         recovery = getattr(self.plan, "recovery", None)
         if recovery is None or remote is not None or len(failures) != 1:
             return False
@@ -443,10 +448,11 @@ class Agent:
             return False
         i = next(i for i, r in enumerate(running) if (r.spec.role, r.spec.rank) == (failed.role, failed.rank))
         old = running[i].spec
-        new = replace(old, env={**old.env, **recovery.restore_env()})
+        new = replace(old, env={**old.env, **(recovery.resume_env(rec) if failed.role == TRAINER
+                                               else recovery.restore_env())})
         header = (f"==== fleetrun: attempt {attempt}, {new.label} restarted alone, "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
-        if not self.spec.entrypoint.no_python:  # the server side of a fleet script is only
+        if failed.role == SERVER and not self.spec.entrypoint.no_python:  # the server side of a fleet script is only
             # init_server + run_server: the same, without the script's imports (torch: seconds)
             argv = [sys.executable, "-u", "-m", "collective.bootstrap", "-m", "ps_server", "--from_env"]
         try:

@@ -58,7 +58,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from collective.env import PSCheckpointEnv, ps_checkpoint_env
+from collective.env import (
+    FLEET_PS_COORDINATOR,
+    FLEET_PS_RESUME_POSITION,
+    PSCheckpointEnv,
+    ps_checkpoint_env,
+)
 from launcher.spec import JobSpec, Mode
 
 logger = logging.getLogger(__name__)
@@ -96,6 +101,8 @@ class Recovery:
     alone: str = ""
     """Set when only the dead process was restarted (async/GEO server death), e.g.
     ``server 1``; empty: every process of the job was."""
+    position: dict[str, int] | None = None
+    """A trainer restarted alone: the data position it resumes at (its progress file)."""
 
     @property
     def redone(self) -> int | None:
@@ -108,12 +115,18 @@ class Recovery:
     @property
     def lost(self) -> int | None:
         """Steps whose updates to the restarted server's shard are lost (restarted alone)."""
-        if self.step_at_failure is None or not self.alone:
+        if self.step_at_failure is None or not self.alone or self.position is not None:
             return None
         return max(0, self.step_at_failure - self.checkpoint_step)
 
     def text(self) -> str:
         at = "" if self.step_at_failure is None else f" at step ~{self.step_at_failure}"
+        if self.position is not None:
+            p = self.position
+            return (f"recovery {self.number} (attempt {self.attempt}, in place): {self.died}{at}; "
+                    f"restarted: {self.alone} only, resumed at its data position (pass "
+                    f"{p.get('pass', 0)}, step {p.get('step_in_pass', 0)} of it; step {p.get('step', 0)}); "
+                    "0 steps redone by the others")
         if self.alone:
             lost = "unknown" if self.lost is None else f"~{self.lost}"
             return (f"recovery {self.number} (attempt {self.attempt}, in place): {self.died}{at}; "
@@ -167,11 +180,55 @@ class PSRecovery:
         self.log_dir = spec.log_dir
         self.num_trainers = len(spec.ps.workers) or spec.sizes.worker_num
         self.recoveries: list[Recovery] = []
+        self.coordinator: Any = None
+        """The trainers' coordinator (:meth:`start_coordinator`; local scheduler only)."""
 
     def trainer_env(self) -> dict[str, str]:
         """FLEET_PS_CHECKPOINT_* for every trainer, and FLEET_PS_RECONNECT_S: a trainer's calls
-        to a server restarted alone wait for it (:data:`RECONNECT_S`)."""
-        return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S)}
+        to a server restarted alone wait for it (:data:`RECONNECT_S`); FLEET_PS_COORDINATOR when
+        the coordinator runs."""
+        coord = {} if self.coordinator is None else {FLEET_PS_COORDINATOR: self.coordinator.endpoint}
+        return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S), **coord}
+
+    def start_coordinator(self, token: str) -> None:
+        """Host the trainers' coordinator (:mod:`launcher.ps_coordinator`) in this process: async/GEO
+        trainers then meet through it and a dead one is restarted alone (:meth:`recover_alone`)."""
+        from launcher.ps_coordinator import Coordinator  # PS jobs with checkpoints only
+
+        self.coordinator = Coordinator(token, self.num_trainers, self.config.interval_s)
+
+    def begin_attempt(self, attempt: int) -> None:
+        """Every process starts again: the coordinator forgets the rounds of earlier attempts."""
+        if self.coordinator is not None:
+            self.coordinator.reset(attempt)
+
+    def close(self) -> None:
+        """The job ended: stop the coordinator."""
+        if self.coordinator is not None:
+            self.coordinator.close()
+
+    def _trainer_alone(self, attempt: int, died: str, rank: int, budget_left: bool) -> Recovery | None:
+        """A dead trainer restarted alone: the coordinator runs, the budget has a unit, every
+        trainer of the attempt says (progress file) it meets through the coordinator, and the
+        dead one's file has its data position."""
+        if self.coordinator is None or not budget_left:
+            return None
+        progress = {p.get("rank"): p for p in read_progress(self.log_dir) if p.get("attempt") == attempt}
+        if len(progress) < self.num_trainers or not all(p.get("alone_ok") for p in progress.values()):
+            return None
+        position = (progress.get(rank) or {}).get("position")
+        if not isinstance(position, dict):
+            return None
+        latest = latest_committed(self.dir) or ("", 0)
+        rec = Recovery(len(self.recoveries) + 1, attempt, died, "trainer", latest[0], latest[1],
+                       int(position.get("step", 0)), alone=f"trainer {rank}", position=position)
+        self.recoveries.append(rec)
+        self.coordinator.trainer_died(rank, position)
+        return rec
+
+    def resume_env(self, rec: Recovery) -> dict[str, str]:
+        """The env added to a trainer restarted alone: where its data resumes."""
+        return {FLEET_PS_RESUME_POSITION: json.dumps(rec.position)}
 
     def restore_env(self) -> dict[str, str]:
         """The env added to a server restarted alone: it restores its shards from the newest
@@ -183,7 +240,10 @@ class PSRecovery:
         """After one process of ``attempt`` died (and only one): the :class:`Recovery` that
         restarts it alone, or None when the whole job must restart instead (or fail). Only a
         server, only when every trainer of the attempt reports async or GEO mode (its progress
-        file), a committed checkpoint exists and the budget has a unit left."""
+        file), a committed checkpoint exists and the budget has a unit left. A trainer, when
+        the trainers meet through the coordinator (:meth:`_trainer_alone`)."""
+        if role == "trainer":
+            return self._trainer_alone(attempt, died, rank, budget_left)
         if not self.alone_possible(attempt, role, budget_left):
             return None
         latest = latest_committed(self.dir)

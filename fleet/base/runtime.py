@@ -28,6 +28,7 @@ from collective.env import TrainingRole, WorkerEnv, find_free_port, read_worker_
 from collective.errors import ConfigError, FleetError, FleetNotImplementedError
 from collective.group import init_parallel_env
 import fleet.telemetry as telemetry
+from fleet.base import coordination
 from fleet.base.role_maker import PaddleCloudRoleMaker
 from fleet.base.topology import HybridCommunicateGroup, build_topology
 from fleet.strategy import DistributedStrategy, check_strategy_supported, require_strategy
@@ -165,8 +166,9 @@ def _build_hybrid_group(strategy: DistributedStrategy, env: WorkerEnv) -> Any:
 
 
 def _init_ps(env: WorkerEnv, strategy: DistributedStrategy) -> FleetRuntime:
-    """Parameter-server mode: trainers form a gloo group among themselves (barriers, metrics);
-    servers have none. The PS state itself lives in :mod:`fleet.ps.runtime`."""
+    """Parameter-server mode: trainers form a gloo group among themselves (barriers, metrics) —
+    or, async/GEO under fleetrun with automatic checkpoints, meet through fleetrun's coordinator
+    (:mod:`fleet.base.coordination`); servers have none. The PS state itself lives in :mod:`fleet.ps.runtime`."""
     global _runtime
     if not env.launched or not env.pserver_endpoints:
         raise ConfigError(
@@ -174,7 +176,10 @@ def _init_ps(env: WorkerEnv, strategy: DistributedStrategy) -> FleetRuntime:
             "--worker_num W (PADDLE_PSERVERS_IP_PORT_LIST is not set)",
             key="is_collective",
         )
-    if env.training_role is TrainingRole.TRAINER:
+    if coordination.wanted(env, strategy):
+        coordination.start(env)  # async/GEO under fleetrun with checkpoints: no gloo group, so
+        # a dead trainer can be restarted alone (fleet.base.coordination)
+    elif env.training_role is TrainingRole.TRAINER:
         env = init_parallel_env(backend="gloo", env=env)
     _runtime = FleetRuntime(
         env=env, strategy=strategy, dp_degree=env.world_size, is_collective=False
@@ -246,6 +251,10 @@ def worker_endpoints(to_string: bool = False) -> list[str] | str:
 def barrier_worker() -> None:
     """Block until every trainer has reached this call."""
     get_runtime("barrier_worker()")
+    client = coordination.active()
+    if client is not None:
+        client.barrier("barrier_worker")
+        return
     barrier()
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from fleet.base import coordination
 from fleet.data.columns import Columns, locate, take_column
 from fleet.data.slots import Slot
 
@@ -26,7 +27,11 @@ _gloo_group: object | None = None
 
 
 def world() -> tuple[int, int]:
-    """(rank, world_size) of the default process group; (0, 1) when there is none."""
+    """(rank, world_size) of the default process group — or of the PS trainers meeting through
+    fleetrun's coordinator (:mod:`fleet.base.coordination`); (0, 1) when there is none."""
+    client = coordination.active()
+    if client is not None:
+        return client.rank, client.world
     if tdist.is_available() and tdist.is_initialized():
         return tdist.get_rank(), tdist.get_world_size()
     return 0, 1
@@ -45,6 +50,9 @@ def cpu_group() -> object | None:
 
 def sum_over_trainers(value: int) -> int:
     """``value`` summed over every trainer of the job (itself when there is no process group)."""
+    client = coordination.active()
+    if client is not None:  # builtins' sum: the values of every trainer (a replayable round)
+        return int(np.sum(client.gather(int(value), "fleet.data sum_over_trainers")))
     if world()[1] == 1:
         return int(value)
     t = torch.tensor([int(value)], dtype=torch.int64)
@@ -83,6 +91,8 @@ def exchange(chunks: list[Columns], slots: tuple[Slot, ...], rng: np.random.Gene
     Column by column, each column of ``chunks`` dropped once sent (``chunks`` ends empty): the
     peak is the data plus one column sent and the columns received.
     """
+    if coordination.active() is not None:
+        coordination.refuse("InMemoryDataset.global_shuffle")
     size = world()[1]
     if not chunks:  # nothing here: still take part in every collective
         chunks.append(Columns.empty(slots))

@@ -20,9 +20,18 @@ to the trainers as FLEET_PS_CHECKPOINT_*).
   server's part, fails) is logged and skipped: the trainers train on and try again an interval
   later; the error reaches every trainer alike (:func:`fleet.ps.recovery.checkpoint` agrees on
   trainer 0's outcome), so none waits for the others in a collective.
+- **Async/GEO trainers restarted alone.** When fleetrun hosts a coordinator
+  (:mod:`fleet.base.coordination`; async or GEO mode) the trainers need not cut at the same
+  step: the coordinator opens a checkpoint *epoch* every ``interval_s``; a background thread of
+  each trainer learns of it, and at its next step boundary the trainer flushes and cuts with its
+  own data position; the lowest cutting rank takes the snapshot with every trainer's position (a
+  dead or busy trainer's last reported one) and the others wait for it, as above. The
+  checkpoint's step is the largest trainer step. A trainer that fleetrun restarted alone
+  (FLEET_PS_RESUME_POSITION: its data position from its progress file) loads no checkpoint: it
+  skips the data it had trained and goes on, the servers untouched.
 - **Progress.** Each trainer keeps ``LOG_DIR/ps_progress.<rank>.json`` (tmp + rename, at most once
-  a second): its step, the checkpoint it resumed from and when its first step after the resume
-  ran. fleetrun reads it to report the work a recovery redid (:mod:`launcher.ps_recovery`).
+  a second): its step and data position, the checkpoint it resumed from and when its first step
+  after the resume ran. fleetrun reads it to report the work a recovery redid (:mod:`launcher.ps_recovery`).
 """
 
 from __future__ import annotations
@@ -30,15 +39,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from collective.env import PSCheckpointEnv, TrainingRole, read_ps_checkpoint_env
-from collective.errors import FleetError
+from collective.env import FLEET_PS_RESUME_POSITION, PSCheckpointEnv, TrainingRole, read_ps_checkpoint_env
+from collective.errors import ConfigError, FleetError
+from fleet.base import coordination
 from fleet.base.data_position import DataPosition, tracker
 from fleet.ps import recovery
-from fleet.ps.runtime import _require
+from fleet.ps.runtime import _require, get_client, get_communicator
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +85,27 @@ class AutoCheckpointer:
     :meth:`record_cut` (``fleet.train_days`` cuts at its pass boundaries: :mod:`fleet.streaming`)."""
     resumed_state: Any = None
     """This trainer's state in the checkpoint it resumed from (None: a fresh start)."""
+    restart_alone: bool = True
+    """False: this trainer may not be restarted alone (its progress file says so, and fleetrun
+    restarts every process instead): ``fleet.train_days`` on trainer 0, whose replayed prologue
+    would redo its saves (:mod:`fleet.streaming`)."""
     _written: float = 0.0
+    client: coordination.CoordinationClient | None = None
+    """The coordinator (async/GEO under fleetrun): cuts by epoch, this trainer restartable alone."""
+    _epoch_seen: int = 0
+    _epoch_handled: int = 0
+    _pending_step: int = -1
+    _poller: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
 
     # -- resume ----------------------------------------------------------------------------------
     def resume(self) -> None:
         """Load the newest good checkpoint (every trainer calls it); continue after its data
-        position."""
+        position. A trainer restarted alone continues after its own position instead."""
+        raw = os.environ.get(FLEET_PS_RESUME_POSITION)
+        if raw:
+            self._resume_alone(raw)
+            return
         t0 = time.time()
         result = recovery.load_latest(self.cfg.dir)
         chosen = result.chosen
@@ -101,6 +127,22 @@ class AutoCheckpointer:
         self.last_time = time.monotonic()
         self._write_progress(force=True)
 
+    def _resume_alone(self, raw: str) -> None:
+        """fleetrun restarted this trainer alone (the others and the servers went on): skip the
+        data it had trained (FLEET_PS_RESUME_POSITION, from its progress file); load nothing."""
+        try:
+            position = DataPosition.from_dict(json.loads(raw))
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{raw!r} is not a data position (pass, step_in_pass, step): {err}; "
+                              "fleetrun sets it", key=FLEET_PS_RESUME_POSITION) from None
+        tracker().resume(position)
+        self.resumed = {"alone": True, "step": position.step, "position": position.to_dict()}
+        logger.warning("trainer %d restarted alone: resumes at pass %d, %d steps into it (step %d); "
+                       "the other trainers went on", self.rank, position.pass_index,
+                       position.step_in_pass, position.step)
+        self.last_step = position.step
+        self._write_progress(force=True)
+
     # -- every step ------------------------------------------------------------------------------
     def after_step(self) -> None:
         """A step boundary: count it; at a probe step agree on a checkpoint with the others."""
@@ -111,6 +153,9 @@ class AutoCheckpointer:
             self._write_progress(force=True)
         else:
             self._write_progress()
+        if self.client is not None and self.interval_cuts:
+            self._epoch_step(self.client)
+            return
         if not self.interval_cuts or track.step < self.next_probe:
             return
         step = track.step
@@ -144,8 +189,90 @@ class AutoCheckpointer:
             self.last_time, self.last_step = time.monotonic(), tracker().step
         self._write_progress(force=True)
 
+    # -- cuts by epoch (coordinator) -------------------------------------------------------------
+    def _epoch_step(self, client: coordination.CoordinationClient) -> None:
+        if self._poller is None:  # this trainer takes part in checkpoints from its first step
+            self._poller = threading.Thread(target=self._poll, args=(client,), daemon=True,
+                                            name="fleet-ps-checkpoint-epochs")
+            self._poller.start()
+        epoch = self._epoch_seen
+        if epoch > self._epoch_handled:
+            self._epoch_handled = epoch
+            self._cut(client, epoch)
+
+    def _poll(self, client: coordination.CoordinationClient) -> None:
+        """Background: learn of checkpoint epochs (the step boundary only reads an int)."""
+        while not self._stop.is_set():
+            try:
+                epoch, cut = client.poll_epoch(self._epoch_seen)
+            except (FleetError, OSError, EOFError) as err:  # the main thread's next round says it
+                logger.debug("checkpoint epochs: %s", err)
+                return
+            if cut and epoch > self._epoch_seen:
+                self._epoch_seen = epoch
+
+    def _cut(self, client: coordination.CoordinationClient, epoch: int) -> None:
+        """Epoch ``epoch``: flush, cut at this position; the leader snapshots every trainer's."""
+        st = _require("automatic checkpoint", TrainingRole.TRAINER)
+        get_communicator().flush()  # pushes of the steps before the cut are on the servers
+        got = client.cut(epoch, tracker().position().to_dict())
+        if not got.get("taken"):
+            return
+        positions = {int(r): p for r, p in got["positions"].items() if isinstance(p, dict)}
+        step = max(int(p.get("step", 0)) for p in positions.values())
+        if got["leader"] == self.rank:
+            info = self._snapshot(st, step, positions, int(got.get("last_step", -1)))
+            client.report(epoch, ("ok", info))
+        else:
+            info = client.wait_snapshot(epoch)[1]
+            info = info if isinstance(info, dict) else {"error": str(info)}
+        previous = info.get("previous_failed")
+        if previous:  # the leader's last checkpoint did not commit (every trainer counts it)
+            self.failed += 1
+            logger.warning("trainer %d: automatic checkpoint at step %s failed, skipped to the next "
+                           "interval: %s", self.rank, previous[0], previous[1])
+        if info.get("error"):
+            self.failed += 1
+            logger.warning("trainer %d: automatic checkpoint at step %d failed, skipped to the next "
+                           "interval: %s", self.rank, step, info["error"])
+        elif "snapshot_s" in info:
+            self.checkpoint_step = step
+            logger.info("checkpoint %s step %d (epoch %d): snapshot taken (%.3fs)", self.cfg.dir, step,
+                        epoch, info["snapshot_s"])
+        self._write_progress(force=True)
+
+    def _snapshot(self, st: Any, step: int, positions: dict[int, Any], last_step: int) -> dict[str, Any]:
+        """The leader of an epoch: the snapshot of every server with every trainer's position
+        (what every trainer learns: ``snapshot_s`` or ``error``, and ``previous_failed``)."""
+        info: dict[str, Any] = {}
+        try:
+            recovery.finish_pending(st)  # one at a time; a failed one is counted and skipped
+        except FleetError as err:
+            info["previous_failed"] = [self._pending_step, f"{type(err).__name__}: {err}"]
+        if step <= last_step:  # no trainer went past the last checkpoint's step
+            return info
+        try:
+            pending = get_client().begin_checkpoint(
+                self.cfg.dir, step, keep=self.cfg.keep, background=True,
+                trainer_states={r: {"data": p} for r, p in positions.items()})
+        except FleetError as err:
+            info["error"] = f"{type(err).__name__}: {err}"
+            return info
+        st.pending_checkpoint, self._pending_step = pending, step
+        info.update(step=step, snapshot_s=pending.snapshot_s)
+        return info
+
     def finish(self) -> None:
-        """Training ended (``fleet.stop_worker``): write the progress file a last time."""
+        """Training ended (``fleet.stop_worker``): write the progress file a last time; with the
+        coordinator, first leave the checkpoint epochs and wait for this trainer's last snapshot
+        to commit (it may be the leader of the last one)."""
+        if self.client is not None:
+            self._stop.set()
+            self.client.leave()
+            try:
+                recovery.finish_pending(_require("stop_worker()", TrainingRole.TRAINER))
+            except FleetError as err:  # best effort, as in stop_worker
+                logger.warning("the last automatic checkpoint failed and is skipped: %s", err)
         self._write_progress(force=True)
 
     def _write_progress(self, force: bool = False) -> None:
@@ -156,6 +283,7 @@ class AutoCheckpointer:
         data = {"rank": self.rank, "attempt": self.restart_count, "step": tracker().step,
                 "unix": time.time(), "resumed": self.resumed, "first_step_unix": self.first_step_unix,
                 "mode": self.mode, "checkpoints_failed": self.failed,
+                "position": tracker().position().to_dict(), "alone_ok": self.client is not None and self.restart_alone,
                 **({"checkpoint_step": self.checkpoint_step} if self.checkpoint_step is not None else {})}
         path = os.path.join(self.log_dir, f"ps_progress.{self.rank}.json")
         tmp = f"{path}.tmp"
@@ -178,6 +306,7 @@ def start() -> AutoCheckpointer | None:
         return None
     auto = AutoCheckpointer(cfg, st.env.rank, st.env.log_dir, st.env.restart_count)
     auto.mode = st.communicator.mode if st.communicator is not None else ""
+    auto.client = coordination.active()
     auto.resume()
     st.auto_checkpoint = auto
     return auto

@@ -26,25 +26,33 @@ from typing import Any
 
 from collective.env import TrainingRole
 from collective.errors import FleetError
+from fleet.base import coordination
 from fleet.ps.communicator import GeoCommunicator
 from fleet.ps.runtime import _require, get_client, get_communicator
 
 logger = logging.getLogger(__name__)
 
+RESUME_CHANNEL = "fleet.ps.load_latest"
+"""The coordinator channel of :func:`load_latest` (kept apart from the script's main channel)."""
 
-def _gather(obj: Any) -> list[Any]:
-    """``obj`` of every trainer (gloo among trainers; a barrier too)."""
+
+def _gather(obj: Any, channel: str = "") -> list[Any]:
+    """``obj`` of every trainer (gloo among trainers, or the coordinator's round on ``channel``
+    — default its main one — for trainers that can be restarted alone; a barrier too)."""
     from collective.comm import all_gather_object
 
+    client = coordination.active()
+    if client is not None:
+        return client.gather(obj, "fleet.ps gather", channel or coordination.MAIN)
     out: list[Any] = []
     all_gather_object(out, obj)
     return out
 
 
-def _agree(rank: int, outcome: Any) -> Any:
+def _agree(rank: int, outcome: Any, channel: str = "") -> Any:
     """Trainer 0's outcome (a value or an error message) on every trainer; every trainer raises
     the error, so none waits for the others in a later collective."""
-    kind, value = _gather((rank, outcome))[0][1]
+    kind, value = _gather((rank, outcome), channel)[0][1]
     if kind == "error":
         raise FleetError(value)
     return value
@@ -128,7 +136,8 @@ def load_latest(root_dir: str) -> Any:
     st = _require("ps.load_latest()", TrainingRole.TRAINER)
     comm = get_communicator()
     comm.flush()
-    _gather(None)  # every trainer flushed: nothing reaches the servers after the load
+    # its own channel: a trainer restarted alone resumes from its position and skips this
+    _gather(None, RESUME_CHANNEL)  # every trainer flushed: nothing reaches the servers after the load
 
     def load() -> dict[str, Any]:
         finish_pending(st)
@@ -136,7 +145,7 @@ def load_latest(root_dir: str) -> Any:
         chosen = result.chosen.to_dict() if result.chosen is not None else None
         return {"chosen": chosen, "skipped": [list(s) for s in result.skipped]}
 
-    got = _agree(st.env.rank, _outcome(load) if st.env.rank == 0 else None)
+    got = _agree(st.env.rank, _outcome(load) if st.env.rank == 0 else None, RESUME_CHANNEL)
     chosen = record_from_dict(got["chosen"]) if got["chosen"] is not None else None
     result = LatestGood(chosen, tuple((name, why) for name, why in got["skipped"]))
     comm.forget_server_values()

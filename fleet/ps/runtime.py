@@ -15,7 +15,9 @@ A PS script is one program for both roles (as in Paddle); fleetrun starts it as 
         fleet.save_persistables("ckpt", mode=0)   # rank 0 asks the servers to save
         fleet.stop_worker()
 
-Trainers also form a gloo process group among themselves (``barrier_worker``, ``fleet.metrics``).
+Trainers also form a gloo process group among themselves (``barrier_worker``, ``fleet.metrics``),
+except async/GEO trainers of a fleetrun job with automatic checkpoints, which meet through
+fleetrun's coordinator (:mod:`fleet.base.coordination`: one can be restarted alone).
 
 Security comes from the environment fleetrun sets, read by PSServer / PSClient themselves: the
 job's token (FLEET_PS_TOKEN: servers refuse calls without it, trainers send it), the servers'
@@ -45,6 +47,7 @@ from fleet.ps.communicator import (
     GeoCommunicator,
     SyncCommunicator,
 )
+from fleet.base import coordination
 from fleet.strategy import DistributedStrategy
 
 logger = logging.getLogger(__name__)
@@ -181,6 +184,10 @@ def _create(st: PSState, module: Any) -> None:
 def _barrier() -> None:
     from collective.comm import barrier
 
+    client = coordination.active()
+    if client is not None:  # async/GEO trainers that can be restarted alone: no gloo group
+        client.barrier("fleet.ps barrier")
+        return
     barrier()
 
 

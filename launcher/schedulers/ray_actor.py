@@ -120,17 +120,22 @@ class ProcessActor:
             for sock in socks:
                 sock.close()
 
-    def port_free(self, host: str, port: int) -> bool:
-        """Whether ``port`` can be bound on ``host`` now (a server restarted alone needs its
-        previous port: the trainers' endpoints do not change)."""
+    def port_free(self, host: str, port: int, wait_s: float = 0.0) -> bool:
+        """Whether ``port`` can be bound on ``host``, trying for up to ``wait_s`` seconds (a
+        server restarted alone needs its previous port, which its dead predecessor may hold for
+        a moment: the trainers' endpoints do not change)."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, port))
-            except OSError:
-                return False
-        return True
+        deadline = time.monotonic() + wait_s
+        while True:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind((host, port))
+                    return True
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        return False
+            time.sleep(0.2)
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str | None, driver_python: str) -> int:
         """Start the child; return its pid. ``env`` holds the job's variables (spec env and the

@@ -43,6 +43,9 @@ from launcher.summary import Failure
 
 logger = logging.getLogger(__name__)
 
+PORT_WAIT_S = 5.0
+"""How long the new actor waits for the server's port to be free (its dead predecessor's
+process, killed with its actor, may hold it for a moment)."""
 PORT_TAKEN = "port taken"
 """:func:`respawn_server`'s answer when the server's previous port is taken on its node."""
 
@@ -116,7 +119,8 @@ def respawn_server(ctx: RespawnContext, recovery: PSRecovery, failures: list[Fai
                               f"re-create the actor of server {failed.rank}")[0]
     port = int(old_proc.env["PADDLE_PORT"])
     ip = old_proc.env["POD_IP"]
-    if info.node_ip != ip or not ctx.get([actor.port_free.remote(ip, port)], "check a port")[0]:
+    if info.node_ip != ip or not ctx.get([actor.port_free.remote(ip, port, PORT_WAIT_S)],
+                                         "check a port")[0]:
         logger.warning("server %d cannot come back on %s:%d (its bundle's node is %s, or the port "
                        "is taken): every process restarts instead, the server on a new port",
                        failed.rank, ip, port, info.node_ip)

@@ -50,8 +50,8 @@ boundaries only: a job checkpoint does not hold the servers' delta change log, s
 restored from a cut inside a pass (all of them, or one restarted alone in async/GEO mode) would
 write a next delta missing the rows changed before the cut; at a boundary that log is empty. A
 server restarted alone while a pass trains restores the last cut (its shard loses the pass's
-updates so far, the delta chain stays exact); a trainer restarted alone
-(:mod:`fleet.base.coordination`) replays its rounds and skips what it trained. A save,
+updates so far, the delta chain stays exact). A dead trainer restarts every process: trainer 0
+is marked not restartable alone (its replayed script would redo its saves and loads). A save,
 ``end_day``, ``shrink`` or cut that fails (a server down) raises: fleetrun then recovers the job
 from the last cut (one more unit of ``--max_restarts``).
 
@@ -527,6 +527,9 @@ class StreamingTrainer:
         if auto is None:
             return False
         auto.interval_cuts = False  # the loop cuts at its boundaries (module docstring)
+        # trainer 0 restarted alone would replay the stream redoing its saves, loads and cuts
+        # (its side of each agreement is computed again): its death restarts every process
+        auto.restart_alone = auto.rank != 0
         if auto.resumed.get("alone"):
             # fleetrun restarted this trainer alone (async/GEO, fleet.base.coordination): its
             # rounds replay, its datasets skip what it trained (its own position); servers untouched

@@ -12,10 +12,15 @@ Three fleetrun jobs of ``examples/ctr/train_ps.py`` (async, InMemoryDataset over
 
 Measured per kill: recovery time (kill → trainer 0's first step of the next attempt, from its
 progress file; async server kills restart that server alone in the same attempt: kill → trainer
-0's first step after the new server is up, from its progress file's time, at most ~1 s late),
+0's first step after the new server is up, from its progress file's time, at most ~1 s late;
+async trainer kills restart that trainer alone from its data position: kill → the restarted
+trainer's first step, ``first_step_unix`` of its progress file),
 steps redone (from the job's recovery lines), for the trainer runs how long the *other* trainer
-did not step, and each trainer's longest stretch without a step that spans a kill
-(``trainer_longest_gap_s``, ~1 s resolution). Per run: final AUC minus the undisturbed one, wall time,
+did not step (restart-all: until its first step of the next attempt; in place: its longest
+stretch without a step between the kill and the restarted trainer's first step), and each
+trainer's longest stretch without a step that spans a kill (``trainer_longest_gap_s``) and over
+the whole run (``trainer_longest_gap_any_s``, also measured on the undisturbed run: the
+baseline), both at the progress files' ~1 s resolution. Per run: final AUC minus the undisturbed one, wall time,
 recoveries, orphans (any process whose command line names the run's directory, after fleetrun
 exited), and files left outside the job's directories (``/dev/shm`` entries that appeared; the
 run's own directory holds only ``log/``, ``ckpt/`` and the result file). Medians with min/max.
@@ -104,6 +109,12 @@ def longest_gap(seen: list[tuple[float, int]], kills: list[dict[str, Any]]) -> f
     return round(max(gaps), 3) if gaps else None
 
 
+def gap_within(seen: list[tuple[float, int]], lo: float, hi: float) -> float | None:
+    """Longest time between two step advances of one trainer overlapping [lo, hi]."""
+    gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:]) if a[0] <= hi and b[0] >= lo]
+    return round(max(gaps), 3) if gaps else None
+
+
 def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None) -> dict[str, Any]:
     """One fleetrun; ``victim``: None, "server" or "trainer"."""
     root.mkdir(parents=True)
@@ -127,12 +138,23 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
         try:
             attempt, resumed_at = 0, None
             while proc.poll() is None:
-                time.sleep(0.1 if victim else 0.2)
+                time.sleep(0.1)
+                watch_steps(log, advances)
                 if victim is None:
                     continue
                 p0 = read_json(log / "ps_progress.0.json") or {}
                 state = read_json(log / "job_state.json") or {}
-                watch_steps(log, advances)
+                if kills and "recovery_s" not in kills[-1] and args.in_place and kills[-1]["role"] == "trainer":
+                    # restarted alone (async): same attempt; recovered at its first step
+                    k = kills[-1]
+                    pk = read_json(log / f"ps_progress.{k['rank']}.json") or {}
+                    first = pk.get("first_step_unix")
+                    if (pk.get("resumed") or {}).get("alone") and first and float(first) > k["unix"]:
+                        k["recovery_s"] = round(float(first) - k["unix"], 3)
+                        k["in_place"], resumed_at = True, float(first)
+                    if int(state.get("attempt", attempt)) <= attempt:
+                        continue
+                    attempt = int(state["attempt"])  # fleetrun restarted every process instead
                 if kills and "recovery_s" not in kills[-1] and args.in_place and kills[-1]["role"] == "server":
                     # restarted alone (async/GEO): same attempt; recovered when trainer 0 steps
                     # again after the new server is up (its progress file's time, <= 1 s late)
@@ -173,7 +195,7 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
                               "step": p0.get("step"), "last_step_unix": float(p_other.get("unix", time.time()))})
                 print(f"  [{root.name}] killed {role} {target['rank']} at step ~{p0.get('step')} "
                       f"({time.time() - t0:.0f} s)", flush=True)
-                attempt, resumed_at = attempt + (0 if args.in_place and role == "server" else 1), None
+                attempt, resumed_at = attempt + (0 if args.in_place else 1), None
             rc = proc.wait(timeout=args.timeout)
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -187,6 +209,10 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
     for line in state.get("recoveries", []):
         if "steps redone" in line and "~" in line.rsplit(";", 1)[-1]:
             redone.append(int(line.rsplit("~", 1)[-1].split()[0]))
+    for k in kills:  # in place: the other trainer's longest stretch without a step meanwhile
+        if k.get("in_place") and k["role"] == "trainer":
+            k["other_trainer_gap_s"] = gap_within(advances[1 - k["rank"]], k["unix"],
+                                                  k["unix"] + k["recovery_s"])
     res = read_json(result) or {}
     outside = sorted(shm_entries() - shm_before)
     extra_files = sorted(p.name for p in root.iterdir()
@@ -195,10 +221,11 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
             "train_seconds_last_attempt": res.get("train_seconds"), "kills": kills,
             "recovery_s": summary([k["recovery_s"] for k in kills if "recovery_s" in k]),
             "other_trainer_gap_s": summary([k["other_trainer_gap_s"] for k in kills
-                                            if "other_trainer_gap_s" in k]),
+                                            if k.get("other_trainer_gap_s") is not None]),
             "steps_redone": summary([float(r) for r in redone]),
             "in_place": sum(1 for k in kills if k.get("in_place")),
             "trainer_longest_gap_s": {r: longest_gap(a, kills) for r, a in advances.items()} if kills else {},
+            "trainer_longest_gap_any_s": {r: gap_within(a, 0.0, float("inf")) for r, a in advances.items()},
             "recoveries": len(state.get("recoveries", [])), "orphans": left,
             "new_shm_entries": outside, "files_outside_job_dirs": extra_files}
 
@@ -216,7 +243,7 @@ def main() -> int:
     p.add_argument("--runs", default="undisturbed,server,trainer")
     p.add_argument("--json", default="")
     args = p.parse_args()
-    args.in_place = args.mode == "async"  # fleetrun restarts a dead server alone (not a trainer)
+    args.in_place = args.mode == "async"  # fleetrun restarts a dead server or trainer alone
     with tempfile.TemporaryDirectory(prefix="bench_ps_chaos_") as tmp:
         data = Path(tmp) / "data"
         gen_data(data, args.lines)

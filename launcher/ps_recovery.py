@@ -29,18 +29,21 @@ checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its 
 - no checkpoint yet, or no restart left → the job fails as any failed job (root cause first,
   every process stopped), the recoveries so far listed in the summary.
 
-Where this differs from the issue's plan, and why: in sync mode, and for a dead trainer in any
-mode, the surviving servers and trainers are restarted too. A surviving sync server holds SYNC
-rounds and barriers half-filled by trainers that are gone or by pushes the restored server never
-saw, which would corrupt the next rounds (the mean and the round boundary), so sync servers and
-trainers roll back to one cut together; a surviving trainer is in a gloo group that cannot admit
-a replacement (barriers, fleet.metrics, the checkpoints' gathers; its store lives in trainer 0),
-and its script's loop cannot be rewound from outside. So in async/GEO mode a dead trainer still
-costs every trainer the steps since the last checkpoint (measured in BENCHMARKS.md). Restarting a
-trainer alone would need the trainers' coordination moved out of the trainers (a gather with
-payloads and a membership epoch on the servers or the agent's store: the servers' Barrier RPC
-carries no data and dies with server 0), the trainer's data position in its progress file, and
-the equal-step-count rule of automatic checkpoints relaxed for a trainer joining mid-pass.
+- **a trainer in place** (:meth:`PSRecovery.recover_alone`, local scheduler): the agent hosts
+  the trainers' coordinator (:mod:`launcher.ps_coordinator`); async/GEO trainers meet through it
+  instead of a gloo group (every progress file says so: ``alone_ok``). A dead trainer is started
+  again alone, same rank and attempt, with FLEET_PS_RESUME_POSITION = its data position from its
+  progress file: it loads no checkpoint, replays its prologue's rounds from the coordinator's
+  record and trains on from there; checkpoints meanwhile complete without it (its position
+  stands for it). Listed as ``restarted: trainer N only, resumed at its data position``.
+
+Where this differs from the issue's plan, and why: in sync (and half-async) mode, and for a dead
+trainer on Ray and Kubernetes, the surviving servers and trainers are restarted too. A surviving
+sync server holds SYNC rounds and barriers half-filled by trainers that are gone or by pushes the
+restored server never saw, which would corrupt the next rounds (the mean and the round boundary),
+so sync servers and trainers roll back to one cut together; sync and half-async trainers meet in
+a gloo group every step (or every N), which cannot admit a replacement. On Ray and Kubernetes no
+process outlives the trainers to host the coordinator yet.
 
 Work redone comes from the trainers' progress files (``LOG_DIR/ps_progress.<rank>.json``, at
 most a second old) minus the restored checkpoint's step. Checkpoints are found by their committed
@@ -64,6 +67,7 @@ from collective.env import (
     PSCheckpointEnv,
     ps_checkpoint_env,
 )
+from launcher.ps_coordinator import Coordinator
 from launcher.spec import JobSpec, Mode
 
 logger = logging.getLogger(__name__)
@@ -180,7 +184,7 @@ class PSRecovery:
         self.log_dir = spec.log_dir
         self.num_trainers = len(spec.ps.workers) or spec.sizes.worker_num
         self.recoveries: list[Recovery] = []
-        self.coordinator: Any = None
+        self.coordinator: Coordinator | None = None
         """The trainers' coordinator (:meth:`start_coordinator`; local scheduler only)."""
 
     def trainer_env(self) -> dict[str, str]:
@@ -193,8 +197,6 @@ class PSRecovery:
     def start_coordinator(self, token: str) -> None:
         """Host the trainers' coordinator (:mod:`launcher.ps_coordinator`) in this process: async/GEO
         trainers then meet through it and a dead one is restarted alone (:meth:`recover_alone`)."""
-        from launcher.ps_coordinator import Coordinator  # PS jobs with checkpoints only
-
         self.coordinator = Coordinator(token, self.num_trainers, self.config.interval_s)
 
     def begin_attempt(self, attempt: int) -> None:

@@ -3,7 +3,7 @@
 - the coordinator itself, over real sockets: a round replayed from the record to a restarted
   trainer (its own new contribution in place of its old one), a live round waiting for every
   trainer, a kind mismatch refused, a checkpoint epoch completing without a dead member;
-- a real fleetrun job (2 servers, 2 trainers, async CTR from slot files): trainer 1 SIGKILLed
+- a real fleetrun job (2 servers, 2 trainers, async and GEO CTR from slot files): trainer 1 SIGKILLed
   mid-pass is restarted alone from its data position; trainer 0 keeps its pid and its step count
   never goes back; the restarted trainer replays its prologue's rounds; the job ends with a row
   for every id and a sane AUC; no process outlives it.
@@ -105,9 +105,10 @@ def _trainer_pids(job: Job) -> dict[int, set[int]]:
 
 
 @pytest.mark.timeout(200)
-def test_async_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, slot_dir: Path) -> None:
+@pytest.mark.parametrize("mode", ["async", "geo"])
+def test_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, slot_dir: Path, mode: str) -> None:  # noqa: F811
     final = tmp_path / "log" / "final"
-    job = Job(tmp_path, slot_dir, "async", max_restarts=1, interval=0.5, extra=("--save", str(final)))
+    job = Job(tmp_path, slot_dir, mode, max_restarts=1, interval=0.5, extra=("--save", str(final)))
     steps0: list[int] = []
     try:
         wait_for(lambda: job.checkpointed(0) and job.progress(1)["step"] >= 20, 120,
@@ -147,7 +148,7 @@ def test_async_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, slot_d
     state = json.loads((job.log / "job_state.json").read_text())
     assert state["state"] == "succeeded" and len(state["recoveries"]) == 1
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["test_auc"] > 0.6, result  # an undisturbed run of this data: ~0.70-0.73
+    assert result["test_auc"] > 0.6, result  # undisturbed runs of this data: ~0.69-0.73
     from examples.ctr.data import CTRDataConfig, generate
 
     seen = ids_in(slot_dir) | set(generate(CTRDataConfig(seed=0), TEST, 2 * LINES).sparse_ids.ravel().tolist())

@@ -204,16 +204,16 @@ def test_donefile_reconciled_with_the_cut(tmp_path: Path) -> None:
     holds but the file lacks is appended, records after the cut are dropped, a donefile of
     another stream is refused naming the file."""
     from collective.errors import FleetError
-    from fleet.streaming import DoneRecord, _reconcile_donefile, read_donefile
+    from fleet.streaming.donefile import DoneRecord, read_donefile, reconcile_donefile
 
     recs = [DoneRecord(DAYS[0], p, f"model/{DAYS[0]}/delta-{p}", "delta") for p in ("00", "01", "02")]
     (tmp_path / "donefile.txt").write_text(recs[0].line())
-    assert _reconcile_donefile(str(tmp_path), 2, list(recs[1].__dict__.values())) == recs[:2]
+    assert reconcile_donefile(str(tmp_path), 2, list(recs[1].__dict__.values())) == recs[:2]
     assert read_donefile(str(tmp_path)) == recs[:2]  # appended once
     (tmp_path / "donefile.txt").write_text("".join(r.line() for r in recs))
-    assert _reconcile_donefile(str(tmp_path), 1, list(recs[0].__dict__.values())) == recs[:1]
+    assert reconcile_donefile(str(tmp_path), 1, list(recs[0].__dict__.values())) == recs[:1]
     assert read_donefile(str(tmp_path)) == recs[:1]  # the records after the cut are dropped
-    assert _reconcile_donefile(str(tmp_path), 0, None) == []
+    assert reconcile_donefile(str(tmp_path), 0, None) == []
     (tmp_path / "donefile.txt").write_text(recs[2].line())
     with pytest.raises(FleetError, match="donefile.txt does not match the job's checkpoint"):
-        _reconcile_donefile(str(tmp_path), 1, list(recs[0].__dict__.values()))
+        reconcile_donefile(str(tmp_path), 1, list(recs[0].__dict__.values()))

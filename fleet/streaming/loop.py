@@ -68,6 +68,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,15 +81,16 @@ from collective.errors import ConfigError, FleetError
 from fleet.base.data_position import DataPosition, tracker
 from fleet.ps import recovery, serving
 from fleet.ps import runtime as ps_runtime
+from fleet.streaming.donefile import (
+    BASE_PASS,
+    DoneRecord,
+    append_donefile,
+    read_donefile,
+    reconcile_donefile,
+)
 from fleet.train_loop import train_from_dataset
 
 logger = logging.getLogger(__name__)
-
-DONEFILE = "donefile.txt"
-"""Name of the donefile in ``output_dir``."""
-BASE_PASS = "-1"
-"""The pass column of a base record (Paddle's donefiles use -1 for a day's base)."""
-
 
 @dataclass(frozen=True)
 class StreamingConfig:
@@ -135,21 +137,6 @@ class StreamingConfig:
             raise ConfigError(f"must be None or >= 0, got {self.max_passes!r}", key="max_passes")
         if self.checkpoint_keep < 0:
             raise ConfigError(f"must be >= 0, got {self.checkpoint_keep!r}", key="checkpoint_keep")
-
-
-@dataclass(frozen=True)
-class DoneRecord:
-    """One line of the donefile: a save that is complete."""
-
-    day: str
-    pass_id: str
-    """The pass folder's name, or :data:`BASE_PASS` for a day's base."""
-    path: str
-    kind: str
-    """``delta`` or ``base``."""
-
-    def line(self) -> str:
-        return f"{self.day}\t{self.pass_id}\t{self.path}\t{self.kind}\n"
 
 
 @dataclass(frozen=True)
@@ -204,68 +191,6 @@ def list_passes(config: StreamingConfig) -> list[tuple[str, list[str]]]:
     if not out:
         raise ConfigError(f"{root!r} has no day folders", key="data_root")
     return out
-
-
-def read_donefile(output_dir: str) -> list[DoneRecord]:
-    """The records of ``output_dir/donefile.txt`` ([] when absent); ValueError naming the line
-    for a malformed one."""
-    path = os.path.join(output_dir, DONEFILE)
-    if not os.path.exists(path):
-        return []
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) != 4 or parts[3] not in ("delta", "base"):
-                raise FleetError(f"{path}:{number}: expected 'day<TAB>pass<TAB>path<TAB>delta|base', "
-                                 f"got {line.rstrip()!r}")
-            records.append(DoneRecord(*parts))
-    return records
-
-
-def _append_donefile(output_dir: str, record: DoneRecord) -> None:
-    """Append one record, durably (the file is only ever appended to)."""
-    os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, DONEFILE), "a", encoding="utf-8") as f:
-        f.write(record.line())
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_donefile(output_dir: str, records: list[DoneRecord]) -> None:
-    """Replace the donefile with ``records`` (temp file, fsync, rename)."""
-    path = os.path.join(output_dir, DONEFILE)
-    with open(f"{path}.tmp", "w", encoding="utf-8") as f:
-        f.writelines(r.line() for r in records)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f"{path}.tmp", path)
-
-
-def _reconcile_donefile(output_dir: str, count: int, last: list[str] | None) -> list[DoneRecord]:
-    """The donefile made to agree with a checkpoint that holds ``count`` records, the last one
-    ``last``: a missing last record is appended (the job died between the cut and the append);
-    records after it are dropped (the checkpoint chosen is older: a newer one was partial or
-    corrupt), with a warning naming them. Returns the records kept."""
-    records = read_donefile(output_dir)
-    want = DoneRecord(*last) if last else None
-    path = os.path.join(output_dir, DONEFILE)
-    if len(records) < count - 1 or (want is not None and len(records) >= count
-                                    and records[count - 1] != want):
-        raise FleetError(f"{path} does not match the job's checkpoint: it holds {len(records)} "
-                         f"record(s), the checkpoint {count} ending with {want}; was output_dir "
-                         "or the donefile changed? Use a new --ps_checkpoint_dir (or output_dir)")
-    if len(records) > count:
-        logger.warning("%s: dropping %d record(s) after the checkpoint's last (%s); their "
-                       "passes are trained again: %s", path, len(records) - count, want,
-                       [(r.day, r.pass_id, r.kind) for r in records[count:]])
-        _write_donefile(output_dir, records[:count])
-    elif want is not None and len(records) == count - 1:
-        _append_donefile(output_dir, want)
-        records.append(want)
-    return records[:count]
 
 
 def _is_rank0() -> bool:
@@ -370,6 +295,8 @@ class StreamingTrainer:
                 "checkpoint_dir empty (the loop cuts the job's checkpoints at its pass boundaries)",
                 key="checkpoint_dir")
         self.cut_step = -1  # step of the last automatic checkpoint (cuts get increasing steps)
+        self._publisher: threading.Thread | None = None  # trainer 0: record after its cut commits
+        self._publish_error: BaseException | None = None
         self.last_pass: dict[str, Any] = {}
 
     # -- the loop -------------------------------------------------------------------------------
@@ -394,6 +321,7 @@ class StreamingTrainer:
                 if (day, pass_id) in done or (day, BASE_PASS) in done:
                     continue
                 if cfg.max_passes is not None and len(results) >= cfg.max_passes:
+                    self._published()
                     return results
                 result = self._pass(day, pass_id, plan.records)
                 results.append(result)
@@ -401,6 +329,7 @@ class StreamingTrainer:
                     self.on_pass(result)
             if (day, BASE_PASS) not in done:
                 self._end_day(day, plan.records)
+        self._published()
         return results
 
     def _pass(self, day: str, pass_id: str, records: list[DoneRecord]) -> PassResult:
@@ -484,11 +413,11 @@ class StreamingTrainer:
         holding it is committed first; trainer 0 appends the donefile record; a job checkpoint
         naming it follows when ``checkpoint_dir`` is set."""
         records.append(record)
-        if self.auto is not None:
+        if self.auto is not None:  # trainer 0 appends the record once the cut is committed
             self._cut(records, "day" if record.pass_id == BASE_PASS else "pass", record.day,
                       record.pass_id)
-        if _is_rank0():
-            _append_donefile(self.config.output_dir, record)
+        elif _is_rank0():
+            append_donefile(self.config.output_dir, record)
         ps_runtime._barrier()
         if self.checkpoint_dir:
             from fleet.ps.recovery import checkpoint
@@ -502,6 +431,7 @@ class StreamingTrainer:
         for its commit). Raises FleetError when it fails: the caller's trainer exits and fleetrun
         recovers the job from the previous cut."""
         assert self.auto is not None
+        self._published()  # the previous cut's record is out (or its failure raised)
         # trainer 0's step names it (trainers' steps differ in async mode; a trainer restarted
         # alone replaying this round gets the same one)
         step = _from_rank0(lambda: max(tracker().step, self.cut_step + 1))
@@ -509,15 +439,42 @@ class StreamingTrainer:
         state = {"data": tracker().position().to_dict(),
                  "stream": {"records": len(records), "record": list(last.__dict__.values()) if last else None,
                             "phase": phase, "day": day, "pass": pass_id, "last_pass": self.last_pass}}
-        try:
-            recovery.checkpoint(self.auto.cfg.dir, step, trainer_state=state, keep=self.auto.cfg.keep,
-                                wait=True)
+        try:  # training waits for the snapshot only; the files are written in the background
+            pending = recovery.checkpoint(self.auto.cfg.dir, step, trainer_state=state,
+                                          keep=self.auto.cfg.keep)
         except FleetError as err:
             self.auto.record_cut(None)
             raise FleetError(f"train_days: the automatic checkpoint after {phase} {day} {pass_id} "
                              f"failed ({err}); fleetrun recovers the job from the previous one") from err
         self.cut_step = step
         self.auto.record_cut(step)
+        if pending is not None:  # trainer 0: publish the record once the cut is committed
+            publish = last if phase != "start" else None
+            self._publisher = threading.Thread(target=self._publish, args=(pending, publish),
+                                               name="fleet-streaming-donefile", daemon=True)
+            self._publisher.start()
+
+    def _publish(self, pending: Any, record: DoneRecord | None) -> None:
+        try:
+            pending.result()
+            if record is not None:
+                append_donefile(self.config.output_dir, record)
+        except BaseException as err:  # noqa: BLE001 - raised on the loop's thread by _published
+            self._publish_error = err
+
+    def _published(self) -> None:
+        """Wait until the last cut is committed and its record appended (trainer 0); raise
+        FleetError if it was not (the job then recovers from the previous cut)."""
+        if self._publisher is not None:
+            self._publisher.join()
+            self._publisher = None
+        err, self._publish_error = self._publish_error, None
+        if err is not None:
+            if self.auto is not None:
+                self.auto.record_cut(None)
+            raise FleetError(f"train_days: an automatic checkpoint was not committed ({err}); its "
+                             "donefile record is not written and fleetrun recovers the job from "
+                             "the previous one") from err
 
     def _resume_cut(self, plan: _Plan) -> bool:
         """Under fleetrun's automatic checkpoints: True when the servers were restored from a
@@ -549,7 +506,7 @@ class StreamingTrainer:
         self.last_pass = dict(stream.get("last_pass") or {})
         count, last = int(stream["records"]), stream.get("record")
         output_dir = self.config.output_dir
-        kept = _from_rank0(lambda: [r.__dict__ for r in _reconcile_donefile(output_dir, count, last)])
+        kept = _from_rank0(lambda: [r.__dict__ for r in reconcile_donefile(output_dir, count, last)])
         plan.records = [DoneRecord(**r) for r in kept]
         if self.out is not None:
             where = f"after day {last[0]} pass {last[1]}" if last else "at the start"
@@ -604,15 +561,11 @@ def train_days(
 
 
 __all__ = [
-    "BASE_PASS",
-    "DONEFILE",
-    "DoneRecord",
     "PassResult",
     "StreamingConfig",
     "StreamingTrainer",
     "list_passes",
     "load_model",
-    "read_donefile",
     "save_cache_model",
     "train_days",
 ]

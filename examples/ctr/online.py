@@ -7,6 +7,9 @@ one pass of ``fleet.train_from_dataset`` over a ``fleet.data`` dataset of this t
 a delta save; at the end of a day ``end_day``, ``shrink`` and a base. Started again with the same
 ``--output_dir`` it resumes after the last save its donefile records. Rank 0 prints a line per
 pass (progressive AUC, train AUC, examples/s) and, with ``--json``, writes one JSON line per pass.
+Under fleetrun's ``--ps_checkpoint_dir`` (``ps_checkpoint:`` in ``configs/ctr_online.yaml``) the
+job checkpoints itself at every pass boundary and recovers from a dead server or trainer with no
+change here (``fleet.train_days`` does it; README "Online training (day/pass)").
 
 The model (also the Paddle side of ``bench/bench_ps_paddle.py``): the 26 one-id slots pulled from
 one ``DistributedEmbedding`` (dim ``--embedding_dim``, Adagrad on the servers, sum-pooled per

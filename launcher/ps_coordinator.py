@@ -94,6 +94,8 @@ class Coordinator:
         self.rounds: dict[tuple[str, int], _Round] = {}
         self.positions: dict[int, Any] = {}
         self.joined: set[int] = set()
+        self.left: set[int] = set()  # left the checkpoints (training ended) until a new hello
+        self.pollers: dict[int, int] = {}  # rank -> id of its polling connection
         self.dead: set[int] = set()
         self.busy: dict[int, int] = {}  # rank -> id of the connection blocked in a round
         self.epoch = 0
@@ -170,6 +172,12 @@ class Coordinator:
         finally:
             with self.cond:
                 self._conns.discard(conn)
+                for rank, cid in list(self.pollers.items()):
+                    if cid == id(conn):  # its process ended: it takes part in no more cuts
+                        del self.pollers[rank]
+                        self.joined.discard(rank)
+                        self._check_close()
+                        self.cond.notify_all()
             conn.close()
 
     def _handle(self, h: dict[str, Any], payloads: list[bytes], cid: int) -> tuple[dict[str, Any], list[bytes]]:
@@ -188,7 +196,7 @@ class Coordinator:
                 return self._round(rank, str(h["channel"]), int(h["seq"]), str(h["kind"]),
                                    payloads[0] if payloads else b"", cid)
             if op == "ckpt_wait":
-                return self._ckpt_wait(rank, int(h.get("after", 0))), []
+                return self._ckpt_wait(rank, int(h.get("after", 0)), cid), []
             if op == "ckpt_cut":
                 return self._ckpt_cut(rank, int(h["epoch"]), h.get("position")), []
             if op == "ckpt_done":
@@ -197,6 +205,7 @@ class Coordinator:
                 return self._ckpt_result(int(h["epoch"])), []
             if op == "ckpt_leave":
                 self.joined.discard(rank)
+                self.left.add(rank)
                 self._check_close()
                 self.cond.notify_all()
                 return {"ok": True}, []
@@ -210,6 +219,7 @@ class Coordinator:
             return {"ok": False, "error": f"trainer {rank} of attempt {h.get('attempt')} is stale: the "
                                           f"job is at attempt {self.attempt}"}
         self.dead.discard(rank)
+        self.left.discard(rank)
         return {"ok": True, "epoch": self.epoch, "last_step": self.last_step}
 
     # -- rounds ----------------------------------------------------------------------------------
@@ -272,8 +282,11 @@ class Coordinator:
             self.open, self.last_cut = None, time.monotonic()
         self.cond.notify_all()
 
-    def _ckpt_wait(self, rank: int, after: int) -> dict[str, Any]:
-        if rank not in self.joined and rank not in self.dead:
+    def _ckpt_wait(self, rank: int, after: int, cid: int) -> dict[str, Any]:
+        if rank in self.left or rank in self.dead:
+            return {"ok": True, "epoch": self.epoch, "cut": False}
+        self.pollers[rank] = cid
+        if rank not in self.joined:
             self.joined.add(rank)
             if self.last_cut is None:
                 self.last_cut = time.monotonic()  # the interval runs from the first member

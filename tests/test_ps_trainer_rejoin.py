@@ -89,6 +89,8 @@ def test_coordinator_replays_rounds_waits_live_and_cuts_without_the_dead() -> No
                                     "1": {"pass": 0, "step_in_pass": 5, "step": 5}}
         a.report(epoch, ("ok", {"step": 9}))
         assert coord.last_step == 9
+        a.leave()  # its training ended: no later epoch waits for it, even if its poller asks again
+        assert a.poll_epoch(1) == (1, False) and not coord.joined
     finally:
         for c in clients:
             c.close()
@@ -154,3 +156,27 @@ def test_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, slot_dir: Pa
     seen = ids_in(slot_dir) | set(generate(CTRDataConfig(seed=0), TEST, 2 * LINES).sparse_ids.ravel().tolist())
     rows = saved_rows(final)
     assert rows["ctr_dim1"] == rows["ctr_dim8"] == len(seen), (rows, len(seen))
+
+
+@pytest.mark.timeout(30)
+def test_only_async_and_geo_trainers_meet_through_the_coordinator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sync trainers (a barrier every step) and half-async ones keep gloo and restart-all;
+    servers never connect; without FLEET_PS_COORDINATOR nothing changes."""
+    from collective.env import WorkerEnv, TrainingRole
+    from fleet.base.coordination import wanted
+    from fleet.strategy import DistributedStrategy
+
+    def strategy(a_sync: bool, **configs: int) -> DistributedStrategy:
+        s = DistributedStrategy()
+        s.a_sync = a_sync
+        if configs:
+            s.a_sync_configs = configs
+        return s
+
+    trainer, server = WorkerEnv(), WorkerEnv(training_role=TrainingRole.PSERVER)
+    monkeypatch.delenv("FLEET_PS_COORDINATOR", raising=False)
+    assert not wanted(trainer, strategy(True))
+    monkeypatch.setenv("FLEET_PS_COORDINATOR", "127.0.0.1:1")
+    assert wanted(trainer, strategy(True)) and wanted(trainer, strategy(True, k_steps=10))
+    assert not wanted(trainer, strategy(False)) and not wanted(trainer, strategy(True, barrier_interval=20))
+    assert not wanted(server, strategy(True))

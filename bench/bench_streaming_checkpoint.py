@@ -99,6 +99,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict[str, A
             "pass": Stats.of([p["pass_examples_per_s"] for p in passes]),
             "train": Stats.of([p["train_examples_per_s"] for p in passes]),
             "wall": Stats.of([wall for _, wall in jobs]),
+            "pass_s": Stats.of([p["pass_s"] for p in passes]),
             "last_auc": [round(records[-1]["progressive_auc"], 4) for records, _ in jobs],
         }
     info = machine_info()
@@ -111,6 +112,10 @@ def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict[str, A
         w, wo = stats["with"][key], stats["without"][key]
         print(f"{label}\n  with     : {w.fmt(unit, digits=digits)}\n  without  : {wo.fmt(unit, digits=digits)}\n"
               f"  ratio    = {w.median / wo.median:.3f} (with / without)")
+    added = stats["with"]["pass_s"].median - stats["without"]["pass_s"].median
+    print(f"seconds per pass: with {stats['with']['pass_s'].fmt('s', digits=2)}, without "
+          f"{stats['without']['pass_s'].fmt('s', digits=2)}; the cut adds ~{added:.2f} s per pass "
+          "(a full copy of the tables, whatever the pass's length)")
     print(f"progressive AUC of the last pass: with {stats['with']['last_auc']}, "
           f"without {stats['without']['last_auc']}")
     print(f"load average at the start of each job: {load}")

@@ -9,7 +9,10 @@ rank, TRAINING_ROLE, MASTER_ADDR (trainer 0's DNS name), PADDLE_* endpoint lists
 user's entrypoint like the local agent runs one node (``launcher.agent.worker_argv``, error
 files, the root-cause-first summary on failure, also written to the pod's termination log).
 
-Restarts are Kubernetes' business (the Job's backoffLimit), so a pod runs one attempt. A
+Restarts are Kubernetes' business (the Job's backoffLimit), so a pod runs one attempt; in a PS
+job with automatic checkpoints the pod first decides, with the others, what its restart means
+(a server restarted alone, every pod restarted, or the job failed with exit 3: the budget and
+the checkpoint are checked on the volume, :mod:`launcher.schedulers.k8s_ps_recovery`). A
 StatefulSet restarts any container that exits, even with code 0, so a server that stopped
 cleanly (the trainers called ``fleet.stop_worker``) holds until its pod is deleted.
 """

@@ -92,6 +92,7 @@ class Coordinator:
 
     def _reset_state(self) -> None:
         self.rounds: dict[tuple[str, int], _Round] = {}
+        self.done_upto: dict[str, int] = {}  # channel -> last seq of its unbroken run of done rounds
         self.positions: dict[int, Any] = {}
         self.joined: set[int] = set()
         self.left: set[int] = set()  # left the checkpoints (training ended) until a new hello
@@ -234,7 +235,8 @@ class Coordinator:
                     "cross-trainer calls in the same order")}, []
             self.replayed += 1
             ranks = sorted(r.contribs)
-            return {"ok": True, "replayed": True, "ranks": ranks}, [r.contribs[k] for k in ranks]
+            return ({"ok": True, "replayed": True, "ranks": ranks, "done_upto": self._done_upto(channel)},
+                    [r.contribs[k] for k in ranks])
         if r is None:
             r = self.rounds[(channel, seq)] = _Round(kind)
         elif r.kind != kind and not r.done:
@@ -254,7 +256,17 @@ class Coordinator:
         if r.error or self._closed:
             return {"ok": False, "error": r.error or "the coordinator closed"}, []
         ranks = sorted(r.contribs)
-        return {"ok": True, "replayed": False, "ranks": ranks}, [r.contribs[k] for k in ranks]
+        return ({"ok": True, "replayed": False, "ranks": ranks, "done_upto": self._done_upto(channel)},
+                [r.contribs[k] for k in ranks])
+
+    def _done_upto(self, channel: str) -> int:
+        """The last round of ``channel`` up to which every round completed (-1: none): a trainer
+        whose next round is at or below it is replaying what its predecessor did."""
+        n = self.done_upto.get(channel, -1)
+        while (r := self.rounds.get((channel, n + 1))) is not None and r.done and not r.error:
+            n += 1
+        self.done_upto[channel] = n
+        return n
 
     # -- checkpoint epochs -----------------------------------------------------------------------
     def _maybe_open(self) -> None:

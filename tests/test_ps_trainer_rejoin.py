@@ -68,7 +68,11 @@ def test_coordinator_replays_rounds_waits_live_and_cuts_without_the_dead() -> No
         clients.append(b3)
         b3.gather(7, "fleet.metrics SUM")
         b3.barrier()
-        assert b3.replayed == 2 and coord.replayed >= 3
+        assert b3.replayed == 2 and coord.replayed >= 3 and not b3.replaying()
+        b4 = CoordinationClient(coord.endpoint, "secret", 1, 2, 0)
+        clients.append(b4)  # an agreement (trainer 0's outcome) replays as recorded; between two
+        assert b4.gather(5, "fleet.metrics SUM", recorded=True) == [10, 1]  # replayed rounds,
+        assert b4.replaying()  # trainer 0's side effects (a save, a snapshot) are skipped
         # a live round waits for every trainer: trainer 0 is not released by trainer 1 alone
         t, got = _in_thread(lambda: b3.gather("late", "gather"))
         t.join(0.5)

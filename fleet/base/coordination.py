@@ -16,7 +16,9 @@ datasets' ``get_memory_data_size(fleet)``. Rounds are numbered per channel; a re
 re-running its script gets its rounds that completed before at once: the others' recorded
 contributions with its own new one in its place, so its prologue replays without the others
 (e.g. the CTR example's ``metrics.min(steps)`` gives the restarted trainer the minimum of the
-others' step counts and of its own steps *left*). What cannot work this way raises
+others' step counts and of its own steps *left*). What trainer 0 does *between* two replayed
+rounds on the servers' side (``save_persistables``, ``shrink``, ``end_day``, ``fleet.ps.checkpoint``)
+is skipped while it replays (:func:`replaying`): it happened once, before the restart. What cannot work this way raises
 :class:`~collective.errors.FleetNotImplementedError` naming the fix: a ``global_shuffle``
 across trainers, a process group given to ``fleet.metrics``; ``collective.comm`` finds no
 process group (torch's error).
@@ -56,6 +58,7 @@ class CoordinationClient:
         self._key = token.encode()
         self._lock = threading.Lock()
         self._seq: dict[str, int] = {}
+        self._done_upto: dict[str, int] = {}
         self.replayed = 0
         """Rounds this trainer got from the record (its replayed prologue)."""
         self._conn = self._connect()
@@ -88,9 +91,10 @@ class CoordinationClient:
         return reply, out
 
     # -- rounds ----------------------------------------------------------------------------------
-    def gather(self, obj: Any, kind: str, channel: str = MAIN) -> list[Any]:
+    def gather(self, obj: Any, kind: str, channel: str = MAIN, recorded: bool = False) -> list[Any]:
         """``obj`` of every trainer, by rank (a barrier too). A round that completed before (this
-        trainer restarted) returns the others' recorded values with ``obj`` as this trainer's."""
+        trainer restarted) returns the others' recorded values with ``obj`` as this trainer's
+        (``recorded``: with this trainer's recorded value, e.g. trainer 0's agreed outcome)."""
         data = pickle.dumps(obj)
         with self._lock:
             seq = self._seq.get(channel, 0)
@@ -100,12 +104,20 @@ class CoordinationClient:
         values: list[Any] = [None] * self.world
         for r, p in zip(reply["ranks"], payloads):
             values[int(r)] = pickle.loads(p)  # noqa: S301 - peers of this job (token-authenticated)
-        values[self.rank] = obj
+        if not (recorded and reply.get("replayed")):
+            values[self.rank] = obj
+        self._done_upto[channel] = int(reply.get("done_upto", -1))
         if reply.get("replayed"):
             self.replayed += 1
             logger.info("trainer %d: round %d of %s (%s) replayed from the record", self.rank, seq,
                         channel, kind)
         return values
+
+    def replaying(self, channel: str = MAIN) -> bool:
+        """True while this trainer re-runs what its predecessor (before a restart) already did:
+        its next round on ``channel`` completed before. A side effect between two rounds (trainer
+        0 asking the servers to save, shrink, checkpoint) is then skipped: it happened once."""
+        return self._done_upto.get(channel, -1) >= self._seq.get(channel, 0)
 
     def barrier(self, kind: str = "barrier") -> None:
         """Wait for every trainer (replayed after a restart as any round)."""
@@ -180,7 +192,9 @@ def start(env: WorkerEnv) -> CoordinationClient:
         _client = CoordinationClient(os.environ[FLEET_PS_COORDINATOR], token, env.rank,
                                      env.world_size, env.restart_count)
         logger.info("trainer %d meets the other trainers through the coordinator at %s "
-                    "(async/GEO: it can be restarted alone)", env.rank, _client.endpoint)
+                    "(async/GEO: it can be restarted alone); there is no process group: a direct "
+                    "collective.comm / torch.distributed call fails (run sync, or without "
+                    "--ps_checkpoint_dir, for such a script)", env.rank, _client.endpoint)
     return _client
 
 
@@ -194,4 +208,9 @@ def refuse(what: str) -> None:
         "--ps_checkpoint_dir")
 
 
-__all__ = ["MAIN", "CoordinationClient", "active", "refuse", "start", "wanted"]
+def replaying() -> bool:
+    """:meth:`CoordinationClient.replaying` of this trainer (False without a coordinator)."""
+    return _client is not None and _client.replaying()
+
+
+__all__ = ["MAIN", "CoordinationClient", "active", "refuse", "replaying", "start", "wanted"]

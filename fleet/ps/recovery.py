@@ -36,14 +36,15 @@ RESUME_CHANNEL = "fleet.ps.load_latest"
 """The coordinator channel of :func:`load_latest` (kept apart from the script's main channel)."""
 
 
-def _gather(obj: Any, channel: str = "") -> list[Any]:
+def _gather(obj: Any, channel: str = "", recorded: bool = False) -> list[Any]:
     """``obj`` of every trainer (gloo among trainers, or the coordinator's round on ``channel``
-    — default its main one — for trainers that can be restarted alone; a barrier too)."""
+    — default its main one — for trainers that can be restarted alone; a barrier too).
+    ``recorded``: a replayed round gives this trainer's recorded value too, not ``obj``."""
     from collective.comm import all_gather_object
 
     client = coordination.active()
     if client is not None:
-        return client.gather(obj, "fleet.ps gather", channel or coordination.MAIN)
+        return client.gather(obj, "fleet.ps gather", channel or coordination.MAIN, recorded)
     out: list[Any] = []
     all_gather_object(out, obj)
     return out
@@ -52,7 +53,7 @@ def _gather(obj: Any, channel: str = "") -> list[Any]:
 def _agree(rank: int, outcome: Any, channel: str = "") -> Any:
     """Trainer 0's outcome (a value or an error message) on every trainer; every trainer raises
     the error, so none waits for the others in a later collective."""
-    kind, value = _gather((rank, outcome), channel)[0][1]
+    kind, value = _gather((rank, outcome), channel, recorded=True)[0][1]  # a replay: as recorded
     if kind == "error":
         raise FleetError(value)
     return value
@@ -112,11 +113,11 @@ def checkpoint(
         )
         return {"snapshot_s": pending.snapshot_s}
 
-    taken = _agree(rank, _outcome(begin) if rank == 0 else None)  # nobody pushes before this
+    again = coordination.replaying()  # a restarted trainer 0 took this one before its restart
+    taken = _agree(rank, _outcome(begin) if rank == 0 and not again else None)  # nobody pushes before this
     logger.info("checkpoint %s step %d: snapshot taken (%.3fs)", root_dir, step, taken["snapshot_s"])
-    if rank != 0:
+    if rank != 0 or pending is None:
         return None
-    assert pending is not None
     if wait:
         pending.result()
     else:

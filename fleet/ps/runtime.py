@@ -292,7 +292,7 @@ def save_persistables(dirname: str, mode: int = 0) -> None:
     st = _require("save_persistables()", TrainingRole.TRAINER)
     get_communicator().flush()
     _barrier()
-    if st.env.rank == 0:
+    if st.env.rank == 0 and not coordination.replaying():  # a restarted trainer 0 saved it before
         get_client().save(dirname, mode="all" if mode == 0 else "delta")
     _barrier()
 
@@ -303,7 +303,7 @@ def shrink(unseen_days: int) -> int:
     st = _require("shrink()", TrainingRole.TRAINER)
     _barrier()
     removed = 0
-    if st.env.rank == 0:
+    if st.env.rank == 0 and not coordination.replaying():
         for table in sorted(st.created):
             removed += int(get_client().shrink(table, unseen_days))
     _barrier()
@@ -314,7 +314,7 @@ def end_day() -> None:
     """Advance the tables' day counter (unseen_days + 1 for rows not pushed since)."""
     st = _require("end_day()", TrainingRole.TRAINER)
     _barrier()
-    if st.env.rank == 0:
+    if st.env.rank == 0 and not coordination.replaying():
         get_client().end_day()
     _barrier()
 

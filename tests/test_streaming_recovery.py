@@ -140,6 +140,7 @@ def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> float:
     assert chosen is not None
     stream = (chosen.trainer_states.get(0) or chosen.trainer_states["0"])["stream"]
     assert (stream["phase"], stream["records"], stream["record"][:2]) == ("day", 6, [DAYS[1], "-1"])
+    assert_chain_exact(job.tmp / "model")
     return job.final_auc()
 
 
@@ -178,24 +179,27 @@ def _state(tables: dict) -> dict[str, np.ndarray]:
 
 
 def assert_chain_exact(model: Path) -> None:
-    """base(day 0) + the deltas of day 1 + end_day + shrink(0) == base(day 1), row for row: the
-    servers restored from a cut continued the delta chain exactly."""
+    """Each day's base equals the previous base (day 0: empty tables) + that day's deltas +
+    end_day + shrink(0), row for row: the servers restored from a cut continued the delta chain
+    exactly, and each day ended once (the kills land before day 0's end)."""
     from ps_server.checkpoint import create_tables, load
 
-    tables = create_tables(model / DAYS[0] / "base")
-    load(model / DAYS[0] / "base", tables)
-    for p in ("00", "01"):
-        load(model / DAYS[1] / f"delta-{p}", tables)
-    for t in tables.values():
-        if t.KIND == "sparse":
-            t.end_day()
-            t.shrink(0)
-    expect = create_tables(model / DAYS[1] / "base")
-    load(model / DAYS[1] / "base", expect)
-    got, want = _state(tables), _state(expect)
-    assert sorted(got) == sorted(want)
-    for key, w in want.items():
-        np.testing.assert_array_equal(got[key], w, err_msg=key)
+    for i, day in enumerate(DAYS):
+        tables = create_tables(model / day / "base")  # the configs; empty
+        if i:
+            load(model / DAYS[i - 1] / "base", tables)
+        for p in ("00", "01"):
+            load(model / day / f"delta-{p}", tables)
+        for t in tables.values():
+            if t.KIND == "sparse":
+                t.end_day()
+                t.shrink(0)
+        expect = create_tables(model / day / "base")
+        load(model / day / "base", expect)
+        got, want = _state(tables), _state(expect)
+        assert sorted(got) == sorted(want), day
+        for key, w in want.items():
+            np.testing.assert_array_equal(got[key], w, err_msg=f"{day} {key}")
 
 
 @pytest.mark.timeout(30)

@@ -29,6 +29,10 @@ to the trainers as FLEET_PS_CHECKPOINT_*).
   checkpoint's step is the largest trainer step. A trainer that fleetrun restarted alone
   (FLEET_PS_RESUME_POSITION: its data position from its progress file) loads no checkpoint: it
   skips the data it had trained and goes on, the servers untouched.
+- **The day/pass loop** (``fleet.train_days``, :mod:`fleet.streaming`) turns the interval cuts
+  off (``interval_cuts``) and cuts at its pass boundaries itself, reporting each with
+  :meth:`AutoCheckpointer.record_cut`; it keeps trainer 0 from being restarted alone
+  (``restart_alone``): trainer 0's replayed loop would redo its saves.
 - **Progress.** Each trainer keeps ``LOG_DIR/ps_progress.<rank>.json`` (tmp + rename, at most once
   a second): its step and data position, the checkpoint it resumed from and when its first step
   after the resume ran. fleetrun reads it to report the work a recovery redid (:mod:`launcher.ps_recovery`).

@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sync needs the same number of batches on every trainer")
     p.add_argument("--shrink_unseen_days", type=int, default=30, help="-1: no shrink")
     p.add_argument("--no_progressive", action="store_true", help="skip progressive validation")
+    p.add_argument("--no_delta", action="store_true",
+                   help="no delta save after each pass (only the day's base)")
     p.add_argument("--checkpoint_dir", default="",
                    help="also a job checkpoint (fleet.ps.checkpoint) after every save")
     p.add_argument("--max_passes", type=int, default=None, help="stop after this many passes")
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     config = fleet.StreamingConfig(
         data_root=args.data_root, output_dir=args.output_dir,
         days=tuple(d for d in args.days.split(",") if d),
-        progressive_validation=not args.no_progressive,
+        progressive_validation=not args.no_progressive, save_delta=not args.no_delta,
         shrink_unseen_days=None if args.shrink_unseen_days < 0 else args.shrink_unseen_days,
         checkpoint_dir=args.checkpoint_dir, label=LABEL_SLOT, print_period=args.print_period,
         max_passes=args.max_passes)

@@ -298,6 +298,7 @@ class StreamingTrainer:
         self._publisher: threading.Thread | None = None  # trainer 0: record after its cut commits
         self._publish_error: BaseException | None = None
         self.last_pass: dict[str, Any] = {}
+        self.resumed_at: tuple[str, str] | None = None  # (day, pass) of the cut resumed from
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> list[PassResult]:
@@ -315,6 +316,10 @@ class StreamingTrainer:
         if self.auto is not None and not resumed:
             self._cut(plan.records, "start")  # a failure in the first pass recovers from here
         done = {(r.day, r.pass_id) for r in plan.records}
+        if self.resumed_at is not None:  # a cut after a pass with no save (save_delta=False)
+            order = [(d, p) for d, passes in plan.days for p in passes]
+            if self.resumed_at in order:
+                done.update(order[:order.index(self.resumed_at) + 1])
         results: list[PassResult] = []
         for day, passes in plan.days:
             for pass_id in passes:
@@ -415,7 +420,7 @@ class StreamingTrainer:
         records.append(record)
         if self.auto is not None:  # trainer 0 appends the record once the cut is committed
             self._cut(records, "day" if record.pass_id == BASE_PASS else "pass", record.day,
-                      record.pass_id)
+                      record.pass_id, publish=record)
         elif _is_rank0():
             append_donefile(self.config.output_dir, record)
         ps_runtime._barrier()
@@ -426,9 +431,11 @@ class StreamingTrainer:
                        trainer_state={"records": len(records), "day": record.day,
                                       "pass": record.pass_id}, wait=True)
 
-    def _cut(self, records: list[DoneRecord], phase: str, day: str = "", pass_id: str = "") -> None:
-        """One automatic checkpoint of the job at this boundary (every trainer; trainer 0 waits
-        for its commit). Raises FleetError when it fails: the caller's trainer exits and fleetrun
+    def _cut(self, records: list[DoneRecord], phase: str, day: str = "", pass_id: str = "",
+             publish: DoneRecord | None = None) -> None:
+        """One automatic checkpoint of the job at this boundary (every trainer); trainer 0
+        appends ``publish`` (the save it follows, None for none) to the donefile once it is
+        committed. Raises FleetError when it fails: the caller's trainer exits and fleetrun
         recovers the job from the previous cut."""
         assert self.auto is not None
         self._published()  # the previous cut's record is out (or its failure raised)
@@ -449,7 +456,6 @@ class StreamingTrainer:
         self.cut_step = step
         self.auto.record_cut(step)
         if pending is not None:  # trainer 0: publish the record once the cut is committed
-            publish = last if phase != "start" else None
             self._publisher = threading.Thread(target=self._publish, args=(pending, publish),
                                                name="fleet-streaming-donefile", daemon=True)
             self._publisher.start()
@@ -504,12 +510,15 @@ class StreamingTrainer:
                              "--ps_checkpoint_dir")
         self.cut_step = int(auto.resumed.get("step", 0))
         self.last_pass = dict(stream.get("last_pass") or {})
+        if stream.get("phase") == "pass":
+            self.resumed_at = (str(stream.get("day")), str(stream.get("pass")))
         count, last = int(stream["records"]), stream.get("record")
         output_dir = self.config.output_dir
         kept = _from_rank0(lambda: [r.__dict__ for r in reconcile_donefile(output_dir, count, last)])
         plan.records = [DoneRecord(**r) for r in kept]
         if self.out is not None:
-            where = f"after day {last[0]} pass {last[1]}" if last else "at the start"
+            at = self.resumed_at or ((last[0], last[1]) if last else None)
+            where = f"after day {at[0]} pass {at[1]}" if at else "at the start"
             self.out.write(f"[online] resumed {where} from the job's checkpoint {name} "
                            f"({count} record(s), phase {stream.get('phase')})\n")
             self.out.flush()

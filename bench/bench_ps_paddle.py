@@ -18,13 +18,32 @@ training pass, a delta save (mode 1); per day a base save (mode 0) and a shrink.
 
 Each job reports every pass; the table gives, per side, the median [min .. max] over the passes of
 every run (``--reps`` runs per side, alternating; n = passes x reps) of the training examples/s
-(``train_from_dataset`` alone) and of the whole pass (validation + training + delta save), the
+(``train_from_dataset`` alone) and of the whole pass (validation + training + delta save; with
+checkpoints on, fleetrun's cut after the delta and Paddle's donefile line are in it too), the
 ratio of medians (fleetrun / Paddle; goal >= 1.3) and the progressive AUC of the last pass of
 each day (goal: fleetrun's >= Paddle's). Paddle 2.6.2's ``stop_worker`` does not return here; the
 bench stops its job once the trainer has written its last pass and base.
 
+``--checkpoints on`` (the default; the issue's goal is measured with checkpoints on in both) means,
+on each side, everything a job writes so that it can recover:
+
+* **fleetrun:** the job runs under fleetrun's automatic checkpoints (``--ps_checkpoint_dir
+  WORK/ckpt --ps_checkpoint_keep 2``): ``fleet.train_days`` cuts a full job checkpoint (every
+  server's tables, the trainer's stream position) at the start and after every delta and base,
+  committed before the pass's donefile record — in addition to the delta per pass, the base per
+  day and the donefile it writes in both settings;
+* **Paddle 2.6.2** has no automatic parameter-server checkpoint: an online Paddle job recovers
+  from its own saves (``fleet.load_model`` of the last base, then the deltas after it, found
+  through a donefile). It saves the delta per pass (mode 1) and the base per day (mode 0) in both
+  settings (they are the stream's saves); with ``on`` it also appends a donefile line after each
+  save (``day  pass  path  kind``, as Paddle's ``FleetUtil.write_model_donefile``), so what a
+  restarted Paddle job needs is complete.
+
+``--checkpoints off``: fleetrun without ``--ps_checkpoint_dir``; Paddle without the donefile.
+
 Without ``bench/.venv-paddle26`` it prints how to make it and exits 0.
-Usage: ``python bench/bench_ps_paddle.py [--reps 1] [--days 2] [--passes 3] [--lines 25000]``
+Usage: ``python bench/bench_ps_paddle.py [--reps 1] [--days 2] [--passes 3] [--lines 25000]
+[--checkpoints on|off]``
 """
 
 from __future__ import annotations
@@ -64,6 +83,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=900, help="seconds per job")
     p.add_argument("--json", default="", help="write the results here too")
     p.add_argument("--keep_work", action="store_true", help="keep the runs' models and logs")
+    p.add_argument("--checkpoints", choices=["on", "off"], default="on",
+                   help="on: fleetrun's automatic checkpoints (--ps_checkpoint_dir) and Paddle's "
+                        "donefile beside both sides' delta/base saves (module docstring)")
     return p.parse_args()
 
 
@@ -96,7 +118,8 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_paddle(work: str, data: str, days: list[str], timeout: float) -> list[dict[str, Any]]:
+def run_paddle(work: str, data: str, days: list[str], timeout: float,
+               checkpoints: bool) -> list[dict[str, Any]]:
     """One Paddle job; its per-pass records. Stopped once the trainer wrote ``done``."""
     out = os.path.join(work, "paddle.jsonl")
     env = bench_env()
@@ -104,7 +127,8 @@ def run_paddle(work: str, data: str, days: list[str], timeout: float) -> list[di
                PYTHONPATH=REPO)
     cmd = [PADDLE_PYTHON, "-m", "paddle.distributed.launch", "--server_num", "1", "--trainer_num",
            "1", "--log_dir", os.path.join(work, "paddle-log"), PADDLE_WORKER, "--data_root", data,
-           "--days", ",".join(days), "--output_dir", os.path.join(work, "paddle-model"), "--out", out]
+           "--days", ",".join(days), "--output_dir", os.path.join(work, "paddle-model"), "--out", out,
+           "--donefile", "1" if checkpoints else "0"]
     with open(os.path.join(work, "paddle-launch.log"), "w") as log:
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -123,11 +147,14 @@ def run_paddle(work: str, data: str, days: list[str], timeout: float) -> list[di
         _kill_group(proc)
 
 
-def run_ours(work: str, data: str, days: list[str], timeout: float) -> list[dict[str, Any]]:
+def run_ours(work: str, data: str, days: list[str], timeout: float,
+             checkpoints: bool) -> list[dict[str, Any]]:
     """One fleetrun job; its per-pass records."""
     out = os.path.join(work, "ours.jsonl")
+    auto = (["--ps_checkpoint_dir", os.path.join(work, "ckpt"), "--ps_checkpoint_keep", "2"]
+            if checkpoints else [])
     cmd = fleetrun_cmd("--server_num", "1", "--worker_num", "1", "--log_dir",
-                       os.path.join(work, "ours-log"), ONLINE, "--data_root", data,
+                       os.path.join(work, "ours-log"), *auto, ONLINE, "--data_root", data,
                        "--output_dir", "ours-model", "--days", ",".join(days), "--batch_size",
                        "512", "--embedding_dim", "8", "--hidden", "64,32", "--mode", "async",
                        "--reader_threads", "1", "--shrink_unseen_days", "30", "--json", out)
@@ -141,6 +168,8 @@ def run_ours(work: str, data: str, days: list[str], timeout: float) -> list[dict
         raise RuntimeError(f"fleetrun's job did not finish in {timeout:.0f} s") from None
     if proc.returncode != 0:
         raise RuntimeError(f"fleetrun's job failed ({proc.returncode}):\n{text[-4000:]}")
+    if checkpoints and not os.path.isdir(os.path.join(work, "ckpt")):
+        raise RuntimeError(f"fleetrun's job wrote no automatic checkpoint under {work}/ckpt")
     return _read_jsonl(out)
 
 
@@ -181,6 +210,7 @@ def main() -> None:
 
 
 def run_all(args: argparse.Namespace, tmp: str, data: str, days: list[str]) -> None:
+    checkpoints = args.checkpoints == "on"
     ours_runs, paddle_runs = [], []
     uptime = []
     for rep in range(args.reps):
@@ -190,18 +220,20 @@ def run_all(args: argparse.Namespace, tmp: str, data: str, days: list[str]) -> N
             uptime.append(os.getloadavg()[0])
             t0 = time.perf_counter()
             if side == "ours":
-                ours_runs.append(run_ours(work, data, days, args.timeout))
+                ours_runs.append(run_ours(work, data, days, args.timeout, checkpoints))
             else:
-                paddle_runs.append(run_paddle(work, data, days, args.timeout))
+                paddle_runs.append(run_paddle(work, data, days, args.timeout, checkpoints))
             print(f"[bench_ps_paddle] {side} run {rep}: {time.perf_counter() - t0:.0f} s, "
                   f"load average {os.getloadavg()[0]:.1f}", flush=True)
     ours, paddle = summarize(ours_runs, days), summarize(paddle_runs, days)
     info = machine_info()
     print(f"== online day/pass stream: fleetrun vs PaddlePaddle 2.6.2 PS ==  ({info['date']}, "
           f"{info['cpus']} CPUs, {args.days} days x {args.passes} passes x "
-          f"{args.files * args.lines} examples, {args.reps} run(s) per side)")
+          f"{args.files * args.lines} examples, {args.reps} run(s) per side, checkpoints "
+          f"{args.checkpoints})")
     for key, label in (("train", "training examples/s (train_from_dataset)"),
-                       ("pass", "whole-pass examples/s (validation + training + delta save)")):
+                       ("pass", "whole-pass examples/s (validation + training + delta save"
+                        + (" + cut)" if checkpoints else ")"))):
         ratio = ours[key].median / paddle[key].median
         print(f"{label}\n  fleetrun : {ours[key].fmt('ex/s', digits=0)}\n"
               f"  paddle   : {paddle[key].fmt('ex/s', digits=0)}\n  ratio    = {ratio:.2f}   goal >= 1.3")
@@ -214,8 +246,8 @@ def run_all(args: argparse.Namespace, tmp: str, data: str, days: list[str]) -> N
     print(f"load average at the start of each run: {[round(u, 1) for u in uptime]}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"machine": info, "ours": ours_runs, "paddle": paddle_runs,
-                       "load": uptime}, f, indent=2, default=str)
+            json.dump({"machine": info, "checkpoints": args.checkpoints, "ours": ours_runs,
+                       "paddle": paddle_runs, "load": uptime}, f, indent=2, default=str)
 
 
 if __name__ == "__main__":

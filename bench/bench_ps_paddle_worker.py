@@ -9,8 +9,11 @@ MLP 64-32-1 (dense Adam on the server), async (``strategy.a_sync = True``). Per 
 online loop of ``examples/ctr/online.py``: load the pass's files into an ``InMemoryDataset``
 (timed apart: parsing is excluded from examples/s), progressive AUC (``infer_from_dataset``
 before training), ``train_from_dataset``, a delta save (``fleet.save_persistables(exe, dir,
-mode=1)``); at the end of a day a base (mode 0) and ``fleet.shrink``. The trainer writes one JSON
-line per pass to ``--out``.
+mode=1)``); at the end of a day a base (mode 0) and ``fleet.shrink``. With ``--donefile 1``
+trainer 0 appends one line per save to ``OUTPUT_DIR/donefile.txt`` after it returns (``day  pass
+path  kind``, pass -1 for a base; what a restarted Paddle online job reads to find the last base
+and the deltas after it, as ``FleetUtil.write_model_donefile`` records them). The trainer writes
+one JSON line per pass to ``--out``.
 
 Paddle 2.6.2 needs protobuf 3.20 with PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python here, and
 its ``DistributedStrategy.__repr__`` imports protobuf's C extension (absent): it is replaced
@@ -56,6 +59,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--print_period", type=int, default=0, help="print the loss every N batches")
     p.add_argument("--sparse_lod", type=int, default=0, help="1: LoD id slots + sequence_pool")
     p.add_argument("--shard_num", type=int, default=64, help="sparse table shards (Paddle's CPU default: 1000)")
+    p.add_argument("--donefile", type=int, default=0,
+                   help="1: append a donefile line after each save (the recovery record)")
     p.add_argument("--optimizer", choices=["adam", "sgd", "adagrad"], default="adam",
                    help="dense optimizer (Paddle's PS derives the sparse rule from it too)")
     return p.parse_args()
@@ -104,6 +109,15 @@ def auc_of(stats) -> float:
         area += (nfp - fp) * (tp + ntp) / 2
         tp, fp = ntp, nfp
     return float(area / (tp * fp)) if tp * fp > 0 else float("nan")
+
+
+def append_donefile(output_dir: str, day: str, pass_id: str, path: str, kind: str) -> None:
+    """One donefile line for a completed save (fsynced: a restart must find it)."""
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "donefile.txt"), "a", encoding="utf-8") as f:
+        f.write(f"{day}\t{pass_id}\t{path}\t{kind}\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def main() -> None:
@@ -160,8 +174,10 @@ def main() -> None:
                                        "print_period": args.print_period} if args.print_period else {}))
             t3 = time.perf_counter()
             train_auc = auc_of(stats)
-            fleet.save_persistables(exe, os.path.join(args.output_dir, day, f"delta-{pass_id}"),
-                                    mode=1)
+            delta = os.path.join(args.output_dir, day, f"delta-{pass_id}")
+            fleet.save_persistables(exe, delta, mode=1)
+            if args.donefile and out is not None:
+                append_donefile(args.output_dir, day, pass_id, delta, "delta")
             t4 = time.perf_counter()
             ds.release_memory()
             record = {"day": day, "pass": pass_id, "examples": examples,
@@ -175,7 +191,10 @@ def main() -> None:
             print(json.dumps(record), flush=True)
         if args.shrink:
             fleet.shrink(args.shrink)
-        fleet.save_persistables(exe, os.path.join(args.output_dir, day, "base"), mode=0)
+        base = os.path.join(args.output_dir, day, "base")
+        fleet.save_persistables(exe, base, mode=0)
+        if args.donefile and out is not None:
+            append_donefile(args.output_dir, day, "-1", base, "base")
     if out is not None:  # Paddle 2.6.2's stop_worker can hang here: the bench stops the job
         out.write(json.dumps({"done": True}) + "\n")
         out.flush()

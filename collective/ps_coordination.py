@@ -7,12 +7,13 @@ agent hosts (``launcher.ps_coordinator``, the server; ``fleet.base.coordination`
 client). Both import this module: the launcher may not import fleet, and fleet may not import
 the launcher.
 
-Transport: :mod:`multiprocessing.connection` over TCP on 127.0.0.1, authenticated by the job's
-token (FLEET_PS_TOKEN) with its HMAC challenge in both directions, done by the server on the
-connection's own thread (a client that never answers blocks nobody). A message is a JSON header
-(:func:`send`, :func:`recv`) followed by ``header["n"]`` raw byte strings. The coordinator never
-unpickles anything: a round's payloads are opaque bytes that the trainers pickle and unpickle
-among themselves (peers authenticated by the token, as :mod:`multiprocessing` itself trusts).
+Transport: :mod:`multiprocessing.connection` over TCP (127.0.0.1 locally; the coordinator pod's
+address on Kubernetes), authenticated by the job's token (FLEET_PS_TOKEN) with its HMAC
+challenge in both directions, done by the server on the connection's own thread (a client that
+never answers blocks nobody). A message is a JSON header (:func:`send`, :func:`recv`) followed by
+``header["n"]`` raw byte strings. The coordinator never unpickles anything: a round's payloads
+are opaque bytes that the trainers pickle and unpickle among themselves (peers authenticated by
+the token, as :mod:`multiprocessing` itself trusts).
 
 Operations (``op`` of a request; every reply has ``ok`` and, when false, ``error``):
 
@@ -29,6 +30,9 @@ Operations (``op`` of a request; every reply has ``ok`` and, when false, ``error
 - ``ckpt_done`` {rank, epoch, outcome}: the epoch's leader reports its snapshot
   (``["ok", info]`` / ``["error", text]``); ``ckpt_result`` {rank, epoch} waits for it.
 - ``ckpt_leave`` {rank}: a trainer stops taking part in checkpoints (its training ended).
+- ``restart_alone`` {rank, attempt, position}: a Kubernetes trainer pod whose trainer died asks
+  whether it may restart it alone (``launcher.schedulers.k8s_ps_recovery``); reply {granted,
+  why}: granted when the coordinator greeted that trainer in this attempt (holds its rounds).
 """
 
 from __future__ import annotations

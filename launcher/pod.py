@@ -11,10 +11,13 @@ files, the root-cause-first summary on failure, also written to the pod's termin
 
 Restarts are Kubernetes' business (the Job's backoffLimit), so a pod runs one attempt; in a PS
 job with automatic checkpoints the pod first decides, with the others, what its restart means
-(a server restarted alone, every pod restarted, or the job failed with exit 3: the budget and
-the checkpoint are checked on the volume, :mod:`launcher.schedulers.k8s_ps_recovery`). A
-StatefulSet restarts any container that exits, even with code 0, so a server that stopped
-cleanly (the trainers called ``fleet.stop_worker``) holds until its pod is deleted.
+(a server or an async/GEO trainer restarted alone, every pod restarted, or the job failed with
+exit 3: the budget and the checkpoint are checked on the volume,
+:mod:`launcher.schedulers.k8s_ps_recovery`); a trainer restarted alone gets
+FLEET_PS_RESUME_POSITION, and the PS processes' restart count is the generation (the attempt the
+trainers' coordinator serves). A StatefulSet restarts any container that exits, even with code
+0, so a server that stopped cleanly (the trainers called ``fleet.stop_worker``) holds until its
+pod is deleted.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import time
 from dataclasses import dataclass, replace
 
 from collective.env import (
+    FLEET_PS_COORDINATOR,
     Backend,
     NodeLayout,
     PSLayout,
@@ -155,8 +159,10 @@ def _metrics(env: dict[str, str], local_rank: int) -> dict[str, str]:
     return {**env, "FLEET_METRICS_PORT": str(int(base) + local_rank), "FLEET_METRICS_HOST": host}
 
 
-def build_proc_specs(cfg: PodConfig, index: int) -> list[ProcSpec]:
-    """The processes of this pod, each with its full environment (the env contract)."""
+def build_proc_specs(cfg: PodConfig, index: int, attempt: int = 0) -> list[ProcSpec]:
+    """The processes of this pod, each with its full environment (the env contract); PS
+    ``attempt``: the job's generation (a PS job with automatic checkpoints), the trainers'
+    restart count, as the local agent's attempt."""
     base = dict(os.environ)
     base.pop("FLEET_METRICS_HOST", None)
     error_dir = os.path.join(cfg.log_dir, "errors", "attempt0")
@@ -209,7 +215,7 @@ def build_proc_specs(cfg: PodConfig, index: int) -> list[ProcSpec]:
         run_id=cfg.run_id,
         server_endpoints=tuple(f"{h}:{cfg.server_port}" for h in server_hosts),
         trainer_endpoints=tuple(f"{h}:{cfg.master_port}" for h in trainer_hosts),
-        restart_count=0,
+        restart_count=attempt,
         max_restarts=0,
         backend=cfg.backend,
         log_dir=cfg.log_dir,
@@ -256,6 +262,9 @@ def _hosts_needed(cfg: PodConfig, index: int) -> list[str]:
     hosts = [own, cfg.trainer_host.format(index=0)]
     if cfg.mode is Mode.PS and cfg.role == TRAINER:
         hosts += [cfg.server_host.format(index=i) for i in range(cfg.servers)]
+        coordinator = os.environ.get(FLEET_PS_COORDINATOR, "")  # the trainers' coordinator pod
+        if coordinator:
+            hosts.append(coordinator.rpartition(":")[0])
     return list(dict.fromkeys(hosts))
 
 
@@ -316,8 +325,8 @@ def run_pod(cfg: PodConfig) -> int:
         if cfg.mode is Mode.PS:  # automatic checkpoints: pods restart each other (see the module)
             generation = k8s_ps_recovery.enter(cfg.role, index, cfg.run_id, cfg.servers,
                                                cfg.trainers, cfg.rdzv_timeout_s, cfg.log_dir)
-        specs = build_proc_specs(cfg, index)
-        if generation is not None and generation.process_env():  # a server restarted alone
+        specs = build_proc_specs(cfg, index, generation.generation if generation is not None else 0)
+        if generation is not None and generation.process_env():  # a pod restarted alone
             specs = [replace(s, env={**s.env, **generation.process_env()}) for s in specs]
         logger.info(
             "pod %s %d of job '%s': %d process(es), %s",

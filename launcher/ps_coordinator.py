@@ -36,6 +36,12 @@ One coordinator per job; :meth:`Coordinator.reset` starts an attempt afresh (a r
 recovery): the trainers of an earlier attempt are refused. Memory: every completed round's
 payloads are kept for the job's life (fleet's rounds carry a few numbers; an AUC histogram is
 64 KiB).
+
+On Kubernetes no agent outlives the trainers: the coordinator runs in a pod of its own
+(:mod:`launcher.schedulers.k8s_coordinator`, on a fixed ``port``), and a restarted trainer pod
+asks it (``restart_alone``) before restarting its trainer alone: only a coordinator that greeted
+that trainer in this attempt holds its rounds, so one that was itself restarted says no and the
+job restarts every pod instead.
 """
 
 from __future__ import annotations
@@ -76,13 +82,14 @@ class _Epoch:
 class Coordinator:
     """The coordination service of one PS job (see the module docstring)."""
 
-    def __init__(self, token: str, world: int, interval_s: float, host: str = "127.0.0.1") -> None:
+    def __init__(self, token: str, world: int, interval_s: float, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
         self.key = token.encode()
         self.world = world
         self.interval_s = interval_s
         self.cond = threading.Condition()
         self.attempt = 0
-        self._listener = socket.create_server((host, 0))
+        self._listener = socket.create_server((host, port))  # port 0: any free one
         self.endpoint = f"{host}:{self._listener.getsockname()[1]}"
         self._conns: set[Connection] = set()
         self._closed = False
@@ -95,6 +102,8 @@ class Coordinator:
         self.done_upto: dict[str, int] = {}  # channel -> last seq of its unbroken run of done rounds
         self.positions: dict[int, Any] = {}
         self.joined: set[int] = set()
+        self.greeted: set[int] = set()
+        """Trainers that said hello in this attempt (this coordinator holds their rounds)."""
         self.left: set[int] = set()  # left the checkpoints (training ended) until a new hello
         self.pollers: dict[int, int] = {}  # rank -> id of its polling connection
         self.dead: set[int] = set()
@@ -204,6 +213,8 @@ class Coordinator:
                 return self._ckpt_done(rank, int(h["epoch"]), h.get("outcome")), []
             if op == "ckpt_result":
                 return self._ckpt_result(int(h["epoch"])), []
+            if op == "restart_alone":
+                return self._restart_alone(rank, h.get("position")), []
             if op == "ckpt_leave":
                 self.joined.discard(rank)
                 self.left.add(rank)
@@ -221,7 +232,19 @@ class Coordinator:
                                           f"job is at attempt {self.attempt}"}
         self.dead.discard(rank)
         self.left.discard(rank)
+        self.greeted.add(rank)
         return {"ok": True, "epoch": self.epoch, "last_step": self.last_step}
+
+    def _restart_alone(self, rank: int, position: Any) -> dict[str, Any]:
+        """A Kubernetes trainer pod asks before it restarts its dead trainer alone: granted when
+        this coordinator holds that trainer's rounds of this attempt (it is not itself a restart
+        that lost them); then as :meth:`trainer_died`."""
+        if rank not in self.greeted:
+            return {"ok": True, "granted": False, "why": (
+                f"the coordinator has no record of trainer {rank} in attempt {self.attempt} "
+                "(it was restarted, and a restart loses the rounds)")}
+        self.trainer_died(rank, position)
+        return {"ok": True, "granted": True}
 
     # -- rounds ----------------------------------------------------------------------------------
     def _round(self, rank: int, channel: str, seq: int, kind: str, payload: bytes,

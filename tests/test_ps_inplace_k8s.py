@@ -170,7 +170,7 @@ def test_async_server_pod_killed_restarts_alone(tmp_path: Path) -> None:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     outs: dict[str, Path] = {}
     all_pids: set[int] = set()
-    server = "ctr-alone-server-0"
+    server, coordinator = "ctr-alone-server-0", "ctr-alone-coord-0"
     trainers = sorted(n for n in pods if "trainer" in n)
 
     def start(name: str, n: int) -> None:
@@ -183,7 +183,7 @@ def test_async_server_pod_killed_restarts_alone(tmp_path: Path) -> None:
         return all(p.exists() and json.loads(p.read_text()).get("mode") == "async" for p in got)
 
     try:
-        for name in [server, *trainers]:
+        for name in [coordinator, server, *trainers]:  # the trainers' coordinator pod too
             start(name, 1)
         from launcher.ps_recovery import latest_committed
 
@@ -206,6 +206,7 @@ def test_async_server_pod_killed_restarts_alone(tmp_path: Path) -> None:
         assert codes == dict.fromkeys(trainers, 0), {n: outs[n].read_text()[-3000:] for n in trainers}
         assert {n: procs[n].pid for n in trainers} == trainer_pids  # never restarted
         assert k8s_local.stop(procs[server], signal.SIGTERM) == 0
+        assert k8s_local.stop(procs[coordinator], signal.SIGTERM) == 0
     finally:
         for proc in procs.values():
             k8s_local.stop(proc, signal.SIGKILL, 5)

@@ -111,10 +111,10 @@ def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Pa
         procs[name] = k8s_local.start(pods[name], tmp_path / f"{name}.{starts[name]}.out")
         all_pids.add(procs[name].pid)
 
-    server = "ctr-rec-server-0"
+    server, coordinator = "ctr-rec-server-0", "ctr-rec-coord-0"
     trainers = sorted(n for n in pods if "trainer" in n)
     try:
-        for name in [server, *trainers]:
+        for name in [coordinator, server, *trainers]:  # the trainers' coordinator pod too
             start(name)
         from launcher.ps_recovery import latest_committed
 
@@ -139,6 +139,7 @@ def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Pa
         assert codes == dict.fromkeys(trainers, 0), {
             n: (tmp_path / f"{n}.{starts[n]}.out").read_text()[-3000:] for n in trainers}
         assert k8s_local.stop(procs[server], signal.SIGTERM) == 0
+        assert k8s_local.stop(procs[coordinator], signal.SIGTERM) == 0
     finally:
         for proc in procs.values():
             k8s_local.stop(proc, signal.SIGKILL, 5)

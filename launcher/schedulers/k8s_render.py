@@ -23,7 +23,10 @@ PS job with ``ps_checkpoint``: every pod gets FLEET_PS_CHECKPOINT_* and FLEET_PS
 FLEET_PS_RECONNECT_S, the trainers' Job a ``podFailurePolicy`` (exit 3, the job cannot recover:
 FailJob); a dead server or trainer pod is restarted by Kubernetes and either restarts alone (an
 async/GEO server restoring its own shards) or restarts every pod from the newest checkpoint
-(:mod:`launcher.schedulers.k8s_ps_recovery`).
+(:mod:`launcher.schedulers.k8s_ps_recovery`). Such a job also gets the trainers' coordinator
+(``Service N-coord`` + a 1-replica ``StatefulSet N-coord``, FLEET_PS_COORDINATOR in every pod:
+:mod:`launcher.schedulers.k8s_coordinator`), through which async/GEO trainers meet, so a dead
+trainer pod restarts alone from its data position.
 
 Every container runs ``fleetrun pod ...`` (:mod:`launcher.pod`), which derives its rank / role /
 endpoints from the pod index and these DNS names and starts the user's entrypoint with the env
@@ -40,7 +43,8 @@ import yaml
 
 from collective.errors import ConfigError
 from launcher.agent import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN, job_ps_token
-from launcher.schedulers import k8s_elastic, k8s_ps_recovery
+from collective.env import FLEET_PS_COORDINATOR
+from launcher.schedulers import k8s_coordinator, k8s_elastic, k8s_ps_recovery
 from launcher.spec import JobSpec, Mode, RoleResources
 
 CONFIG_MOUNT = "/etc/fleetrun"
@@ -59,7 +63,7 @@ MAX_NAME_LEN = 47
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 
-TRAINER, SERVER = "trainer", "server"
+TRAINER, SERVER, COORDINATOR = "trainer", "server", k8s_coordinator.ROLE
 
 
 TOKEN_KEY = "token"
@@ -68,10 +72,11 @@ TOKEN_KEY = "token"
 
 def object_names(spec: JobSpec) -> dict[str, str]:
     """Names of the job's objects: config, trainer (Service + Job), server (Service +
-    StatefulSet), group (PodGroup), token (the PS job's Secret)."""
+    StatefulSet), group (PodGroup), token (the PS job's Secret), coordinator (Service +
+    StatefulSet)."""
     n = spec.name
     return {"config": f"{n}-config", TRAINER: f"{n}-{TRAINER}", SERVER: f"{n}-{SERVER}", "group": n,
-            "token": f"{n}-ps-token"}
+            "token": f"{n}-ps-token", COORDINATOR: f"{n}-coord"}
 
 
 def pod_host_pattern(spec: JobSpec, role: str) -> str:
@@ -215,7 +220,9 @@ def render_token_secret(spec: JobSpec, token: str) -> dict[str, Any]:
 
 def render_service(spec: JobSpec, role: str) -> dict[str, Any]:
     """Headless Service giving each pod of ``role`` a stable DNS name (ready or not)."""
-    port = spec.k8s.master_port if role == TRAINER else spec.k8s.server_port
+    port = {TRAINER: spec.k8s.master_port, SERVER: spec.k8s.server_port,
+            COORDINATOR: k8s_coordinator.PORT}[role]
+    port_name = {TRAINER: "rendezvous", SERVER: "ps", COORDINATOR: COORDINATOR}[role]
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -226,7 +233,7 @@ def render_service(spec: JobSpec, role: str) -> dict[str, Any]:
             "selector": labels(spec, role),
             "ports": [
                 {
-                    "name": "rendezvous" if role == TRAINER else "ps",
+                    "name": port_name,
                     "port": port,
                     "targetPort": port,
                     "protocol": "TCP",
@@ -320,6 +327,8 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
             roots = dict.fromkeys([".", spec.log_dir, *writable])
             env.append({"name": FLEET_PS_CHECKPOINT_ROOT, "value": ":".join(roots)})
         env += k8s_ps_recovery.checkpoint_env(spec, role)  # the volume is a writable mount: a root
+        if k8s_coordinator.wanted(spec):  # trainers meet there; every pod waits for it to join
+            env.append({"name": FLEET_PS_COORDINATOR, "value": coordinator_endpoint(spec)})
     env += [
         _field_env("FLEET_POD_NAME", "metadata.name"),
         _field_env("FLEET_POD_NAMESPACE", "metadata.namespace"),
@@ -379,6 +388,16 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
     }
     if role == TRAINER and not elastic:
         pod["subdomain"] = names[TRAINER]
+    _schedule(spec, pod)
+    pod_labels = labels(spec, role)
+    pod_labels[NPROC_LABEL] = str(nproc)
+    return {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
+
+
+def _schedule(spec: JobSpec, pod: dict[str, Any]) -> None:
+    """The job's scheduling settings on a pod spec (service account, node selector,
+    tolerations, scheduler)."""
+    k = spec.k8s
     if k.service_account:
         pod["serviceAccountName"] = k.service_account
     if k.node_selector:
@@ -388,9 +407,40 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
     scheduler = k.scheduler_name or ("volcano" if k.gang else None)
     if scheduler:
         pod["schedulerName"] = scheduler
-    pod_labels = labels(spec, role)
-    pod_labels[NPROC_LABEL] = str(nproc)
-    return {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
+
+
+def coordinator_endpoint(spec: JobSpec) -> str:
+    """FLEET_PS_COORDINATOR of the job's pods: the coordinator pod's DNS name and port."""
+    return f"{pod_host_pattern(spec, COORDINATOR).format(index=0)}:{k8s_coordinator.PORT}"
+
+
+def render_coordinator_statefulset(spec: JobSpec) -> dict[str, Any]:
+    """The PS trainers' coordinator: a 1-replica StatefulSet (at most one pod; stable DNS name
+    through the headless Service ``N-coord``; see :mod:`launcher.schedulers.k8s_coordinator`)."""
+    names = object_names(spec)
+    token_ref = {"name": names["token"], "key": TOKEN_KEY}
+    container = k8s_coordinator.coordinator_container(
+        spec, num_pods(spec, TRAINER), num_pods(spec, SERVER), token_ref)
+    pod: dict[str, Any] = {
+        "restartPolicy": "Always",
+        "containers": [container],
+        "volumes": list(spec.k8s.volumes),
+        "terminationGracePeriodSeconds": 10,
+    }
+    _schedule(spec, pod)
+    annotations = {GROUP_ANNOTATION: names["group"]} if spec.k8s.gang else {}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(spec, names[COORDINATOR], COORDINATOR),
+        "spec": {
+            "serviceName": names[COORDINATOR],
+            "replicas": 1,
+            "selector": {"matchLabels": labels(spec, COORDINATOR)},
+            "template": {"metadata": {"labels": labels(spec, COORDINATOR),
+                                      "annotations": annotations}, "spec": pod},
+        },
+    }
 
 
 def render_trainer_job(spec: JobSpec) -> dict[str, Any]:
@@ -438,7 +488,7 @@ def render_server_statefulset(spec: JobSpec) -> dict[str, Any]:
 def render_podgroup(spec: JobSpec) -> dict[str, Any]:
     """Volcano PodGroup: schedule every pod of the job at once or none (minMember = all pods)."""
     group, version, _ = PODGROUP_API
-    total = num_pods(spec, TRAINER) + num_pods(spec, SERVER)
+    total = num_pods(spec, TRAINER) + num_pods(spec, SERVER) + int(k8s_coordinator.wanted(spec))
     if spec.elastic.enabled:  # the job may run with MIN nodes (its etcd is not in the group)
         total = int(spec.elastic.min_nodes or 1)
     return {
@@ -451,7 +501,8 @@ def render_podgroup(spec: JobSpec) -> dict[str, Any]:
 
 def render_job(spec: JobSpec, ps_token: str | None = None) -> list[dict[str, Any]]:
     """Every object of the job, in apply order (ConfigMap, Secret, Services, PodGroup,
-    StatefulSet, Job); ``ps_token``: the PS job's token (None: :func:`job_ps_token`)."""
+    StatefulSets — the coordinator's first —, Job); ``ps_token``: the PS job's token (None:
+    :func:`job_ps_token`)."""
     check_renderable(spec)
     objs = [render_configmap(spec)]
     if spec.mode is Mode.PS:
@@ -461,10 +512,15 @@ def render_job(spec: JobSpec, ps_token: str | None = None) -> list[dict[str, Any
             objs += k8s_elastic.render_etcd(spec, labels(spec, k8s_elastic.ETCD))
     else:
         objs.append(render_service(spec, TRAINER))
+    coordinator = k8s_coordinator.wanted(spec)
+    if coordinator:
+        objs.append(render_service(spec, COORDINATOR))
     if spec.mode is Mode.PS:
         objs.append(render_service(spec, SERVER))
     if spec.k8s.gang:
         objs.append(render_podgroup(spec))
+    if coordinator:
+        objs.append(render_coordinator_statefulset(spec))
     if spec.mode is Mode.PS:
         objs.append(render_server_statefulset(spec))
     objs.append(render_trainer_job(spec))

@@ -174,6 +174,9 @@ def _pod(
                 value = where + value[len(mount_path) :]
         if value.isdigit() and int(value) in ports:
             value = str(ports[int(value)])
+        hostport = re.fullmatch(r"127\.0\.0\.1:(\d+)", value)  # a service's host:port (env)
+        if hostport and int(hostport.group(1)) in ports:
+            value = f"127.0.0.1:{ports[int(hostport.group(1))]}"
         return value
 
     venv_bin = str(Path(sys.executable).parent)

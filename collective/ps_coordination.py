@@ -49,6 +49,11 @@ CUT_WAIT_S = 20.0
 without it (that trainer's last reported position stands for it)."""
 CONNECT_TIMEOUT_S = 30.0
 """How long a trainer tries to reach the coordinator."""
+BARRIER_CHANNEL = "half-async"
+"""The channel of half-async trainers' barriers (every ``barrier_interval`` steps): round ``seq``
+is the barrier after the trainer's global step ``(seq + 1) * barrier_interval``, so a trainer
+resumed at a data position meets the others at the same rounds; its completed rounds outlive a
+restart of every process (:meth:`launcher.ps_coordinator.Coordinator.reset`)."""
 
 
 def send(conn: Connection, header: dict[str, Any], payloads: list[bytes] | tuple[bytes, ...] = ()) -> None:
@@ -88,4 +93,4 @@ def connect(endpoint: str, key: bytes, timeout_s: float = CONNECT_TIMEOUT_S) -> 
     return conn
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "CUT_WAIT_S", "POLL_S", "authenticate_server_side", "connect", "recv", "send"]
+__all__ = ["BARRIER_CHANNEL", "CONNECT_TIMEOUT_S", "CUT_WAIT_S", "POLL_S", "authenticate_server_side", "connect", "recv", "send"]

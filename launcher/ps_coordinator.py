@@ -1,15 +1,15 @@
-"""The PS trainers' coordinator: hosted by fleetrun's agent, so a dead async/GEO trainer can be
+"""The PS trainers' coordinator: hosted by fleetrun's agent, so a dead async/half-async/GEO trainer can be
 restarted alone while the other trainers go on (local scheduler).
 
 Why here: a gloo group among the trainers cannot admit a replacement (its store lives in
 trainer 0), and the servers can die too; the agent outlives every trainer and server of its node.
 For a PS job with ``--ps_checkpoint_dir`` the agent starts one :class:`Coordinator` (a listening
 thread and one thread per connection, standard library only) and hands its endpoint to the
-trainers (FLEET_PS_COORDINATOR). Trainers in async or GEO mode then form no gloo group; every
-cross-trainer operation of fleet (``barrier_worker``, ``fleet.metrics``, ``fleet.ps``'s gathers,
-the automatic checkpoints) meets here (``fleet.base.coordination``, the client; the wire:
-:mod:`collective.ps_coordination`). Sync and half-async trainers keep their gloo group (their
-per-step barriers) and ignore it.
+trainers (FLEET_PS_COORDINATOR). Trainers in async, half-async or GEO mode then form no gloo
+group; every cross-trainer operation of fleet (``barrier_worker``, ``fleet.metrics``,
+``fleet.ps``'s gathers, the automatic checkpoints, the half-async barriers) meets here
+(``fleet.base.coordination``, the client; the wire: :mod:`collective.ps_coordination`). Sync
+trainers keep their gloo group (their per-step barriers) and ignore it.
 
 **Named rounds, recorded (deterministic replay).** A round is keyed by (channel, sequence
 number within the channel); it completes when every trainer of the job contributed, and its
@@ -33,7 +33,8 @@ takes the snapshot and reports it; the others wait for that report, as in
 trains its own stream at its own pace); an epoch where it did not grow is skipped.
 
 One coordinator per job; :meth:`Coordinator.reset` starts an attempt afresh (a restart-all
-recovery): the trainers of an earlier attempt are refused. Memory: every completed round's
+recovery): the trainers of an earlier attempt are refused; only the completed half-async
+barriers stay recorded (they are numbered by global step, not by call order). Memory: every completed round's
 payloads are kept for the job's life (fleet's rounds carry a few numbers; an AUC histogram is
 64 KiB).
 
@@ -118,10 +119,16 @@ class Coordinator:
 
     # -- the agent's side ------------------------------------------------------------------------
     def reset(self, attempt: int) -> None:
-        """A new attempt (every trainer started again): forget every round and member."""
+        """A new attempt (every trainer started again): forget every round and member, except
+        the completed half-async barriers (``wire.BARRIER_CHANNEL``, numbered by global step):
+        trainers resumed at positions on both sides of a barrier pass it again from the record
+        instead of waiting for one already past it (``fleet.base.coordination``)."""
         with self.cond:
             self.attempt = attempt
+            kept = {key: r for key, r in self.rounds.items()
+                    if key[0] == wire.BARRIER_CHANNEL and r.done and not r.error}
             self._reset_state()
+            self.rounds.update(kept)
             self.cond.notify_all()
 
     def trainer_died(self, rank: int, position: Any) -> None:
@@ -141,6 +148,7 @@ class Coordinator:
         with self.cond:
             self._closed = True
             conns = list(self._conns)
+            self._conns.clear()  # closed here, not again by their threads (a reused fd)
             self.cond.notify_all()
         try:
             self._listener.close()
@@ -181,6 +189,7 @@ class Coordinator:
             logger.warning("coordinator connection failed: %s: %s", type(err).__name__, err)
         finally:
             with self.cond:
+                mine = conn in self._conns  # else close() closed it
                 self._conns.discard(conn)
                 for rank, cid in list(self.pollers.items()):
                     if cid == id(conn):  # its process ended: it takes part in no more cuts
@@ -188,7 +197,8 @@ class Coordinator:
                         self.joined.discard(rank)
                         self._check_close()
                         self.cond.notify_all()
-            conn.close()
+            if mine:
+                conn.close()
 
     def _handle(self, h: dict[str, Any], payloads: list[bytes], cid: int) -> tuple[dict[str, Any], list[bytes]]:
         op = h.get("op")

@@ -30,19 +30,23 @@ checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its 
   every process stopped), the recoveries so far listed in the summary.
 
 - **a trainer in place** (:meth:`PSRecovery.recover_alone`, local scheduler): the agent hosts
-  the trainers' coordinator (:mod:`launcher.ps_coordinator`); async/GEO trainers meet through it
-  instead of a gloo group (every progress file says so: ``alone_ok``). A dead trainer is started
-  again alone, same rank and attempt, with FLEET_PS_RESUME_POSITION = its data position from its
-  progress file: it loads no checkpoint, replays its prologue's rounds from the coordinator's
-  record and trains on from there; checkpoints meanwhile complete without it (its position
-  stands for it). Listed as ``restarted: trainer N only, resumed at its data position``.
+  the trainers' coordinator (:mod:`launcher.ps_coordinator`); async, half-async and GEO trainers
+  meet through it instead of a gloo group (every progress file says so: ``alone_ok``). A dead
+  trainer is started again alone, same rank and attempt, with FLEET_PS_RESUME_POSITION = its data
+  position from its progress file: it loads no checkpoint, replays its prologue's rounds from the
+  coordinator's record and trains on from there; checkpoints meanwhile complete without it (its
+  position stands for it). Half-async barriers are rounds numbered by the trainer's global step
+  (:mod:`fleet.base.coordination`): the barriers the restarted trainer passes again answer from
+  the record, the next one waits for every trainer, so the survivors wait for it at their next
+  barrier. Listed as ``restarted: trainer N only, resumed at its data position``.
 
-Where this differs from the issue's plan, and why: in sync (and half-async) mode, and for a dead
-trainer on Ray and Kubernetes, the surviving servers and trainers are restarted too. A surviving
-sync server holds SYNC rounds and barriers half-filled by trainers that are gone or by pushes the
-restored server never saw, which would corrupt the next rounds (the mean and the round boundary),
-so sync servers and trainers roll back to one cut together; sync and half-async trainers meet in
-a gloo group every step (or every N), which cannot admit a replacement. On Ray and Kubernetes no
+Where this differs from the issue's plan, and why: in sync mode, and for a dead trainer on Ray
+and Kubernetes, the surviving servers and trainers are restarted too. A surviving sync server
+holds SYNC rounds and barriers half-filled by trainers that are gone or by pushes the restored
+server never saw, which would corrupt the next rounds (the mean and the round boundary), so sync
+servers and trainers roll back to one cut together; sync trainers meet in a gloo group every step, which
+cannot admit a replacement. A dead half-async *server* still restarts every process
+(:data:`ALONE_MODES`: not measured in that mode yet). On Ray and Kubernetes no
 process outlives the trainers to host the coordinator yet.
 
 Work redone comes from the trainers' progress files (``LOG_DIR/ps_progress.<rank>.json``, at
@@ -185,8 +189,7 @@ class PSRecovery:
         self.num_trainers = len(spec.ps.workers) or spec.sizes.worker_num
         self.recoveries: list[Recovery] = []
         self.coordinator: Coordinator | None = None
-        """The trainers' coordinator (:meth:`start_coordinator`: the local agent's or the Ray
-        driver's)."""
+        """The trainers' coordinator (:meth:`start_coordinator`; local scheduler only)."""
 
     def trainer_env(self) -> dict[str, str]:
         """FLEET_PS_CHECKPOINT_* for every trainer, and FLEET_PS_RECONNECT_S: a trainer's calls
@@ -195,12 +198,10 @@ class PSRecovery:
         coord = {} if self.coordinator is None else {FLEET_PS_COORDINATOR: self.coordinator.endpoint}
         return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S), **coord}
 
-    def start_coordinator(self, token: str, host: str = "127.0.0.1") -> None:
+    def start_coordinator(self, token: str) -> None:
         """Host the trainers' coordinator (:mod:`launcher.ps_coordinator`) in this process: async/GEO
-        trainers then meet through it and a dead one is restarted alone (:meth:`recover_alone`).
-        ``host``: the address it listens on, which every trainer must reach (the local agent:
-        127.0.0.1; the Ray driver: its node's IP)."""
-        self.coordinator = Coordinator(token, self.num_trainers, self.config.interval_s, host)
+        trainers then meet through it and a dead one is restarted alone (:meth:`recover_alone`)."""
+        self.coordinator = Coordinator(token, self.num_trainers, self.config.interval_s)
 
     def begin_attempt(self, attempt: int) -> None:
         """Every process starts again: the coordinator forgets the rounds of earlier attempts."""
@@ -212,25 +213,17 @@ class PSRecovery:
         if self.coordinator is not None:
             self.coordinator.close()
 
-    def trainer_position(self, attempt: int, rank: int, budget_left: bool) -> dict[str, Any] | None:
-        """Where dead trainer ``rank`` of ``attempt`` would resume when restarted alone, or None
-        when it cannot be: the coordinator runs, the budget has a unit, every trainer of the
-        attempt says (progress file) it meets through the coordinator, and the dead one's file
-        has its data position. Nothing recorded (the Ray driver asks before it re-creates the
-        trainer's actor)."""
+    def _trainer_alone(self, attempt: int, died: str, rank: int, budget_left: bool) -> Recovery | None:
+        """A dead trainer restarted alone: the coordinator runs, the budget has a unit, every
+        trainer of the attempt says (progress file) it meets through the coordinator, and the
+        dead one's file has its data position."""
         if self.coordinator is None or not budget_left:
             return None
         progress = {p.get("rank"): p for p in read_progress(self.log_dir) if p.get("attempt") == attempt}
         if len(progress) < self.num_trainers or not all(p.get("alone_ok") for p in progress.values()):
             return None
         position = (progress.get(rank) or {}).get("position")
-        return position if isinstance(position, dict) else None
-
-    def _trainer_alone(self, attempt: int, died: str, rank: int, budget_left: bool) -> Recovery | None:
-        """A dead trainer restarted alone (:meth:`trainer_position`), recorded; the coordinator
-        learns of the death (checkpoints go on without it)."""
-        position = self.trainer_position(attempt, rank, budget_left)
-        if position is None or self.coordinator is None:
+        if not isinstance(position, dict):
             return None
         latest = latest_committed(self.dir) or ("", 0)
         rec = Recovery(len(self.recoveries) + 1, attempt, died, "trainer", latest[0], latest[1],
@@ -267,12 +260,9 @@ class PSRecovery:
         self.recoveries.append(rec)
         return rec
 
-    def alone_possible(self, attempt: int, role: str, budget_left: bool, rank: int = -1) -> bool:
+    def alone_possible(self, attempt: int, role: str, budget_left: bool) -> bool:
         """Whether :meth:`recover_alone` would restart the dead process alone (nothing recorded:
-        the Ray driver asks before it re-creates the process's actor); a trainer: ``rank``'s
-        :meth:`trainer_position`."""
-        if role == "trainer":
-            return self.trainer_position(attempt, rank, budget_left) is not None
+        the Ray driver asks before it re-creates the server's actor)."""
         if role != "server" or not budget_left or latest_committed(self.dir) is None:
             return False
         progress = [p for p in read_progress(self.log_dir) if p.get("attempt") == attempt]

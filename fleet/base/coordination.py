@@ -2,11 +2,23 @@
 
 A fleetrun PS job with automatic checkpoints gets FLEET_PS_COORDINATOR (the endpoint of the
 coordinator its agent hosts: ``launcher.ps_coordinator``; the wire:
-:mod:`collective.ps_coordination`). When its strategy is async (``a_sync``, no
+:mod:`collective.ps_coordination`). When its strategy is async, half-async (``a_sync`` with
 ``barrier_interval``) or GEO, ``fleet.init`` calls :func:`start` instead of forming the trainers'
 gloo group: a dead trainer can then be restarted alone, from its data position, while the
-others train on (a gloo group cannot admit a replacement). Sync and half-async trainers meet at
-every step (or every N) and keep gloo: they are recovered by restarting every process.
+others train on (a gloo group cannot admit a replacement). Sync trainers meet at every step
+and keep gloo: they are recovered by restarting every process.
+
+**Half-async barriers** (every ``barrier_interval`` = N steps, :mod:`fleet.ps.communicator`) are
+rounds of their own channel (``collective.ps_coordination.BARRIER_CHANNEL``) numbered by the
+trainer's global step, not by call order: the barrier after step ``s`` (``s % N == 0``) is round
+``s // N - 1`` (:meth:`CoordinationClient.interval_barrier`). A trainer restarted alone resumes
+at its data position (up to a second behind where it died): the barriers it passes again answer
+at once from the record, and the first one it had not passed waits for every trainer as before,
+so the survivors wait at most for the restarted trainer to catch up to their barrier (staleness
+stays bounded by N steps, plus the steps it redoes). Those rounds also outlive a restart of every
+process (``Coordinator.reset``): trainers resumed from a checkpoint whose positions straddle a
+barrier (one cut just after it, one blocked in it) pass it again from the record instead of
+waiting for a trainer already past it.
 
 What goes through it (each a *round*: every trainer contributes a pickled value, every trainer
 gets all of them): ``fleet.barrier_worker``, the PS barriers (``fleet.ps.runtime``),
@@ -91,13 +103,16 @@ class CoordinationClient:
         return reply, out
 
     # -- rounds ----------------------------------------------------------------------------------
-    def gather(self, obj: Any, kind: str, channel: str = MAIN, recorded: bool = False) -> list[Any]:
+    def gather(self, obj: Any, kind: str, channel: str = MAIN, recorded: bool = False,
+               seq: int | None = None) -> list[Any]:
         """``obj`` of every trainer, by rank (a barrier too). A round that completed before (this
         trainer restarted) returns the others' recorded values with ``obj`` as this trainer's
-        (``recorded``: with this trainer's recorded value, e.g. trainer 0's agreed outcome)."""
+        (``recorded``: with this trainer's recorded value, e.g. trainer 0's agreed outcome).
+        ``seq``: the round's number on ``channel`` (default: the next in this process's order)."""
         data = pickle.dumps(obj)
         with self._lock:
-            seq = self._seq.get(channel, 0)
+            if seq is None:
+                seq = self._seq.get(channel, 0)
             self._seq[channel] = seq + 1
             reply, payloads = self._call_full(
                 self._conn, {"op": "round", "channel": channel, "seq": seq, "kind": kind}, (data,))
@@ -122,6 +137,11 @@ class CoordinationClient:
     def barrier(self, kind: str = "barrier") -> None:
         """Wait for every trainer (replayed after a restart as any round)."""
         self.gather(None, kind)
+
+    def interval_barrier(self, index: int) -> None:
+        """Half-async: barrier ``index`` (the one after global step ``(index + 1) * N``) on
+        :data:`~collective.ps_coordination.BARRIER_CHANNEL` (module docstring)."""
+        self.gather(None, "half-async barrier", channel=wire.BARRIER_CHANNEL, seq=index)
 
     # -- checkpoint epochs -----------------------------------------------------------------------
     def poll_epoch(self, after: int) -> tuple[int, bool]:
@@ -174,11 +194,10 @@ def active() -> CoordinationClient | None:
 
 def wanted(env: WorkerEnv, strategy: Any) -> bool:
     """Whether a trainer with ``strategy`` meets through the coordinator: fleetrun gave one, and
-    the mode is async (no ``barrier_interval``) or GEO."""
+    the mode is async, half-async or GEO (``a_sync``)."""
     if env.training_role is not TrainingRole.TRAINER or not os.environ.get(FLEET_PS_COORDINATOR):
         return False
-    cfg = strategy.a_sync_configs
-    return bool(strategy.a_sync) and (cfg.k_steps > 0 or cfg.barrier_interval == 0)
+    return bool(strategy.a_sync)
 
 
 def start(env: WorkerEnv) -> CoordinationClient:
@@ -192,8 +211,8 @@ def start(env: WorkerEnv) -> CoordinationClient:
         _client = CoordinationClient(os.environ[FLEET_PS_COORDINATOR], token, env.rank,
                                      env.world_size, env.restart_count)
         logger.info("trainer %d meets the other trainers through the coordinator at %s "
-                    "(async/GEO: it can be restarted alone); there is no process group: a direct "
-                    "collective.comm / torch.distributed call fails (run sync, or without "
+                    "(async/half-async/GEO: it can be restarted alone); there is no process "
+                    "group: a direct collective.comm / torch.distributed call fails (run sync, or without "
                     "--ps_checkpoint_dir, for such a script)", env.rank, _client.endpoint)
     return _client
 
@@ -201,8 +220,8 @@ def start(env: WorkerEnv) -> CoordinationClient:
 def refuse(what: str) -> None:
     """FleetNotImplementedError for ``what``, which needs a process group among the trainers."""
     raise FleetNotImplementedError(
-        f"{what} moves data between the trainers through a process group, which async/GEO "
-        "trainers of a fleetrun job with --ps_checkpoint_dir do not form (they meet through "
+        f"{what} moves data between the trainers through a process group, which "
+        "async/half-async/GEO trainers of a fleetrun job with --ps_checkpoint_dir do not form (they meet through "
         "fleetrun's coordinator so that one can be restarted alone); use a local shuffle "
         "(local_shuffle) or fleet.metrics / fleet.barrier_worker, or run without "
         "--ps_checkpoint_dir")

@@ -16,8 +16,12 @@ async           ``a_sync=True``, ``k_steps <= 0``          gradients are queued 
                                                            applies them; dense values refresh from the
                                                            latest background pull.
 half-async      async + ``a_sync_configs.barrier_interval  as async, and every N steps the queue is
-                = N > 0``                                  drained and the trainers meet in a barrier:
-                                                           staleness is bounded by N steps.
+                = N > 0``                                  drained and the trainers meet in a barrier
+                                                           (after each global step that is a multiple
+                                                           of N, counted from the trainer's data
+                                                           position: a resumed trainer meets the
+                                                           others at the same barriers): staleness is
+                                                           bounded by N steps.
 GEO             ``a_sync=True``, ``k_steps = K > 0``       training is local (touched sparse rows and
                                                            dense parameters are local copies, updated
                                                            with SGD at the table's lr / the user's
@@ -46,6 +50,8 @@ import torch
 
 from collective.errors import FleetError
 import fleet.telemetry as telemetry
+from fleet.base import coordination
+from fleet.base.data_position import tracker
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +238,9 @@ class AsyncCommunicator(Communicator):
         self._error: BaseException | None = None
         self._sent = 0  # steps the sender has applied (or failed on)
         self._sent_cv = threading.Condition()
+        self.steps_before: int | None = None
+        """Half-async: global steps trained before this process (the data position it resumed
+        at, :mod:`fleet.base.data_position`), read at its first step."""
         self._thread = threading.Thread(target=self._run, name="fleet-async-sender", daemon=True)
         self._thread.start()
 
@@ -293,11 +302,18 @@ class AsyncCommunicator(Communicator):
 
     def step(self) -> None:
         self._check()
+        if self.steps_before is None:  # the tracker counts this step after it (optimizer.step)
+            self.steps_before = tracker().step
         self._queue.put((self._take_pending(), self._dense_grad()))  # blocks when full
         self.steps += 1
-        if self.barrier_interval > 0 and self.steps % self.barrier_interval == 0:
+        done = self.steps_before + self.steps  # global steps, this one included
+        if self.barrier_interval > 0 and done % self.barrier_interval == 0:
             self.flush()
-            self.barrier()
+            client = coordination.active()
+            if client is not None:  # round by global step: a restarted trainer meets the same ones
+                client.interval_barrier(done // self.barrier_interval - 1)
+            else:
+                self.barrier()
             if self.dense:
                 self._set_dense(self.pull_dense())
             return

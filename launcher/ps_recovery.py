@@ -189,7 +189,8 @@ class PSRecovery:
         self.num_trainers = len(spec.ps.workers) or spec.sizes.worker_num
         self.recoveries: list[Recovery] = []
         self.coordinator: Coordinator | None = None
-        """The trainers' coordinator (:meth:`start_coordinator`; local scheduler only)."""
+        """The trainers' coordinator (:meth:`start_coordinator`: the local agent's or the Ray
+        driver's)."""
 
     def trainer_env(self) -> dict[str, str]:
         """FLEET_PS_CHECKPOINT_* for every trainer, and FLEET_PS_RECONNECT_S: a trainer's calls
@@ -198,10 +199,12 @@ class PSRecovery:
         coord = {} if self.coordinator is None else {FLEET_PS_COORDINATOR: self.coordinator.endpoint}
         return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S), **coord}
 
-    def start_coordinator(self, token: str) -> None:
+    def start_coordinator(self, token: str, host: str = "127.0.0.1") -> None:
         """Host the trainers' coordinator (:mod:`launcher.ps_coordinator`) in this process: async/GEO
-        trainers then meet through it and a dead one is restarted alone (:meth:`recover_alone`)."""
-        self.coordinator = Coordinator(token, self.num_trainers, self.config.interval_s)
+        trainers then meet through it and a dead one is restarted alone (:meth:`recover_alone`).
+        ``host``: the address it listens on, which every trainer must reach (the local agent:
+        127.0.0.1; the Ray driver: its node's IP)."""
+        self.coordinator = Coordinator(token, self.num_trainers, self.config.interval_s, host)
 
     def begin_attempt(self, attempt: int) -> None:
         """Every process starts again: the coordinator forgets the rounds of earlier attempts."""
@@ -213,17 +216,25 @@ class PSRecovery:
         if self.coordinator is not None:
             self.coordinator.close()
 
-    def _trainer_alone(self, attempt: int, died: str, rank: int, budget_left: bool) -> Recovery | None:
-        """A dead trainer restarted alone: the coordinator runs, the budget has a unit, every
-        trainer of the attempt says (progress file) it meets through the coordinator, and the
-        dead one's file has its data position."""
+    def trainer_position(self, attempt: int, rank: int, budget_left: bool) -> dict[str, Any] | None:
+        """Where dead trainer ``rank`` of ``attempt`` would resume when restarted alone, or None
+        when it cannot be: the coordinator runs, the budget has a unit, every trainer of the
+        attempt says (progress file) it meets through the coordinator, and the dead one's file
+        has its data position. Nothing recorded (the Ray driver asks before it re-creates the
+        trainer's actor)."""
         if self.coordinator is None or not budget_left:
             return None
         progress = {p.get("rank"): p for p in read_progress(self.log_dir) if p.get("attempt") == attempt}
         if len(progress) < self.num_trainers or not all(p.get("alone_ok") for p in progress.values()):
             return None
         position = (progress.get(rank) or {}).get("position")
-        if not isinstance(position, dict):
+        return position if isinstance(position, dict) else None
+
+    def _trainer_alone(self, attempt: int, died: str, rank: int, budget_left: bool) -> Recovery | None:
+        """A dead trainer restarted alone (:meth:`trainer_position`), recorded; the coordinator
+        learns of the death (checkpoints go on without it)."""
+        position = self.trainer_position(attempt, rank, budget_left)
+        if position is None or self.coordinator is None:
             return None
         latest = latest_committed(self.dir) or ("", 0)
         rec = Recovery(len(self.recoveries) + 1, attempt, died, "trainer", latest[0], latest[1],
@@ -260,9 +271,12 @@ class PSRecovery:
         self.recoveries.append(rec)
         return rec
 
-    def alone_possible(self, attempt: int, role: str, budget_left: bool) -> bool:
+    def alone_possible(self, attempt: int, role: str, budget_left: bool, rank: int = -1) -> bool:
         """Whether :meth:`recover_alone` would restart the dead process alone (nothing recorded:
-        the Ray driver asks before it re-creates the server's actor)."""
+        the Ray driver asks before it re-creates the process's actor); a trainer: ``rank``'s
+        :meth:`trainer_position`."""
+        if role == "trainer":
+            return self.trainer_position(attempt, rank, budget_left) is not None
         if role != "server" or not budget_left or latest_committed(self.dir) is None:
             return False
         progress = [p for p in read_progress(self.log_dir) if p.get("attempt") == attempt]

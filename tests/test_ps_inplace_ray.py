@@ -5,7 +5,13 @@ re-created, in its bundle, on its port, restoring its shards from the newest goo
 the trainers' processes never stop (same pids, same attempt); ``job_state.json`` counts it in
 ``restarts``. Then the server dies while its port is taken: nothing can restart alone, so every
 process restarts, the server on a new port (the trainers get it in their env). The job exits 0
-with both recoveries listed, and no process, actor or placement group is left."""
+with both recoveries listed, and no process, actor or placement group is left.
+
+A dead async trainer too (2 servers, 2 trainers): its process SIGKILLed mid-pass, only its actor
+is re-created, in its bundle; it resumes at its data position and meets trainer 0 through the
+coordinator the driver hosts, while trainer 0 and the servers go on. The fallbacks to
+restart-all (no coordinator, a trainer not meeting through it, no data position yet, no budget,
+two deaths at once) are checked without a cluster."""
 
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, base_env, start_fleetrun, wait_for
+from conftest import REPO, base_env, fleetrun_cmd, start_fleetrun, wait_for
 from test_ray_scheduler import _assert_nothing_left, cluster  # noqa: F401 - the module's cluster
 
 psutil = pytest.importorskip("psutil")
@@ -31,10 +37,13 @@ GLOBAL_BATCH = 32
 
 
 def _hold_port(port: int, timeout_s: float) -> socket.socket:
-    """Listen on 127.0.0.1:``port`` as soon as it is free (bounded in time)."""
+    """Listen on 127.0.0.1:``port`` as soon as it is free (bounded in time). SO_REUSEADDR, as
+    the PS server and the driver's port check: without it the killed server's connections (left
+    in FIN_WAIT2 / TIME_WAIT for up to a minute) block the bind; with it only a listener does."""
     deadline = time.monotonic() + timeout_s
     while True:
         sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
             sock.listen(1)
@@ -43,6 +52,61 @@ def _hold_port(port: int, timeout_s: float) -> socket.socket:
             sock.close()
             assert time.monotonic() < deadline, f"port {port} not free within {timeout_s} s"
             time.sleep(0.01)
+
+
+@pytest.mark.timeout(30)
+def test_trainer_alone_falls_back_where_the_local_path_does(tmp_path: Path) -> None:
+    """The decision the Ray driver takes before it re-creates a dead trainer's actor (the local
+    agent's own, :meth:`PSRecovery.trainer_position`): every trainer's progress must say it
+    meets through the coordinator, the dead one's must hold its data position, a restart must
+    be left; two deaths at once restart every process. No cluster needed."""
+    from launcher.ps_recovery import PSRecovery
+    from launcher.schedulers.ray_ps_recovery import respawn_trainer
+    from launcher.spec import build_spec
+    from launcher.summary import Failure
+
+    spec = build_spec({"mode": "ps", "sizes": {"server_num": 1, "worker_num": 2},
+                       "ps_checkpoint": {"dir": str(tmp_path / "ck")}, "log_dir": str(tmp_path / "log")})
+    rec = PSRecovery(spec)
+    (tmp_path / "log").mkdir()
+    pos = {"pass": 0, "step_in_pass": 30, "step": 30}
+
+    def progress(rank: int, alone_ok: bool, position: dict | None = pos) -> None:
+        (tmp_path / "log" / f"ps_progress.{rank}.json").write_text(json.dumps(
+            {"rank": rank, "attempt": 0, "step": 30, "mode": "async", "alone_ok": alone_ok,
+             **({"position": position} if position else {})}))
+
+    progress(0, True)
+    progress(1, True)
+    assert not rec.alone_possible(0, "trainer", True, 1)  # no coordinator: restart-all
+    rec.start_coordinator("secret", "127.0.0.1")
+    try:
+        assert rec.trainer_env()["FLEET_PS_COORDINATOR"] == rec.coordinator.endpoint
+        assert rec.coordinator.endpoint.startswith("127.0.0.1:")
+        assert rec.alone_possible(0, "trainer", True, 1)
+        assert not rec.alone_possible(0, "trainer", False, 1)  # budget spent
+        assert not rec.alone_possible(1, "trainer", True, 1)  # progress of another attempt
+        progress(0, False)  # trainer 0 opted out (sync / half-async: a gloo group)
+        assert not rec.alone_possible(0, "trainer", True, 1)
+        progress(0, True)
+        progress(1, True, position=None)  # no data position yet
+        assert not rec.alone_possible(0, "trainer", True, 1)
+        (tmp_path / "log" / "ps_progress.1.json").unlink()  # no progress yet
+        assert not rec.alone_possible(0, "trainer", True, 1)
+        progress(1, True)
+
+        def failure(rank: int) -> Failure:
+            return Failure("trainer", rank, rank, 0, "h", 1, "signal SIGKILL (9)", time.time(), 0, "")
+
+        both = [failure(0), failure(1)]  # two deaths at once: no actor is touched
+        assert respawn_trainer(None, rec, both, None, None, 0, {}, None, 0, True) is None  # type: ignore[arg-type]
+        assert not rec.recoveries
+        got = rec.recover_alone(0, "rank 1 signal SIGKILL (9)", "trainer", 1, True)
+        assert got is not None and got.position == pos and rec.coordinator.dead == {1}
+        assert json.loads(rec.resume_env(got)["FLEET_PS_RESUME_POSITION"]) == pos
+        assert "restarted: trainer 1 only, resumed at its data position (pass 0, step 30 of it" in got.text()
+    finally:
+        rec.close()
 
 
 @pytest.mark.slow
@@ -130,11 +194,101 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
     assert "restarted: every process" in second_line, second_line
     assert "cannot come back on" in err and "PS recoveries:" in err, err[-3000:]
     steps = LINES // (GLOBAL_BATCH // 2)
-    for rank in (0, 1):  # attempt 1 resumed from a checkpoint and finished the pass
-        prog = json.loads((log / f"ps_progress.{rank}.json").read_text())
-        assert prog["attempt"] == 1 and prog["resumed"].get("checkpoint") and prog["step"] == steps, prog
+    progs = [json.loads((log / f"ps_progress.{rank}.json").read_text()) for rank in (0, 1)]
+    for prog in progs:  # attempt 1 resumed from a checkpoint, each trainer at its own position
+        assert prog["attempt"] == 1 and prog["resumed"].get("checkpoint") and prog["step"] <= steps, prog
+    # the trainers meet through the driver's coordinator, so each cut holds every trainer's own
+    # position; train_ps.py's metrics.min(steps left) trains both for the fewer steps left: the
+    # one ahead finishes its pass (README: "after a restart-all recovery ...")
+    assert max(prog["step"] for prog in progs) == steps, progs
     server_log = (log / "serverlog.0").read_text()
     assert len(re.findall(r"server 0 restored its shards from ckpt-\d+", server_log)) == 1, server_log[-3000:]
     eps = [ln for ln in (log / "endpoints.log").read_text().splitlines() if ln.startswith("server 0 ")]
     assert len(eps) == 2 and eps[0] == f"server 0 127.0.0.1:{port}" and eps[1] != eps[0], eps
+    _assert_nothing_left(cluster, sorted(pids))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> None:  # noqa: F811
+    """2 servers + 2 async trainers: trainer 1's process SIGKILLed mid-pass → only its actor is
+    re-created, in its bundle, and it resumes at its data position (FLEET_PS_RESUME_POSITION),
+    meeting trainer 0 through the coordinator the driver hosts; trainer 0 keeps its pid and its
+    steps never go back; one in-place recovery, one attempt; exit 0, nothing left."""
+    data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"
+    subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(data),
+                    "--num_files", "2", "--lines_per_file", str(LINES)],
+                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=120)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "ray-trainer-alone", "scheduler": "ray", "mode": "ps",
+        "entrypoint": {"script": "examples/ctr/train_ps.py",
+                       "args": ["--data_dir", str(data), "--test", "500", "--batch_size",
+                                str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", "async"]},
+        "sizes": {"server_num": 2, "worker_num": 2}, "max_restarts": 1, "log_dir": str(log),
+        "resources": {r: {"cpu": 0.5, "memory": "256Mi"} for r in ("trainer", "server")},
+        "tee": "none", "grace_period_s": 2.0,
+        "ps_checkpoint": {"dir": str(ckpt), "interval_s": 0.5, "keep": 2},
+        "ray": {"placement_timeout_s": 60, "address": cluster},
+    }))
+    pids: set[int] = set()
+    seen: dict[int, set[int]] = {0: set(), 1: set()}
+    steps0: list[int] = []
+
+    def state() -> dict:
+        got = json.loads((log / "job_state.json").read_text())
+        for p in got["processes"]:
+            if p.get("pid"):
+                pids.add(p["pid"])
+                if p["role"] == "trainer":
+                    seen[p["rank"]].add(p["pid"])
+        return got
+
+    def up(role: str) -> dict[int, int]:
+        return {p["rank"]: p["pid"] for p in state()["processes"] if p["role"] == role and p["state"] == "up"}
+
+    def progress(rank: int) -> dict:
+        return json.loads((log / f"ps_progress.{rank}.json").read_text())
+
+    def ended() -> bool:  # sample trainer 0's step and every trainer pid as the job runs
+        steps0.append(progress(0)["step"])
+        state()
+        return p.poll() is not None
+
+    err_path = tmp_path / "stderr.txt"
+    with open(tmp_path / "stdout.txt", "w") as out, open(err_path, "w") as err_file:
+        p = subprocess.Popen(fleetrun_cmd("-c", str(job)), cwd=str(REPO), env=base_env(),
+                             stdout=out, stderr=err_file, start_new_session=True)
+    try:
+        wait_for(lambda: len(up("trainer")) == 2 and len(up("server")) == 2
+                 and progress(1)["step"] >= 20 and progress(1).get("alone_ok"),
+                 150, "every process up, trainer 1 at step 20 meeting through the coordinator")
+        trainers = up("trainer")
+        assert "FLEET_PS_COORDINATOR" in psutil.Process(trainers[1]).environ()
+        os.kill(trainers[1], signal.SIGKILL)
+        dead = progress(1)["position"]
+        wait_for(ended, 150, "the job's end")
+        final = state()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    err = err_path.read_text()
+    assert p.returncode == 0, err[-4000:]
+    assert seen[0] == {trainers[0]}, seen  # trainer 0 never restarted
+    assert len(seen[1] - {trainers[1]}) == 1, seen  # trainer 1 restarted once
+    assert steps0 == sorted(steps0), steps0  # trainer 0's steps never went back
+    assert final["state"] == "succeeded" and (final["attempt"], final["restarts"]) == (0, 1), final
+    (line,) = final["recoveries"]
+    assert "recovery 1 (attempt 0, in place): rank 1 signal SIGKILL" in line, line
+    assert "restarted: trainer 1 only, resumed at its data position" in line, line
+    assert "0 steps redone by the others" in line and "PS recoveries:" in err, err[-3000:]
+    steps = LINES // (GLOBAL_BATCH // 2)
+    p0, p1 = progress(0), progress(1)
+    assert p0["attempt"] == p1["attempt"] == 0 and p0["resumed"] == {} and p0["step"] == steps, p0
+    assert p1["resumed"]["alone"] and p1["resumed"]["position"]["step"] >= dead["step"] - 1, (p1, dead)
+    assert p1["step"] == steps, p1  # resumed at its position, trained the rest of its pass
+    log1 = (log / "workerlog.1").read_text()
+    assert "rank 1 restarted alone" in log1 and "restarted alone: resumes at pass 0" in log1
+    assert any("replayed from the record" in ln for ln in log1.splitlines()), log1[-3000:]
     _assert_nothing_left(cluster, sorted(pids))

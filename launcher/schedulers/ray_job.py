@@ -34,7 +34,10 @@ node) spends one restart, and every actor is re-created in the job's placement g
 kept across the attempts (the same bundles, so the same nodes; each server on its first port, so
 on its endpoint); trainer 0 loads the newest good checkpoint and the trainers skip what they had
 trained. In async/GEO mode a dead server alone is re-created in its bundle on its port and
-restores its own shards while the trainers go on (:mod:`launcher.schedulers.ray_ps_recovery`).
+restores its own shards while the trainers go on, and a dead trainer alone is re-created in its
+bundle and resumes at its data position while the others go on: the driver hosts the trainers'
+coordinator (:mod:`launcher.ps_coordinator`, on its node's IP), as the local agent does
+(:mod:`launcher.schedulers.ray_ps_recovery`).
 Each recovery goes to the console, ``job_state.json`` (``recoveries``; ``restarts`` counts
 in-place ones too), the final summary and ``fleet_ps_recoveries_total``; no checkpoint yet or no
 restart left: the job fails as above.
@@ -199,6 +202,9 @@ class RayJob:
         monitor = JobMonitor(spec.name, self.run_id, spec.max_restarts, self.log_dir, host,
                              metrics=spec.metrics, metrics_host=host, view=_Member.view)
         self.monitor = monitor
+        if self.recovery is not None and not self.elastic:  # async/GEO trainers meet through it
+            self.recovery.start_coordinator(self.ps_token, host)  # and one can restart alone;
+            # the driver outlives every actor, and its node's IP is what the actors reach
         status = StatusConsole(monitor)  # the same live status line as a local job
         status.start()
         try:
@@ -213,6 +219,8 @@ class RayJob:
         finally:
             status.stop()
             monitor.close()
+            if self.recovery is not None:
+                self.recovery.close()  # the coordinator
             if self.kept_pg is not None:
                 _remove_pg(self.kept_pg)
 
@@ -349,6 +357,7 @@ class RayJob:
         procs, head = make_proc_specs(spec, placed, master_port, paths)
         if self.recovery is not None:  # as the local agent: checkpoints on, the servers may load them
             rec = self.recovery
+            rec.begin_attempt(attempt)  # the coordinator forgets the rounds of earlier attempts
             procs = [replace(p, env={**p.env, **rec.trainer_env()}) if p.role == TRAINER else
                      replace(p, env={**p.env, FLEET_PS_CHECKPOINT_ROOT: rec.server_roots(
                          p.env.get(FLEET_PS_CHECKPOINT_ROOT, ""))}) for p in procs]
@@ -421,9 +430,10 @@ class RayJob:
 
     def _restart_alone(self, group: _Group, failures: list[Failure],
                        attempt: int) -> _Member | None:
-        """A PS job in async/GEO mode whose one failure is a server: re-create that server's actor
-        alone in its bundle, on its port, restoring its shards (:mod:`ray_ps_recovery`); the
-        trainers go on. The new member (replacing the dead one), or None: the attempt ends."""
+        """A PS job in async/GEO mode whose one failure is a server or a trainer: re-create its
+        actor alone in its bundle — a server on its port, restoring its shards; a trainer from
+        its data position, meeting the others through the coordinator — (:mod:`ray_ps_recovery`);
+        the others go on. The new member (replacing the dead one), or None: the attempt ends."""
         if self.recovery is None or self.elastic or len(failures) != 1:
             return None
         i = next(i for i, m in enumerate(group.members) if m.failure is failures[0])
@@ -431,9 +441,10 @@ class RayJob:
         ctx = ray_ps_recovery.RespawnContext(
             self.ray, self.actor_cls, group.pg, self.run_id, self.argv,
             self.spec.entrypoint.no_python, self.cwd, self.monitor.metrics_enabled, self._get)
-        got = ray_ps_recovery.respawn_server(
-            ctx, self.recovery, failures, old.actor, old.proc, i, self.slots[i].bundle, old.log,
-            attempt, self.restarts < self.spec.max_restarts)
+        respawn = (ray_ps_recovery.respawn_trainer if old.proc.role == TRAINER
+                   else ray_ps_recovery.respawn_server)
+        got = respawn(ctx, self.recovery, failures, old.actor, old.proc, i, self.slots[i].bundle,
+                      old.log, attempt, self.restarts < self.spec.max_restarts)
         if not isinstance(got, ray_ps_recovery.Respawned):
             if got == ray_ps_recovery.PORT_TAKEN:  # the restart-all recovery finds it a new port
                 self.server_ports.pop(old.proc.rank, None)

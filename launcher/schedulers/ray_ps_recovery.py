@@ -1,4 +1,5 @@
-"""A dead PS server on Ray restarted alone, in place (async/GEO mode), as the local agent does.
+"""A dead PS server or trainer on Ray restarted alone, in place (async/GEO mode), as the local
+agent does.
 
 :mod:`launcher.ps_recovery` decides (:meth:`~launcher.ps_recovery.PSRecovery.alone_possible`:
 a server died, every trainer's progress file says async or GEO, a committed checkpoint exists, a
@@ -25,6 +26,18 @@ The trainer actors and the other servers keep running; their calls to the restar
 for it (FLEET_PS_RECONNECT_S). The recovery is one unit of ``max_restarts``, listed as
 ``restarted: server N only`` (console, ``job_state.json`` ``recoveries`` and ``restarts``, the
 final summary, ``fleet_ps_recoveries_total``).
+
+**A dead trainer** (:func:`respawn_trainer`): the driver hosts the trainers' coordinator
+(:mod:`launcher.ps_coordinator`, on the driver node's IP; ``RayJob.run``), so async/GEO trainers
+meet through it instead of a gloo group, as locally. When one trainer's process or actor dies,
+:meth:`~launcher.ps_recovery.PSRecovery.trainer_position` says whether it can restart alone
+(every trainer's progress file says it meets through the coordinator, the dead one's file has
+its data position, a restart is left). Its actor is re-created in its bundle as a server's,
+and it runs the user's script again with its previous env plus FLEET_PS_RESUME_POSITION (its
+data position): it replays its prologue's rounds from the coordinator's record and trains on
+from there, while the servers and the other trainers go on. Listed as ``restarted: trainer N
+only, resumed at its data position``. When Ray re-placed its bundle on another node (its node
+was lost), every process restarts instead (its env names its node).
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ from dataclasses import dataclass, replace
 from typing import IO, Any
 
 from collective.env import metrics_env
-from launcher.attempt import SERVER, ProcSpec
+from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.ps_recovery import PSRecovery, Recovery
 from launcher.schedulers.ray_actor import ActorInfo
 from launcher.summary import Failure
@@ -101,22 +114,7 @@ def respawn_server(ctx: RespawnContext, recovery: PSRecovery, failures: list[Fai
     (failed,) = failures
     if not recovery.alone_possible(attempt, failed.role, budget_left):
         return None
-    from ray.exceptions import RayError
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    try:
-        ctx.ray.kill(old_actor, no_restart=True)
-    except (RayError, ValueError):
-        pass  # already gone with its node or process
-    actor = ctx.actor_cls.options(
-        num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), memory=bundle["memory"],
-        max_restarts=0,
-        name=f"fleetrun-{ctx.run_id}-{attempt}-{SERVER}-{failed.rank}-r{len(recovery.recoveries) + 1}",
-        scheduling_strategy=PlacementGroupSchedulingStrategy(
-            ctx.pg, placement_group_bundle_index=bundle_index),
-    ).remote()
-    info: ActorInfo = ctx.get([actor.info.remote()],
-                              f"re-create the actor of server {failed.rank}")[0]
+    actor, info = _recreate(ctx, old_actor, bundle_index, bundle, failed, attempt, len(recovery.recoveries) + 1)
     port = int(old_proc.env["PADDLE_PORT"])
     ip = old_proc.env["POD_IP"]
     if info.node_ip != ip or not ctx.get([actor.port_free.remote(ip, port, PORT_WAIT_S)],
@@ -124,27 +122,85 @@ def respawn_server(ctx: RespawnContext, recovery: PSRecovery, failures: list[Fai
         logger.warning("server %d cannot come back on %s:%d (its bundle's node is %s, or the port "
                        "is taken): every process restarts instead, the server on a new port",
                        failed.rank, ip, port, info.node_ip)
-        try:
-            ctx.ray.kill(actor, no_restart=True)
-        except (RayError, ValueError):
-            pass
+        _kill(ctx, actor)
         return PORT_TAKEN
     rec = recovery.recover_alone(attempt, f"{SERVER} {failed.rank} {failed.exit_desc}", failed.role,
                                  failed.rank, budget_left)
     if rec is None:  # the progress files changed in between (a trainer finished the attempt)
-        ctx.ray.kill(actor, no_restart=True)
+        _kill(ctx, actor)
         return None
-    env = {**old_proc.env, **recovery.restore_env()}
-    proc = replace(old_proc, env=env)
+    return _launch(ctx, actor, info, replace(old_proc, env={**old_proc.env, **recovery.restore_env()}),
+                   old_proc, log, attempt, server_argv(ctx), rec)
+
+
+def respawn_trainer(ctx: RespawnContext, recovery: PSRecovery, failures: list[Failure],
+                    old_actor: Any, old_proc: ProcSpec, bundle_index: int, bundle: dict[str, float],
+                    log: IO[bytes], attempt: int, budget_left: bool) -> Respawned | None:
+    """Re-create the actor of the one dead trainer of ``failures`` alone, running the user's
+    script from its data position (see the module docstring); None when the attempt must end
+    instead (not a lone trainer death, the trainers do not meet through the coordinator, no
+    data position yet, no budget, its bundle moved to another node)."""
+    if len(failures) != 1 or failures[0].role != TRAINER:
+        return None
+    (failed,) = failures
+    if not recovery.alone_possible(attempt, TRAINER, budget_left, failed.rank):
+        return None
+    actor, info = _recreate(ctx, old_actor, bundle_index, bundle, failed, attempt, len(recovery.recoveries) + 1)
+    if info.node_ip != old_proc.env["POD_IP"]:
+        logger.warning("trainer %d's bundle is now on node %s, not %s: every process restarts "
+                       "instead", failed.rank, info.node_ip, old_proc.env["POD_IP"])
+        _kill(ctx, actor)
+        return None
+    rec = recovery.recover_alone(attempt, f"rank {failed.rank} {failed.exit_desc}", failed.role,
+                                 failed.rank, budget_left)
+    if rec is None:  # its progress file changed in between
+        _kill(ctx, actor)
+        return None
+    return _launch(ctx, actor, info, replace(old_proc, env={**old_proc.env, **recovery.resume_env(rec)}),
+                   old_proc, log, attempt, ctx.argv, rec)
+
+
+def _kill(ctx: RespawnContext, actor: Any) -> None:
+    from ray.exceptions import RayError
+
+    try:
+        ctx.ray.kill(actor, no_restart=True)
+    except (RayError, ValueError):
+        pass  # already gone with its node or process
+
+
+def _recreate(ctx: RespawnContext, old_actor: Any, bundle_index: int, bundle: dict[str, float],
+              failed: Failure, attempt: int, number: int) -> tuple[Any, ActorInfo]:
+    """Kill the dead process's actor; a new one in the same bundle, and where it landed."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    _kill(ctx, old_actor)
+    actor = ctx.actor_cls.options(
+        num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), memory=bundle["memory"],
+        max_restarts=0,
+        name=f"fleetrun-{ctx.run_id}-{attempt}-{failed.role}-{failed.rank}-r{number}",
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            ctx.pg, placement_group_bundle_index=bundle_index),
+    ).remote()
+    info: ActorInfo = ctx.get([actor.info.remote()],
+                              f"re-create the actor of {failed.role} {failed.rank}")[0]
+    return actor, info
+
+
+def _launch(ctx: RespawnContext, actor: Any, info: ActorInfo, proc: ProcSpec, old_proc: ProcSpec,
+            log: IO[bytes], attempt: int, argv: list[str], rec: Recovery) -> Respawned:
+    """Start ``proc`` (a fresh /metrics port when the old one had one) in the new actor, its
+    output appended to the process's log."""
+    ip = info.node_ip
     if ctx.metrics and old_proc.metrics_port:
         (mport,) = ctx.get([actor.free_ports.remote(ip, 1)], "find a free port")[0]
-        proc = replace(proc, metrics_port=mport, env={**env, **metrics_env(mport, ip)})
+        proc = replace(proc, metrics_port=mport, env={**proc.env, **metrics_env(mport, ip)})
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     log.write(f"==== fleetrun: attempt {attempt}, {proc.label} restarted alone, {stamp}, "
               f"ray node {info.node_ip} ({info.hostname}) ====\n".encode())
-    pid = ctx.get([actor.start.remote(server_argv(ctx), proc.env, ctx.cwd, sys.executable)],
-                  f"restart server {failed.rank}")[0]
+    pid = ctx.get([actor.start.remote(argv, proc.env, ctx.cwd, sys.executable)],
+                  f"restart {proc.label}")[0]
     return Respawned(actor, info, proc, int(pid), rec)
 
 
-__all__ = ["PORT_TAKEN", "RespawnContext", "Respawned", "respawn_server", "server_argv"]
+__all__ = ["PORT_TAKEN", "RespawnContext", "Respawned", "respawn_server", "respawn_trainer", "server_argv"]

@@ -37,6 +37,7 @@ import torch.distributed as tdist
 import fleet.metrics as metrics
 import fleet.telemetry as telemetry
 from collective.errors import ConfigError
+from fleet.base.runtime import current_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def train_from_dataset(
         raise ConfigError(f"must be None or an integer >= 0, got {max_steps!r}", key="max_steps")
     fetch = dict(fetch or {})
     total = _dataset_size(dataset)
-    rank = tdist.get_rank() if tdist.is_available() and tdist.is_initialized() else 0
+    rank = _trainer_rank()
     stream = out if out is not None else (sys.stderr if rank == 0 else None)
     state = metrics.AucState() if auc else None
     model.train()
@@ -147,6 +148,15 @@ def train_from_dataset(
             f"auc {global_auc:.5f} (all trainers)\n")
         stream.flush()
     return stats
+
+
+def _trainer_rank() -> int:
+    """This trainer's index: fleet's (``fleet.worker_index()``: async/GEO PS trainers meeting
+    through fleetrun's coordinator form no process group), else torch.distributed's, else 0."""
+    rt = current_runtime()
+    if rt is not None:
+        return rt.env.rank
+    return tdist.get_rank() if tdist.is_available() and tdist.is_initialized() else 0
 
 
 def _local_auc(state: metrics.AucState | None) -> float:

@@ -81,3 +81,41 @@ def test_fetch_max_steps_and_bad_arguments() -> None:
     with pytest.raises(ConfigError, match="print_period"):
         fleet.train_from_dataset(model, opt, _batches(1), torch.nn.BCEWithLogitsLoss(),
                                  label="click", print_period=0)
+
+
+@pytest.mark.timeout(120)
+def test_only_trainer_0_prints_without_a_process_group() -> None:
+    """Async PS trainers meeting through fleetrun's coordinator (a real one, two real trainer
+    processes) form no torch.distributed group: the rank that decides who prints is fleet's
+    worker index, so trainer 1 prints no progress lines."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import REPO, base_env
+    from launcher.ps_coordinator import Coordinator
+
+    tests = Path(__file__).parent
+    coord = Coordinator("secret", world=2, interval_s=3600.0)
+    procs = []
+    try:
+        for rank in (0, 1):
+            env = {**base_env(), "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(rank),
+                   "PADDLE_TRAINERS_NUM": "2", "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:1",
+                   "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:2,127.0.0.1:3",
+                   "FLEET_PS_COORDINATOR": coord.endpoint, "FLEET_PS_TOKEN": "secret"}
+            procs.append(subprocess.Popen(
+                [sys.executable, str(tests / "scripts" / "train_loop_trainer.py"), str(tests)],
+                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, 9)
+                p.wait()
+        coord.close()
+    for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"trainer {rank} done" in out, err[-3000:]
+    assert "[train] done: 10 batches" in outs[0][1], outs[0][1][-3000:]
+    assert "[train]" not in outs[1][1], outs[1][1][-3000:]

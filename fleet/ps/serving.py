@@ -31,6 +31,7 @@ import torch
 
 from collective.env import TrainingRole
 from collective.errors import ConfigError, FleetError
+from fleet.base import coordination
 from fleet.ps.communicator import DENSE_BLOCK, DENSE_TABLE
 from fleet.ps.recovery import _agree, _gather, _outcome, finish_pending
 from fleet.ps.runtime import _require, get_client, get_communicator, lookups_from
@@ -60,7 +61,9 @@ def export_serving(
     under their checkpoint roots; see the module docstring). Every trainer calls it; trainer 0
     asks the servers once all flushed. ``model``: the trained model, to record the names of
     its dense parameters (then :meth:`ServingModel.predict` can set them by name). Returns the
-    export's :class:`~ps_server.checkpoint.series.CheckpointRecord` on every trainer."""
+    export's :class:`~ps_server.checkpoint.series.CheckpointRecord` on every trainer. A trainer 0
+    restarted alone that replays this call (:func:`fleet.base.coordination.replaying`) does not
+    export again: it gets the record of the export it made before its restart."""
     from ps_server.checkpoint.series import record_from_dict
 
     st = _require("ps.export_serving()", TrainingRole.TRAINER)
@@ -78,7 +81,9 @@ def export_serving(
         )
         return record.to_dict()
 
-    return record_from_dict(_agree(st.env.rank, _outcome(export) if st.env.rank == 0 else None))
+    again = coordination.replaying()  # a restarted trainer 0 exported this before its restart
+    return record_from_dict(_agree(st.env.rank, _outcome(export) if st.env.rank == 0 and not again
+                                   else None))
 
 
 class _Lookups:

@@ -17,7 +17,8 @@ Inputs may be Python numbers, numpy arrays or torch tensors (any device). Scalar
 Python floats; ``sum`` / ``max`` / ``min`` of an array return a numpy array (int64 for integer or
 bool input, float64 for floating input), of a scalar a float.
 
-Async/GEO trainers of a fleetrun PS job with automatic checkpoints have no process group: the
+Async, half-async and GEO trainers of a fleetrun PS job with automatic checkpoints have no
+process group: the
 same functions gather through fleetrun's coordinator (:mod:`fleet.base.coordination`) and reduce
 on each trainer, so a restarted trainer can replay them.
 

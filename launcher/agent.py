@@ -298,7 +298,7 @@ class PSPlan:
                     key=FLEET_PS_TOKEN)
         self.token = job_ps_token(spec)
         self.recovery = make_recovery(spec)  # automatic checkpoints: recover from them
-        if self.recovery is not None and not self.static:  # async/GEO trainers meet through it
+        if self.recovery is not None and not self.static:  # a_sync trainers meet through it
             self.recovery.start_coordinator(self.token)   # and one can be restarted alone
         self._servers: tuple[str, ...] = ()
 

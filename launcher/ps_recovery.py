@@ -200,9 +200,9 @@ class PSRecovery:
         return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S), **coord}
 
     def start_coordinator(self, token: str, host: str = "127.0.0.1") -> None:
-        """Host the trainers' coordinator (:mod:`launcher.ps_coordinator`) in this process: async/GEO
-        trainers then meet through it and a dead one is restarted alone (:meth:`recover_alone`).
-        ``host``: the address it listens on, which every trainer must reach (the local agent:
+        """Host the trainers' coordinator (:mod:`launcher.ps_coordinator`) in this process:
+        async/half-async/GEO trainers then meet through it and a dead one is restarted alone
+        (:meth:`recover_alone`). ``host``: the address it listens on, which every trainer must reach (the local agent:
         127.0.0.1; the Ray driver: its node's IP)."""
         self.coordinator = Coordinator(token, self.num_trainers, self.config.interval_s, host)
 

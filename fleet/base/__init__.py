@@ -3,7 +3,7 @@
 Owns the :class:`~fleet.base.runtime.FleetRuntime` state (env contract, strategy, hybrid groups,
 wrapped models/optimizers), the role queries (``worker_index``, ``worker_num``, ...), Paddle's
 role maker, the hybrid topology (:mod:`fleet.base.topology`), and the trainer's data position
-(:mod:`fleet.base.data_position`: passes and steps, what a resumed trainer skips), and async/GEO
+(:mod:`fleet.base.data_position`: passes and steps, what a resumed trainer skips), and async/half-async/GEO
 PS trainers meeting through fleetrun's coordinator instead of a gloo group
 (:mod:`fleet.base.coordination`: recorded rounds a restarted trainer replays). The error types of fleet are
 :mod:`collective.errors`'s, re-exported here. Imports :mod:`fleet.strategy`,

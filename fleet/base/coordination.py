@@ -221,8 +221,9 @@ def refuse(what: str) -> None:
     """FleetNotImplementedError for ``what``, which needs a process group among the trainers."""
     raise FleetNotImplementedError(
         f"{what} moves data between the trainers through a process group, which "
-        "async/half-async/GEO trainers of a fleetrun job with --ps_checkpoint_dir do not form (they meet through "
-        "fleetrun's coordinator so that one can be restarted alone); use a local shuffle "
+        "async/half-async/GEO trainers of a fleetrun job with --ps_checkpoint_dir do not form "
+        "(they meet through fleetrun's coordinator so that one can be restarted alone); use a "
+        "local shuffle "
         "(local_shuffle) or fleet.metrics / fleet.barrier_worker, or run without "
         "--ps_checkpoint_dir")
 

@@ -167,8 +167,8 @@ def _build_hybrid_group(strategy: DistributedStrategy, env: WorkerEnv) -> Any:
 
 def _init_ps(env: WorkerEnv, strategy: DistributedStrategy) -> FleetRuntime:
     """Parameter-server mode: trainers form a gloo group among themselves (barriers, metrics) —
-    or, async/GEO under fleetrun with automatic checkpoints, meet through fleetrun's coordinator
-    (:mod:`fleet.base.coordination`); servers have none. The PS state itself lives in :mod:`fleet.ps.runtime`."""
+    or, async/half-async/GEO under fleetrun with automatic checkpoints, meet through fleetrun's
+    coordinator (:mod:`fleet.base.coordination`); servers have none. The PS state itself lives in :mod:`fleet.ps.runtime`."""
     global _runtime
     if not env.launched or not env.pserver_endpoints:
         raise ConfigError(
@@ -177,7 +177,7 @@ def _init_ps(env: WorkerEnv, strategy: DistributedStrategy) -> FleetRuntime:
             key="is_collective",
         )
     if coordination.wanted(env, strategy):
-        coordination.start(env)  # async/GEO under fleetrun with checkpoints: no gloo group, so
+        coordination.start(env)  # async/half-async/GEO under fleetrun with checkpoints: no gloo, so
         # a dead trainer can be restarted alone (fleet.base.coordination)
     elif env.training_role is TrainingRole.TRAINER:
         env = init_parallel_env(backend="gloo", env=env)

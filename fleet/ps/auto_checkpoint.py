@@ -20,9 +20,9 @@ to the trainers as FLEET_PS_CHECKPOINT_*).
   server's part, fails) is logged and skipped: the trainers train on and try again an interval
   later; the error reaches every trainer alike (:func:`fleet.ps.recovery.checkpoint` agrees on
   trainer 0's outcome), so none waits for the others in a collective.
-- **Async/GEO trainers restarted alone.** When fleetrun hosts a coordinator
-  (:mod:`fleet.base.coordination`; async or GEO mode) the trainers need not cut at the same
-  step: the coordinator opens a checkpoint *epoch* every ``interval_s``; a background thread of
+- **Async/half-async/GEO trainers restarted alone.** When fleetrun hosts a coordinator
+  (:mod:`fleet.base.coordination`; async, half-async or GEO mode) the trainers need not cut at
+  the same step: the coordinator opens a checkpoint *epoch* every ``interval_s``; a background thread of
   each trainer learns of it, and at its next step boundary the trainer flushes and cuts with its
   own data position; the lowest cutting rank takes the snapshot with every trainer's position (a
   dead or busy trainer's last reported one) and the others wait for it, as above. The
@@ -95,7 +95,8 @@ class AutoCheckpointer:
     would redo its saves (:mod:`fleet.streaming`)."""
     _written: float = 0.0
     client: coordination.CoordinationClient | None = None
-    """The coordinator (async/GEO under fleetrun): cuts by epoch, this trainer restartable alone."""
+    """The coordinator (async/half-async/GEO under fleetrun): cuts by epoch, this trainer
+    restartable alone."""
     _epoch_seen: int = 0
     _epoch_handled: int = 0
     _pending_step: int = -1

@@ -16,8 +16,8 @@ A PS script is one program for both roles (as in Paddle); fleetrun starts it as 
         fleet.stop_worker()
 
 Trainers also form a gloo process group among themselves (``barrier_worker``, ``fleet.metrics``),
-except async/GEO trainers of a fleetrun job with automatic checkpoints, which meet through
-fleetrun's coordinator (:mod:`fleet.base.coordination`: one can be restarted alone).
+except async, half-async and GEO trainers of a fleetrun job with automatic checkpoints, which
+meet through fleetrun's coordinator (:mod:`fleet.base.coordination`: one can be restarted alone).
 
 Security comes from the environment fleetrun sets, read by PSServer / PSClient themselves: the
 job's token (FLEET_PS_TOKEN: servers refuse calls without it, trainers send it), the servers'
@@ -185,7 +185,7 @@ def _barrier() -> None:
     from collective.comm import barrier
 
     client = coordination.active()
-    if client is not None:  # async/GEO trainers that can be restarted alone: no gloo group
+    if client is not None:  # async/half-async/GEO trainers that can be restarted alone: no gloo
         client.barrier("fleet.ps barrier")
         return
     barrier()

@@ -7,8 +7,8 @@ agent hosts (``launcher.ps_coordinator``, the server; ``fleet.base.coordination`
 client). Both import this module: the launcher may not import fleet, and fleet may not import
 the launcher.
 
-Transport: :mod:`multiprocessing.connection` over TCP (127.0.0.1 locally; the coordinator pod's
-address on Kubernetes), authenticated by the job's token (FLEET_PS_TOKEN) with its HMAC
+Transport: :mod:`multiprocessing.connection` over TCP (127.0.0.1 locally; the Ray driver's node IP
+on Ray; the coordinator pod's address on Kubernetes), authenticated by the job's token (FLEET_PS_TOKEN) with its HMAC
 challenge in both directions, done by the server on the connection's own thread (a client that
 never answers blocks nobody). A message is a JSON header (:func:`send`, :func:`recv`) followed by
 ``header["n"]`` raw byte strings. The coordinator never unpickles anything: a round's payloads

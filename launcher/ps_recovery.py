@@ -29,25 +29,27 @@ checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its 
 - no checkpoint yet, or no restart left → the job fails as any failed job (root cause first,
   every process stopped), the recoveries so far listed in the summary.
 
-- **a trainer in place** (:meth:`PSRecovery.recover_alone`, local scheduler): the agent hosts
-  the trainers' coordinator (:mod:`launcher.ps_coordinator`); async, half-async and GEO trainers
-  meet through it instead of a gloo group (every progress file says so: ``alone_ok``). A dead
-  trainer is started again alone, same rank and attempt, with FLEET_PS_RESUME_POSITION = its data
-  position from its progress file: it loads no checkpoint, replays its prologue's rounds from the
+- **a trainer in place** (:meth:`PSRecovery.recover_alone`; local scheduler, Ray, Kubernetes):
+  the agent (on Ray the driver, which re-creates the trainer's actor alone:
+  :mod:`launcher.schedulers.ray_ps_recovery`; on Kubernetes a pod of its own:
+  :mod:`launcher.schedulers.k8s_coordinator`) hosts the trainers' coordinator
+  (:mod:`launcher.ps_coordinator`); async, half-async and GEO trainers meet through it instead
+  of a gloo group (every progress file says so: ``alone_ok``). A dead trainer is started again
+  alone, same rank and attempt, with FLEET_PS_RESUME_POSITION = its data position from its
+  progress file: it loads no checkpoint, replays its prologue's rounds from the
   coordinator's record and trains on from there; checkpoints meanwhile complete without it (its
   position stands for it). Half-async barriers are rounds numbered by the trainer's global step
   (:mod:`fleet.base.coordination`): the barriers the restarted trainer passes again answer from
   the record, the next one waits for every trainer, so the survivors wait for it at their next
   barrier. Listed as ``restarted: trainer N only, resumed at its data position``.
 
-Where this differs from the issue's plan, and why: in sync mode, and for a dead trainer on Ray
-and Kubernetes, the surviving servers and trainers are restarted too. A surviving sync server
+Where this differs from the issue's plan, and why: in sync mode the surviving servers and
+trainers are restarted too. A surviving sync server
 holds SYNC rounds and barriers half-filled by trainers that are gone or by pushes the restored
 server never saw, which would corrupt the next rounds (the mean and the round boundary), so sync
 servers and trainers roll back to one cut together; sync trainers meet in a gloo group every step, which
 cannot admit a replacement. A dead half-async *server* still restarts every process
-(:data:`ALONE_MODES`: not measured in that mode yet). On Ray and Kubernetes no
-process outlives the trainers to host the coordinator yet.
+(:data:`ALONE_MODES`: not measured in that mode yet).
 
 Work redone comes from the trainers' progress files (``LOG_DIR/ps_progress.<rank>.json``, at
 most a second old) minus the restored checkpoint's step. Checkpoints are found by their committed

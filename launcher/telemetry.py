@@ -271,8 +271,8 @@ class JobMonitor:
 
     def restarted_in_place(self, restarts: int) -> None:
         """One process was restarted alone while the others go on in the same attempt (a PS
-        server in async/GEO mode): a restart spent like any other (``restarts``: spent so far,
-        this one included), the state stays running."""
+        server or trainer in async/GEO mode, locally or on Ray): a restart spent like any other
+        (``restarts``: spent so far, this one included), the state stays running."""
         RESTARTS.inc()
         self.restarts = restarts
         self._set_state(self.state)

@@ -11,8 +11,8 @@ files, the root-cause-first summary on failure, also written to the pod's termin
 
 Restarts are Kubernetes' business (the Job's backoffLimit), so a pod runs one attempt; in a PS
 job with automatic checkpoints the pod first decides, with the others, what its restart means
-(a server or an async/GEO trainer restarted alone, every pod restarted, or the job failed with
-exit 3: the budget and the checkpoint are checked on the volume,
+(a server or an async/half-async/GEO trainer restarted alone, every pod restarted, or the job
+failed with exit 3: the budget and the checkpoint are checked on the volume,
 :mod:`launcher.schedulers.k8s_ps_recovery`); a trainer restarted alone gets
 FLEET_PS_RESUME_POSITION, and the PS processes' restart count is the generation (the attempt the
 trainers' coordinator serves). A StatefulSet restarts any container that exits, even with code

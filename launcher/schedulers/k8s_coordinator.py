@@ -1,8 +1,8 @@
 """The PS trainers' coordinator of a Kubernetes job: its pod (rendered) and its process.
 
 Locally fleetrun's agent hosts the trainers' coordinator (:mod:`launcher.ps_coordinator`): it
-outlives every trainer, so a dead async/GEO trainer can be restarted alone and replay its
-prologue's rounds from the coordinator's record. On Kubernetes no fleetrun process outlives the
+outlives every trainer, so a dead async/half-async/GEO trainer can be restarted alone and replay
+its prologue's rounds from the coordinator's record. On Kubernetes no fleetrun process outlives the
 pods, so a PS job with ``ps_checkpoint`` gets one more pod running only the coordinator::
 
     Service     N-coord   headless: N-coord-0.N-coord.NS.svc

@@ -23,7 +23,7 @@ died (a SIGKILL, an OOM kill, a node loss; the pod cannot tell which). Then, as 
   ``failed`` with the reason and exits :data:`REFUSED_EXIT`; every other pod sees it, stops its
   process and exits :data:`REFUSED_EXIT` too; the trainers' Job fails at once on that exit code
   (its ``podFailurePolicy``), and ``fleetrun`` prints the termination message;
-* **a trainer, in async/GEO mode** (every trainer's progress copy of this generation says it
+* **a trainer, in async, half-async or GEO mode** (every trainer's progress copy of this generation says it
   meets through the coordinator, ``alone_ok``, and this trainer's has its data position), a unit
   of the budget left, and the coordinator pod grants it (``restart_alone``: it greeted that
   trainer in this generation, so it holds its rounds; a coordinator that was itself restarted

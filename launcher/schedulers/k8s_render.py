@@ -25,8 +25,8 @@ FailJob); a dead server or trainer pod is restarted by Kubernetes and either res
 async/GEO server restoring its own shards) or restarts every pod from the newest checkpoint
 (:mod:`launcher.schedulers.k8s_ps_recovery`). Such a job also gets the trainers' coordinator
 (``Service N-coord`` + a 1-replica ``StatefulSet N-coord``, FLEET_PS_COORDINATOR in every pod:
-:mod:`launcher.schedulers.k8s_coordinator`), through which async/GEO trainers meet, so a dead
-trainer pod restarts alone from its data position.
+:mod:`launcher.schedulers.k8s_coordinator`), through which async/half-async/GEO trainers meet,
+so a dead trainer pod restarts alone from its data position.
 
 Every container runs ``fleetrun pod ...`` (:mod:`launcher.pod`), which derives its rank / role /
 endpoints from the pod index and these DNS names and starts the user's entrypoint with the env

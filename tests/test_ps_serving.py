@@ -118,3 +118,25 @@ def test_serve_refuses_what_is_not_a_serving_export(tmp_path: Path) -> None:
     ):
         with pytest.raises(CheckpointError, match=message):
             PSServer(port=0).serve_export([str(d) for d in dirs])
+
+
+@pytest.mark.timeout(180)
+def test_a_trainer_0_restarted_alone_does_not_export_again(tmp_path: Path) -> None:
+    """Async trainers meeting through fleetrun's coordinator: trainer 0 SIGKILLs itself right
+    after ``export_serving`` and fleetrun restarts it alone; its rerun replays the export's rounds
+    and gets the record of the export made before, without exporting again (the export's commit
+    file is not rewritten)."""
+    from conftest import SCRIPTS, run_fleetrun
+
+    log, out = tmp_path / "log", tmp_path / "out"
+    r = run_fleetrun("--server_num", "1", "--worker_num", "2", "--log_dir", str(log),
+                     "--ps_checkpoint_dir", str(tmp_path / "ckpt"), "--ps_checkpoint_interval", "60",
+                     "--max_restarts", "1", "--tee", "none", "--grace_period", "2",
+                     str(SCRIPTS / "ps_export_replay.py"), "--export", str(log / "export"),
+                     "--out", str(out), timeout=150)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "restarted: trainer 0 only" in r.stderr, r.stderr[-3000:]
+    first = json.loads(Path(f"{out}.0.first.json").read_text())
+    rerun = json.loads(Path(f"{out}.0.rerun.json").read_text())
+    assert rerun == first, (first, rerun)  # same record, commit file untouched since
+    assert json.loads(Path(f"{out}.1.first.json").read_text())["record"] == first["record"]

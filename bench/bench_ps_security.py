@@ -163,7 +163,7 @@ def run_attacks(attack: Attack, job: Any, args: argparse.Namespace) -> tuple[lis
         if kind == "garbage, job token" and ("INTERNAL" in wrong or "UNKNOWN" in wrong):
             problems.append(f"garbage with the token hit a bug: {dict(codes[kind])}")
     served = Stats.of(rates["served"])
-    rows = [(f"{args.calls} calls, {kind} -> {dict(codes[kind])}", Stats.of(rates[kind]), served,
+    rows = [(f"{per_rep * args.reps} calls, {kind} -> {dict(codes[kind])}", Stats.of(rates[kind]), served,
              "calls/s of these / calls/s of ListTables served")
             for kind in kinds]
     return rows, {k: dict(v) for k, v in codes.items()}, problems

@@ -68,7 +68,8 @@ from ps_server.core.factory import make_table
 from ps_server.core.initializers import Constant, Initializer, Normal, TruncatedNormal, Uniform
 from ps_server.core.optimizers import SGD, Adagrad, Adam, OptimizerRule, RowsMeta
 from ps_server.core.routing import block_shard, group_by_server, shard_of, shards_of_server
-from ps_server.core.sparse_table import PushStats, SparseTable
+from ps_server.core.sparse_table import SparseTable
+from ps_server.core.table import PushStats
 from ps_server.core.table import Table
 
 _NOT_YET: dict[str, str] = {}

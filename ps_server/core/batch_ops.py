@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ps_server.core import kernels
+from ps_server.errors import TableInputError
 
 
 def row_view(a: np.ndarray) -> np.ndarray:
@@ -103,11 +104,26 @@ def sum_duplicates(
     return sorted_rows[starts], summed, occ
 
 
+def pull_buffer(table: str, n: int, dim: int, out: np.ndarray | None) -> np.ndarray:
+    """``out`` checked to be a C-contiguous float32[n, dim] (a pull's reply written in place),
+    or a new one."""
+    shape = (n, dim)
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise TableInputError(
+            table, "out", f"must be a C-contiguous float32 array of shape {shape}"
+        )
+    return out
+
+
 __all__ = [
     "all_finite",
+    "pull_buffer",
     "put_rows",
     "row_view",
     "saturating_add",
     "sum_duplicates",
     "take_rows",
 ]
+

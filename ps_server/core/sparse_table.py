@@ -40,14 +40,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from ps_server.config import NonFinitePolicy, SparseTableConfig
 from ps_server.core import kernels, sparse_shards
-from ps_server.core.batch_ops import all_finite, saturating_add, sum_duplicates
+from ps_server.core.batch_ops import all_finite, pull_buffer, saturating_add, sum_duplicates
 from ps_server.core.hash_index import HashIndex, KeyIndex
 from ps_server.core.hashing import KeyRNG
 from ps_server.core.optimizers import RowsMeta
@@ -55,7 +54,7 @@ from ps_server.core.routing import ROUTE_SALT, shard_of
 from ps_server.core.row_flags import CHANGED, LIVE, SEEN
 from ps_server.core.row_store import RowStore
 from ps_server.core.shard_data import SparseShardData
-from ps_server.core.table import ChangeLog, Table, TableSnapshot
+from ps_server.core.table import ChangeLog, PushStats, Table, TableSnapshot
 from ps_server.errors import (
     NonFiniteGradientError,
     TableCapacityError,
@@ -67,41 +66,6 @@ logger = logging.getLogger(__name__)
 
 _U32_MAX = np.iinfo(np.uint32).max
 _U16_MAX = np.iinfo(np.uint16).max
-
-
-@dataclass(frozen=True)
-class PushStats:
-    """What one push did (returned to the caller; also summed into :meth:`SparseTable.stats`)."""
-
-    num_keys: int
-    """Keys in the request, duplicates included."""
-    applied: int
-    """Distinct rows the optimizer updated."""
-    created: int
-    """Rows created (admitted) by this push."""
-    filtered: int
-    """Occurrences dropped because the entry policy has not admitted their key."""
-    skipped_nonfinite: int
-    """Occurrences dropped for NaN/inf gradients (``nonfinite="skip"``)."""
-    evicted: int
-    """Rows evicted to stay within ``max_capacity``."""
-
-    def to_dict(self) -> dict[str, int]:
-        """Plain data."""
-        return asdict(self)
-
-
-def pull_buffer(table: str, n: int, dim: int, out: np.ndarray | None) -> np.ndarray:
-    """``out`` checked to be a C-contiguous float32[n, dim] (a pull's reply written in place),
-    or a new one."""
-    shape = (n, dim)
-    if out is None:
-        return np.empty(shape, dtype=np.float32)
-    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise TableInputError(
-            table, "out", f"must be a C-contiguous float32 array of shape {shape}"
-        )
-    return out
 
 
 class SparseTable(Table):

@@ -23,11 +23,34 @@ import abc
 import enum
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from collective.errors import ConfigError
 from ps_server.core.routing import shards_of_server
+
+
+@dataclass(frozen=True)
+class PushStats:
+    """What one push did (returned to the caller; also summed into
+    :meth:`~ps_server.core.sparse_table.SparseTable.stats`)."""
+
+    num_keys: int
+    """Keys in the request, duplicates included."""
+    applied: int
+    """Distinct rows the optimizer updated."""
+    created: int
+    """Rows created (admitted) by this push."""
+    filtered: int
+    """Occurrences dropped because the entry policy has not admitted their key."""
+    skipped_nonfinite: int
+    """Occurrences dropped for NaN/inf gradients (``nonfinite="skip"``)."""
+    evicted: int
+    """Rows evicted to stay within ``max_capacity``."""
+
+    def to_dict(self) -> dict[str, int]:
+        """Plain data."""
+        return asdict(self)
 
 
 class ChangeLog(enum.StrEnum):
@@ -211,4 +234,6 @@ class Table(abc.ABC):
         return 0
 
 
-__all__ = ["ChangeLog", "PayloadSnapshot", "SnapshotMeta", "Table", "TableSnapshot"]
+__all__ = [
+    "ChangeLog", "PayloadSnapshot", "PushStats", "SnapshotMeta", "Table", "TableSnapshot",
+]

@@ -150,7 +150,7 @@ def test_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, slot_dir: Pa
     log1 = (job.log / "workerlog.1").read_text()
     assert "restarted alone: resumes at pass 0" in log1
     replays = [ln for ln in log1.splitlines() if "replayed from the record" in ln]
-    assert any("fleet.metrics MIN" in ln for ln in replays) and any("barrier_worker" in ln for ln in replays)
+    assert any("fleet.metrics SUM" in ln for ln in replays) and any("barrier_worker" in ln for ln in replays)
     state = json.loads((job.log / "job_state.json").read_text())
     assert state["state"] == "succeeded" and len(state["recoveries"]) == 1
     result = json.loads((tmp_path / "result.json").read_text())

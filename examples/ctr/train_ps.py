@@ -159,8 +159,11 @@ def main(argv: list[str] | None = None) -> None:
         start, count = shard(args.train, rank, world)
         batches = tensor_batches(generate(data, count, start), local_batch)
         test_start = args.train
-    steps = count // local_batch  # same step count on every trainer (sync needs lockstep)
-    steps = int(fleet.metrics.min(steps))
+    steps = count // local_batch
+    if args.mode in ("sync", "half_async"):  # lockstep (sync) / step-numbered barriers: the same
+        steps = int(fleet.metrics.min(steps))  # count on every trainer
+    # async/GEO: each trainer trains what its data has left (after a recovery under
+    # --ps_checkpoint_dir the trainers may resume at different steps)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     fleet.barrier_worker()
     t0 = time.perf_counter()

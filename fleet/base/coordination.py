@@ -27,8 +27,8 @@ values), ``fleet.ps``'s gathers (``checkpoint``, ``load_latest``, ``export_servi
 datasets' ``get_memory_data_size(fleet)``. Rounds are numbered per channel; a restarted trainer
 re-running its script gets its rounds that completed before at once: the others' recorded
 contributions with its own new one in its place, so its prologue replays without the others
-(e.g. the CTR example's ``metrics.min(steps)`` gives the restarted trainer the minimum of the
-others' step counts and of its own steps *left*). What trainer 0 does *between* two replayed
+(e.g. the CTR example's ``metrics.sum(held)`` gets the others' recorded counts and the
+restarted trainer's own new one). What trainer 0 does *between* two replayed
 rounds on the servers' side (``save_persistables``, ``shrink``, ``end_day``, ``fleet.ps.checkpoint``)
 is skipped while it replays (:func:`replaying`): it happened once, before the restart. What cannot work this way raises
 :class:`~collective.errors.FleetNotImplementedError` naming the fix: a ``global_shuffle``

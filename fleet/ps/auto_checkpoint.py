@@ -14,7 +14,8 @@ to the trainers as FLEET_PS_CHECKPOINT_*).
   ``interval_s`` they checkpoint (:func:`fleet.ps.checkpoint`: a consistent cut, written in the
   background), and from trainer 0's step rate every trainer computes the same next probe step.
   Every trainer must therefore run the same number of steps (as sync mode needs anyway; the CTR
-  example evens them with ``fleet.metrics.min``).
+  example evens them with ``fleet.metrics.min`` in sync and half-async mode). Async/GEO trainers
+  that meet through fleetrun's coordinator are cut by its epochs instead, with no such rule.
 - **Failures.** A checkpoint that fails (in async/GEO mode fleetrun restarts a dead server alone
   while the trainers go on: a checkpoint taken meanwhile, or one whose commit waited on that
   server's part, fails) is logged and skipped: the trainers train on and try again an interval

@@ -15,6 +15,7 @@ without processes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -22,6 +23,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
@@ -56,6 +58,30 @@ class Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+@contextlib.contextmanager
+def monitored(monitor: JobMonitor, stopped: str) -> Iterator[None]:
+    """The console status line and the job's final state around an agent's run: ``stopped``
+    (what happened to this node's processes) when fleetrun got a signal, the rendezvous or any
+    other error as FAILED; the monitor is closed however the run ends."""
+    status = StatusConsole(monitor)
+    status.start()
+    try:
+        yield
+    except Interrupted as sig:
+        monitor.finished(JobState.STOPPED, f"fleetrun got {sig}; {stopped}")
+        raise
+    except RendezvousError as err:
+        monitor.attempt_failed([FailureCause.RENDEZVOUS])
+        monitor.finished(JobState.FAILED, f"rendezvous failed: {err}")
+        raise
+    except BaseException as err:
+        monitor.finished(JobState.FAILED, f"fleetrun failed: {err}")
+        raise
+    finally:
+        status.stop()
+        monitor.close()
 
 
 def install_signal_handlers() -> None:
@@ -411,23 +437,10 @@ class Agent:
         """Run all attempts; return fleetrun's exit code. Keeps ``log_dir/job_state.json`` and
         ``metrics_targets.json`` current (:class:`~launcher.telemetry.JobMonitor`)."""
         monitor = make_monitor(self.spec, self.plan, self.node_rank)
-        status = StatusConsole(monitor)
-        status.start()
         try:
-            return self._run(monitor)
-        except Interrupted as sig:
-            monitor.finished(JobState.STOPPED, f"fleetrun got {sig}; every process was stopped")
-            raise
-        except RendezvousError as err:
-            monitor.attempt_failed([FailureCause.RENDEZVOUS])
-            monitor.finished(JobState.FAILED, f"rendezvous failed: {err}")
-            raise
-        except BaseException as err:
-            monitor.finished(JobState.FAILED, f"fleetrun failed: {err}")
-            raise
+            with monitored(monitor, "every process was stopped"):
+                return self._run(monitor)
         finally:
-            status.stop()
-            monitor.close()
             if getattr(self.plan, "recovery", None) is not None:
                 self.plan.recovery.close()  # type: ignore[attr-defined]
 

@@ -36,16 +36,15 @@ from typing import Any
 
 from collective.env import NodeLayout, find_free_port, make_worker_env, metrics_env
 from collective.errors import RendezvousError
-from launcher.agent import Interrupted, _base_env, console_prefix, worker_argv
+from launcher.agent import _base_env, console_prefix, monitored, worker_argv
 from launcher.attempt import TRAINER, ProcSpec, start_all, watch
-from launcher.console import StatusConsole
 from launcher.elastic.config import describe_job, job_fingerprint
 from launcher.elastic.membership import Membership, MembershipChange, NodeRecord, diff, exchange
 from launcher.elastic.rdzv import leave_round
 from launcher.process import ConsoleWriter, terminate_all
 from launcher.spec import JobSpec
 from launcher.summary import format_membership, format_summary
-from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of
+from launcher.telemetry import JobMonitor, JobState, cause_of
 
 logger = logging.getLogger(__name__)
 
@@ -213,28 +212,16 @@ class ElasticAgent:
         local = self.node_ip.startswith("127.")
         monitor = JobMonitor(spec.name, self.run_id, spec.max_restarts, spec.log_dir, self.node_ip,
                              0, metrics=spec.metrics, metrics_host="127.0.0.1" if local else self.node_ip)
-        status = StatusConsole(monitor)
-        status.start()
-        try:
-            return self._run(monitor)
-        except JobEndedWhileWaiting:
-            logger.info("job '%s' ended while this agent waited to join (it already had %d "
-                        "node(s), the maximum); nothing ran here", spec.name, spec.elastic.max_nodes)
-            monitor.finished(JobState.SUCCEEDED)
-            return 0
-        except Interrupted as sig:  # leaving by a signal keeps the rendezvous open (as torchrun)
-            monitor.finished(JobState.STOPPED, f"fleetrun got {sig}; this node's processes were stopped")
-            raise
-        except RendezvousError as err:
-            monitor.attempt_failed([FailureCause.RENDEZVOUS])
-            monitor.finished(JobState.FAILED, f"rendezvous failed: {err}")
-            raise
-        except BaseException as err:
-            monitor.finished(JobState.FAILED, f"fleetrun failed: {err}")
-            raise
-        finally:
-            status.stop()
-            monitor.close()
+        # leaving by a signal keeps the rendezvous open (as torchrun)
+        with monitored(monitor, "this node's processes were stopped"):
+            try:
+                return self._run(monitor)
+            except JobEndedWhileWaiting:
+                logger.info("job '%s' ended while this agent waited to join (it already had %d "
+                            "node(s), the maximum); nothing ran here", spec.name,
+                            spec.elastic.max_nodes)
+                monitor.finished(JobState.SUCCEEDED)
+                return 0
 
     def _record(self, change: MembershipChange | None, monitor: JobMonitor) -> None:
         if change is None:

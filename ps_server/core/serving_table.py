@@ -22,10 +22,10 @@ import numpy as np
 
 from ps_server.config import SparseTableConfig
 from ps_server.core import sparse_shards
+from ps_server.core.batch_ops import pull_buffer
 from ps_server.core.routing import shard_of
 from ps_server.core.row_store import RowStore
 from ps_server.core.shard_data import SparseShardData
-from ps_server.core.batch_ops import pull_buffer
 from ps_server.core.table import ChangeLog, Table, TableSnapshot
 from ps_server.errors import ReadOnlyServingError, TableInputError
 

@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import fleet
+from fleet.base import data_position
 from examples.ctr.data import CTRBatch, CTRDataConfig, generate, roc_auc, shard
 from examples.ctr.model import WideDeep
 from examples.ctr.slots import batch_to_inputs, make_slots
@@ -114,7 +115,8 @@ def file_batches(args: argparse.Namespace,
         ds.load_into_memory()
         count, held = int(ds.get_memory_data_size()), len(ds)
     else:  # streamed while training: sync lockstep needs the step count before the first batch
-        count = held = count_lines(mine)
+        held = count_lines(mine)  # a resumed trainer's pass skips what it trained: not counted
+        count = held - data_position.skip_examples(local_batch, held)
     return count, held, (batch_to_inputs(b) for b in ds), time.perf_counter() - t0
 
 
@@ -157,13 +159,17 @@ def main(argv: list[str] | None = None) -> None:
         test_start = int(fleet.metrics.sum(held))  # the files hold examples 0 .. (gen_slot_files)
     else:
         start, count = shard(args.train, rank, world)
+        held = count
         batches = tensor_batches(generate(data, count, start), local_batch)
         test_start = args.train
-    steps = count // local_batch
-    if args.mode in ("sync", "half_async"):  # lockstep (sync) / step-numbered barriers: the same
-        steps = int(fleet.metrics.min(steps))  # count on every trainer
-    # async/GEO: each trainer trains what its data has left (after a recovery under
-    # --ps_checkpoint_dir the trainers may resume at different steps)
+    steps = count // local_batch  # what this trainer's data has left (all of it on a fresh start)
+    if args.mode in ("sync", "half_async"):
+        # lockstep (sync) and barriers numbered by global step (half-async) need every trainer to
+        # end at the same step: the fewest any trainer's data holds. A trainer resumed at its own
+        # position (half-async under --ps_checkpoint_dir) trains up to there from it.
+        total = held // local_batch
+        steps -= total - int(fleet.metrics.min(total))
+    # async/GEO: each trainer trains what its data has left
     loss_fn = torch.nn.BCEWithLogitsLoss()
     fleet.barrier_worker()
     t0 = time.perf_counter()

@@ -31,7 +31,9 @@ that is not in it is represented by its last reported position (for a dead one, 
 agent read from its progress file: where it will resume). The lowest cutting rank (the *leader*)
 takes the snapshot and reports it; the others wait for that report, as in
 :func:`fleet.ps.checkpoint`. The checkpoint's step is the largest trainer step (each trainer now
-trains its own stream at its own pace); an epoch where it did not grow is skipped.
+trains its own stream at its own pace); an epoch where it did not grow is skipped. An epoch
+whose members all entered a round before cutting (half-async trainers meet at a barrier every N
+steps) closes with no cut, and the next one opens at once instead of an interval later.
 
 One coordinator per job; :meth:`Coordinator.reset` starts an attempt afresh (a restart-all
 recovery): the trainers of an earlier attempt are refused; only the completed half-async
@@ -113,6 +115,9 @@ class Coordinator:
         self.epoch = 0
         self.open: _Epoch | None = None
         self.last_cut: float | None = None
+        self.retry_epoch = False
+        """The last epoch closed with no cut (its members all entered a round first): the next
+        opens at once, without waiting another interval."""
         self.last_step = -1
         self._done: _Epoch | None = None
         self.replayed = 0
@@ -305,10 +310,13 @@ class Coordinator:
     # -- checkpoint epochs -----------------------------------------------------------------------
     def _maybe_open(self) -> None:
         now = time.monotonic()
-        if self.open is not None or self.last_cut is None or now - self.last_cut < self.interval_s:
+        if self.open is not None or self.last_cut is None:
+            return
+        if not self.retry_epoch and now - self.last_cut < self.interval_s:
             return
         members = self.joined - self.dead - set(self.busy)
         if members:
+            self.retry_epoch = False
             self.epoch += 1
             self.open = _Epoch(self.epoch, members, now)
             self.cond.notify_all()
@@ -324,8 +332,8 @@ class Coordinator:
         ep.positions = {r: self.positions.get(r) for r in range(self.world)}
         ep.positions.update(ep.cut)
         ep.leader = min(ep.cut) if ep.cut else None
-        if ep.leader is None:  # nobody cut: nothing to snapshot
-            self.open, self.last_cut = None, time.monotonic()
+        if ep.leader is None:  # nobody cut (each member entered a round first, e.g. a half-async
+            self.open, self.retry_epoch = None, True  # barrier): nothing to snapshot; retry now
         self.cond.notify_all()
 
     def _ckpt_wait(self, rank: int, after: int, cid: int) -> dict[str, Any]:

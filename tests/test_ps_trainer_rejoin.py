@@ -101,6 +101,40 @@ def test_coordinator_replays_rounds_waits_live_and_cuts_without_the_dead() -> No
         coord.close()
 
 
+@pytest.mark.timeout(60)
+def test_an_epoch_whose_members_all_entered_a_round_first_is_retried_at_once() -> None:
+    """Half-async trainers meet at a barrier every N steps: when both enter one after an epoch
+    opened and before they cut, the epoch closes with no cut; the next must open at once, not an
+    interval later (seen: 2 of every 3 epochs lost, work redone after a kill 3 intervals)."""
+    coord = Coordinator("secret", world=2, interval_s=3600.0)
+    clients: list[CoordinationClient] = []
+    try:
+        a = CoordinationClient(coord.endpoint, "secret", 0, 2, 0)
+        b = CoordinationClient(coord.endpoint, "secret", 1, 2, 0)
+        clients += [a, b]
+        assert a.poll_epoch(0) == (0, False) and b.poll_epoch(0) == (0, False)  # both joined
+        coord.interval_s = 0.0  # the interval has passed
+        assert a.poll_epoch(0) == (1, True) and b.poll_epoch(0) == (1, True)  # both members
+        coord.interval_s = 3600.0  # from now on an interval never passes
+        t, got = _in_thread(lambda: a.interval_barrier(0))  # both enter a round before cutting
+        b.interval_barrier(0)
+        t.join(10)
+        assert "error" not in got  # epoch 1 closed without a cut:
+        assert not a.cut(1, {"pass": 0, "step_in_pass": 4, "step": 4})["taken"]
+        assert a.poll_epoch(1) == (2, True) and b.poll_epoch(1) == (2, True)  # retried at once
+        t, got = _in_thread(lambda: b.cut(2, {"pass": 0, "step_in_pass": 5, "step": 5}))
+        cut = a.cut(2, {"pass": 0, "step_in_pass": 5, "step": 5})
+        assert cut["taken"] and cut["leader"] == 0
+        a.report(2, ("ok", {"step": 5}))
+        t.join(10)
+        assert got["value"]["taken"] and coord.last_step == 5
+        assert a.poll_epoch(2) == (2, False)  # then the interval counts again
+    finally:
+        for c in clients:
+            c.close()
+        coord.close()
+
+
 def _trainer_pids(job: Job) -> dict[int, set[int]]:
     """Every pid each trainer rank had (from job_state.json, read as the job ran)."""
     out: dict[int, set[int]] = {0: set(), 1: set()}

@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +41,25 @@ def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return t, out
 
 
-@pytest.mark.timeout(60)
-def test_coordinator_replays_rounds_waits_live_and_cuts_without_the_dead() -> None:
+@contextlib.contextmanager
+def coordinated_pair() -> Iterator[tuple[Coordinator, list[CoordinationClient]]]:
+    """A coordinator (world 2, an interval that never passes) and trainers 0 and 1 connected to
+    it; a test appends the clients it adds to the list; everything is closed at the end."""
     coord = Coordinator("secret", world=2, interval_s=3600.0)
     clients: list[CoordinationClient] = []
     try:
-        a = CoordinationClient(coord.endpoint, "secret", 0, 2, 0)
-        b = CoordinationClient(coord.endpoint, "secret", 1, 2, 0)
-        clients += [a, b]
+        clients += [CoordinationClient(coord.endpoint, "secret", rank, 2, 0) for rank in (0, 1)]
+        yield coord, clients
+    finally:
+        for c in clients:
+            c.close()
+        coord.close()
+
+
+@pytest.mark.timeout(60)
+def test_coordinator_replays_rounds_waits_live_and_cuts_without_the_dead() -> None:
+    with coordinated_pair() as (coord, clients):
+        a, b = clients
         with pytest.raises(FleetError, match="stale"):
             CoordinationClient(coord.endpoint, "secret", 1, 2, 5)
         t, got = _in_thread(lambda: a.gather(10, "fleet.metrics SUM"))
@@ -95,10 +108,6 @@ def test_coordinator_replays_rounds_waits_live_and_cuts_without_the_dead() -> No
         assert coord.last_step == 9
         a.leave()  # its training ended: no later epoch waits for it, even if its poller asks again
         assert a.poll_epoch(1) == (1, False) and not coord.joined
-    finally:
-        for c in clients:
-            c.close()
-        coord.close()
 
 
 @pytest.mark.timeout(60)
@@ -106,12 +115,8 @@ def test_an_epoch_whose_members_all_entered_a_round_first_is_retried_at_once() -
     """Half-async trainers meet at a barrier every N steps: when both enter one after an epoch
     opened and before they cut, the epoch closes with no cut; the next must open at once, not an
     interval later (seen: 2 of every 3 epochs lost, work redone after a kill 3 intervals)."""
-    coord = Coordinator("secret", world=2, interval_s=3600.0)
-    clients: list[CoordinationClient] = []
-    try:
-        a = CoordinationClient(coord.endpoint, "secret", 0, 2, 0)
-        b = CoordinationClient(coord.endpoint, "secret", 1, 2, 0)
-        clients += [a, b]
+    with coordinated_pair() as (coord, clients):
+        a, b = clients
         assert a.poll_epoch(0) == (0, False) and b.poll_epoch(0) == (0, False)  # both joined
         coord.interval_s = 0.0  # the interval has passed
         assert a.poll_epoch(0) == (1, True) and b.poll_epoch(0) == (1, True)  # both members
@@ -129,10 +134,6 @@ def test_an_epoch_whose_members_all_entered_a_round_first_is_retried_at_once() -
         t.join(10)
         assert got["value"]["taken"] and coord.last_step == 5
         assert a.poll_epoch(2) == (2, False)  # then the interval counts again
-    finally:
-        for c in clients:
-            c.close()
-        coord.close()
 
 
 def _trainer_pids(job: Job) -> dict[int, set[int]]:

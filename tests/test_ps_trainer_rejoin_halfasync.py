@@ -21,20 +21,15 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 from test_ps_recovery import GLOBAL_BATCH, LINES, TEST, Job, ids_in, saved_rows, slot_dir  # noqa: F401
-from test_ps_trainer_rejoin import _in_thread, _trainer_pids
+from test_ps_trainer_rejoin import _in_thread, _trainer_pids, coordinated_pair
 
 from fleet.base.coordination import CoordinationClient
-from launcher.ps_coordinator import Coordinator
 
 
 @pytest.mark.timeout(60)
 def test_interval_barriers_replay_by_step_and_outlive_a_restart_of_every_process() -> None:
-    coord = Coordinator("secret", world=2, interval_s=3600.0)
-    clients: list[CoordinationClient] = []
-    try:
-        a = CoordinationClient(coord.endpoint, "secret", 0, 2, 0)
-        b = CoordinationClient(coord.endpoint, "secret", 1, 2, 0)
-        clients += [a, b]
+    with coordinated_pair() as (coord, clients):
+        a, b = clients
         t, got = _in_thread(lambda: a.gather(1, "fleet.metrics SUM"))  # a MAIN round, completed
         assert b.gather(2, "fleet.metrics SUM") == [1, 2]
         t.join(10)
@@ -72,10 +67,6 @@ def test_interval_barriers_replay_by_step_and_outlive_a_restart_of_every_process
         assert c0.gather(4, "fleet.metrics SUM") == [4, 5]
         t.join(10)
         assert got["value"] == [4, 5] and c0.replayed == 0
-    finally:
-        for c in clients:
-            c.close()
-        coord.close()
 
 
 @pytest.mark.timeout(200)

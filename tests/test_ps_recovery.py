@@ -43,8 +43,9 @@ def slot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Job:
     """One fleetrun of the CTR example, its output in files (a pipe could fill and block it)."""
 
-    def __init__(self, tmp: Path, data: Path, mode: str, max_restarts: int, interval: float,
+    def __init__(self, tmp: Path, data: Path | None, mode: str, max_restarts: int, interval: float,
                  extra: tuple[str, ...] = (), keep: int = 2) -> None:
+        """``data``: the slot files' folder; None: the same examples generated in memory."""
         self.log, self.ckpt = tmp / "log", tmp / "ckpt"
         self.out, self.err = tmp / "stdout.txt", tmp / "stderr.txt"
         self.pids: set[int] = set()
@@ -52,7 +53,8 @@ class Job:
                 "--ps_checkpoint_dir", str(self.ckpt), "--ps_checkpoint_interval", str(interval),
                 "--ps_checkpoint_keep", str(keep), "--max_restarts", str(max_restarts), "--tee", "none",
                 "--grace_period", "2",
-                "examples/ctr/train_ps.py", "--data_dir", str(data), "--test", str(TEST),
+                "examples/ctr/train_ps.py",
+                *(["--data_dir", str(data)] if data else ["--train", str(2 * LINES)]), "--test", str(TEST),
                 "--batch_size", str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", mode,
                 "--json", str(tmp / "result.json"), *extra]
         with open(self.out, "w") as o, open(self.err, "w") as e:

@@ -120,11 +120,12 @@ def file_batches(args: argparse.Namespace,
     return count, held, (batch_to_inputs(b) for b in ds), time.perf_counter() - t0
 
 
-def tensor_batches(train: CTRBatch, local_batch: int) -> Iterator[Batch]:
-    """Consecutive ``local_batch`` slices of generated examples (the last partial one dropped)."""
+def tensor_batches(train: CTRBatch, local_batch: int, skip: int = 0) -> Iterator[Batch]:
+    """Consecutive ``local_batch`` slices of generated examples (the last partial one dropped),
+    after the first ``skip`` batches."""
     ids, dense, labels = (torch.from_numpy(train.sparse_ids), torch.from_numpy(train.dense),
                           torch.from_numpy(train.labels))
-    for lo in range(0, len(train) - local_batch + 1, local_batch):
+    for lo in range(skip * local_batch, len(train) - local_batch + 1, local_batch):
         yield ids[lo:lo + local_batch], dense[lo:lo + local_batch], labels[lo:lo + local_batch]
 
 
@@ -158,9 +159,13 @@ def main(argv: list[str] | None = None) -> None:
         count, held, batches, load_seconds = file_batches(args, local_batch)
         test_start = int(fleet.metrics.sum(held))  # the files hold examples 0 .. (gen_slot_files)
     else:
-        start, count = shard(args.train, rank, world)
-        held = count
-        batches = tensor_batches(generate(data, count, start), local_batch)
+        start, held = shard(args.train, rank, world)
+        # one pass over the generated examples: a trainer resumed under --ps_checkpoint_dir
+        # skips the batches it trained, as the datasets do (fleet.base.data_position)
+        skip = data_position.tracker().begin_pass()
+        skip = held // local_batch if skip is None else skip
+        count = held - skip * local_batch
+        batches = tensor_batches(generate(data, held, start), local_batch, skip)
         test_start = args.train
     steps = count // local_batch  # what this trainer's data has left (all of it on a fresh start)
     if args.mode in ("sync", "half_async"):

@@ -177,6 +177,23 @@ def test_run_k8s_streams_to_success_and_cleans_up(
     assert "pod ctr-trainer-0-abcde: Running" in caplog.text and "succeeded" in caplog.text
 
 
+@pytest.mark.timeout(30)
+def test_logs_by_rank_of_an_elastic_job_say_why_there_is_none(api: FakeAPI) -> None:
+    """An elastic job's trainer pods (a NonIndexed Job) have no completion index: a rank is not
+    any pod's for good, so --rank is refused naming why; without it every pod's log is read."""
+    spec = _spec()
+    for i in (0, 1):
+        api.add_pod(NS, f"ctr-trainer-{i}x", _pod_labels(spec, "trainer"), {}, "Running")
+    from click.testing import CliRunner
+
+    from launcher.commands import tools
+
+    r = CliRunner().invoke(tools, ["logs", "ctr", "--rank", "0", "-n", NS])
+    assert r.exit_code == 1 and "is elastic" in r.output and "without --rank" in r.output, r.output
+    r = CliRunner().invoke(tools, ["logs", "ctr", "-n", NS])
+    assert r.exit_code == 0 and "log of ctr-trainer-1x" in r.stdout, r.output
+
+
 @pytest.mark.timeout(120)
 def test_run_k8s_failure_keeps_objects_and_tools_read_them(
     api: FakeAPI, tmp_path: Path, caplog: pytest.LogCaptureFixture

@@ -329,7 +329,15 @@ def job_logs(
 
     core = client.CoreV1Api()
     try:
-        pods = _select(_pods(client, job_name, namespace), rank, server)
+        every = _pods(client, job_name, namespace)
+        trainers = [p for p in every if (p.metadata.labels or {}).get(ROLE_LABEL) == "trainer"]
+        if rank is not None and trainers and not any(
+                INDEX_ANNOTATION in (p.metadata.annotations or {}) for p in trainers):
+            raise LaunchError(
+                f"job '{job_name}' is elastic: its pods take new ranks in every round, so no pod "
+                f"is rank {rank}'s. Read every pod's log (fleetrun logs {job_name} -n {namespace}, "
+                "without --rank) or one pod's (kubectl logs POD)")
+        pods = _select(every, rank, server)
         if not pods:
             which = (
                 f" rank {rank}"

@@ -200,7 +200,7 @@ def _pods(client: Any, job: str, ns: str) -> list[Any]:
 def _pod_line(pod: Any) -> str:
     role = (pod.metadata.labels or {}).get(ROLE_LABEL, "?")
     restarts = sum(c.restart_count for c in _containers(pod))
-    line = f"{pod.metadata.name:<40} {role:<8} {_phase(pod):<10} restarts {restarts}"
+    line = f"{pod.metadata.name:<40} {role:<11} {_phase(pod):<10} restarts {restarts}"  # coordinator
     for c in _containers(pod):
         term = c.state.terminated if c.state else None
         if term is not None and term.exit_code:

@@ -120,12 +120,11 @@ def file_batches(args: argparse.Namespace,
     return count, held, (batch_to_inputs(b) for b in ds), time.perf_counter() - t0
 
 
-def tensor_batches(train: CTRBatch, local_batch: int, skip: int = 0) -> Iterator[Batch]:
-    """Consecutive ``local_batch`` slices of generated examples (the last partial one dropped),
-    after the first ``skip`` batches."""
+def tensor_batches(train: CTRBatch, local_batch: int) -> Iterator[Batch]:
+    """Consecutive ``local_batch`` slices of generated examples (the last partial one dropped)."""
     ids, dense, labels = (torch.from_numpy(train.sparse_ids), torch.from_numpy(train.dense),
                           torch.from_numpy(train.labels))
-    for lo in range(skip * local_batch, len(train) - local_batch + 1, local_batch):
+    for lo in range(0, len(train) - local_batch + 1, local_batch):
         yield ids[lo:lo + local_batch], dense[lo:lo + local_batch], labels[lo:lo + local_batch]
 
 
@@ -164,8 +163,8 @@ def main(argv: list[str] | None = None) -> None:
         # skips the batches it trained, as the datasets do (fleet.base.data_position)
         skip = data_position.tracker().begin_pass()
         skip = held // local_batch if skip is None else skip
-        count = held - skip * local_batch
-        batches = tensor_batches(generate(data, held, start), local_batch, skip)
+        count = held - skip * local_batch  # example i is a function of i: generate the rest only
+        batches = tensor_batches(generate(data, count, start + skip * local_batch), local_batch)
         test_start = args.train
     steps = count // local_batch  # what this trainer's data has left (all of it on a fresh start)
     if args.mode in ("sync", "half_async"):

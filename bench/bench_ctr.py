@@ -25,11 +25,28 @@ from common import REPO, Stats, bench_env, fleetrun_cmd, report, run_checked
 
 
 def run_baseline(train: int, test: int) -> dict:
-    out = run_checked([sys.executable, "-m", "examples.ctr.baseline", "--train", str(train), "--test",
-                       str(test), "--threads", "1", "--json"], cwd=REPO).stdout
+    out = run_checked(
+        [
+            sys.executable,
+            "-m",
+            "examples.ctr.baseline",
+            "--train",
+            str(train),
+            "--test",
+            str(test),
+            "--threads",
+            "1",
+            "--json",
+        ],
+        cwd=REPO,
+    ).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("{"))
     d = json.loads(line)
-    return {"examples_per_s": d["train_examples_per_s"], "auc": d["test_auc"], "bayes": d["bayes_auc"]}
+    return {
+        "examples_per_s": d["train_examples_per_s"],
+        "auc": d["test_auc"],
+        "bayes": d["bayes_auc"],
+    }
 
 
 def run_ps(train: int, test: int, mode: str, tmp: str, extra_args: Sequence[str] = ()) -> dict:
@@ -37,12 +54,38 @@ def run_ps(train: int, test: int, mode: str, tmp: str, extra_args: Sequence[str]
     go to the script. Returns its examples/s and AUCs (and the rest of its JSON under "raw")."""
     path = os.path.join(tmp, "ps.json")
     env = bench_env()
-    run_checked(fleetrun_cmd("--server_num", "1", "--worker_num", "1", "--log_dir", os.path.join(tmp, "log"),
-                             "--tee", "none", "examples/ctr/train_ps.py", "--train", str(train), "--test",
-                             str(test), "--mode", mode, "--json", path, *extra_args), cwd=REPO, env=env)
+    run_checked(
+        fleetrun_cmd(
+            "--server_num",
+            "1",
+            "--worker_num",
+            "1",
+            "--log_dir",
+            os.path.join(tmp, "log"),
+            "--tee",
+            "none",
+            "examples/ctr/train_ps.py",
+            "--train",
+            str(train),
+            "--test",
+            str(test),
+            "--mode",
+            mode,
+            "--json",
+            path,
+            *extra_args,
+        ),
+        cwd=REPO,
+        env=env,
+    )
     with open(path) as f:
         d = json.load(f)
-    return {"examples_per_s": d["examples_per_s"], "auc": d["test_auc"], "bayes": d["bayes_auc"], "raw": d}
+    return {
+        "examples_per_s": d["examples_per_s"],
+        "auc": d["test_auc"],
+        "bayes": d["bayes_auc"],
+        "raw": d,
+    }
 
 
 def main() -> None:
@@ -56,20 +99,30 @@ def main() -> None:
     res: dict[str, list[dict]] = {"ps": [], "baseline": []}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
-            for which in (("ps", "baseline") if rep % 2 == 0 else ("baseline", "ps")):
-                r = run_ps(args.train, args.test, args.mode, tmp) if which == "ps" else run_baseline(args.train, args.test)
+            for which in ("ps", "baseline") if rep % 2 == 0 else ("baseline", "ps"):
+                r = (
+                    run_ps(args.train, args.test, args.mode, tmp)
+                    if which == "ps"
+                    else run_baseline(args.train, args.test)
+                )
                 res[which].append(r)
     ours = Stats.of([r["examples_per_s"] for r in res["ps"]])
     peer = Stats.of([r["examples_per_s"] for r in res["baseline"]])
     auc_ps = Stats.of([r["auc"] for r in res["ps"]])
     auc_base = Stats.of([r["auc"] for r in res["baseline"]])
-    report(f"CTR training, fleet PS 1 server + 1 trainer ({args.mode}) vs single-process torch, "
-           f"{args.train} examples",
-           [("train examples/s", ours, peer, "ours/baseline examples/s")],
-           goal=">= 0.6", unit="ex/s", json_path=args.json,
-           extra={"auc_ps": auc_ps.__dict__, "auc_baseline": auc_base.__dict__})
-    print(f"test AUC: fleet PS {auc_ps.fmt('', digits=4)} | baseline {auc_base.fmt('', digits=4)} | "
-          f"Bayes {res['ps'][0]['bayes']:.4f}  (goal: PS within 0.01 of the baseline)")
+    report(
+        f"CTR training, fleet PS 1 server + 1 trainer ({args.mode}) vs single-process torch, "
+        f"{args.train} examples",
+        [("train examples/s", ours, peer, "ours/baseline examples/s")],
+        goal=">= 0.6",
+        unit="ex/s",
+        json_path=args.json,
+        extra={"auc_ps": auc_ps.__dict__, "auc_baseline": auc_base.__dict__},
+    )
+    print(
+        f"test AUC: fleet PS {auc_ps.fmt('', digits=4)} | baseline {auc_base.fmt('', digits=4)} | "
+        f"Bayes {res['ps'][0]['bayes']:.4f}  (goal: PS within 0.01 of the baseline)"
+    )
 
 
 if __name__ == "__main__":

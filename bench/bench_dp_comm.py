@@ -50,25 +50,42 @@ endpoints off: on a machine crowded with other jobs the port fleetrun picked for
 sometimes taken before the trainer bound it (the job fails, the run is lost)."""
 
 
-def job(impl: str, comm: str, args: argparse.Namespace, log_dir: str, count: int = 0
-        ) -> dict[str, Any]:
+def job(
+    impl: str, comm: str, args: argparse.Namespace, log_dir: str, count: int = 0
+) -> dict[str, Any]:
     """One 2-rank job of the worker; its JSON line."""
-    wargs = ["--impl", impl, "--comm", comm, "--steps", str(args.steps), "--warmup", str(WARMUP),
-             "--width", str(args.width), "--in_features", str(args.width),
-             "--count_steps", str(count)]
+    wargs = [
+        "--impl",
+        impl,
+        "--comm",
+        comm,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(WARMUP),
+        "--width",
+        str(args.width),
+        "--in_features",
+        str(args.width),
+        "--count_steps",
+        str(count),
+    ]
     if impl == "fleet":
-        cmd = fleetrun_cmd("--nproc_per_node", str(NPROC), "--log_dir", log_dir, *METRICS,
-                           WORKER, *wargs)
+        cmd = fleetrun_cmd(
+            "--nproc_per_node", str(NPROC), "--log_dir", log_dir, *METRICS, WORKER, *wargs
+        )
     else:
-        cmd = torchrun_cmd("--nproc_per_node", str(NPROC), "--master_port", str(find_free_port()),
-                           WORKER, *wargs)
+        cmd = torchrun_cmd(
+            "--nproc_per_node", str(NPROC), "--master_port", str(find_free_port()), WORKER, *wargs
+        )
     out = run_checked(cmd).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("{") and '"impl"' in ln)
     return json.loads(line)
 
 
-def paired_times(ours: tuple[str, str], peer: tuple[str, str], reps: int,
-                 args: argparse.Namespace, log_dir: str) -> tuple[list[float], list[float]]:
+def paired_times(
+    ours: tuple[str, str], peer: tuple[str, str], reps: int, args: argparse.Namespace, log_dir: str
+) -> tuple[list[float], list[float]]:
     """Median step time of ``reps`` jobs each of ``(impl, comm)`` ours and peer, alternating."""
     a, b = [], []
     for rep in range(reps):
@@ -87,23 +104,36 @@ def example_final_loss(strategy: dict[str, Any], steps: int, log_dir: str) -> fl
 def steps_to_reach(losses: list[tuple[int, float]], target: float) -> int | None:
     """The first logged step whose mean with the 3 logged losses before it is <= ``target``."""
     for i in range(3, len(losses)):
-        if sum(v for _, v in losses[i - 3:i + 1]) / 4 <= target:
+        if sum(v for _, v in losses[i - 3 : i + 1]) / 4 <= target:
             return losses[i][0]
     return None
 
 
-def example_losses(strategy: dict[str, Any], steps: int, log_dir: str
-                   ) -> list[tuple[int, float]]:
+def example_losses(strategy: dict[str, Any], steps: int, log_dir: str) -> list[tuple[int, float]]:
     """examples/dp/train.py on 2 ranks with ``strategy``: its logged ``(step, loss)`` pairs."""
     path = os.path.join(log_dir, f"strategy_{len(os.listdir(log_dir))}.yaml")
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(strategy, f)
-    out = run_checked(fleetrun_cmd("--nproc_per_node", str(NPROC), "--log_dir", log_dir, *METRICS,
-                                   EXAMPLE,
-                                   "--steps", str(steps), "--log_every", "25",
-                                   "--strategy", path)).stdout
-    return [(int(s), float(v)) for s, v in
-            re.findall(r"^step +(\d+) .* loss ([0-9.]+)$", out, re.MULTILINE)]
+    out = run_checked(
+        fleetrun_cmd(
+            "--nproc_per_node",
+            str(NPROC),
+            "--log_dir",
+            log_dir,
+            *METRICS,
+            EXAMPLE,
+            "--steps",
+            str(steps),
+            "--log_every",
+            "25",
+            "--strategy",
+            path,
+        )
+    ).stdout
+    return [
+        (int(s), float(v))
+        for s, v in re.findall(r"^step +(\d+) .* loss ([0-9.]+)$", out, re.MULTILINE)
+    ]
 
 
 def main() -> None:
@@ -114,89 +144,160 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024, help="MLP width (and input features)")
     ap.add_argument("--example_steps", type=int, default=300)
     ap.add_argument("--json")
-    ap.add_argument("--no_metrics", action="store_true",
-                    help="fleetrun --no_metrics for every fleet job (see METRICS)")
+    ap.add_argument(
+        "--no_metrics",
+        action="store_true",
+        help="fleetrun --no_metrics for every fleet job (see METRICS)",
+    )
     args = ap.parse_args()
     if args.no_metrics:
         METRICS.append("--no_metrics")
     rows: list[tuple[str, Stats, Stats, str]] = []
     extra: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        counts = {c: job("fleet", c, args, tmp, count=8) for c in ("none", "fp16", "localsgd",
-                                                                   "dgc")}
+        counts = {
+            c: job("fleet", c, args, tmp, count=8) for c in ("none", "fp16", "localsgd", "dgc")
+        }
         torch_counts = {c: job("ddp", c, args, tmp, count=8) for c in ("none", "localsgd")}
-        extra["counted"] = {**{f"fleet_{c}": v for c, v in counts.items()},
-                            **{f"ddp_{c}": v for c, v in torch_counts.items()}}
+        extra["counted"] = {
+            **{f"fleet_{c}": v for c, v in counts.items()},
+            **{f"ddp_{c}": v for c, v in torch_counts.items()},
+        }
         # 1. fp16 all-reduce
         fa, ta = paired_times(("fleet", "fp16"), ("ddp", "fp16"), args.reps, args, tmp)
-        rows.append(("1. fp16_allreduce step time: fleet vs DDP + fp16_compress_hook",
-                     Stats.of(fa), Stats.of(ta), "fleet/ddp time"))
-        extra["fp16_bytes_ratio"] = (counts["fp16"]["bytes_per_step"]
-                                     / counts["none"]["bytes_per_step"])
+        rows.append(
+            (
+                "1. fp16_allreduce step time: fleet vs DDP + fp16_compress_hook",
+                Stats.of(fa),
+                Stats.of(ta),
+                "fleet/ddp time",
+            )
+        )
+        extra["fp16_bytes_ratio"] = (
+            counts["fp16"]["bytes_per_step"] / counts["none"]["bytes_per_step"]
+        )
         # 2. local SGD
         la, lb = paired_times(("fleet", "localsgd"), ("ddp", "localsgd"), args.reps, args, tmp)
-        rows.append(("2. localsgd k=4 step time: fleet vs DDP + PostLocalSGDOptimizer",
-                     Stats.of(la), Stats.of(lb), "fleet/torch time"))
+        rows.append(
+            (
+                "2. localsgd k=4 step time: fleet vs DDP + PostLocalSGDOptimizer",
+                Stats.of(la),
+                Stats.of(lb),
+                "fleet/torch time",
+            )
+        )
         calls = counts["localsgd"]["allreduce_calls"]
         extra["localsgd"] = {
             "fleet_calls_per_step": counts["localsgd"]["allreduce_per_step"],
             "torch_calls_per_step": torch_counts["localsgd"]["allreduce_per_step"],
             "ddp_calls_per_step": torch_counts["none"]["allreduce_per_step"],
             "steps_communicating": sum(1 for c in calls if c) / len(calls),
-            "calls_ratio_vs_ddp": (counts["localsgd"]["allreduce_per_step"]
-                                   / torch_counts["none"]["allreduce_per_step"]),
+            "calls_ratio_vs_ddp": (
+                counts["localsgd"]["allreduce_per_step"]
+                / torch_counts["none"]["allreduce_per_step"]
+            ),
         }
         # 3. DGC
-        extra["dgc_bytes_ratio"] = counts["dgc"]["bytes_per_step"] / counts["none"]["bytes_per_step"]
+        extra["dgc_bytes_ratio"] = (
+            counts["dgc"]["bytes_per_step"] / counts["none"]["bytes_per_step"]
+        )
         dense = example_final_loss({}, args.example_steps, tmp)
         # Paddle's warm-up schedule, walked through over the whole run (with rampup_step 100
         # the 300-step run ended 4.8 % above dense, the 600-step one 1.5 % below it)
-        dgc = example_final_loss({"dgc": True, "dgc_configs": {
-            "rampup_begin_step": 20, "rampup_step": args.example_steps,
-            "sparsity": [0.75, 0.9375, 0.984375, 0.996, 0.999]}}, args.example_steps, tmp)
+        dgc = example_final_loss(
+            {
+                "dgc": True,
+                "dgc_configs": {
+                    "rampup_begin_step": 20,
+                    "rampup_step": args.example_steps,
+                    "sparsity": [0.75, 0.9375, 0.984375, 0.996, 0.999],
+                },
+            },
+            args.example_steps,
+            tmp,
+        )
         fp16 = example_final_loss({"fp16_allreduce": True}, args.example_steps, tmp)
-        extra["example_final_loss"] = {"dense": dense, "dgc": dgc, "ratio": dgc / dense,
-                                       "fp16_allreduce": fp16, "fp16_ratio": fp16 / dense}
+        extra["example_final_loss"] = {
+            "dense": dense,
+            "dgc": dgc,
+            "ratio": dgc / dense,
+            "fp16_allreduce": fp16,
+            "fp16_ratio": fp16 / dense,
+        }
         # adaptive local SGD: steps until the mean of 4 logged losses is within 2 % of the
         # dense run's final loss, against the dense run's length (goal <= 1.1)
-        adaptive = example_losses({"adaptive_localsgd": True, "adaptive_localsgd_configs": {
-            "init_k_steps": 1, "begin_step": 20}}, int(1.1 * args.example_steps), tmp)
+        adaptive = example_losses(
+            {
+                "adaptive_localsgd": True,
+                "adaptive_localsgd_configs": {"init_k_steps": 1, "begin_step": 20},
+            },
+            int(1.1 * args.example_steps),
+            tmp,
+        )
         reached = steps_to_reach(adaptive, 1.02 * dense)
         extra["adaptive_localsgd"] = {
-            "dense_steps": args.example_steps, "steps_to_within_2pct": reached,
+            "dense_steps": args.example_steps,
+            "steps_to_within_2pct": reached,
             "ratio": None if reached is None else reached / args.example_steps,
-            "final_loss": sum(v for _, v in adaptive[-4:]) / 4}
+            "final_loss": sum(v for _, v in adaptive[-4:]) / 4,
+        }
         # 4. plain data parallel, paired
         pa, pb = paired_times(("fleet", "none"), ("ddp", "none"), args.pairs, args, tmp)
         ratios = sorted(x / y for x, y in zip(pa, pb))
-        extra["plain_paired_ratio"] = {"median": ratios[len(ratios) // 2], "min": ratios[0],
-                                       "max": ratios[-1], "n": len(ratios)}
+        extra["plain_paired_ratio"] = {
+            "median": ratios[len(ratios) // 2],
+            "min": ratios[0],
+            "max": ratios[-1],
+            "n": len(ratios),
+        }
         extra["plain_min_ratio"] = min(pa) / min(pb)
-        rows.append((f"4. plain DP step time ({args.pairs} paired reps): fleet vs DDP",
-                     Stats.of(pa), Stats.of(pb), "fleet/ddp time"))
-    report(f"Communication-efficient DP, {NPROC} ranks, MLP width {args.width}",
-           rows, goal="<= 1.02 (rows 1, 4)", extra=extra, json_path=args.json)
+        rows.append(
+            (
+                f"4. plain DP step time ({args.pairs} paired reps): fleet vs DDP",
+                Stats.of(pa),
+                Stats.of(pb),
+                "fleet/ddp time",
+            )
+        )
+    report(
+        f"Communication-efficient DP, {NPROC} ranks, MLP width {args.width}",
+        rows,
+        goal="<= 1.02 (rows 1, 4)",
+        extra=extra,
+        json_path=args.json,
+    )
     print(f"fp16 bytes/step vs fp32: {extra['fp16_bytes_ratio']:.3f}   goal: 0.50")
     ls = extra["localsgd"]
-    print(f"localsgd (after warm-up): steps with an all-reduce {ls['steps_communicating']:.3f} "
-          f"(goal 0.25); all-reduce calls/step fleet {ls['fleet_calls_per_step']:.3f}, torch "
-          f"PostLocalSGD {ls['torch_calls_per_step']:.3f}, DDP {ls['ddp_calls_per_step']:.3f} "
-          f"({ls['calls_ratio_vs_ddp']:.3f}x; DDP all-reduces each of its buckets every step)")
-    print(f"dgc bytes/step vs dense at sparsity 0.999: {extra['dgc_bytes_ratio']:.4f}   "
-          f"goal: <= 0.02")
+    print(
+        f"localsgd (after warm-up): steps with an all-reduce {ls['steps_communicating']:.3f} "
+        f"(goal 0.25); all-reduce calls/step fleet {ls['fleet_calls_per_step']:.3f}, torch "
+        f"PostLocalSGD {ls['torch_calls_per_step']:.3f}, DDP {ls['ddp_calls_per_step']:.3f} "
+        f"({ls['calls_ratio_vs_ddp']:.3f}x; DDP all-reduces each of its buckets every step)"
+    )
+    print(
+        f"dgc bytes/step vs dense at sparsity 0.999: {extra['dgc_bytes_ratio']:.4f}   goal: <= 0.02"
+    )
     ex = extra["example_final_loss"]
-    print(f"DP example final loss: dense {ex['dense']:.4f}, dgc {ex['dgc']:.4f}, ratio "
-          f"{ex['ratio']:.3f}   goal: within 2 %")
-    print(f"DP example final loss with fp16_allreduce: {ex['fp16_allreduce']:.4f}, ratio "
-          f"{ex['fp16_ratio']:.4f}   goal: within 1 %")
+    print(
+        f"DP example final loss: dense {ex['dense']:.4f}, dgc {ex['dgc']:.4f}, ratio "
+        f"{ex['ratio']:.3f}   goal: within 2 %"
+    )
+    print(
+        f"DP example final loss with fp16_allreduce: {ex['fp16_allreduce']:.4f}, ratio "
+        f"{ex['fp16_ratio']:.4f}   goal: within 1 %"
+    )
     ad = extra["adaptive_localsgd"]
-    print(f"adaptive localsgd: within 2 % of the dense final loss ({ex['dense']:.4f}) after "
-          f"{ad['steps_to_within_2pct']} steps vs dense {ad['dense_steps']} (ratio "
-          f"{ad['ratio']}; final {ad['final_loss']:.4f})   goal: <= 1.1")
+    print(
+        f"adaptive localsgd: within 2 % of the dense final loss ({ex['dense']:.4f}) after "
+        f"{ad['steps_to_within_2pct']} steps vs dense {ad['dense_steps']} (ratio "
+        f"{ad['ratio']}; final {ad['final_loss']:.4f})   goal: <= 1.1"
+    )
     pr = extra["plain_paired_ratio"]
-    print(f"plain DP paired ratio: median {pr['median']:.3f} [{pr['min']:.3f} .. {pr['max']:.3f}] "
-          f"(n={pr['n']})   goal: <= 1.02; fastest job fleet/ddp "
-          f"{extra['plain_min_ratio']:.3f}")
+    print(
+        f"plain DP paired ratio: median {pr['median']:.3f} [{pr['min']:.3f} .. {pr['max']:.3f}] "
+        f"(n={pr['n']})   goal: <= 1.02; fastest job fleet/ddp "
+        f"{extra['plain_min_ratio']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ def one_run(impl: str, nproc: int, steps: int, log_dir: str) -> float:
     if impl == "fleet":
         cmd = fleetrun_cmd("--nproc_per_node", str(nproc), "--log_dir", log_dir, WORKER, *args)
     else:
-        cmd = torchrun_cmd("--nproc_per_node", str(nproc), "--master_port", str(find_free_port()), WORKER, *args)
+        cmd = torchrun_cmd(
+            "--nproc_per_node", str(nproc), "--master_port", str(find_free_port()), WORKER, *args
+        )
     out = run_checked(cmd).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("{") and '"impl"' in ln)
     return float(json.loads(line)["step_time_s_median"])
@@ -50,7 +52,14 @@ def main() -> None:
                 times[impl].append(one_run(impl, args.nproc, args.steps, tmp))
     report(
         f"DP step time, {args.nproc} ranks: fleet.distributed_model under fleetrun vs DDP under torchrun",
-        [("median step time per job", Stats.of(times["fleet"]), Stats.of(times["ddp"]), "fleet/ddp time")],
+        [
+            (
+                "median step time per job",
+                Stats.of(times["fleet"]),
+                Stats.of(times["ddp"]),
+                "fleet/ddp time",
+            )
+        ],
         goal="<= 1.02",
         json_path=args.json,
     )

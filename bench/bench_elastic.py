@@ -64,25 +64,68 @@ class Run:
         self.procs: list[subprocess.Popen] = []
 
     def cmd(self, name: str) -> list[str]:
-        args = [WORKER, str(self.ckpt), "--steps", "4", "--step_time", "0.1", "--stop_file", str(self.stop)]
+        args = [
+            WORKER,
+            str(self.ckpt),
+            "--steps",
+            "4",
+            "--step_time",
+            "0.1",
+            "--stop_file",
+            str(self.stop),
+        ]
         if self.variant.startswith("fleetrun"):
             backend = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{self.port}"]
             if self.variant == "fleetrun-etcd":
                 backend = ["--rdzv_backend", "etcd", "--rdzv_endpoint", str(self.etcd)]
-            return fleetrun_cmd("--nnodes", "1:2", *backend, "--rdzv_id", self.rdzv_id, "--max_restarts", "3",
-                                "--log_dir", str(self.tmp / name), "--no_metrics", "--tee", "none", *args)
+            return fleetrun_cmd(
+                "--nnodes",
+                "1:2",
+                *backend,
+                "--rdzv_id",
+                self.rdzv_id,
+                "--max_restarts",
+                "3",
+                "--log_dir",
+                str(self.tmp / name),
+                "--no_metrics",
+                "--tee",
+                "none",
+                *args,
+            )
         conf = ["--rdzv_conf", FAST_CONF] if self.variant == "torchrun-c10d" else []
-        return torchrun_cmd("--nnodes", "1:2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
-                            "--rdzv_endpoint", f"127.0.0.1:{self.port}", "--rdzv_id", self.rdzv_id,
-                            "--max_restarts", "3", "--monitor_interval", "0.1", *conf, *args)
+        return torchrun_cmd(
+            "--nnodes",
+            "1:2",
+            "--nproc_per_node",
+            "1",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            f"127.0.0.1:{self.port}",
+            "--rdzv_id",
+            self.rdzv_id,
+            "--max_restarts",
+            "3",
+            "--monitor_interval",
+            "0.1",
+            *conf,
+            *args,
+        )
 
     def start(self, name: str) -> subprocess.Popen:
         env = bench_env()
         if self.variant == "torchrun-c10d":
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         out = open(self.tmp / f"{name}.out", "w")  # noqa: SIM115 - the child keeps it
-        p = subprocess.Popen(self.cmd(name), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            self.cmd(name),
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append(p)
         return p
 
@@ -95,8 +138,11 @@ class Run:
     def first_step(self, world: int, after: float, timeout: float = WAIT_S) -> float | None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            hits = [r["time"] for r in self.records()
-                    if r["event"] == "step" and r["world"] == world and r["time"] > after]
+            hits = [
+                r["time"]
+                for r in self.records()
+                if r["event"] == "step" and r["world"] == world and r["time"] > after
+            ]
             if hits:
                 return min(hits)
             time.sleep(0.05)
@@ -136,11 +182,15 @@ def wait_listening(port: int, timeout: float = WAIT_S) -> None:
                 return
         except OSError:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s") from None
+                raise RuntimeError(
+                    f"nothing listens on 127.0.0.1:{port} after {timeout} s"
+                ) from None
             time.sleep(0.05)
 
 
-def one_rep(variant: str, etcd: str | None, join: bool, join_timeout: float = WAIT_S) -> tuple[float, float | None]:
+def one_rep(
+    variant: str, etcd: str | None, join: bool, join_timeout: float = WAIT_S
+) -> tuple[float, float | None]:
     """(loss recovery s, join s or None) of one repetition."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Run(Path(tmp), variant, etcd)
@@ -150,12 +200,16 @@ def one_rep(variant: str, etcd: str | None, join: bool, join_timeout: float = WA
                 wait_listening(run.port)
             b = run.start("b")
             if run.first_step(2, 0.0) is None:
-                raise RuntimeError(f"{variant}: no steps at world 2\n" + (Path(tmp) / "a.out").read_text()[-3000:])
+                raise RuntimeError(
+                    f"{variant}: no steps at world 2\n" + (Path(tmp) / "a.out").read_text()[-3000:]
+                )
             killed = time.time()
             run.kill(b)
             resumed = run.first_step(1, killed)
             if resumed is None:
-                raise RuntimeError(f"{variant}: no recovery\n" + (Path(tmp) / "a.out").read_text()[-3000:])
+                raise RuntimeError(
+                    f"{variant}: no recovery\n" + (Path(tmp) / "a.out").read_text()[-3000:]
+                )
             joined_s = None
             if join:
                 started = time.time()
@@ -174,8 +228,13 @@ def one_rep(variant: str, etcd: str | None, join: bool, join_timeout: float = WA
 
 
 def start_etcd(tmp: str) -> tuple[subprocess.Popen, str]:
-    p = subprocess.Popen(["bash", os.path.join(REPO, "scripts", "etcd.sh"), os.path.join(tmp, "etcd")],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        ["bash", os.path.join(REPO, "scripts", "etcd.sh"), os.path.join(tmp, "etcd")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     assert p.stdout is not None
     for line in p.stdout:
         if line.startswith("ETCD_ENDPOINT="):
@@ -188,7 +247,9 @@ def start_etcd(tmp: str) -> tuple[subprocess.Popen, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--variants", default="fleetrun-c10d,torchrun-c10d,fleetrun-etcd,torchrun-c10d-default")
+    ap.add_argument(
+        "--variants", default="fleetrun-c10d,torchrun-c10d,fleetrun-etcd,torchrun-c10d-default"
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     variants = args.variants.split(",")
@@ -204,35 +265,53 @@ def main() -> None:
                     default = v == "torchrun-c10d-default"
                     if default and rep >= 2:
                         continue  # ~45 s per loss: two reps show it
-                    lost, joined = one_rep(v, etcd, join=True, join_timeout=90.0 if default else WAIT_S)
+                    lost, joined = one_rep(
+                        v, etcd, join=True, join_timeout=90.0 if default else WAIT_S
+                    )
                     loss[v].append(lost)
                     if joined is None:
                         join_failed[v] += 1
                     else:
                         join[v].append(joined)
-                    print(f"rep {rep} {v}: loss {lost:.2f} s, join "
-                          f"{'did not complete' if joined is None else f'{joined:.2f} s'}", flush=True)
+                    print(
+                        f"rep {rep} {v}: loss {lost:.2f} s, join "
+                        f"{'did not complete' if joined is None else f'{joined:.2f} s'}",
+                        flush=True,
+                    )
         finally:
             if etcd_proc is not None:
                 os.killpg(etcd_proc.pid, signal.SIGKILL)
                 etcd_proc.wait(10)
     info = machine_info()
-    print(f"== elastic: node loss and join ==  ({info['date']}, {info['cpus']} CPUs, torch {info['torch']})")
+    print(
+        f"== elastic: node loss and join ==  ({info['date']}, {info['cpus']} CPUs, torch {info['torch']})"
+    )
     rows = []
     for v in variants:
-        row = {"variant": v, "loss": Stats.of(loss[v]).__dict__ if loss[v] else None,
-               "join": Stats.of(join[v]).__dict__ if join[v] else None, "join_failed": join_failed[v]}
+        row = {
+            "variant": v,
+            "loss": Stats.of(loss[v]).__dict__ if loss[v] else None,
+            "join": Stats.of(join[v]).__dict__ if join[v] else None,
+            "join_failed": join_failed[v],
+        }
         rows.append(row)
-        print(f"{v}\n  SIGKILL -> training again at world 1 : "
-              f"{Stats.of(loss[v]).fmt() if loss[v] else 'n/a'}\n  3rd agent start -> world 2 training : "
-              f"{Stats.of(join[v]).fmt() if join[v] else 'n/a'}"
-              f"{f'  ({join_failed[v]} join(s) did not complete)' if join_failed[v] else ''}")
-    for ours, peer in (("fleetrun-c10d", "torchrun-c10d"), ("fleetrun-etcd", "torchrun-c10d"),
-                       ("fleetrun-c10d", "torchrun-c10d-default")):
+        print(
+            f"{v}\n  SIGKILL -> training again at world 1 : "
+            f"{Stats.of(loss[v]).fmt() if loss[v] else 'n/a'}\n  3rd agent start -> world 2 training : "
+            f"{Stats.of(join[v]).fmt() if join[v] else 'n/a'}"
+            f"{f'  ({join_failed[v]} join(s) did not complete)' if join_failed[v] else ''}"
+        )
+    for ours, peer in (
+        ("fleetrun-c10d", "torchrun-c10d"),
+        ("fleetrun-etcd", "torchrun-c10d"),
+        ("fleetrun-c10d", "torchrun-c10d-default"),
+    ):
         for what, data in (("loss", loss), ("join", join)):
             if data.get(ours) and data.get(peer):
                 r = Stats.of(data[ours]).median / Stats.of(data[peer]).median
-                print(f"ratio {what} {ours}/{peer} = {r:.3f}   goal: <= 10 s and <= 1.0 vs torchrun")
+                print(
+                    f"ratio {what} {ours}/{peer} = {r:.3f}   goal: <= 10 s and <= 1.0 vs torchrun"
+                )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"machine": info, "rows": rows}, f, indent=2)

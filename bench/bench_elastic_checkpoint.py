@@ -60,8 +60,14 @@ def _worker(args: argparse.Namespace) -> None:
         if tdist.get_rank() == 0:
             tmp = peer_file + ".tmp"
             with open(tmp, "wb") as f:
-                torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
-                            "step": step}, f)
+                torch.save(
+                    {
+                        "model": model.module.state_dict(),
+                        "optimizer": opt.state_dict(),
+                        "step": step,
+                    },
+                    f,
+                )
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, peer_file)
@@ -72,8 +78,12 @@ def _worker(args: argparse.Namespace) -> None:
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
 
-    times: dict[str, list[float]] = {"fleet_save": [], "peer_save": [], "fleet_restore": [],
-                                     "peer_restore": []}
+    times: dict[str, list[float]] = {
+        "fleet_save": [],
+        "peer_save": [],
+        "fleet_restore": [],
+        "peer_restore": [],
+    }
     for rep in range(args.reps + 1):  # the first is a warm-up
         order = ("fleet", "peer") if rep % 2 else ("peer", "fleet")
         got = {}
@@ -106,10 +116,18 @@ def main() -> None:
         _worker(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = fleetrun_cmd("--nproc_per_node", "2", "--log_dir", os.path.join(tmp, "log"),
-                           os.path.abspath(__file__), "--worker", f"--dir={tmp}",
-                           f"--reps={args.reps}", f"--layers={args.layers}",
-                           f"--width={args.width}")
+        cmd = fleetrun_cmd(
+            "--nproc_per_node",
+            "2",
+            "--log_dir",
+            os.path.join(tmp, "log"),
+            os.path.abspath(__file__),
+            "--worker",
+            f"--dir={tmp}",
+            f"--reps={args.reps}",
+            f"--layers={args.layers}",
+            f"--width={args.width}",
+        )
         out = run_checked(cmd, timeout=1800).stdout
     data = json.loads(next(ln for ln in out.splitlines() if ln.startswith('{"times"')))
     t = {k: Stats.of(v) for k, v in data["times"].items()}
@@ -117,10 +135,20 @@ def main() -> None:
     report(
         f"Elastic checkpoints, 2 ranks (CPU gloo), DP, {data['params']} params + momentum "
         f"({mb:.0f} MiB of state)",
-        [("save: Checkpointer.save vs rank-0 torch.save + fsync + rename", t["fleet_save"],
-          t["peer_save"], "fleet/peer time"),
-         ("restore: Checkpointer.restore vs torch.load + load_state_dict", t["fleet_restore"],
-          t["peer_restore"], "fleet/peer time")],
+        [
+            (
+                "save: Checkpointer.save vs rank-0 torch.save + fsync + rename",
+                t["fleet_save"],
+                t["peer_save"],
+                "fleet/peer time",
+            ),
+            (
+                "restore: Checkpointer.restore vs torch.load + load_state_dict",
+                t["fleet_restore"],
+                t["peer_restore"],
+                "fleet/peer time",
+            ),
+        ],
         goal="none set (the peer format cannot reshard a sharded optimizer)",
         json_path=args.json,
     )

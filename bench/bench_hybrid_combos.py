@@ -65,7 +65,7 @@ def _alternate(steps_of: dict[str, Any], reps: int, steps: int) -> dict[str, lis
     out: dict[str, list[float]] = {k: [] for k in steps_of}
     names = list(steps_of)
     for rep in range(reps):
-        for name in (names if rep % 2 == 0 else names[::-1]):
+        for name in names if rep % 2 == 0 else names[::-1]:
             out[name].append(_timed(steps_of[name], steps))
     return out
 
@@ -99,8 +99,12 @@ def worker_tp(args: argparse.Namespace) -> dict[str, Any]:
     def fleet_model() -> Any:
         layers: list[nn.Module] = []
         for _ in range(BLOCKS):
-            layers += [ColumnParallelLinear(w, h, gather_output=False), nn.Tanh(),
-                       RowParallelLinear(h, w, input_is_parallel=True), nn.Tanh()]
+            layers += [
+                ColumnParallelLinear(w, h, gather_output=False),
+                nn.Tanh(),
+                RowParallelLinear(h, w, input_is_parallel=True),
+                nn.Tanh(),
+            ]
         return nn.Sequential(*layers)
 
     fleet.init(is_collective=True, strategy=strategy(3))
@@ -113,8 +117,13 @@ def worker_tp(args: argparse.Namespace) -> dict[str, Any]:
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
-    native = nn.Sequential(*[m for _ in range(BLOCKS) for m in (
-        nn.Linear(w, h), nn.Tanh(), nn.Linear(h, w), nn.Tanh())])
+    native = nn.Sequential(
+        *[
+            m
+            for _ in range(BLOCKS)
+            for m in (nn.Linear(w, h), nn.Tanh(), nn.Linear(h, w), nn.Tanh())
+        ]
+    )
     plan = {}
     for b in range(BLOCKS):
         plan[str(4 * b)], plan[str(4 * b + 2)] = ColwiseParallel(), RowwiseParallel()
@@ -130,18 +139,25 @@ def worker_tp(args: argparse.Namespace) -> dict[str, Any]:
             nn.functional.mse_loss(model(x).float(), y).backward()
             opt.step()
             opt.zero_grad()
+
         return step
 
     for s in (step_of(ours, ours_opt), step_of(native, native_opt)):
         s()  # warm-up (lazy init, Adam state)
-    times = _alternate({"fleet_s3_tp": step_of(ours, ours_opt),
-                        "torch_fsdp2_dtensor_tp": step_of(native, native_opt)},
-                       args.reps, args.steps)
-    split = BLOCKS * (h * w + h + w * h) * 4   # TP-split tensors (weights, column biases)
-    replicated = BLOCKS * w * 4                # row biases: replicated over mp
+    times = _alternate(
+        {
+            "fleet_s3_tp": step_of(ours, ours_opt),
+            "torch_fsdp2_dtensor_tp": step_of(native, native_opt),
+        },
+        args.reps,
+        args.steps,
+    )
+    split = BLOCKS * (h * w + h + w * h) * 4  # TP-split tensors (weights, column biases)
+    replicated = BLOCKS * w * 4  # row biases: replicated over mp
     theory_params = split // 4 + replicated // 2
     mem = {
-        "theory_param_bytes": theory_params, "theory_adam_bytes": 2 * theory_params,
+        "theory_param_bytes": theory_params,
+        "theory_adam_bytes": 2 * theory_params,
         "fleet_param_bytes": _local_bytes(ours.parameters()),
         "fleet_adam_bytes": optimizer_state_bytes(ours_opt),
         "torch_param_bytes": _local_bytes(native.parameters()),
@@ -181,8 +197,12 @@ def worker_pp(args: argparse.Namespace) -> dict[str, Any]:
     micro, acc = args.batch // 4, 4
     descs = []
     for _ in range(2 * BLOCKS):
-        descs += [LayerDesc(nn.Linear, w, h), LayerDesc(nn.Tanh), LayerDesc(nn.Linear, h, w),
-                  LayerDesc(nn.Tanh)]
+        descs += [
+            LayerDesc(nn.Linear, w, h),
+            LayerDesc(nn.Tanh),
+            LayerDesc(nn.Linear, h, w),
+            LayerDesc(nn.Tanh),
+        ]
     steps: dict[str, Any] = {}
     mem: dict[str, Any] = {}
     for stage in (3, 1):
@@ -233,10 +253,25 @@ def worker_main(args: argparse.Namespace) -> None:
 
 
 def run_job(kind: str, args: argparse.Namespace, out: str) -> list[dict[str, Any]]:
-    cmd = fleetrun_cmd("--nproc_per_node", str(NPROC), "--log_dir", os.path.join(out, kind),
-                       os.path.abspath(__file__), "--worker", kind, "--out", out,
-                       "--reps", str(args.reps), "--steps", str(args.steps),
-                       "--width", str(args.width), "--batch", str(args.batch))
+    cmd = fleetrun_cmd(
+        "--nproc_per_node",
+        str(NPROC),
+        "--log_dir",
+        os.path.join(out, kind),
+        os.path.abspath(__file__),
+        "--worker",
+        kind,
+        "--out",
+        out,
+        "--reps",
+        str(args.reps),
+        "--steps",
+        str(args.steps),
+        "--width",
+        str(args.width),
+        "--batch",
+        str(args.batch),
+    )
     run_checked(cmd, timeout=1200)
     recs = []
     for r in range(NPROC):
@@ -266,39 +301,65 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         tp, pp = run_job("tp", args, out), run_job("pp", args, out)
     rows = [
-        ("1. sharding stage 3 x TP (sharding 2 x mp 2): fleet vs torch FSDP2 + DTensor TP",
-         Stats.of(slowest(tp, "fleet_s3_tp")), Stats.of(slowest(tp, "torch_fsdp2_dtensor_tp")),
-         "fleet/torch time"),
-        ("2. AMP O2 bf16 x sharding stage 2 (sharding 2 x mp 2): vs float32 stage 2 (fleet)",
-         Stats.of(slowest(tp, "fleet_o2_s2")), Stats.of(slowest(tp, "fleet_fp32_s2")),
-         "O2/fp32 time"),
-        ("3. sharding stage 3 x pipeline (pp 2 x sharding 2): vs stage 1 (fleet)",
-         Stats.of(slowest(pp, "fleet_s3_pp")), Stats.of(slowest(pp, "fleet_s1_pp")),
-         "stage3/stage1 time"),
+        (
+            "1. sharding stage 3 x TP (sharding 2 x mp 2): fleet vs torch FSDP2 + DTensor TP",
+            Stats.of(slowest(tp, "fleet_s3_tp")),
+            Stats.of(slowest(tp, "torch_fsdp2_dtensor_tp")),
+            "fleet/torch time",
+        ),
+        (
+            "2. AMP O2 bf16 x sharding stage 2 (sharding 2 x mp 2): vs float32 stage 2 (fleet)",
+            Stats.of(slowest(tp, "fleet_o2_s2")),
+            Stats.of(slowest(tp, "fleet_fp32_s2")),
+            "O2/fp32 time",
+        ),
+        (
+            "3. sharding stage 3 x pipeline (pp 2 x sharding 2): vs stage 1 (fleet)",
+            Stats.of(slowest(pp, "fleet_s3_pp")),
+            Stats.of(slowest(pp, "fleet_s1_pp")),
+            "stage3/stage1 time",
+        ),
     ]
-    paired = [a / b for a, b in zip(slowest(tp, "fleet_s3_tp"),
-                                    slowest(tp, "torch_fsdp2_dtensor_tp"))]
-    extra = {"tp_mem_rank0": tp[0]["mem"], "pp_mem": [r["mem"] for r in pp],
-             "s3_tp_paired_ratio": Stats.of(paired).__dict__, "uptime": os.getloadavg()}
-    report(f"Hybrid combinations of #15, world {NPROC}, width {args.width}, CPU/gloo", rows,
-           goal="row 1 <= 1.05 (>= 0.95x speed); rows 2-3 informational", extra=extra,
-           json_path=args.json)
+    paired = [
+        a / b for a, b in zip(slowest(tp, "fleet_s3_tp"), slowest(tp, "torch_fsdp2_dtensor_tp"))
+    ]
+    extra = {
+        "tp_mem_rank0": tp[0]["mem"],
+        "pp_mem": [r["mem"] for r in pp],
+        "s3_tp_paired_ratio": Stats.of(paired).__dict__,
+        "uptime": os.getloadavg(),
+    }
+    report(
+        f"Hybrid combinations of #15, world {NPROC}, width {args.width}, CPU/gloo",
+        rows,
+        goal="row 1 <= 1.05 (>= 0.95x speed); rows 2-3 informational",
+        extra=extra,
+        json_path=args.json,
+    )
     m = tp[0]["mem"]
     print(f"row 1 paired ratio per block: {Stats.of(paired).fmt('x')}")
     print("memory per rank, bytes (theory | fleet | torch):")
-    print(f"  stage 3 x TP params     {m['theory_param_bytes']} | {m['fleet_param_bytes']} | "
-          f"{m['torch_param_bytes']}   (dense model {m['dense_param_bytes']})")
-    print(f"  stage 3 x TP Adam state {m['theory_adam_bytes']} | {m['fleet_adam_bytes']} | "
-          f"{m['torch_adam_bytes']}")
-    print(f"  O2 x stage 2 fp32 masters {m['o2_theory_master_bytes']} | {m['o2_master_bytes']} "
-          f"(bf16 params held: {m['o2_param_bytes']})")
+    print(
+        f"  stage 3 x TP params     {m['theory_param_bytes']} | {m['fleet_param_bytes']} | "
+        f"{m['torch_param_bytes']}   (dense model {m['dense_param_bytes']})"
+    )
+    print(
+        f"  stage 3 x TP Adam state {m['theory_adam_bytes']} | {m['fleet_adam_bytes']} | "
+        f"{m['torch_adam_bytes']}"
+    )
+    print(
+        f"  O2 x stage 2 fp32 masters {m['o2_theory_master_bytes']} | {m['o2_master_bytes']} "
+        f"(bf16 params held: {m['o2_param_bytes']})"
+    )
     for rank, r in enumerate(pp):
         pm = r["mem"]
-        print(f"  pp rank {rank}: stage params {pm['stage_param_bytes']}; stage 3 params "
-              f"{pm['s3_theory_param_bytes']} | {pm['s3_param_bytes']}, Adam "
-              f"{pm['s3_theory_adam_bytes']} | {pm['s3_adam_bytes']}; stage 1 params "
-              f"{pm['s1_theory_param_bytes']} | {pm['s1_param_bytes']}, Adam "
-              f"{pm['s1_theory_adam_bytes']} | {pm['s1_adam_bytes']}")
+        print(
+            f"  pp rank {rank}: stage params {pm['stage_param_bytes']}; stage 3 params "
+            f"{pm['s3_theory_param_bytes']} | {pm['s3_param_bytes']}, Adam "
+            f"{pm['s3_theory_adam_bytes']} | {pm['s3_adam_bytes']}; stage 1 params "
+            f"{pm['s1_theory_param_bytes']} | {pm['s1_param_bytes']}, Adam "
+            f"{pm['s1_theory_adam_bytes']} | {pm['s1_adam_bytes']}"
+        )
 
 
 if __name__ == "__main__":

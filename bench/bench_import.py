@@ -29,14 +29,11 @@ _TIMED = (
     "sys.__stderr__.write(repr(time.perf_counter() - t))\n"
 )
 CASES = {
-    "import fleet; fleet.DistributedStrategy (no torch)":
-        "import fleet; fleet.DistributedStrategy().gradient_merge = True",
-    "import fleet + fleet.init/distributed_model/distributed_optimizer modules (torch)":
-        "import fleet; fleet.init; fleet.distributed_model; fleet.distributed_optimizer",
-    "fleetrun --help (import launcher.cli + click's help)":
-        "from launcher.cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
-        "    main(['--help'])",
+    "import fleet; fleet.DistributedStrategy (no torch)": "import fleet; fleet.DistributedStrategy().gradient_merge = True",
+    "import fleet + fleet.init/distributed_model/distributed_optimizer modules (torch)": "import fleet; fleet.init; fleet.distributed_model; fleet.distributed_optimizer",
+    "fleetrun --help (import launcher.cli + click's help)": "from launcher.cli import main\n"
+    "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+    "    main(['--help'])",
 }
 
 
@@ -44,9 +41,16 @@ def _time(tree: str, body: str) -> float:
     env = bench_env()
     env["PYTHONPATH"] = tree
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    out = subprocess.run([sys.executable, "-c", _TIMED.format(body=body)], cwd=tree, env=env,
-                         check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _TIMED.format(body=body)],
+        cwd=tree,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
     return float(out.stderr.strip().splitlines()[-1])
 
 
@@ -57,8 +61,11 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fleet-import-") as tmp:
         before = os.path.join(tmp, "before")
-        subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", before, args.before],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", REPO, "worktree", "add", "--detach", before, args.before],
+            check=True,
+            capture_output=True,
+        )
         try:
             rows = []
             for label, case in CASES.items():
@@ -71,11 +78,18 @@ def main() -> None:
                     for tree, out in order if rep % 2 == 0 else reversed(order):
                         out.append(_time(tree, case))
                 rows.append((label, Stats.of(ours), Stats.of(theirs), f"now / {args.before}"))
-            report(f"start-up: this tree vs {args.before} (wall time of a fresh interpreter)",
-                   rows, goal="<= 1.0 within noise (no slower than before)", unit="s")
+            report(
+                f"start-up: this tree vs {args.before} (wall time of a fresh interpreter)",
+                rows,
+                goal="<= 1.0 within noise (no slower than before)",
+                unit="s",
+            )
         finally:
-            subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", before],
-                           check=False, capture_output=True)
+            subprocess.run(
+                ["git", "-C", REPO, "worktree", "remove", "--force", before],
+                check=False,
+                capture_output=True,
+            )
 
 
 if __name__ == "__main__":

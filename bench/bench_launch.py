@@ -27,15 +27,26 @@ JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "barrier_job.py")
 
 def _cmd(which: str, log_dir: str, *job_args: str) -> list[str]:
     if which == "fleetrun":
-        return fleetrun_cmd("--nproc_per_node", "2", "--log_dir", log_dir, "--tee", "none", JOB, *job_args)
-    return torchrun_cmd("--nproc_per_node", "2", "--master_port", str(find_free_port()), JOB, *job_args)
+        return fleetrun_cmd(
+            "--nproc_per_node", "2", "--log_dir", log_dir, "--tee", "none", JOB, *job_args
+        )
+    return torchrun_cmd(
+        "--nproc_per_node", "2", "--master_port", str(find_free_port()), JOB, *job_args
+    )
 
 
 def launch_to_exit(which: str, log_dir: str) -> float:
     import subprocess
 
     t0 = time.perf_counter()
-    r = subprocess.run(_cmd(which, log_dir), capture_output=True, text=True, env=bench_env(), timeout=300, check=False)
+    r = subprocess.run(
+        _cmd(which, log_dir),
+        capture_output=True,
+        text=True,
+        env=bench_env(),
+        timeout=300,
+        check=False,
+    )
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"{which} failed:\n{r.stderr[-3000:]}")
@@ -46,8 +57,14 @@ def death_to_exit(which: str, log_dir: str) -> float:
     import subprocess
 
     stamp = os.path.join(log_dir, f"{which}.stamp")
-    r = subprocess.run(_cmd(which, log_dir, "--die_rank", "1", "--stamp", stamp),
-                       capture_output=True, text=True, env=bench_env(), timeout=300, check=False)
+    r = subprocess.run(
+        _cmd(which, log_dir, "--die_rank", "1", "--stamp", stamp),
+        capture_output=True,
+        text=True,
+        env=bench_env(),
+        timeout=300,
+        check=False,
+    )
     end = time.time()
     if r.returncode == 0:
         raise RuntimeError(f"{which} exited 0 although a rank died")
@@ -74,10 +91,18 @@ def main() -> None:
     report(
         "fleetrun vs torchrun: launcher overheads",
         [
-            ("launch-to-exit, 2-rank gloo barrier job", Stats.of(times["launch"]["fleetrun"]),
-             Stats.of(times["launch"]["torchrun"]), "fleetrun/torchrun time"),
-            ("rank death to launcher exit", Stats.of(times["death"]["fleetrun"]),
-             Stats.of(times["death"]["torchrun"]), "fleetrun/torchrun time"),
+            (
+                "launch-to-exit, 2-rank gloo barrier job",
+                Stats.of(times["launch"]["fleetrun"]),
+                Stats.of(times["launch"]["torchrun"]),
+                "fleetrun/torchrun time",
+            ),
+            (
+                "rank death to launcher exit",
+                Stats.of(times["death"]["fleetrun"]),
+                Stats.of(times["death"]["torchrun"]),
+                "fleetrun/torchrun time",
+            ),
         ],
         goal="launch <= 1.10; death-to-exit <= 2 s and <= torchrun",
         json_path=args.json,

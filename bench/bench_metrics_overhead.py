@@ -55,8 +55,19 @@ PS_DIM = 16
 def dp_run(metrics: bool, steps: int, small: bool, log_dir: str) -> float:
     flag = "--metrics" if metrics else "--no-metrics"
     size = ["--width", "128", "--depth", "2", "--in_features", "64"] if small else []
-    cmd = fleetrun_cmd(flag, "--nproc_per_node", "2", "--log_dir", log_dir, WORKER, "--impl",
-                       "fleet", "--steps", str(steps), *size)
+    cmd = fleetrun_cmd(
+        flag,
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        log_dir,
+        WORKER,
+        "--impl",
+        "fleet",
+        "--steps",
+        str(steps),
+        *size,
+    )
     out = run_checked(cmd).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("{") and '"impl"' in ln)
     return float(json.loads(line)["step_time_s_median"])
@@ -108,8 +119,13 @@ Batches = list[tuple[np.ndarray, np.ndarray]]
 def make_batches(num: int = 16, seed: int = 0) -> Batches:
     """``num`` (keys, grads) batches of PS_BATCH keys out of 200k, dim PS_DIM."""
     rng = np.random.default_rng(seed)
-    return [(rng.integers(0, 200_000, PS_BATCH, dtype=np.int64),
-             rng.standard_normal((PS_BATCH, PS_DIM), dtype=np.float32) * 0.01) for _ in range(num)]
+    return [
+        (
+            rng.integers(0, 200_000, PS_BATCH, dtype=np.int64),
+            rng.standard_normal((PS_BATCH, PS_DIM), dtype=np.float32) * 0.01,
+        )
+        for _ in range(num)
+    ]
 
 
 def start_server(metrics_port: int) -> tuple[subprocess.Popen, str]:
@@ -117,14 +133,17 @@ def start_server(metrics_port: int) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "ps_server", "--port", "0", "--log_level", "WARNING"]
     if metrics_port:
         cmd += ["--metrics_port", str(metrics_port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=bench_env(), cwd=REPO)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=bench_env(), cwd=REPO
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "serving on" not in line:
         stop_server(proc)
-        raise RuntimeError(f"ps_server did not start (exit {proc.returncode}): {line!r}; run "
-                           f"{' '.join(cmd)} by hand to see why")
+        raise RuntimeError(
+            f"ps_server did not start (exit {proc.returncode}): {line!r}; run "
+            f"{' '.join(cmd)} by hand to see why"
+        )
     return proc, line.strip().rsplit(" ", 1)[-1]
 
 
@@ -211,8 +230,9 @@ def bench_ps(rounds: int, block: int, warm: int = 48) -> PSResult:
             clients[on].create_table("bench", dim=PS_DIM)
         for on in (True, False):  # warm up: every row exists, channels and caches are hot
             ps_block(clients[on], servers[on][0].pid, batches, warm, 0)
-        threading.Thread(target=scraper, args=(f"127.0.0.1:{mport}", stop, result.scrape_s),
-                         daemon=True).start()
+        threading.Thread(
+            target=scraper, args=(f"127.0.0.1:{mport}", stop, result.scrape_s), daemon=True
+        ).start()
         for r in range(rounds):
             for on in (True, False) if r % 2 == 0 else (False, True):
                 blk = ps_block(clients[on], servers[on][0].pid, batches, block, r * block)
@@ -241,9 +261,15 @@ def bench_record_cost(n: int = 20000, requests: int = 100) -> dict[str, Stats]:
     servicer = ParameterServerServicer(state)
     config = SparseTableConfig("bench", PS_DIM, DEFAULT_OPTIMIZER, DEFAULT_INITIALIZER)
     create_table(state, ps_pb2.CreateTableRequest(config_json=json.dumps(config_to_dict(config))))
-    reqs = [(ps_pb2.PullSparseRequest(table="bench", keys=k.tobytes()),
-             ps_pb2.PushSparseRequest(table="bench", keys=k.tobytes(), grads=g.tobytes(),
-                                      mode=ps_pb2.PUSH_MODE_APPLY)) for k, g in make_batches()]
+    reqs = [
+        (
+            ps_pb2.PullSparseRequest(table="bench", keys=k.tobytes()),
+            ps_pb2.PushSparseRequest(
+                table="bench", keys=k.tobytes(), grads=g.tobytes(), mode=ps_pb2.PUSH_MODE_APPLY
+            ),
+        )
+        for k, g in make_batches()
+    ]
 
     def handle() -> float:  # seconds per request (half a pull+push step)
         t0 = time.perf_counter()
@@ -280,37 +306,64 @@ def report_ps(res: PSResult, block: int, cost: dict[str, Stats], json_path: str 
     # on adds one record_request per request and one scrape (server time) per second
     added = cost["record"].median / per_req + (scrape.median if scrape else 0.0) / 1.0
     expected = 1.0 / (1.0 + added)
-    print(f"PS per request (in-process, no gRPC, {PS_BATCH} keys x dim {PS_DIM}): "
-          f"record_request {cost['record'].fmt('us', 1e6, 2)}; handling off "
-          f"{cost['handle_off'].fmt('us', 1e6, 0)}, on {cost['handle_on'].fmt('us', 1e6, 0)}")
-    print(f"PS end to end: {per_req * 1e6:.0f} us per request (off); /metrics scrape wall "
-          + (scrape.fmt("ms", 1e3, 1) if scrape else "n/a") + " once a second")
+    print(
+        f"PS per request (in-process, no gRPC, {PS_BATCH} keys x dim {PS_DIM}): "
+        f"record_request {cost['record'].fmt('us', 1e6, 2)}; handling off "
+        f"{cost['handle_off'].fmt('us', 1e6, 0)}, on {cost['handle_on'].fmt('us', 1e6, 0)}"
+    )
+    print(
+        f"PS end to end: {per_req * 1e6:.0f} us per request (off); /metrics scrape wall "
+        + (scrape.fmt("ms", 1e3, 1) if scrape else "n/a")
+        + " once a second"
+    )
     print(f"expected on/off throughput from these costs: {expected:.4f}")
-    label = (f"pull+push keys/s per {block}-step block ({PS_BATCH} keys x dim {PS_DIM}, "
-             f"2 servers up, {len(res.on)} rounds)")
-    cpu = {side: {w: res.stats(side, w) for w in ("server_cpu", "client_cpu")} for side in (True, False)}
-    extra = {"paired_ratio": asdict(paired), "per_round_ratios": [a.rate / b.rate for a, b in
-                                                                  zip(res.on, res.off)],
-             "server_cpu_us_per_1k_keys": {"on": asdict(cpu[True]["server_cpu"]),
-                                           "off": asdict(cpu[False]["server_cpu"]),
-                                           "paired_on_off": asdict(res.paired("server_cpu"))},
-             "client_cpu_us_per_1k_keys": {"on": asdict(cpu[True]["client_cpu"]),
-                                           "off": asdict(cpu[False]["client_cpu"])},
-             "record_request_us": cost["record"].median * 1e6,
-             "handle_off_us": cost["handle_off"].median * 1e6,
-             "handle_on_us": cost["handle_on"].median * 1e6,
-             "request_end_to_end_us": per_req * 1e6,
-             "scrape_ms": scrape.median * 1e3 if scrape else None, "expected_ratio": expected,
-             "rounds": len(res.on), "block_steps": block}
-    report("Metrics overhead, PS: metrics on (fleetrun) vs off (peer), interleaved A/B",
-           [(label, on, off, "on/off throughput")],
-           goal=">= 0.98", extra=extra, json_path=json_path, unit="keys/s")
-    print(f"  paired: median of per-round on/off ratios = {paired.median:.3f} "
-          f"[{paired.min:.3f} .. {paired.max:.3f}]   goal: >= 0.98")
+    label = (
+        f"pull+push keys/s per {block}-step block ({PS_BATCH} keys x dim {PS_DIM}, "
+        f"2 servers up, {len(res.on)} rounds)"
+    )
+    cpu = {
+        side: {w: res.stats(side, w) for w in ("server_cpu", "client_cpu")}
+        for side in (True, False)
+    }
+    extra = {
+        "paired_ratio": asdict(paired),
+        "per_round_ratios": [a.rate / b.rate for a, b in zip(res.on, res.off)],
+        "server_cpu_us_per_1k_keys": {
+            "on": asdict(cpu[True]["server_cpu"]),
+            "off": asdict(cpu[False]["server_cpu"]),
+            "paired_on_off": asdict(res.paired("server_cpu")),
+        },
+        "client_cpu_us_per_1k_keys": {
+            "on": asdict(cpu[True]["client_cpu"]),
+            "off": asdict(cpu[False]["client_cpu"]),
+        },
+        "record_request_us": cost["record"].median * 1e6,
+        "handle_off_us": cost["handle_off"].median * 1e6,
+        "handle_on_us": cost["handle_on"].median * 1e6,
+        "request_end_to_end_us": per_req * 1e6,
+        "scrape_ms": scrape.median * 1e3 if scrape else None,
+        "expected_ratio": expected,
+        "rounds": len(res.on),
+        "block_steps": block,
+    }
+    report(
+        "Metrics overhead, PS: metrics on (fleetrun) vs off (peer), interleaved A/B",
+        [(label, on, off, "on/off throughput")],
+        goal=">= 0.98",
+        extra=extra,
+        json_path=json_path,
+        unit="keys/s",
+    )
+    print(
+        f"  paired: median of per-round on/off ratios = {paired.median:.3f} "
+        f"[{paired.min:.3f} .. {paired.max:.3f}]   goal: >= 0.98"
+    )
     for who in ("server", "client"):
         a, b = cpu[True][f"{who}_cpu"], cpu[False][f"{who}_cpu"]
-        line = (f"  {who} CPU per 1k keys: on {a.fmt('us', 1e9, 1)}, off {b.fmt('us', 1e9, 1)}, "
-                f"on/off {a.median / b.median:.3f}")
+        line = (
+            f"  {who} CPU per 1k keys: on {a.fmt('us', 1e9, 1)}, off {b.fmt('us', 1e9, 1)}, "
+            f"on/off {a.median / b.median:.3f}"
+        )
         if who == "server":
             p = res.paired("server_cpu")
             line += f", paired {p.median:.3f} [{p.min:.3f} .. {p.max:.3f}]"
@@ -318,12 +371,16 @@ def report_ps(res: PSResult, block: int, cost: dict[str, Stats], json_path: str 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30, help="timed DP steps per job")
     ap.add_argument("--ps_rounds", type=int, default=31, help="PS A/B rounds (>= 9)")
     ap.add_argument("--ps_block", type=int, default=50, help="pull+push steps per PS block")
-    ap.add_argument("--small", action="store_true", help="DP: a small MLP (per-step costs weigh more)")
+    ap.add_argument(
+        "--small", action="store_true", help="DP: a small MLP (per-step costs weigh more)"
+    )
     ap.add_argument("--skip_dp", action="store_true")
     ap.add_argument("--skip_ps", action="store_true")
     ap.add_argument("--json")
@@ -331,16 +388,30 @@ def main() -> None:
     out: dict[str, str] = {}
     if not args.skip_dp:
         on, off = bench_hooks()
-        print(f"trainer hooks per step (in-process): on {on.fmt('us', 1e6)}, off {off.fmt('us', 1e6)}")
+        print(
+            f"trainer hooks per step (in-process): on {on.fmt('us', 1e6)}, off {off.fmt('us', 1e6)}"
+        )
         on, off = bench_dp(args.reps, args.steps, args.small)
         out["dp"] = f"{args.json}.dp.json" if args.json else ""
-        report("Metrics overhead, DP: metrics on (fleetrun) vs off (peer)",
-               [("median step time per job, 2 ranks" + (" (small MLP)" if args.small else ""),
-                 on, off, "on/off time")], goal="<= 1.01", json_path=out["dp"] or None)
+        report(
+            "Metrics overhead, DP: metrics on (fleetrun) vs off (peer)",
+            [
+                (
+                    "median step time per job, 2 ranks" + (" (small MLP)" if args.small else ""),
+                    on,
+                    off,
+                    "on/off time",
+                )
+            ],
+            goal="<= 1.01",
+            json_path=out["dp"] or None,
+        )
     if not args.skip_ps:
         if args.ps_rounds < 9 or args.ps_block < 1:
-            ap.error(f"--ps_rounds must be >= 9 (got {args.ps_rounds}) and --ps_block >= 1 "
-                     f"(got {args.ps_block})")
+            ap.error(
+                f"--ps_rounds must be >= 9 (got {args.ps_rounds}) and --ps_block >= 1 "
+                f"(got {args.ps_block})"
+            )
         cost = bench_record_cost()
         res = bench_ps(args.ps_rounds, args.ps_block)
         report_ps(res, args.ps_block, cost, f"{args.json}.ps.json" if args.json else None)

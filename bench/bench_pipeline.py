@@ -147,7 +147,7 @@ def _interleaved(rank: int, hcg: Any, hidden: int, reps: int, steps: int) -> dic
     out: dict[str, Any] = {"ours": [], "torch": [], "paired": []}
     for impl in ("ours", "torch"):
         slow = [max(a, b) for a, b in zip(gathered[0][impl], gathered[1][impl])]
-        out[impl] = [statistics.median(slow[r * steps:(r + 1) * steps]) for r in range(reps)]
+        out[impl] = [statistics.median(slow[r * steps : (r + 1) * steps]) for r in range(reps)]
         out[f"{impl}_steps"] = slow
     out["paired"] = [t / o for t, o in zip(out["torch_steps"], out["ours_steps"])]
     return out
@@ -191,8 +191,7 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     import torch.distributed as tdist
 
     torch.set_num_threads(1)
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                             world_size=2)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     hcg = _hcg(_strategy(1))
 
     res: dict[str, Any] = {"bubble": {}, "memory": {}}
@@ -233,36 +232,52 @@ def main() -> None:
         with open(out) as f:
             res = json.load(f)
     ours, peer = Stats.of(res["ours"]), Stats.of(res["torch"])
-    extra = {"bubble": res["bubble"], "memory": res["memory"], "meta_rtt_s": res["meta_rtt_s"],
-             "paired_speed": res["paired"],
-             "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    extra = {
+        "bubble": res["bubble"],
+        "memory": res["memory"],
+        "meta_rtt_s": res["meta_rtt_s"],
+        "paired_speed": res["paired"],
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
     report(
         f"Pipeline 1F1B step, 2 stages x {LAYERS // 2} Linear({args.hidden})+GELU, 8 micro-batches "
         f"of {MBS}, gloo CPU: fleet PipelineParallel vs torch.distributed.pipelining Schedule1F1B",
         [("median step time (slowest stage)", ours, peer, "ours/torch time")],
-        goal="ours/torch time <= 1.05 (speed torch/ours >= 0.95)", extra=extra,
+        goal="ours/torch time <= 1.05 (speed torch/ours >= 0.95)",
+        extra=extra,
         json_path=args.json,
     )
     q = statistics.quantiles(res["paired"], n=4)
-    print(f"  speed ratio torch/ours = {peer.median / ours.median:.3f} (of the medians); "
-          f"step by step: median {statistics.median(res['paired']):.3f}, quartiles "
-          f"{q[0]:.3f} .. {q[2]:.3f} over {len(res['paired'])} paired steps")
+    print(
+        f"  speed ratio torch/ours = {peer.median / ours.median:.3f} (of the medians); "
+        f"step by step: median {statistics.median(res['paired']):.3f}, quartiles "
+        f"{q[0]:.3f} .. {q[2]:.3f} over {len(res['paired'])} paired steps"
+    )
     for m, b in res["bubble"].items():
-        print(f"bubble at m={m}, p=2: measured {b['measured']:.3f} (incl. communication) "
-              f"vs (p-1)/(m+p-1) = {b['theory']:.3f}")
+        print(
+            f"bubble at m={m}, p=2: measured {b['measured']:.3f} (incl. communication) "
+            f"vs (p-1)/(m+p-1) = {b['theory']:.3f}"
+        )
     mem = res["memory"]
     for schedule in ("1F1B", "FThenB"):
         r = [b / a for a, b in zip(mem[f"{schedule}/4"], mem[f"{schedule}/16"])]
-        print(f"peak saved activations {schedule}: 4 mb {mem[f'{schedule}/4']} B, 16 mb "
-              f"{mem[f'{schedule}/16']} B per stage; ratio 16/4 = "
-              f"{', '.join(f'{x:.2f}' for x in r)}" + ("  (goal <= 1.1)" if schedule == "1F1B"
-                                                         else ""))
-    print(f"shape message (64 x int64) round trip: {res['meta_rtt_s'] * 1e6:.0f} us, once per "
-          f"step vs step {ours.median * 1e3:.1f} ms (an upper bound: its receive is posted when "
-          "the step starts)")
+        print(
+            f"peak saved activations {schedule}: 4 mb {mem[f'{schedule}/4']} B, 16 mb "
+            f"{mem[f'{schedule}/16']} B per stage; ratio 16/4 = "
+            f"{', '.join(f'{x:.2f}' for x in r)}"
+            + ("  (goal <= 1.1)" if schedule == "1F1B" else "")
+        )
+    print(
+        f"shape message (64 x int64) round trip: {res['meta_rtt_s'] * 1e6:.0f} us, once per "
+        f"step vs step {ours.median * 1e3:.1f} ms (an upper bound: its receive is posted when "
+        "the step starts)"
+    )
     load = ", ".join(f"{a:.1f}->{b:.1f}" for a, b in zip(load_before, os.getloadavg()))
-    print(f"machine: {machine_info()['cpus']} CPUs shared with other jobs (numbers are noisy); "
-          f"load average 1/5/15 min before->after: {load}")
+    print(
+        f"machine: {machine_info()['cpus']} CPUs shared with other jobs (numbers are noisy); "
+        f"load average 1/5/15 min before->after: {load}"
+    )
 
 
 if __name__ == "__main__":

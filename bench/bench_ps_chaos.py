@@ -48,9 +48,21 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def gen_data(out: Path, lines: int) -> None:
-    subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(out),
-                    "--num_files", "2", "--lines_per_file", str(lines)], cwd=REPO, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(out),
+            "--num_files",
+            "2",
+            "--lines_per_file",
+            str(lines),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
 
 
 def read_json(path: Path) -> Any:
@@ -83,8 +95,12 @@ def orphans(marker: str) -> list[int]:
 def summary(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"n": 0, "median": None, "min": None, "max": None}
-    return {"n": len(values), "median": round(statistics.median(values), 3),
-            "min": round(min(values), 3), "max": round(max(values), 3)}
+    return {
+        "n": len(values),
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+    }
 
 
 def in_place(state: dict[str, Any], n: int) -> bool:
@@ -104,8 +120,9 @@ def watch_steps(log: Path, advances: dict[int, list[tuple[float, int]]]) -> None
 
 def longest_gap(seen: list[tuple[float, int]], kills: list[dict[str, Any]]) -> float | None:
     """Longest time between two step advances of one trainer that spans a kill."""
-    gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:])
-            if any(a[0] <= k["unix"] <= b[0] for k in kills)]
+    gaps = [
+        b[0] - a[0] for a, b in zip(seen, seen[1:]) if any(a[0] <= k["unix"] <= b[0] for k in kills)
+    ]
     return round(max(gaps), 3) if gaps else None
 
 
@@ -120,12 +137,40 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
     root.mkdir(parents=True)
     log, ckpt, result = root / "log", root / "ckpt", root / "result.json"
     shm_before = shm_entries()
-    cmd = [sys.executable, "-m", "launcher", "--server_num", "2", "--worker_num", "2",
-           "--log_dir", str(log), "--ps_checkpoint_dir", str(ckpt),
-           "--ps_checkpoint_interval", str(args.interval), "--ps_checkpoint_keep", "2",
-           "--max_restarts", "100", "--tee", "none", "--grace_period", "2",
-           str(REPO / "examples/ctr/train_ps.py"), "--data_dir", str(data), "--test", str(args.test),
-           "--batch_size", str(args.batch_size), "--mode", args.mode, "--json", str(result)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launcher",
+        "--server_num",
+        "2",
+        "--worker_num",
+        "2",
+        "--log_dir",
+        str(log),
+        "--ps_checkpoint_dir",
+        str(ckpt),
+        "--ps_checkpoint_interval",
+        str(args.interval),
+        "--ps_checkpoint_keep",
+        "2",
+        "--max_restarts",
+        "100",
+        "--tee",
+        "none",
+        "--grace_period",
+        "2",
+        str(REPO / "examples/ctr/train_ps.py"),
+        "--data_dir",
+        str(data),
+        "--test",
+        str(args.test),
+        "--batch_size",
+        str(args.batch_size),
+        "--mode",
+        args.mode,
+        "--json",
+        str(result),
+    ]
     local_batch = args.batch_size // 2
     total_steps = args.lines // local_batch
     rng = random.Random(args.seed)
@@ -133,8 +178,14 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
     advances: dict[int, list[tuple[float, int]]] = {0: [], 1: []}
     t0 = time.time()
     with open(root / "stderr.txt", "w") as err, open(root / "stdout.txt", "w") as out:
-        proc = subprocess.Popen(cmd, cwd=str(root), stdout=out, stderr=err, start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        proc = subprocess.Popen(
+            cmd,
+            cwd=str(root),
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         try:
             attempt, resumed_at = 0, None
             while proc.poll() is None:
@@ -144,25 +195,45 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
                     continue
                 p0 = read_json(log / "ps_progress.0.json") or {}
                 state = read_json(log / "job_state.json") or {}
-                if kills and "recovery_s" not in kills[-1] and args.in_place and kills[-1]["role"] == "trainer":
+                if (
+                    kills
+                    and "recovery_s" not in kills[-1]
+                    and args.in_place
+                    and kills[-1]["role"] == "trainer"
+                ):
                     # restarted alone (async): same attempt; recovered at its first step
                     k = kills[-1]
                     pk = read_json(log / f"ps_progress.{k['rank']}.json") or {}
                     first = pk.get("first_step_unix")
-                    if (pk.get("resumed") or {}).get("alone") and first and float(first) > k["unix"]:
+                    if (
+                        (pk.get("resumed") or {}).get("alone")
+                        and first
+                        and float(first) > k["unix"]
+                    ):
                         k["recovery_s"] = round(float(first) - k["unix"], 3)
                         k["in_place"], resumed_at = True, float(first)
                     if int(state.get("attempt", attempt)) <= attempt:
                         continue
                     attempt = int(state["attempt"])  # fleetrun restarted every process instead
-                if kills and "recovery_s" not in kills[-1] and args.in_place and kills[-1]["role"] == "server":
+                if (
+                    kills
+                    and "recovery_s" not in kills[-1]
+                    and args.in_place
+                    and kills[-1]["role"] == "server"
+                ):
                     # restarted alone (async/GEO): same attempt; recovered when trainer 0 steps
                     # again after the new server is up (its progress file's time, <= 1 s late)
                     k = kills[-1]
                     if not in_place(state, len(kills)):
                         continue
-                    up = [p for p in state.get("processes", []) if p["role"] == k["role"]
-                          and p["rank"] == k["rank"] and p["state"] == "up" and p["pid"] != k["pid"]]
+                    up = [
+                        p
+                        for p in state.get("processes", [])
+                        if p["role"] == k["role"]
+                        and p["rank"] == k["rank"]
+                        and p["state"] == "up"
+                        and p["pid"] != k["pid"]
+                    ]
                     if "up_step" not in k and up:
                         k["up_step"] = int(p0.get("step", 0))
                     elif "up_step" in k and int(p0.get("step", 0)) > k["up_step"]:
@@ -179,22 +250,41 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
                         other = read_json(log / f"ps_progress.{1 - kills[-1]['rank']}.json") or {}
                         if victim == "trainer" and other.get("first_step_unix"):
                             kills[-1]["other_trainer_gap_s"] = round(
-                                float(other["first_step_unix"]) - kills[-1]["last_step_unix"], 3)
-                if time.time() - resumed_at < args.period or int(p0.get("step", 0)) > 0.85 * total_steps:
+                                float(other["first_step_unix"]) - kills[-1]["last_step_unix"], 3
+                            )
+                if (
+                    time.time() - resumed_at < args.period
+                    or int(p0.get("step", 0)) > 0.85 * total_steps
+                ):
                     continue
                 if state.get("attempt") != attempt:
                     continue
                 role = "server" if victim == "server" else "trainer"
-                alive = [p for p in state.get("processes", []) if p["role"] == role and p["state"] == "up"]
+                alive = [
+                    p
+                    for p in state.get("processes", [])
+                    if p["role"] == role and p["state"] == "up"
+                ]
                 if not alive:
                     continue
                 target = rng.choice(alive)
                 p_other = read_json(log / f"ps_progress.{1 - target['rank']}.json") or {}
                 os.kill(int(target["pid"]), signal.SIGKILL)
-                kills.append({"role": role, "rank": target["rank"], "unix": time.time(), "pid": target["pid"],
-                              "step": p0.get("step"), "last_step_unix": float(p_other.get("unix", time.time()))})
-                print(f"  [{root.name}] killed {role} {target['rank']} at step ~{p0.get('step')} "
-                      f"({time.time() - t0:.0f} s)", flush=True)
+                kills.append(
+                    {
+                        "role": role,
+                        "rank": target["rank"],
+                        "unix": time.time(),
+                        "pid": target["pid"],
+                        "step": p0.get("step"),
+                        "last_step_unix": float(p_other.get("unix", time.time())),
+                    }
+                )
+                print(
+                    f"  [{root.name}] killed {role} {target['rank']} at step ~{p0.get('step')} "
+                    f"({time.time() - t0:.0f} s)",
+                    flush=True,
+                )
                 attempt, resumed_at = attempt + (0 if args.in_place else 1), None
             rc = proc.wait(timeout=args.timeout)
         except BaseException:
@@ -211,28 +301,47 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
             redone.append(int(line.rsplit("~", 1)[-1].split()[0]))
     for k in kills:  # in place: the other trainer's longest stretch without a step meanwhile
         if k.get("in_place") and k["role"] == "trainer":
-            k["other_trainer_gap_s"] = gap_within(advances[1 - k["rank"]], k["unix"],
-                                                  k["unix"] + k["recovery_s"])
+            k["other_trainer_gap_s"] = gap_within(
+                advances[1 - k["rank"]], k["unix"], k["unix"] + k["recovery_s"]
+            )
     res = read_json(result) or {}
     outside = sorted(shm_entries() - shm_before)
-    extra_files = sorted(p.name for p in root.iterdir()
-                         if p.name not in {"log", "ckpt", "result.json", "stderr.txt", "stdout.txt"})
-    return {"victim": victim, "rc": rc, "wall_s": round(wall, 1), "test_auc": res.get("test_auc"),
-            "train_seconds_last_attempt": res.get("train_seconds"), "kills": kills,
-            "recovery_s": summary([k["recovery_s"] for k in kills if "recovery_s" in k]),
-            "other_trainer_gap_s": summary([k["other_trainer_gap_s"] for k in kills
-                                            if k.get("other_trainer_gap_s") is not None]),
-            "steps_redone": summary([float(r) for r in redone]),
-            "in_place": sum(1 for k in kills if k.get("in_place")),
-            "trainer_longest_gap_s": {r: longest_gap(a, kills) for r, a in advances.items()} if kills else {},
-            "trainer_longest_gap_any_s": {r: gap_within(a, 0.0, float("inf")) for r, a in advances.items()},
-            "recoveries": len(state.get("recoveries", [])), "orphans": left,
-            "new_shm_entries": outside, "files_outside_job_dirs": extra_files}
+    extra_files = sorted(
+        p.name
+        for p in root.iterdir()
+        if p.name not in {"log", "ckpt", "result.json", "stderr.txt", "stdout.txt"}
+    )
+    return {
+        "victim": victim,
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "test_auc": res.get("test_auc"),
+        "train_seconds_last_attempt": res.get("train_seconds"),
+        "kills": kills,
+        "recovery_s": summary([k["recovery_s"] for k in kills if "recovery_s" in k]),
+        "other_trainer_gap_s": summary(
+            [k["other_trainer_gap_s"] for k in kills if k.get("other_trainer_gap_s") is not None]
+        ),
+        "steps_redone": summary([float(r) for r in redone]),
+        "in_place": sum(1 for k in kills if k.get("in_place")),
+        "trainer_longest_gap_s": {r: longest_gap(a, kills) for r, a in advances.items()}
+        if kills
+        else {},
+        "trainer_longest_gap_any_s": {
+            r: gap_within(a, 0.0, float("inf")) for r, a in advances.items()
+        },
+        "recoveries": len(state.get("recoveries", [])),
+        "orphans": left,
+        "new_shm_entries": outside,
+        "files_outside_job_dirs": extra_files,
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lines", type=int, default=150_000, help="examples per trainer (one file each)")
+    p.add_argument(
+        "--lines", type=int, default=150_000, help="examples per trainer (one file each)"
+    )
     p.add_argument("--batch_size", type=int, default=64, help="global batch")
     p.add_argument("--mode", default="async", choices=["async", "sync"])
     p.add_argument("--interval", type=float, default=5.0, help="--ps_checkpoint_interval")

@@ -34,7 +34,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "scripts"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "scripts")
+)
 
 from ps_cluster import start_server_process, stop_process
 
@@ -92,8 +94,9 @@ def main() -> int:
     if args.reps < 5:
         p.error("--reps must be >= 5")
     work = Path(tempfile.mkdtemp(prefix="bench_ps_ckpt_"))
-    proc, ep = start_server_process("--port", "0", "--checkpoint_root", str(work),
-                                    "--log_level", "WARNING")
+    proc, ep = start_server_process(
+        "--port", "0", "--checkpoint_root", str(work), "--log_level", "WARNING"
+    )
     loop = None
     try:
         client = PSClient([ep], timeout_s=600)
@@ -122,26 +125,54 @@ def main() -> int:
             during.append(loop.worst(b1, c1))
             total.append(c1 - b0)
             nbytes.append(record.bytes)
-            print(f"rep {rep}: stall {stall[-1]:.3f}s (quiet {quiet[-1]:.3f}s), tables locked "
-                  f"{lock[-1]:.3f}s, worst pull while writing {during[-1]:.3f}s, save "
-                  f"{total[-1]:.2f}s, {record.bytes / 1e6:.1f} MB", flush=True)
+            print(
+                f"rep {rep}: stall {stall[-1]:.3f}s (quiet {quiet[-1]:.3f}s), tables locked "
+                f"{lock[-1]:.3f}s, worst pull while writing {during[-1]:.3f}s, save "
+                f"{total[-1]:.2f}s, {record.bytes / 1e6:.1f} MB",
+                flush=True,
+            )
         copy = memcpy_s(int(np.median(nbytes)))
-        stall_label = (f"largest pull latency during the snapshot (the stall; {args.rows} rows, "
-                       f"dim {DIM}) vs a quiet window")
+        stall_label = (
+            f"largest pull latency during the snapshot (the stall; {args.rows} rows, "
+            f"dim {DIM}) vs a quiet window"
+        )
         rows = [
             (stall_label, Stats.of(stall), Stats.of(quiet), "ours / quiet"),
-            ("server's table-lock time vs a memcpy of the checkpoint's bytes (limit)",
-             Stats.of(lock), Stats.of([copy] * len(lock)), "ours / limit"),
-            ("stall vs the whole save (a save holding the locks throughout blocks this long)",
-             Stats.of(stall), Stats.of(total), "ours / locked save"),
-            ("largest pull latency while the files are written vs a quiet window",
-             Stats.of(during), Stats.of(quiet), "writing / quiet"),
+            (
+                "server's table-lock time vs a memcpy of the checkpoint's bytes (limit)",
+                Stats.of(lock),
+                Stats.of([copy] * len(lock)),
+                "ours / limit",
+            ),
+            (
+                "stall vs the whole save (a save holding the locks throughout blocks this long)",
+                Stats.of(stall),
+                Stats.of(total),
+                "ours / locked save",
+            ),
+            (
+                "largest pull latency while the files are written vs a quiet window",
+                Stats.of(during),
+                Stats.of(quiet),
+                "writing / quiet",
+            ),
         ]
-        report("PS checkpoint stall", rows, "stall <= 0.5 s at 1 M rows",
-               extra={"num_rows": args.rows, "dim": DIM, "bytes": Stats.of(nbytes).__dict__,
-                      "save_s": Stats.of(total).__dict__}, json_path=args.json)
-        print(f"bytes written per checkpoint: {Stats.of(nbytes).fmt('MB', 1e-6, 1)}; "
-              f"total save time {Stats.of(total).fmt('s')}")
+        report(
+            "PS checkpoint stall",
+            rows,
+            "stall <= 0.5 s at 1 M rows",
+            extra={
+                "num_rows": args.rows,
+                "dim": DIM,
+                "bytes": Stats.of(nbytes).__dict__,
+                "save_s": Stats.of(total).__dict__,
+            },
+            json_path=args.json,
+        )
+        print(
+            f"bytes written per checkpoint: {Stats.of(nbytes).fmt('MB', 1e-6, 1)}; "
+            f"total save time {Stats.of(total).fmt('s')}"
+        )
         ok = Stats.of(stall).median <= 0.5 or args.rows != 1_000_000
         print("stall goal met" if ok else "stall goal NOT met")
         return 0

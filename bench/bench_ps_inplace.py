@@ -39,12 +39,42 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, scheduler: str) ->
     """One fleetrun on ``scheduler`` with ``args.kills`` server kills; what it measured."""
     root.mkdir(parents=True)
     log, ckpt, result = root / "log", root / "ckpt", root / "result.json"
-    cmd = [sys.executable, "-m", "launcher", "--scheduler", scheduler, "--server_num", "2",
-           "--worker_num", "2", "--log_dir", str(log), "--ps_checkpoint_dir", str(ckpt),
-           "--ps_checkpoint_interval", str(args.interval), "--ps_checkpoint_keep", "2",
-           "--max_restarts", str(args.kills), "--tee", "none", "--grace_period", "2",
-           str(REPO / "examples/ctr/train_ps.py"), "--data_dir", str(data), "--test", str(args.test),
-           "--batch_size", str(args.batch_size), "--mode", "async", "--json", str(result)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launcher",
+        "--scheduler",
+        scheduler,
+        "--server_num",
+        "2",
+        "--worker_num",
+        "2",
+        "--log_dir",
+        str(log),
+        "--ps_checkpoint_dir",
+        str(ckpt),
+        "--ps_checkpoint_interval",
+        str(args.interval),
+        "--ps_checkpoint_keep",
+        "2",
+        "--max_restarts",
+        str(args.kills),
+        "--tee",
+        "none",
+        "--grace_period",
+        "2",
+        str(REPO / "examples/ctr/train_ps.py"),
+        "--data_dir",
+        str(data),
+        "--test",
+        str(args.test),
+        "--batch_size",
+        str(args.batch_size),
+        "--mode",
+        "async",
+        "--json",
+        str(result),
+    ]
     total_steps = args.lines // (args.batch_size // 2)
     rng = random.Random(args.seed)
     kills: list[dict[str, Any]] = []
@@ -52,8 +82,9 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, scheduler: str) ->
     t0 = time.time()
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
     with open(root / "stderr.txt", "w") as err, open(root / "stdout.txt", "w") as out:
-        proc = subprocess.Popen(cmd, cwd=str(root), stdout=out, stderr=err, start_new_session=True,
-                                env=env)
+        proc = subprocess.Popen(
+            cmd, cwd=str(root), stdout=out, stderr=err, start_new_session=True, env=env
+        )
         try:
             since: float | None = None  # when training (re)started stepping
             while proc.poll() is None and time.time() - t0 < args.timeout:
@@ -70,29 +101,49 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, scheduler: str) ->
                     if len(lines) < len(kills):
                         continue
                     k["in_place"] = "in place" in lines[len(kills) - 1]
-                    up = [p for p in procs if p["role"] == "server" and p["rank"] == k["rank"]
-                          and p["state"] == "up" and p["pid"] != k["pid"]]
+                    up = [
+                        p
+                        for p in procs
+                        if p["role"] == "server"
+                        and p["rank"] == k["rank"]
+                        and p["state"] == "up"
+                        and p["pid"] != k["pid"]
+                    ]
                     if "up_step" not in k and up:
                         k["up_step"] = int(p0.get("step", 0))
                     elif "up_step" in k and int(p0.get("step", 0)) > k["up_step"]:
                         k["recovery_s"] = round(float(p0["unix"]) - k["unix"], 3)
                         since = float(p0["unix"])
                     continue
-                if not p0.get("first_step_unix") or not (ckpt.exists() and any(ckpt.glob("ckpt-*/checkpoint.json"))):
+                if not p0.get("first_step_unix") or not (
+                    ckpt.exists() and any(ckpt.glob("ckpt-*/checkpoint.json"))
+                ):
                     continue
                 since = since or float(p0["first_step_unix"])
-                if (len(kills) >= args.kills or time.time() - since < args.period
-                        or int(p0.get("step", 0)) > 0.85 * total_steps):
+                if (
+                    len(kills) >= args.kills
+                    or time.time() - since < args.period
+                    or int(p0.get("step", 0)) > 0.85 * total_steps
+                ):
                     continue
                 alive = [p for p in procs if p["role"] == "server" and p["state"] == "up"]
                 if len(alive) < 2:
                     continue
                 target = rng.choice(alive)
                 os.kill(int(target["pid"]), signal.SIGKILL)
-                kills.append({"rank": target["rank"], "pid": target["pid"], "unix": time.time(),
-                              "step": p0.get("step")})
-                print(f"  [{scheduler}] killed server {target['rank']} at step ~{p0.get('step')} "
-                      f"({time.time() - t0:.0f} s)", flush=True)
+                kills.append(
+                    {
+                        "rank": target["rank"],
+                        "pid": target["pid"],
+                        "unix": time.time(),
+                        "step": p0.get("step"),
+                    }
+                )
+                print(
+                    f"  [{scheduler}] killed server {target['rank']} at step ~{p0.get('step')} "
+                    f"({time.time() - t0:.0f} s)",
+                    flush=True,
+                )
             rc = proc.wait(timeout=max(1.0, args.timeout - (time.time() - t0)))
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -101,14 +152,24 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, scheduler: str) ->
     wall = time.time() - t0
     time.sleep(3)
     state = read_json(log / "job_state.json") or {}
-    final_trainers = {p["rank"]: p["pid"] for p in state.get("processes", []) if p["role"] == "trainer"}
+    final_trainers = {
+        p["rank"]: p["pid"] for p in state.get("processes", []) if p["role"] == "trainer"
+    }
     res = read_json(result) or {}
-    return {"scheduler": scheduler, "rc": rc, "wall_s": round(wall, 1), "test_auc": res.get("test_auc"),
-            "kills": kills, "in_place": sum(1 for k in kills if k.get("in_place")),
-            "recovery_s": summary([k["recovery_s"] for k in kills if "recovery_s" in k]),
-            "recoveries": len(state.get("recoveries", [])), "restarts": state.get("restarts"),
-            "attempt": state.get("attempt"), "trainers_kept_pids": final_trainers == trainer_pids,
-            "orphans": orphans(str(root))}
+    return {
+        "scheduler": scheduler,
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "test_auc": res.get("test_auc"),
+        "kills": kills,
+        "in_place": sum(1 for k in kills if k.get("in_place")),
+        "recovery_s": summary([k["recovery_s"] for k in kills if "recovery_s" in k]),
+        "recoveries": len(state.get("recoveries", [])),
+        "restarts": state.get("restarts"),
+        "attempt": state.get("attempt"),
+        "trainers_kept_pids": final_trainers == trainer_pids,
+        "orphans": orphans(str(root)),
+    }
 
 
 def main() -> int:
@@ -135,13 +196,20 @@ def main() -> int:
             uptime.append(os.popen("uptime").read().strip())
             print(json.dumps({k: v for k, v in results[name].items() if k != "kills"}), flush=True)
     med = {n: r["recovery_s"]["median"] for n, r in results.items()}
-    ratio = (round(med["ray"] / med["local"], 3) if med.get("ray") and med.get("local") else None)
+    ratio = round(med["ray"] / med["local"], 3) if med.get("ray") and med.get("local") else None
     out = {"args": vars(args), "uptime": uptime, "ray_over_local_median": ratio, "results": results}
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    bad = [n for n, r in results.items() if r["rc"] != 0 or r["orphans"] or r["in_place"] != len(r["kills"])
-           or len(r["kills"]) < args.kills or not r["trainers_kept_pids"]]
+    bad = [
+        n
+        for n, r in results.items()
+        if r["rc"] != 0
+        or r["orphans"]
+        or r["in_place"] != len(r["kills"])
+        or len(r["kills"]) < args.kills
+        or not r["trainers_kept_pids"]
+    ]
     if bad:
         print(f"not as expected: {bad}", flush=True)
     return 1 if bad else 0

@@ -56,9 +56,11 @@ def main() -> None:
             kernels.ENABLED = fast
             t = tables[fast] = SparseTable(config)
             for lo in range(0, ROWS, BATCH):
-                t.pull(universe[lo:lo + BATCH])
-        batches = [(rng.choice(universe, BATCH), rng.standard_normal((BATCH, dim), dtype=np.float32))
-                   for _ in range(4)]
+                t.pull(universe[lo : lo + BATCH])
+        batches = [
+            (rng.choice(universe, BATCH), rng.standard_normal((BATCH, dim), dtype=np.float32))
+            for _ in range(4)
+        ]
         variants = {"compiled": (True, 1), "numpy": (False, 1), "threads": (True, threads)}
         rates: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(args.reps):
@@ -73,14 +75,26 @@ def main() -> None:
                     t.push(keys, grads)
                 rates[name].append(args.steps * BATCH / (time.perf_counter() - t0) / 1e6)
         label = f"dim {dim}, {ROWS} rows, adagrad, pull+push of {BATCH} keys (with repeats)"
-        rows.append((label, Stats.of(rates["compiled"]), Stats.of(rates["numpy"]),
-                     "compiled/numpy keys/s"))
-        rows.append((f"{label}: {threads} table threads vs 1", Stats.of(rates["threads"]),
-                     Stats.of(rates["compiled"]), "threads/1 thread keys/s"))
+        rows.append(
+            (label, Stats.of(rates["compiled"]), Stats.of(rates["numpy"]), "compiled/numpy keys/s")
+        )
+        rows.append(
+            (
+                f"{label}: {threads} table threads vs 1",
+                Stats.of(rates["threads"]),
+                Stats.of(rates["compiled"]),
+                "threads/1 thread keys/s",
+            )
+        )
     kernels.ENABLED = kernels._c is not None
     kernels.set_threads(1)
-    report("sparse table pull+push: compiled kernels vs numpy path", rows, goal="(speed-up)",
-           json_path=args.json, unit="M keys/s")
+    report(
+        "sparse table pull+push: compiled kernels vs numpy path",
+        rows,
+        goal="(speed-up)",
+        json_path=args.json,
+        unit="M keys/s",
+    )
 
 
 if __name__ == "__main__":

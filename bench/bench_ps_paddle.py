@@ -79,13 +79,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--passes", type=int, default=3, help="passes per day")
     p.add_argument("--files", type=int, default=2, help="files per pass")
     p.add_argument("--lines", type=int, default=25000, help="examples per file")
-    p.add_argument("--data_dir", default="", help="reuse/keep the stream here (default: a temp dir)")
+    p.add_argument(
+        "--data_dir", default="", help="reuse/keep the stream here (default: a temp dir)"
+    )
     p.add_argument("--timeout", type=float, default=900, help="seconds per job")
     p.add_argument("--json", default="", help="write the results here too")
     p.add_argument("--keep_work", action="store_true", help="keep the runs' models and logs")
-    p.add_argument("--checkpoints", choices=["on", "off"], default="on",
-                   help="on: fleetrun's automatic checkpoints (--ps_checkpoint_dir) and Paddle's "
-                        "donefile beside both sides' delta/base saves (module docstring)")
+    p.add_argument(
+        "--checkpoints",
+        choices=["on", "off"],
+        default="on",
+        help="on: fleetrun's automatic checkpoints (--ps_checkpoint_dir) and Paddle's "
+        "donefile beside both sides' delta/base saves (module docstring)",
+    )
     return p.parse_args()
 
 
@@ -118,20 +124,41 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_paddle(work: str, data: str, days: list[str], timeout: float,
-               checkpoints: bool) -> list[dict[str, Any]]:
+def run_paddle(
+    work: str, data: str, days: list[str], timeout: float, checkpoints: bool
+) -> list[dict[str, Any]]:
     """One Paddle job; its per-pass records. Stopped once the trainer wrote ``done``."""
     out = os.path.join(work, "paddle.jsonl")
     env = bench_env()
-    env.update(PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION="python", GLOG_minloglevel="2",
-               PYTHONPATH=REPO)
-    cmd = [PADDLE_PYTHON, "-m", "paddle.distributed.launch", "--server_num", "1", "--trainer_num",
-           "1", "--log_dir", os.path.join(work, "paddle-log"), PADDLE_WORKER, "--data_root", data,
-           "--days", ",".join(days), "--output_dir", os.path.join(work, "paddle-model"), "--out", out,
-           "--donefile", "1" if checkpoints else "0"]
+    env.update(
+        PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION="python", GLOG_minloglevel="2", PYTHONPATH=REPO
+    )
+    cmd = [
+        PADDLE_PYTHON,
+        "-m",
+        "paddle.distributed.launch",
+        "--server_num",
+        "1",
+        "--trainer_num",
+        "1",
+        "--log_dir",
+        os.path.join(work, "paddle-log"),
+        PADDLE_WORKER,
+        "--data_root",
+        data,
+        "--days",
+        ",".join(days),
+        "--output_dir",
+        os.path.join(work, "paddle-model"),
+        "--out",
+        out,
+        "--donefile",
+        "1" if checkpoints else "0",
+    ]
     with open(os.path.join(work, "paddle-launch.log"), "w") as log:
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -139,28 +166,65 @@ def run_paddle(work: str, data: str, days: list[str], timeout: float,
             if records and records[-1].get("done"):
                 return records[:-1]
             if proc.poll() is not None:
-                raise RuntimeError(f"Paddle's job exited {proc.returncode} before its last pass; "
-                                   f"see {work}/paddle-log/workerlog.0")
+                raise RuntimeError(
+                    f"Paddle's job exited {proc.returncode} before its last pass; "
+                    f"see {work}/paddle-log/workerlog.0"
+                )
             time.sleep(1.0)
         raise RuntimeError(f"Paddle's job did not finish in {timeout:.0f} s; see {work}/paddle-log")
     finally:
         _kill_group(proc)
 
 
-def run_ours(work: str, data: str, days: list[str], timeout: float,
-             checkpoints: bool) -> list[dict[str, Any]]:
+def run_ours(
+    work: str, data: str, days: list[str], timeout: float, checkpoints: bool
+) -> list[dict[str, Any]]:
     """One fleetrun job; its per-pass records."""
     out = os.path.join(work, "ours.jsonl")
-    auto = (["--ps_checkpoint_dir", os.path.join(work, "ckpt"), "--ps_checkpoint_keep", "2"]
-            if checkpoints else [])
-    cmd = fleetrun_cmd("--server_num", "1", "--worker_num", "1", "--log_dir",
-                       os.path.join(work, "ours-log"), *auto, ONLINE, "--data_root", data,
-                       "--output_dir", "ours-model", "--days", ",".join(days), "--batch_size",
-                       "512", "--embedding_dim", "8", "--hidden", "64,32", "--mode", "async",
-                       "--reader_threads", "1", "--shrink_unseen_days", "30", "--json", out)
-    proc = subprocess.Popen(cmd, cwd=work, env={**bench_env(), "PYTHONPATH": REPO},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    auto = (
+        ["--ps_checkpoint_dir", os.path.join(work, "ckpt"), "--ps_checkpoint_keep", "2"]
+        if checkpoints
+        else []
+    )
+    cmd = fleetrun_cmd(
+        "--server_num",
+        "1",
+        "--worker_num",
+        "1",
+        "--log_dir",
+        os.path.join(work, "ours-log"),
+        *auto,
+        ONLINE,
+        "--data_root",
+        data,
+        "--output_dir",
+        "ours-model",
+        "--days",
+        ",".join(days),
+        "--batch_size",
+        "512",
+        "--embedding_dim",
+        "8",
+        "--hidden",
+        "64,32",
+        "--mode",
+        "async",
+        "--reader_threads",
+        "1",
+        "--shrink_unseen_days",
+        "30",
+        "--json",
+        out,
+    )
+    proc = subprocess.Popen(
+        cmd,
+        cwd=work,
+        env={**bench_env(), "PYTHONPATH": REPO},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         text, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -188,8 +252,10 @@ def summarize(runs: list[list[dict[str, Any]]], days: list[str]) -> dict[str, An
 def main() -> None:
     args = parse_args()
     if not os.access(PADDLE_PYTHON, os.X_OK):
-        print(f"[bench_ps_paddle] skipped: no {PADDLE_PYTHON}; run bench/setup_paddle26_venv.sh "
-              "(PaddlePaddle 2.6.2 CPU, ~150 MB download) to measure Paddle's parameter server")
+        print(
+            f"[bench_ps_paddle] skipped: no {PADDLE_PYTHON}; run bench/setup_paddle26_venv.sh "
+            "(PaddlePaddle 2.6.2 CPU, ~150 MB download) to measure Paddle's parameter server"
+        )
         return
     days = [str(DAY0 + d) for d in range(args.days)]
     keep = args.data_dir
@@ -223,31 +289,59 @@ def run_all(args: argparse.Namespace, tmp: str, data: str, days: list[str]) -> N
                 ours_runs.append(run_ours(work, data, days, args.timeout, checkpoints))
             else:
                 paddle_runs.append(run_paddle(work, data, days, args.timeout, checkpoints))
-            print(f"[bench_ps_paddle] {side} run {rep}: {time.perf_counter() - t0:.0f} s, "
-                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"[bench_ps_paddle] {side} run {rep}: {time.perf_counter() - t0:.0f} s, "
+                f"load average {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
     ours, paddle = summarize(ours_runs, days), summarize(paddle_runs, days)
     info = machine_info()
-    print(f"== online day/pass stream: fleetrun vs PaddlePaddle 2.6.2 PS ==  ({info['date']}, "
-          f"{info['cpus']} CPUs, {args.days} days x {args.passes} passes x "
-          f"{args.files * args.lines} examples, {args.reps} run(s) per side, checkpoints "
-          f"{args.checkpoints})")
-    for key, label in (("train", "training examples/s (train_from_dataset)"),
-                       ("pass", "whole-pass examples/s (validation + training + delta save"
-                        + (" + cut)" if checkpoints else ")"))):
+    print(
+        f"== online day/pass stream: fleetrun vs PaddlePaddle 2.6.2 PS ==  ({info['date']}, "
+        f"{info['cpus']} CPUs, {args.days} days x {args.passes} passes x "
+        f"{args.files * args.lines} examples, {args.reps} run(s) per side, checkpoints "
+        f"{args.checkpoints})"
+    )
+    for key, label in (
+        ("train", "training examples/s (train_from_dataset)"),
+        (
+            "pass",
+            "whole-pass examples/s (validation + training + delta save"
+            + (" + cut)" if checkpoints else ")"),
+        ),
+    ):
         ratio = ours[key].median / paddle[key].median
-        print(f"{label}\n  fleetrun : {ours[key].fmt('ex/s', digits=0)}\n"
-              f"  paddle   : {paddle[key].fmt('ex/s', digits=0)}\n  ratio    = {ratio:.2f}   goal >= 1.3")
-    print(f"progressive AUC, last pass of each day: fleetrun {ours['last_pass_auc']}, "
-          f"paddle {paddle['last_pass_auc']}")
-    print(f"progressive AUC per pass: fleetrun {ours['progressive_auc']}\n"
-          f"                          paddle   {paddle['progressive_auc']}")
-    print(f"train AUC per pass:       fleetrun {ours['train_auc']}\n"
-          f"                          paddle   {paddle['train_auc']}")
+        print(
+            f"{label}\n  fleetrun : {ours[key].fmt('ex/s', digits=0)}\n"
+            f"  paddle   : {paddle[key].fmt('ex/s', digits=0)}\n  ratio    = {ratio:.2f}   goal >= 1.3"
+        )
+    print(
+        f"progressive AUC, last pass of each day: fleetrun {ours['last_pass_auc']}, "
+        f"paddle {paddle['last_pass_auc']}"
+    )
+    print(
+        f"progressive AUC per pass: fleetrun {ours['progressive_auc']}\n"
+        f"                          paddle   {paddle['progressive_auc']}"
+    )
+    print(
+        f"train AUC per pass:       fleetrun {ours['train_auc']}\n"
+        f"                          paddle   {paddle['train_auc']}"
+    )
     print(f"load average at the start of each run: {[round(u, 1) for u in uptime]}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"machine": info, "checkpoints": args.checkpoints, "ours": ours_runs,
-                       "paddle": paddle_runs, "load": uptime}, f, indent=2, default=str)
+            json.dump(
+                {
+                    "machine": info,
+                    "checkpoints": args.checkpoints,
+                    "ours": ours_runs,
+                    "paddle": paddle_runs,
+                    "load": uptime,
+                },
+                f,
+                indent=2,
+                default=str,
+            )
 
 
 if __name__ == "__main__":

@@ -58,11 +58,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--shrink", type=int, default=1, help="shrink at the end of each day (0: off)")
     p.add_argument("--print_period", type=int, default=0, help="print the loss every N batches")
     p.add_argument("--sparse_lod", type=int, default=0, help="1: LoD id slots + sequence_pool")
-    p.add_argument("--shard_num", type=int, default=64, help="sparse table shards (Paddle's CPU default: 1000)")
-    p.add_argument("--donefile", type=int, default=0,
-                   help="1: append a donefile line after each save (the recovery record)")
-    p.add_argument("--optimizer", choices=["adam", "sgd", "adagrad"], default="adam",
-                   help="dense optimizer (Paddle's PS derives the sparse rule from it too)")
+    p.add_argument(
+        "--shard_num", type=int, default=64, help="sparse table shards (Paddle's CPU default: 1000)"
+    )
+    p.add_argument(
+        "--donefile",
+        type=int,
+        default=0,
+        help="1: append a donefile line after each save (the recovery record)",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=["adam", "sgd", "adagrad"],
+        default="adam",
+        help="dense optimizer (Paddle's PS derives the sparse rule from it too)",
+    )
     return p.parse_args()
 
 
@@ -71,14 +81,20 @@ def build(args: argparse.Namespace):
     # one id per slot: a dense [B, 1] int64 slot (with LoD slots and sequence_pool the sparse
     # rows did not learn under Paddle 2.6.2's PS here: AUC stayed ~0.5)
     lod = 1 if args.sparse_lod else 0
-    sparse = [paddle.static.data(name=str(i), shape=[-1, 1], dtype="int64", lod_level=lod)
-              for i in range(1, NUM_SPARSE + 1)]
+    sparse = [
+        paddle.static.data(name=str(i), shape=[-1, 1], dtype="int64", lod_level=lod)
+        for i in range(1, NUM_SPARSE + 1)
+    ]
     dense = paddle.static.data(name="dense_feature", shape=[-1, NUM_DENSE], dtype="float32")
     embs = []
     for slot in sparse:
         emb = paddle.static.nn.sparse_embedding(
-            input=slot, size=[1 << 20, args.dim], param_attr=paddle.ParamAttr(
-                name="emb", initializer=paddle.nn.initializer.Normal(0.0, 0.05)))
+            input=slot,
+            size=[1 << 20, args.dim],
+            param_attr=paddle.ParamAttr(
+                name="emb", initializer=paddle.nn.initializer.Normal(0.0, 0.05)
+            ),
+        )
         if lod:
             embs.append(paddle.static.nn.sequence_lod.sequence_pool(emb, pool_type="sum"))
         else:
@@ -88,10 +104,12 @@ def build(args: argparse.Namespace):
         x = paddle.static.nn.fc(x, width, activation="relu")
     logit = paddle.static.nn.fc(x, 1)
     prob = paddle.nn.functional.sigmoid(logit)
-    loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(
-        logit, paddle.cast(label, "float32")))
-    auc_var, _, stats = paddle.static.auc(input=paddle.concat([1 - prob, prob], axis=1), label=label,
-                                    num_thresholds=4095)
+    loss = paddle.mean(
+        paddle.nn.functional.binary_cross_entropy_with_logits(logit, paddle.cast(label, "float32"))
+    )
+    auc_var, _, stats = paddle.static.auc(
+        input=paddle.concat([1 - prob, prob], axis=1), label=label, num_thresholds=4095
+    )
     return [label, *sparse, dense], loss, stats, auc_var
 
 
@@ -134,13 +152,18 @@ def main() -> None:
     for part in ("embed_sgd_param", "embedx_sgd_param"):
         table[f"{t}accessor.{part}.name"] = "SparseAdaGradSGDRule"
         table[f"{t}accessor.{part}.adagrad.learning_rate"] = args.sparse_lr * args.batch_size
-        table[f"{t}accessor.{part}.adagrad.initial_range"] = 0.05 if part == "embedx_sgd_param" else 0.0
+        table[f"{t}accessor.{part}.adagrad.initial_range"] = (
+            0.05 if part == "embedx_sgd_param" else 0.0
+        )
         table[f"{t}accessor.{part}.adagrad.initial_g2sum"] = 3.0
         table[f"{t}accessor.{part}.adagrad.weight_bounds"] = [-10.0, 10.0]
     strategy.sparse_table_configs = {"emb": table}
     use_var, loss, stats, auc_var = build(args)
-    make = {"adam": paddle.optimizer.Adam, "sgd": paddle.optimizer.SGD,
-            "adagrad": paddle.optimizer.Adagrad}[args.optimizer]
+    make = {
+        "adam": paddle.optimizer.Adam,
+        "sgd": paddle.optimizer.SGD,
+        "adagrad": paddle.optimizer.Adagrad,
+    }[args.optimizer]
     opt = fleet.distributed_optimizer(make(args.dense_lr), strategy)
     opt.minimize(loss)
     if fleet.is_server():
@@ -154,14 +177,21 @@ def main() -> None:
     out = open(args.out, "w") if fleet.worker_index() == 0 else None
     days = [d for d in args.days.split(",") if d]
     for day in days:
-        passes = sorted(p for p in os.listdir(os.path.join(args.data_root, day))
-                        if os.path.isdir(os.path.join(args.data_root, day, p)))
+        passes = sorted(
+            p
+            for p in os.listdir(os.path.join(args.data_root, day))
+            if os.path.isdir(os.path.join(args.data_root, day, p))
+        )
         for pass_id in passes:
             files = sorted(glob.glob(os.path.join(args.data_root, day, pass_id, "part-*")))
             t0 = time.perf_counter()
             ds = paddle.distributed.InMemoryDataset()
-            ds.init(batch_size=args.batch_size, thread_num=args.threads, use_var=use_var,
-                    pipe_command="cat")
+            ds.init(
+                batch_size=args.batch_size,
+                thread_num=args.threads,
+                use_var=use_var,
+                pipe_command="cat",
+            )
             ds.set_filelist(files)
             ds.load_into_memory()
             examples = int(ds.get_memory_data_size())
@@ -169,9 +199,21 @@ def main() -> None:
             exe.infer_from_dataset(main_program, ds, thread=args.threads)
             pv_auc = auc_of(stats)
             t2 = time.perf_counter()
-            exe.train_from_dataset(main_program, ds, thread=args.threads, debug=False,
-                                   **({"fetch_list": [loss, auc_var], "fetch_info": ["loss", "auc"],
-                                       "print_period": args.print_period} if args.print_period else {}))
+            exe.train_from_dataset(
+                main_program,
+                ds,
+                thread=args.threads,
+                debug=False,
+                **(
+                    {
+                        "fetch_list": [loss, auc_var],
+                        "fetch_info": ["loss", "auc"],
+                        "print_period": args.print_period,
+                    }
+                    if args.print_period
+                    else {}
+                ),
+            )
             t3 = time.perf_counter()
             train_auc = auc_of(stats)
             delta = os.path.join(args.output_dir, day, f"delta-{pass_id}")
@@ -180,11 +222,19 @@ def main() -> None:
                 append_donefile(args.output_dir, day, pass_id, delta, "delta")
             t4 = time.perf_counter()
             ds.release_memory()
-            record = {"day": day, "pass": pass_id, "examples": examples,
-                      "load_s": t1 - t0, "pv_s": t2 - t1, "train_s": t3 - t2, "save_s": t4 - t3,
-                      "progressive_auc": pv_auc, "train_auc": train_auc,
-                      "train_examples_per_s": examples / (t3 - t2),
-                      "pass_examples_per_s": examples / (t4 - t1)}
+            record = {
+                "day": day,
+                "pass": pass_id,
+                "examples": examples,
+                "load_s": t1 - t0,
+                "pv_s": t2 - t1,
+                "train_s": t3 - t2,
+                "save_s": t4 - t3,
+                "progressive_auc": pv_auc,
+                "train_auc": train_auc,
+                "train_examples_per_s": examples / (t3 - t2),
+                "pass_examples_per_s": examples / (t4 - t1),
+            }
             if out is not None:
                 out.write(json.dumps(record) + "\n")
                 out.flush()

@@ -634,8 +634,10 @@ def main(argv: list[str] | None = None) -> None:
     for (dist, dim), row in results.items():
         for o in ours:
             for peer in args.peers:
-                label = (f"{dist} {args.key_space} keys, dim {dim}: {o} ({args.ours_transport}) "
-                         f"vs {peer} ({BATCH} keys/round, SGD)")
+                label = (
+                    f"{dist} {args.key_space} keys, dim {dim}: {o} ({args.ours_transport}) "
+                    f"vs {peer} ({BATCH} keys/round, SGD)"
+                )
                 rows.append((label, row[o].keys_per_s, row[peer].keys_per_s, "ours/peer keys/s"))
     extra = {
         "config": {

@@ -168,7 +168,9 @@ def start_servers(
     return procs, eps, echo_eps
 
 
-def bench_dim(client, shm_client, echo, num_servers: int, dim: int, rule, rng, universe, args) -> dict:
+def bench_dim(
+    client, shm_client, echo, num_servers: int, dim: int, rule, rng, universe, args
+) -> dict:
     """ours (TCP) / ours (shm) / echo / table-only rates (M keys/s, lists of --reps) at one dim."""
     from ps_server import SparseTable, SparseTableConfig, Uniform
     from ps_server.core.routing import group_by_server
@@ -226,11 +228,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12, help="pull+push steps per repetition")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adagrad"])
     p.add_argument("--max_message_mb", type=int, default=64)
-    p.add_argument("--table_threads", type=int, default=None,
-                   help="servers' --table_threads, also used by the in-process table (default: "
-                   "ps_server's, the CPU count up to 8)")
-    p.add_argument("--token", action="store_true",
-                   help="servers require a job token and the clients send it (ps_server.rpc.auth)")
+    p.add_argument(
+        "--table_threads",
+        type=int,
+        default=None,
+        help="servers' --table_threads, also used by the in-process table (default: "
+        "ps_server's, the CPU count up to 8)",
+    )
+    p.add_argument(
+        "--token",
+        action="store_true",
+        help="servers require a job token and the clients send it (ps_server.rpc.auth)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if args.echo_server:
@@ -261,8 +270,9 @@ def main() -> None:
     for num_servers in [int(s) for s in args.servers.split(",")]:
         procs: list[subprocess.Popen] = []
         try:
-            procs, eps, echo_eps = start_servers(num_servers, args.max_message_mb, threads,
-                                                 extra_flags)
+            procs, eps, echo_eps = start_servers(
+                num_servers, args.max_message_mb, threads, extra_flags
+            )
             client = PSClient(eps, max_message_mb=args.max_message_mb, shm=False, token=token)
             client.wait_ready(30)
             shm_client = PSClient(eps, max_message_mb=args.max_message_mb, shm=True, token=token)
@@ -276,7 +286,9 @@ def main() -> None:
                     f"{args.optimizer}, ~{mib:.1f} MiB moved per step"
                 )
                 rows.append((label, ours, peer, "ours/echo keys/s"))
-                rows.append((f"{label} [ours through shared memory]", shm, peer, "ours/echo keys/s"))
+                rows.append(
+                    (f"{label} [ours through shared memory]", shm, peer, "ours/echo keys/s")
+                )
                 bound = 1 / (1 / table.median + 1 / peer.median)
                 extra.append((label, table, bound, ours.median / bound))
             echo.close()

@@ -59,16 +59,21 @@ def _requests(tmp: Path) -> dict[str, Any]:
     seg = "fleetps_" + "0" * 32
     return {
         "CreateTable": ps_pb2.CreateTableRequest(
-            config_json=json.dumps({"kind": "sparse", "name": "evil", "dim": 2})),
+            config_json=json.dumps({"kind": "sparse", "name": "evil", "dim": 2})
+        ),
         "ListTables": ps_pb2.ListTablesRequest(),
         "PullSparse": ps_pb2.PullSparseRequest(table="emb", keys=(keys + 10**6).tobytes()),
-        "PushSparse": ps_pb2.PushSparseRequest(table="emb", keys=keys.tobytes(),
-                                               grads=np.ones((64, DIM), np.float32).tobytes(),
-                                               mode=ps_pb2.PUSH_MODE_APPLY),
+        "PushSparse": ps_pb2.PushSparseRequest(
+            table="emb",
+            keys=keys.tobytes(),
+            grads=np.ones((64, DIM), np.float32).tobytes(),
+            mode=ps_pb2.PUSH_MODE_APPLY,
+        ),
         "InitDense": ps_pb2.InitDenseRequest(table="d", name="x", values=b"\0" * 16),
         "PullDense": ps_pb2.PullDenseRequest(table="d", name="w"),
-        "PushDense": ps_pb2.PushDenseRequest(table="d", name="w", grad=np.ones(8, np.float32).tobytes(),
-                                             mode=ps_pb2.PUSH_MODE_APPLY),
+        "PushDense": ps_pb2.PushDenseRequest(
+            table="d", name="w", grad=np.ones(8, np.float32).tobytes(), mode=ps_pb2.PUSH_MODE_APPLY
+        ),
         "Save": ps_pb2.SaveRequest(dir=str(tmp / "stolen")),
         "Load": ps_pb2.LoadRequest(dir=str(tmp / "before")),
         "Shrink": ps_pb2.ShrinkRequest(table="emb", unseen_days=0),
@@ -102,7 +107,9 @@ class Attack:
         reqs = _requests(tmp)
         self.names = sorted(reqs)
         self.bodies = [reqs[n].SerializeToString() for n in self.names]
-        self.raw = [self.channel.unary_unary(f"/{SERVICE_NAME}/{n}") for n in self.names]  # bytes in/out
+        self.raw = [
+            self.channel.unary_unary(f"/{SERVICE_NAME}/{n}") for n in self.names
+        ]  # bytes in/out
         self.parsed = [i for i, n in enumerate(self.names) if n not in SIDE_EFFECT_WHEN_EMPTY]
         rng = np.random.default_rng(seed)
         self.garbage = [rng.bytes(int(n)) for n in rng.integers(0, 2048, 512)]
@@ -116,7 +123,9 @@ class Attack:
     def serve(self, i: int) -> None:
         """A trivial valid call (ListTables with the job's token): the peer of a refusal."""
         method = self.names.index("ListTables")
-        self.raw[method](self.bodies[method], timeout=10, metadata=self.metadata["garbage, job token"])
+        self.raw[method](
+            self.bodies[method], timeout=10, metadata=self.metadata["garbage, job token"]
+        )
 
     def send(self, kind: str, i: int) -> str:
         if kind.startswith("garbage"):
@@ -148,8 +157,10 @@ def run_attacks(attack: Attack, job: Any, args: argparse.Namespace) -> tuple[lis
     problems: list[str] = []
     for rep in range(args.reps):
         for kind in kinds:
+
             def one(i: int, kind: str = kind) -> None:
                 codes[kind][attack.send(kind, rep * per_rep + i)] += 1
+
             rates[kind].append(_rate(one, per_rep))
             try:  # the server still serves the job
                 job.stats()
@@ -163,9 +174,15 @@ def run_attacks(attack: Attack, job: Any, args: argparse.Namespace) -> tuple[lis
         if kind == "garbage, job token" and ("INTERNAL" in wrong or "UNKNOWN" in wrong):
             problems.append(f"garbage with the token hit a bug: {dict(codes[kind])}")
     served = Stats.of(rates["served"])
-    rows = [(f"{per_rep * args.reps} calls, {kind} -> {dict(codes[kind])}", Stats.of(rates[kind]), served,
-             "calls/s of these / calls/s of ListTables served")
-            for kind in kinds]
+    rows = [
+        (
+            f"{per_rep * args.reps} calls, {kind} -> {dict(codes[kind])}",
+            Stats.of(rates[kind]),
+            served,
+            "calls/s of these / calls/s of ListTables served",
+        )
+        for kind in kinds
+    ]
     return rows, {k: dict(v) for k, v in codes.items()}, problems
 
 
@@ -201,10 +218,18 @@ def run_hot_path(a: Any, b: Any, args: argparse.Namespace) -> list:
         for name in spent:
             big[name].append(args.big_steps * HOT_BATCH / spent[name] / 1e6)
     return [
-        ("hot path: PullSparse of 1 key, calls/s (token checked vs no token)",
-         Stats.of(small["a"]), Stats.of(small["b"]), "with token / without"),
-        (f"hot path: pull+push of {HOT_BATCH} keys, dim 16, M keys/s (token checked vs no token)",
-         Stats.of(big["a"]), Stats.of(big["b"]), "with token / without"),
+        (
+            "hot path: PullSparse of 1 key, calls/s (token checked vs no token)",
+            Stats.of(small["a"]),
+            Stats.of(small["b"]),
+            "with token / without",
+        ),
+        (
+            f"hot path: pull+push of {HOT_BATCH} keys, dim 16, M keys/s (token checked vs no token)",
+            Stats.of(big["a"]),
+            Stats.of(big["b"]),
+            "with token / without",
+        ),
     ]
 
 
@@ -244,8 +269,12 @@ def main() -> None:
             rows, codes, problems = run_attacks(attack, job, args)
             after = _snapshot(job, tmp / "after")
             if after != before:
-                problems.append("the tables changed: " + ", ".join(
-                    sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))))
+                problems.append(
+                    "the tables changed: "
+                    + ", ".join(
+                        sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+                    )
+                )
             if (tmp / "stolen").exists():
                 problems.append("a refused Save wrote files")
             rows += run_hot_path(job, plain, args)
@@ -261,13 +290,24 @@ def main() -> None:
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
-    report("ps_server security: refused / garbage calls vs served calls; hot path with vs without "
-           "the token check", rows, goal="refusals >= 0.5 of served; hot path >= 0.95",
-           json_path=args.json, unit="/s",
-           extra={"codes": codes, "tables_identical": after == before, "server_stayed_up": up,
-                  "problems": problems})
-    print(f"\ntables identical before/after: {after == before} ({len(before)} shard files); "
-          f"server stayed up: {up}")
+    report(
+        "ps_server security: refused / garbage calls vs served calls; hot path with vs without "
+        "the token check",
+        rows,
+        goal="refusals >= 0.5 of served; hot path >= 0.95",
+        json_path=args.json,
+        unit="/s",
+        extra={
+            "codes": codes,
+            "tables_identical": after == before,
+            "server_stayed_up": up,
+            "problems": problems,
+        },
+    )
+    print(
+        f"\ntables identical before/after: {after == before} ({len(before)} shard files); "
+        f"server stayed up: {up}"
+    )
     for problem in problems:
         print(f"PROBLEM: {problem}")
     sys.exit(1 if problems else 0)

@@ -74,7 +74,9 @@ def torchtrainer_main(address: str) -> None:
     with tempfile.TemporaryDirectory(prefix="frt-train-") as storage:
         trainer = TorchTrainer(
             allreduce_once,
-            scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
+            scaling_config=ScalingConfig(
+                num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}
+            ),
             run_config=RunConfig(storage_path=storage, name="bench"),
         )
         trainer.fit()
@@ -88,10 +90,28 @@ def start_cluster(temp: str) -> tuple[subprocess.Popen, str]:
         port = s.getsockname()[1]
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     head = subprocess.Popen(
-        [ray_cli, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-         "--num-cpus", "4", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp],
-        env={**bench_env(), **RAY_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        [
+            ray_cli,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "4",
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+            "--temp-dir",
+            temp,
+        ],
+        env={**bench_env(), **RAY_ENV},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while True:
         if head.poll() is not None:
@@ -117,10 +137,14 @@ def stop_cluster(head: subprocess.Popen) -> None:
 def timed(cmd: list[str], env: dict[str, str], cwd: str) -> float:
     """Seconds from start to exit of ``cmd``; raises with its output if it fails."""
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
+    r = subprocess.run(
+        cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=600, check=False
+    )
     dt = time.perf_counter() - t0
     if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        )
     return dt
 
 
@@ -148,13 +172,20 @@ def main() -> None:
         try:
             job = os.path.join(temp, "job.yaml")
             with open(job, "w", encoding="utf-8") as f:
-                yaml.safe_dump({
-                    "name": "bench-ray-launch", "scheduler": "ray",
-                    "entrypoint": {"script": os.path.abspath(__file__), "args": ["--worker"]},
-                    "sizes": {"nproc_per_node": 2}, "backend": "gloo", "tee": "none",
-                    "resources": {"trainer": {"cpu": 1, "memory": "256Mi"}},
-                    "log_dir": os.path.join(temp, "log"), "ray": {"address": address},
-                }, f)
+                yaml.safe_dump(
+                    {
+                        "name": "bench-ray-launch",
+                        "scheduler": "ray",
+                        "entrypoint": {"script": os.path.abspath(__file__), "args": ["--worker"]},
+                        "sizes": {"nproc_per_node": 2},
+                        "backend": "gloo",
+                        "tee": "none",
+                        "resources": {"trainer": {"cpu": 1, "memory": "256Mi"}},
+                        "log_dir": os.path.join(temp, "log"),
+                        "ray": {"address": address},
+                    },
+                    f,
+                )
             cmds = {
                 "ours": [sys.executable, "-m", "launcher", "-c", job],
                 "peer": [sys.executable, os.path.abspath(__file__), "--torchtrainer", address],
@@ -172,10 +203,20 @@ def main() -> None:
             stop_cluster(head)
     from importlib.metadata import version
 
-    report("Ray launch-to-exit, trivial 2-worker all_reduce job (fleetrun --scheduler ray vs TorchTrainer)",
-           [("launch-to-exit, same running local cluster (4 logical CPUs)", Stats.of(times["ours"]),
-             Stats.of(times["peer"]), "ours/peer, lower is better")],
-           goal="<= 1.2", extra={"ray": version("ray"), "times": times}, json_path=args.json or None)
+    report(
+        "Ray launch-to-exit, trivial 2-worker all_reduce job (fleetrun --scheduler ray vs TorchTrainer)",
+        [
+            (
+                "launch-to-exit, same running local cluster (4 logical CPUs)",
+                Stats.of(times["ours"]),
+                Stats.of(times["peer"]),
+                "ours/peer, lower is better",
+            )
+        ],
+        goal="<= 1.2",
+        extra={"ray": version("ray"), "times": times},
+        json_path=args.json or None,
+    )
 
 
 if __name__ == "__main__":

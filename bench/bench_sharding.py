@@ -65,13 +65,15 @@ def _worker(args: argparse.Namespace) -> None:
         model = make_model()
         if impl in ("fleet-s1", "fleet-s2"):
             s = strategy(1 if impl == "fleet-s1" else 2)
-            opt = fleet.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
-                                              strategy=s)
+            opt = fleet.distributed_optimizer(
+                torch.optim.Adam(model.parameters(), lr=1e-4), strategy=s
+            )
             return fleet.distributed_model(model), opt
         if impl == "zero":
             ddp = DistributedDataParallel(model)
-            return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam,
-                                                lr=1e-4)
+            return ddp, ZeroRedundancyOptimizer(
+                ddp.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4
+            )
         if impl == "fsdp2-op":
             for child in model.children():
                 if any(True for _ in child.parameters()):
@@ -105,8 +107,15 @@ def _worker(args: argparse.Namespace) -> None:
             state_bytes[impl] = optimizer_state_bytes(getattr(opt, "optim", opt))
             del model, opt
     if rank == 0:
-        print(json.dumps({"times": times, "state_bytes": state_bytes,
-                          "params": sum(p.numel() for p in make_model().parameters())}))
+        print(
+            json.dumps(
+                {
+                    "times": times,
+                    "state_bytes": state_bytes,
+                    "params": sum(p.numel() for p in make_model().parameters()),
+                }
+            )
+        )
     tdist.destroy_process_group()
 
 
@@ -124,11 +133,19 @@ def main() -> None:
     if args.worker:
         _worker(args)
         return
-    passthrough = [f"--{k}={getattr(args, k)}"
-                   for k in ("reps", "steps", "warmup", "layers", "width", "batch")]
+    passthrough = [
+        f"--{k}={getattr(args, k)}" for k in ("reps", "steps", "warmup", "layers", "width", "batch")
+    ]
     with tempfile.TemporaryDirectory() as log_dir:
-        cmd = fleetrun_cmd("--nproc_per_node", "2", "--log_dir", log_dir,
-                           os.path.abspath(__file__), "--worker", *passthrough)
+        cmd = fleetrun_cmd(
+            "--nproc_per_node",
+            "2",
+            "--log_dir",
+            log_dir,
+            os.path.abspath(__file__),
+            "--worker",
+            *passthrough,
+        )
         out = run_checked(cmd, timeout=1800).stdout
     data = json.loads(next(ln for ln in out.splitlines() if ln.startswith('{"times"')))
     t = {k: Stats.of(v) for k, v in data["times"].items()}
@@ -138,17 +155,27 @@ def main() -> None:
         f"Sharding step time, 2 ranks (CPU gloo), MLP {args.layers} x Linear({args.width}), "
         f"{data['params']} params, Adam",
         [
-            ("stage 1: fleet vs DDP + ZeroRedundancyOptimizer", t["fleet-s1"], t["zero"],
-             "fleet/zero time"),
-            ("stage 2: fleet vs FSDP2 reshard_after_forward=False", t["fleet-s2"], t["fsdp2-op"],
-             "fleet/fsdp2 time"),
+            (
+                "stage 1: fleet vs DDP + ZeroRedundancyOptimizer",
+                t["fleet-s1"],
+                t["zero"],
+                "fleet/zero time",
+            ),
+            (
+                "stage 2: fleet vs FSDP2 reshard_after_forward=False",
+                t["fleet-s2"],
+                t["fsdp2-op"],
+                "fleet/fsdp2 time",
+            ),
         ],
         goal="<= 1.05 (speed >= 0.95)",
         extra={"state_bytes": sb},
         json_path=args.json,
     )
-    print("optimizer-state bytes per rank (rank 0) vs unsharded / 2 "
-          "(goal <= 1/N + 5 %, i.e. ratio <= 0.55):")
+    print(
+        "optimizer-state bytes per rank (rank 0) vs unsharded / 2 "
+        "(goal <= 1/N + 5 %, i.e. ratio <= 0.55):"
+    )
     for impl in IMPLS:
         print(f"  {impl:9s}: {sb[impl]:>10d} B  ratio to unsharded {sb[impl] / full:.3f}")
 

@@ -49,17 +49,49 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def run_job(work: str, data: str, days: list[str], checkpoints: bool, timeout: float) -> tuple[list[dict[str, Any]], float]:
+def run_job(
+    work: str, data: str, days: list[str], checkpoints: bool, timeout: float
+) -> tuple[list[dict[str, Any]], float]:
     """One fleetrun job: its per-pass records and its wall time."""
     out = os.path.join(work, "passes.jsonl")
-    extra = ["--ps_checkpoint_dir", os.path.join(work, "ckpt"), "--ps_checkpoint_keep", "2"] if checkpoints else []
-    cmd = fleetrun_cmd("--server_num", "1", "--worker_num", "1", "--log_dir", os.path.join(work, "log"),
-                       *extra, ONLINE, "--data_root", data, "--output_dir", "model",
-                       "--days", ",".join(days), "--batch_size", "512", "--mode", "async",
-                       "--shrink_unseen_days", "30", "--json", out)
+    extra = (
+        ["--ps_checkpoint_dir", os.path.join(work, "ckpt"), "--ps_checkpoint_keep", "2"]
+        if checkpoints
+        else []
+    )
+    cmd = fleetrun_cmd(
+        "--server_num",
+        "1",
+        "--worker_num",
+        "1",
+        "--log_dir",
+        os.path.join(work, "log"),
+        *extra,
+        ONLINE,
+        "--data_root",
+        data,
+        "--output_dir",
+        "model",
+        "--days",
+        ",".join(days),
+        "--batch_size",
+        "512",
+        "--mode",
+        "async",
+        "--shrink_unseen_days",
+        "30",
+        "--json",
+        out,
+    )
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=work, env={**bench_env(), "PYTHONPATH": REPO}, capture_output=True,
-                       text=True, timeout=timeout)
+    r = subprocess.run(
+        cmd,
+        cwd=work,
+        env={**bench_env(), "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"job failed ({r.returncode}):\n{(r.stdout + r.stderr)[-4000:]}")
@@ -82,16 +114,22 @@ def main() -> None:
                 os.makedirs(work)
                 load.append(round(os.getloadavg()[0], 1))
                 runs[side].append(run_job(work, data, days, side == "with", args.timeout))
-                print(f"[bench_streaming_checkpoint] {side} checkpoints, run {rep}: "
-                      f"{runs[side][-1][1]:.1f} s", flush=True)
+                print(
+                    f"[bench_streaming_checkpoint] {side} checkpoints, run {rep}: "
+                    f"{runs[side][-1][1]:.1f} s",
+                    flush=True,
+                )
                 shutil.rmtree(work, ignore_errors=True)
         report(args, runs, load)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict[str, Any]], float]]],
-           load: list[float]) -> None:
+def report(
+    args: argparse.Namespace,
+    runs: dict[str, list[tuple[list[dict[str, Any]], float]]],
+    load: list[float],
+) -> None:
     stats: dict[str, dict[str, Any]] = {}
     for side, jobs in runs.items():
         passes = [p for records, _ in jobs for p in records]
@@ -103,21 +141,31 @@ def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict[str, A
             "last_auc": [round(records[-1]["progressive_auc"], 4) for records, _ in jobs],
         }
     info = machine_info()
-    print(f"== fleet.train_days with / without fleetrun's automatic checkpoints ==  ({info['date']}, "
-          f"{info['cpus']} CPUs, 1 server + 1 trainer, async, {args.days} days x {args.passes} passes "
-          f"x {args.files * args.lines} examples, {args.reps} run(s) per side)")
-    for key, label, unit, digits in (("pass", "whole-pass examples/s (validation + training + delta + cut)", "ex/s", 0),
-                                     ("train", "training examples/s (train_from_dataset)", "ex/s", 0),
-                                     ("wall", "job wall time", "s", 1)):
+    print(
+        f"== fleet.train_days with / without fleetrun's automatic checkpoints ==  ({info['date']}, "
+        f"{info['cpus']} CPUs, 1 server + 1 trainer, async, {args.days} days x {args.passes} passes "
+        f"x {args.files * args.lines} examples, {args.reps} run(s) per side)"
+    )
+    for key, label, unit, digits in (
+        ("pass", "whole-pass examples/s (validation + training + delta + cut)", "ex/s", 0),
+        ("train", "training examples/s (train_from_dataset)", "ex/s", 0),
+        ("wall", "job wall time", "s", 1),
+    ):
         w, wo = stats["with"][key], stats["without"][key]
-        print(f"{label}\n  with     : {w.fmt(unit, digits=digits)}\n  without  : {wo.fmt(unit, digits=digits)}\n"
-              f"  ratio    = {w.median / wo.median:.3f} (with / without)")
+        print(
+            f"{label}\n  with     : {w.fmt(unit, digits=digits)}\n  without  : {wo.fmt(unit, digits=digits)}\n"
+            f"  ratio    = {w.median / wo.median:.3f} (with / without)"
+        )
     added = stats["with"]["pass_s"].median - stats["without"]["pass_s"].median
-    print(f"seconds per pass: with {stats['with']['pass_s'].fmt('s', digits=2)}, without "
-          f"{stats['without']['pass_s'].fmt('s', digits=2)}; the cut adds ~{added:.2f} s per pass "
-          "(a full copy of the tables, whatever the pass's length)")
-    print(f"progressive AUC of the last pass: with {stats['with']['last_auc']}, "
-          f"without {stats['without']['last_auc']}")
+    print(
+        f"seconds per pass: with {stats['with']['pass_s'].fmt('s', digits=2)}, without "
+        f"{stats['without']['pass_s'].fmt('s', digits=2)}; the cut adds ~{added:.2f} s per pass "
+        "(a full copy of the tables, whatever the pass's length)"
+    )
+    print(
+        f"progressive AUC of the last pass: with {stats['with']['last_auc']}, "
+        f"without {stats['without']['last_auc']}"
+    )
     print(f"load average at the start of each job: {load}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

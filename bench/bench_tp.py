@@ -66,10 +66,12 @@ def _worker(args: argparse.Namespace) -> None:
     class Ours(nn.Module):
         def __init__(self, dense: Dense) -> None:
             super().__init__()
-            self.fc1 = ColumnParallelLinear.from_dense(dense.fc1, gather_output=False,
-                                                       mp_group=group)
-            self.fc2 = RowParallelLinear.from_dense(dense.fc2, input_is_parallel=True,
-                                                    mp_group=group)
+            self.fc1 = ColumnParallelLinear.from_dense(
+                dense.fc1, gather_output=False, mp_group=group
+            )
+            self.fc2 = RowParallelLinear.from_dense(
+                dense.fc2, input_is_parallel=True, mp_group=group
+            )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.fc2(F.gelu(self.fc1(x)))
@@ -127,11 +129,20 @@ def _worker(args: argparse.Namespace) -> None:
         mem[key] = saved.bytes
     for rep in range(args.reps):
         for flag, key in ((False, "plain"), (True, "recompute")):
-            rc_times[key].append(step_time(
-                stack, lambda m, inp, f=flag: run_stack(m, inp.clone(), f)))
+            rc_times[key].append(
+                step_time(stack, lambda m, inp, f=flag: run_stack(m, inp.clone(), f))
+            )
     if rank == 0:
-        print(json.dumps({"tp": res, "recompute_bytes": mem, "recompute_times": rc_times,
-                          "parity_diff": diff}))
+        print(
+            json.dumps(
+                {
+                    "tp": res,
+                    "recompute_bytes": mem,
+                    "recompute_times": rc_times,
+                    "parity_diff": diff,
+                }
+            )
+        )
     tdist.destroy_process_group()
 
 
@@ -152,16 +163,40 @@ def main() -> None:
         _worker(args)
         return
     port = str(find_free_port())
-    passthrough = ["--reps", str(args.reps), "--steps", str(args.steps), "--dim", str(args.dim),
-                   "--batch", str(args.batch), "--depth", str(args.depth), "--worker"]
+    passthrough = [
+        "--reps",
+        str(args.reps),
+        "--steps",
+        str(args.steps),
+        "--dim",
+        str(args.dim),
+        "--batch",
+        str(args.batch),
+        "--depth",
+        str(args.depth),
+        "--worker",
+    ]
     procs = []
     for rank in range(WORLD):
         env = bench_env()
-        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
-                    "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank)})
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *passthrough],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        env.update(
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(WORLD),
+                "LOCAL_RANK": str(rank),
+            }
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), *passthrough],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = []
     try:
         for p in procs:
@@ -186,16 +221,20 @@ def main() -> None:
         [("median step time per repetition", fleet_t, dt_t, "fleet/DTensor time")],
         goal="time ratio <= 1/0.95 = 1.053 (speed >= 0.95)",
         json_path=args.json,
-        extra={"recompute_bytes": data["recompute_bytes"],
-               "recompute_times": data["recompute_times"]},
+        extra={
+            "recompute_bytes": data["recompute_bytes"],
+            "recompute_times": data["recompute_times"],
+        },
     )
     print(f"  speed ratio fleet/DTensor = {dt_t.median / fleet_t.median:.3f}   goal: >= 0.95")
     mem, rt = data["recompute_bytes"], data["recompute_times"]
     plain, rc = Stats.of(rt["plain"]), Stats.of(rt["recompute"])
-    print(f"recompute, {args.depth} TP MLP blocks, batch {args.batch}: saved-tensor bytes "
-          f"plain {mem['plain'] / 2**20:.2f} MiB, recompute {mem['recompute'] / 2**20:.2f} MiB "
-          f"({mem['plain'] / max(mem['recompute'], 1):.1f}x less); step time plain {plain.fmt()}, "
-          f"recompute {rc.fmt()} (x{rc.median / plain.median:.2f})")
+    print(
+        f"recompute, {args.depth} TP MLP blocks, batch {args.batch}: saved-tensor bytes "
+        f"plain {mem['plain'] / 2**20:.2f} MiB, recompute {mem['recompute'] / 2**20:.2f} MiB "
+        f"({mem['plain'] / max(mem['recompute'], 1):.1f}x less); step time plain {plain.fmt()}, "
+        f"recompute {rc.fmt()} (x{rc.median / plain.median:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -77,24 +77,46 @@ def torchrun_cmd(*args: str) -> list[str]:
 
 def run_checked(cmd: list[str], timeout: float = 600, **kw: Any) -> subprocess.CompletedProcess:
     """Run ``cmd``; raise with its output if it fails."""
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=kw.pop("env", bench_env()), check=False, **kw)
+    r = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=kw.pop("env", bench_env()),
+        check=False,
+        **kw,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return r
 
 
-def report(title: str, rows: list[tuple[str, Stats, Stats, str]], goal: str, extra: dict[str, Any] | None = None,
-           json_path: str | None = None, unit: str = "s") -> None:
+def report(
+    title: str,
+    rows: list[tuple[str, Stats, Stats, str]],
+    goal: str,
+    extra: dict[str, Any] | None = None,
+    json_path: str | None = None,
+    unit: str = "s",
+) -> None:
     """Print ``ours vs peer`` rows with the ratio of medians, and optionally dump JSON."""
     info = machine_info()
-    print(f"== {title} ==  ({info['date']}, {info['cpus']} CPUs, torch {info['torch']}, "
-          f"python {info['python']})")
+    print(
+        f"== {title} ==  ({info['date']}, {info['cpus']} CPUs, torch {info['torch']}, "
+        f"python {info['python']})"
+    )
     out_rows = []
     for label, ours, peer, ratio_kind in rows:
         ratio = ours.median / peer.median if peer.median else float("nan")
-        print(f"{label}\n  fleetrun : {ours.fmt(unit)}\n  peer     : {peer.fmt(unit)}\n"
-              f"  ratio ({ratio_kind}) = {ratio:.3f}   goal: {goal}")
-        out_rows.append({"label": label, "ours": asdict(ours), "peer": asdict(peer), "ratio": ratio})
+        print(
+            f"{label}\n  fleetrun : {ours.fmt(unit)}\n  peer     : {peer.fmt(unit)}\n"
+            f"  ratio ({ratio_kind}) = {ratio:.3f}   goal: {goal}"
+        )
+        out_rows.append(
+            {"label": label, "ours": asdict(ours), "peer": asdict(peer), "ratio": ratio}
+        )
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
-            json.dump({"title": title, "machine": info, "rows": out_rows, **(extra or {})}, f, indent=2)
+            json.dump(
+                {"title": title, "machine": info, "rows": out_rows, **(extra or {})}, f, indent=2
+            )

@@ -101,7 +101,8 @@ def setup_ddp(model: torch.nn.Module, lr: float, comm: str = "none", warmup: int
     device = _device(local_rank)
     model = model.to(device)
     dp = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None,
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb_list=[1, 32],
     )
     opt: Any = torch.optim.SGD(dp.parameters(), lr=lr, momentum=0.9)
@@ -111,7 +112,8 @@ def setup_ddp(model: torch.nn.Module, lr: float, comm: str = "none", warmup: int
         dp.register_comm_hook(None, _bf16_hook)
     elif comm == "localsgd":
         state = post_localSGD_hook.PostLocalSGDState(
-            None, None, start_localSGD_iter=warmup, post_local_gradient_allreduce=False)
+            None, None, start_localSGD_iter=warmup, post_local_gradient_allreduce=False
+        )
         dp.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
         opt = PostLocalSGDOptimizer(opt, PeriodicModelAverager(period=4, warmup_steps=warmup))
     return dp, opt, tdist.get_rank(), tdist.get_world_size()
@@ -136,8 +138,12 @@ def main() -> None:
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: as given)")
     p.add_argument("--comm", choices=["none", "fp16", "bf16", "localsgd", "dgc"], default="none")
-    p.add_argument("--count_steps", type=int, default=0,
-                   help="untimed steps after the timed ones, collectives counted")
+    p.add_argument(
+        "--count_steps",
+        type=int,
+        default=0,
+        help="untimed steps after the timed ones, collectives counted",
+    )
     args = p.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -180,23 +186,31 @@ def main() -> None:
                 one_step()
             calls.append(counter.calls["allreduce"])
             nbytes.append(counter.total_bytes)
-        counted = {"allreduce_per_step": sum(calls) / len(calls),
-                   "bytes_per_step": statistics.median(nbytes), "allreduce_calls": calls}
+        counted = {
+            "allreduce_per_step": sum(calls) / len(calls),
+            "bytes_per_step": statistics.median(nbytes),
+            "allreduce_calls": calls,
+        }
 
     if rank == 0:
-        print(json.dumps({
-            "impl": args.impl,
-            "step_time_s_median": statistics.median(times),
-            "step_time_s_min": min(times),
-            "step_time_s_max": max(times),
-            "steps": len(times),
-            "world_size": world,
-            "params": sum(p.numel() for p in dp.parameters()),
-            "device": str(device.type),
-            "threads": torch.get_num_threads(),
-            "comm": args.comm,
-            **counted,
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "impl": args.impl,
+                    "step_time_s_median": statistics.median(times),
+                    "step_time_s_min": min(times),
+                    "step_time_s_max": max(times),
+                    "steps": len(times),
+                    "world_size": world,
+                    "params": sum(p.numel() for p in dp.parameters()),
+                    "device": str(device.type),
+                    "threads": torch.get_num_threads(),
+                    "comm": args.comm,
+                    **counted,
+                }
+            ),
+            flush=True,
+        )
     dp = opt = None  # DDP goes before its group (after CommCounter steps a rank hung at exit)
     tdist.destroy_process_group()
 

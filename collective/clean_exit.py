@@ -151,7 +151,9 @@ def shutdown(idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
             else:
                 logger.warning(
                     "gloo worker threads kept running for %.0f s at shutdown; the process may "
-                    "abort at exit", idle_timeout_s)
+                    "abort at exit",
+                    idle_timeout_s,
+                )
     if failed:
         raise ShutdownError(
             "shutdown callbacks raised (the rest of the shutdown ran): "
@@ -223,7 +225,8 @@ def _sample_gloo_threads() -> dict[str, _ThreadSample] | None:
         except OSError:
             continue  # the thread ended meanwhile
         switches = int(fields.get("voluntary_ctxt_switches", 0)) + int(
-            fields.get("nonvoluntary_ctxt_switches", 0))
+            fields.get("nonvoluntary_ctxt_switches", 0)
+        )
         samples[tid] = _ThreadSample(fields.get("State", "?").strip()[:1], switches)
     return samples
 

@@ -241,7 +241,9 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     try:
         backend = Backend(backend_raw)
     except ValueError:
-        raise EnvContractError(f"{FLEET_BACKEND}={backend_raw!r} is not auto, gloo or nccl") from None
+        raise EnvContractError(
+            f"{FLEET_BACKEND}={backend_raw!r} is not auto, gloo or nccl"
+        ) from None
     num_nodes = _get_int(env, "GROUP_WORLD_SIZE") or _get_int(env, FLEET_NNODES) or 1
 
     return WorkerEnv(
@@ -276,7 +278,9 @@ def read_metrics_endpoint(environ: Mapping[str, str] | None = None) -> dict[str,
     env = os.environ if environ is None else environ
     port = _get_int(env, FLEET_METRICS_PORT) or 0
     if not 0 <= port < 65536:
-        raise EnvContractError(f"{FLEET_METRICS_PORT}={port} is not a port (0..65535; 0 = no endpoint)")
+        raise EnvContractError(
+            f"{FLEET_METRICS_PORT}={port} is not a port (0..65535; 0 = no endpoint)"
+        )
     return {"metrics_port": port, "metrics_host": env.get(FLEET_METRICS_HOST) or "127.0.0.1"}
 
 
@@ -299,8 +303,11 @@ class PSCheckpointEnv:
 
 def ps_checkpoint_env(cfg: PSCheckpointEnv) -> dict[str, str]:
     """FLEET_PS_CHECKPOINT_* for the trainers of a job with automatic checkpoints."""
-    return {FLEET_PS_CHECKPOINT_DIR: cfg.dir, FLEET_PS_CHECKPOINT_INTERVAL: repr(float(cfg.interval_s)),
-            FLEET_PS_CHECKPOINT_KEEP: str(cfg.keep)}
+    return {
+        FLEET_PS_CHECKPOINT_DIR: cfg.dir,
+        FLEET_PS_CHECKPOINT_INTERVAL: repr(float(cfg.interval_s)),
+        FLEET_PS_CHECKPOINT_KEEP: str(cfg.keep),
+    }
 
 
 def read_ps_checkpoint_env(environ: Mapping[str, str] | None = None) -> PSCheckpointEnv | None:
@@ -315,8 +322,10 @@ def read_ps_checkpoint_env(environ: Mapping[str, str] | None = None) -> PSCheckp
     except ValueError:
         interval = -1.0
     if not interval > 0:
-        raise EnvContractError(f"{FLEET_PS_CHECKPOINT_INTERVAL}={raw!r} must be a number of seconds > 0 "
-                               "(fleetrun --ps_checkpoint_interval sets it)")
+        raise EnvContractError(
+            f"{FLEET_PS_CHECKPOINT_INTERVAL}={raw!r} must be a number of seconds > 0 "
+            "(fleetrun --ps_checkpoint_interval sets it)"
+        )
     keep = _get_int(env, FLEET_PS_CHECKPOINT_KEEP)
     keep = 3 if keep is None else keep
     if keep < 0:
@@ -500,19 +509,21 @@ def make_ps_trainer_env(
     env = layout._common(layout.trainer_error_file(trainer_id))
     env.update(metrics_env(metrics_port))
     world = str(len(layout.trainer_endpoints))
-    env.update({
-        "TRAINING_ROLE": TrainingRole.TRAINER.value,
-        "POD_IP": ip,
-        "PADDLE_TRAINER_ID": str(trainer_id),
-        "PADDLE_CURRENT_ENDPOINT": layout.trainer_endpoints[trainer_id],
-        "PADDLE_RANK_IN_NODE": str(local_rank),
-        "RANK": str(trainer_id),
-        "WORLD_SIZE": world,
-        "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(local_world_size),
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": master_port,
-    })
+    env.update(
+        {
+            "TRAINING_ROLE": TrainingRole.TRAINER.value,
+            "POD_IP": ip,
+            "PADDLE_TRAINER_ID": str(trainer_id),
+            "PADDLE_CURRENT_ENDPOINT": layout.trainer_endpoints[trainer_id],
+            "PADDLE_RANK_IN_NODE": str(local_rank),
+            "RANK": str(trainer_id),
+            "WORLD_SIZE": world,
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_world_size),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": master_port,
+        }
+    )
     return env
 
 

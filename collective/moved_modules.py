@@ -54,8 +54,9 @@ class _MovedModuleFinder:
     def __init__(self, moved: Mapping[str, str]) -> None:
         self.moved = dict(moved)
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         new = self.moved.get(fullname)
         if new is None:
             return None

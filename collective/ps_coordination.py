@@ -56,7 +56,9 @@ resumed at a data position meets the others at the same rounds; its completed ro
 restart of every process (:meth:`launcher.ps_coordinator.Coordinator.reset`)."""
 
 
-def send(conn: Connection, header: dict[str, Any], payloads: list[bytes] | tuple[bytes, ...] = ()) -> None:
+def send(
+    conn: Connection, header: dict[str, Any], payloads: list[bytes] | tuple[bytes, ...] = ()
+) -> None:
     """One message: the JSON header (with ``n`` = number of payloads), then the payloads."""
     conn.send_bytes(json.dumps({**header, "n": len(payloads)}).encode())
     for p in payloads:
@@ -93,4 +95,13 @@ def connect(endpoint: str, key: bytes, timeout_s: float = CONNECT_TIMEOUT_S) -> 
     return conn
 
 
-__all__ = ["BARRIER_CHANNEL", "CONNECT_TIMEOUT_S", "CUT_WAIT_S", "POLL_S", "authenticate_server_side", "connect", "recv", "send"]
+__all__ = [
+    "BARRIER_CHANNEL",
+    "CONNECT_TIMEOUT_S",
+    "CUT_WAIT_S",
+    "POLL_S",
+    "authenticate_server_side",
+    "connect",
+    "recv",
+    "send",
+]

@@ -39,8 +39,13 @@ def make_store(host: str, port: int, is_master: bool, timeout_s: float) -> Any:
         return TCPStore(host, port, None, False, timeout)
     sock = bind_listener(host, port)
     store = TCPStore(
-        host, sock.getsockname()[1], None, True, timeout,
-        wait_for_workers=False, master_listen_fd=sock.fileno(),
+        host,
+        sock.getsockname()[1],
+        None,
+        True,
+        timeout,
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
     )
     _LISTENERS.append(sock)
     return store

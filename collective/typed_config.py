@@ -32,9 +32,12 @@ def _type_name(tp: Any) -> str:
     if isinstance(tp, type):
         if issubclass(tp, enum.Enum):
             return " | ".join(repr(m.value) for m in tp)
-        return {"int": "an integer", "float": "a number", "str": "a string", "bool": "true/false"}.get(
-            tp.__name__, tp.__name__
-        )
+        return {
+            "int": "an integer",
+            "float": "a number",
+            "str": "a string",
+            "bool": "true/false",
+        }.get(tp.__name__, tp.__name__)
     return str(tp).replace("typing.", "")
 
 
@@ -93,7 +96,9 @@ def convert(value: Any, tp: Any, path: str) -> Any:
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         raw = value.value if isinstance(value, enum.Enum) else value
         for member in tp:
-            if raw == member.value or (isinstance(raw, str) and raw.lower() == str(member.value).lower()):
+            if raw == member.value or (
+                isinstance(raw, str) and raw.lower() == str(member.value).lower()
+            ):
                 return member
         raise ConfigError(f"got {value!r}; allowed: {_type_name(tp)}", key=path)
     if tp is bool:

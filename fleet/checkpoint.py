@@ -98,8 +98,12 @@ def _degrees() -> dict[str, int]:
     runtime = get_runtime("save_checkpoint()")
     hcg = runtime.hcg
     if hcg is None:
-        return {"dp_degree": runtime.env.world_size, "mp_degree": 1, "pp_degree": 1,
-                "sharding_degree": 1}
+        return {
+            "dp_degree": runtime.env.world_size,
+            "mp_degree": 1,
+            "pp_degree": 1,
+            "sharding_degree": 1,
+        }
     return {
         "dp_degree": hcg.get_data_parallel_world_size(),
         "mp_degree": hcg.get_model_parallel_world_size(),
@@ -120,17 +124,20 @@ class _TensorParallel:
         if self.degree == 1:
             return
         named = list(module.named_parameters(remove_duplicate=False))
-        self.axes = {n: int(p.split_axis) for n, p in named
-                     if getattr(p, "split_axis", None) is not None}
-        unknown = [n for n, p in named
-                   if p.__dict__.get("is_distributed") is True and n not in self.axes]
+        self.axes = {
+            n: int(p.split_axis) for n, p in named if getattr(p, "split_axis", None) is not None
+        }
+        unknown = [
+            n for n, p in named if p.__dict__.get("is_distributed") is True and n not in self.axes
+        ]
         if unknown:
             # saved plain, every mp rank's different shard would share one key (DCP keeps one)
             raise ConfigError(
                 f"parameter(s) {unknown[:4]} are marked is_distributed (one mp rank's shard) but "
                 "have no split_axis; set param.split_axis = <the dimension the full tensor is "
                 "split along, in mp-rank order> (fleet's tensor-parallel layers set it)",
-                key="split_axis")
+                key="split_axis",
+            )
         if self.axes and any(_is_dtensor(p) for _, p in named):
             # FSDP2 over the TP layers: each parameter is a TP shard sharded again over the
             # sharding mesh (a 2-D layout this module does not describe to DCP yet)
@@ -163,7 +170,11 @@ class _TensorParallel:
 
         shape = torch.Size(self.global_shape(name, local.shape))
         return DTensor.from_local(
-            local, self.mesh, [Shard(self.axes[name])], run_check=False, shape=shape,
+            local,
+            self.mesh,
+            [Shard(self.axes[name])],
+            run_check=False,
+            shape=shape,
             stride=torch.empty(shape, device="meta").stride(),
         )
 
@@ -175,9 +186,11 @@ class _OptimizerView:
         self.optimizer = optimizer
         self.sharded = _sharded_optimizer(optimizer)
         names = {id(p): n for n, p in module.named_parameters()}
-        params = self.sharded.owned_params() if self.sharded is not None else [
-            p for g in optimizer.param_groups for p in g["params"]
-        ]
+        params = (
+            self.sharded.owned_params()
+            if self.sharded is not None
+            else [p for g in optimizer.param_groups for p in g["params"]]
+        )
         unnamed = [tuple(p.shape) for p in params if id(p) not in names]
         if unnamed:
             raise ConfigError(
@@ -186,17 +199,16 @@ class _OptimizerView:
                 key="optimizer",
             )
         self.params = [(names[id(p)], p) for p in params]
-        self.all_params = self.sharded.all_params() if self.sharded is not None else [
-            p for _, p in self.params
-        ]
+        self.all_params = (
+            self.sharded.all_params() if self.sharded is not None else [p for _, p in self.params]
+        )
         self.names = {id(p): n for p, n in ((p, names.get(id(p))) for p in self.all_params)}
 
     def state_key(self, p: torch.Tensor) -> torch.Tensor:
         return self.sharded.state_param(p) if self.sharded is not None else p
 
     def groups(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in g.items() if k != "params"}
-                for g in self.optimizer.param_groups]
+        return [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
 
     def owners(self) -> dict[str, int]:
         if self.sharded is None:
@@ -205,12 +217,16 @@ class _OptimizerView:
 
     def is_shard_state(self, p: torch.Tensor, value: Any) -> bool:
         """Whether optimizer state ``value`` of parameter ``p`` is laid out like ``p`` itself."""
-        return isinstance(value, torch.Tensor) and value.dim() > 0 and \
-            tuple(_local(value).shape) == tuple(_local(self.state_key(p)).shape)
+        return (
+            isinstance(value, torch.Tensor)
+            and value.dim() > 0
+            and tuple(_local(value).shape) == tuple(_local(self.state_key(p)).shape)
+        )
 
 
-def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any = None, *,
-                    single_writer: bool = False) -> None:
+def save_checkpoint(
+    path: str | Path, model: torch.nn.Module, optimizer: Any = None, *, single_writer: bool = False
+) -> None:
     """Write this job's model (and optimizer) state under directory ``path`` (collective: every
     rank calls it). ``model``/``optimizer``: what ``fleet.distributed_model`` /
     ``fleet.distributed_optimizer`` returned (or the plain ones). ``single_writer``: rank 0
@@ -223,14 +239,19 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any = N
     module = _unwrap(model)
     tp = _TensorParallel(module)
     skip = _later_holders(module)
-    state: dict[str, Any] = {f"model.{k}": tp.wrap(k, v) for k, v in module.state_dict().items()
-                             if not k.startswith(skip)}
+    state: dict[str, Any] = {
+        f"model.{k}": tp.wrap(k, v)
+        for k, v in module.state_dict().items()
+        if not k.startswith(skip)
+    }
     params_meta: dict[str, Any] = {}
     for n, p in module.named_parameters():
         if n.startswith(skip):
             continue
-        params_meta[n] = {"shape": tp.global_shape(n, p.shape),
-                          "dtype": str(p.dtype).replace("torch.", "")}
+        params_meta[n] = {
+            "shape": tp.global_shape(n, p.shape),
+            "dtype": str(p.dtype).replace("torch.", ""),
+        }
         if n in tp.axes:
             params_meta[n]["split_axis"] = tp.axes[n]
     local: dict[str, Any] = {"params": params_meta, "state_keys": {}, "owners": {}}
@@ -262,13 +283,17 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any = N
         optim_meta: dict[str, Any] | None = None
         if view is not None:
             optim_meta = {
-                "class": type(view.sharded.inner_optimizer if view.sharded else
-                              getattr(optimizer, "inner_optimizer", optimizer)).__name__,
+                "class": type(
+                    view.sharded.inner_optimizer
+                    if view.sharded
+                    else getattr(optimizer, "inner_optimizer", optimizer)
+                ).__name__,
                 "sharding_stage": view.sharded.stage if view.sharded is not None else 0,
                 "owners": merged["owners"],
                 "state_keys": merged["state_keys"],
-                "param_groups": [{k: v for k, v in g.items() if _jsonable(v)}
-                                 for g in view.groups()],
+                "param_groups": [
+                    {k: v for k, v in g.items() if _jsonable(v)} for g in view.groups()
+                ],
             }
         manifest = {
             "format": FORMAT_VERSION,
@@ -291,8 +316,11 @@ def _later_holders(module: torch.nn.Module) -> tuple[str, ...]:
     one Paddle marks ``is_firstly_shared``."""
     if not (hasattr(module, "shared_stage_map") and hasattr(module, "stage_id")):
         return ()
-    return tuple(f"shared_layers.{key}." for key, stages in module.shared_stage_map().items()
-                 if stages and stages[0] != module.stage_id)
+    return tuple(
+        f"shared_layers.{key}."
+        for key, stages in module.shared_stage_map().items()
+        if stages and stages[0] != module.stage_id
+    )
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -301,15 +329,18 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     try:
         manifest = json.loads(file.read_text())
     except OSError as err:
-        raise ConfigError(f"{str(path)!r} is not a fleet checkpoint (cannot read {MANIFEST}: "
-                          f"{err}); pass the directory fleet.save_checkpoint wrote",
-                          key="path") from None
+        raise ConfigError(
+            f"{str(path)!r} is not a fleet checkpoint (cannot read {MANIFEST}: "
+            f"{err}); pass the directory fleet.save_checkpoint wrote",
+            key="path",
+        ) from None
     if manifest.get("format") != FORMAT_VERSION:
         raise ConfigError(
             f"checkpoint {str(path)!r} has format {manifest.get('format')}, this fleet reads "
             f"format {FORMAT_VERSION} (format 1 keyed tensor-parallel shards per mp rank); load "
             "it with the fleet version that wrote it and save it again with this one",
-            key="path")
+            key="path",
+        )
     return manifest
 
 
@@ -332,21 +363,28 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any = N
             key="model",
         )
     # (a DTensor's shape, FSDP2's, is already the global one)
-    wrong = [f"{n}: saved {manifest['params'][n]['shape']}, here {tp.global_shape(n, p.shape)}"
-             for n, p in named if manifest["params"][n]["shape"] != tp.global_shape(n, p.shape)]
+    wrong = [
+        f"{n}: saved {manifest['params'][n]['shape']}, here {tp.global_shape(n, p.shape)}"
+        for n, p in named
+        if manifest["params"][n]["shape"] != tp.global_shape(n, p.shape)
+    ]
     if wrong:
         raise ConfigError(
             f"the checkpoint's global shapes differ from this model's ({'; '.join(wrong[:4])}); "
             "build the same model (with the same layer sizes; a tensor-parallel layer must be "
-            "one here too, or a dense layer with the full shape)", key="model")
+            "one here too, or a dense layer with the full shape)",
+            key="model",
+        )
     state: dict[str, Any] = {f"model.{k}": tp.wrap(k, v) for k, v in module.state_dict().items()}
     slots: list[tuple[Any, str, str, Any]] = []
     view = None
     if optimizer is not None:
         optim_meta = manifest.get("optimizer")
         if optim_meta is None:
-            raise ConfigError(f"checkpoint {str(path)!r} holds no optimizer state; load without "
-                              "optimizer=", key="optimizer")
+            raise ConfigError(
+                f"checkpoint {str(path)!r} holds no optimizer state; load without optimizer=",
+                key="optimizer",
+            )
         view = _OptimizerView(module, optimizer)
         if len(optim_meta["param_groups"]) != len(optimizer.param_groups):
             raise ConfigError(
@@ -370,8 +408,9 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any = N
                     elif tuple(size) == tuple(target.shape):
                         state[fqn] = torch.zeros_like(target, dtype=dtype)
                     else:
-                        state[fqn] = torch.zeros(tuple(size), dtype=dtype,
-                                                 device=_local(target).device)
+                        state[fqn] = torch.zeros(
+                            tuple(size), dtype=dtype, device=_local(target).device
+                        )
                 else:
                     state[fqn] = 0  # a non-tensor value; DCP replaces it
                 slots.append((target, key, fqn, local))

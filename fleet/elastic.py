@@ -154,14 +154,28 @@ class Checkpointer:
     Every method is collective: every rank calls it with the same arguments.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: Any, dir: str | os.PathLike,
-                 every_steps: int, *, keep: int = 2, lr_scheduler: Any = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: Any,
+        dir: str | os.PathLike,
+        every_steps: int,
+        *,
+        keep: int = 2,
+        lr_scheduler: Any = None,
+    ) -> None:
         if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
-            raise ConfigError(f"must be a positive number of steps, got {every_steps!r}; "
-                              "pass e.g. every_steps=100", key="every_steps")
+            raise ConfigError(
+                f"must be a positive number of steps, got {every_steps!r}; "
+                "pass e.g. every_steps=100",
+                key="every_steps",
+            )
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ConfigError(f"must keep at least 1 checkpoint, got {keep!r}; pass keep=2 to "
-                              "keep the newest two", key="keep")
+            raise ConfigError(
+                f"must keep at least 1 checkpoint, got {keep!r}; pass keep=2 to "
+                "keep the newest two",
+                key="keep",
+            )
         if not str(dir):
             raise ConfigError("is empty; pass the directory checkpoints go to", key="dir")
         self.model = model
@@ -200,17 +214,30 @@ class Checkpointer:
         if self.lr_scheduler is not None:
             sched = Path(path) / SCHEDULER_FILE
             if not sched.is_file():
-                raise ConfigError(f"checkpoint {path} has no LR scheduler state ({SCHEDULER_FILE})"
-                                  "; it was saved without lr_scheduler=, pass none to restore it",
-                                  key="lr_scheduler")
+                raise ConfigError(
+                    f"checkpoint {path} has no LR scheduler state ({SCHEDULER_FILE})"
+                    "; it was saved without lr_scheduler=, pass none to restore it",
+                    key="lr_scheduler",
+                )
             self.lr_scheduler.load_state_dict(torch.load(sched, weights_only=False))
         self.last_saved_step = int(state["step"])
-        point = ResumePoint(step=int(state["step"]), epoch=int(state["epoch"]),
-                            offset=int(state["offset"]), extra=dict(state.get("extra") or {}),
-                            path=path, saved_world_size=int(state["world_size"]))
-        logger.info("resumed from %s: step %d, epoch %d, offset %d (saved at world size %d, "
-                    "now %d)", path, point.step, point.epoch, point.offset,
-                    point.saved_world_size, _world())
+        point = ResumePoint(
+            step=int(state["step"]),
+            epoch=int(state["epoch"]),
+            offset=int(state["offset"]),
+            extra=dict(state.get("extra") or {}),
+            path=path,
+            saved_world_size=int(state["world_size"]),
+        )
+        logger.info(
+            "resumed from %s: step %d, epoch %d, offset %d (saved at world size %d, now %d)",
+            path,
+            point.step,
+            point.epoch,
+            point.offset,
+            point.saved_world_size,
+            _world(),
+        )
         return point
 
     @staticmethod
@@ -218,13 +245,18 @@ class Checkpointer:
         try:
             state = json.loads((path / STATE_FILE).read_text())
         except (OSError, ValueError) as err:
-            raise ConfigError(f"cannot read {path / STATE_FILE}: {err}; remove {path} to resume "
-                              "from the checkpoint before it", key="dir") from None
+            raise ConfigError(
+                f"cannot read {path / STATE_FILE}: {err}; remove {path} to resume "
+                "from the checkpoint before it",
+                key="dir",
+            ) from None
         if state.get("format") != FORMAT or state.get("format_version") != FORMAT_VERSION:
             raise ConfigError(
                 f"{path / STATE_FILE} is not a {FORMAT} of version {FORMAT_VERSION} "
                 f"(format {state.get('format')!r}, version {state.get('format_version')!r}); "
-                "point dir= at a directory of fleet.elastic checkpoints", key="dir")
+                "point dir= at a directory of fleet.elastic checkpoints",
+                key="dir",
+            )
         return state
 
     def _remove_leftovers(self) -> None:
@@ -238,8 +270,9 @@ class Checkpointer:
 
     # ---- save --------------------------------------------------------------------------------
 
-    def step(self, step: int, *, epoch: int = 0, offset: int = 0,
-             extra: dict[str, Any] | None = None) -> bool:
+    def step(
+        self, step: int, *, epoch: int = 0, offset: int = 0, extra: dict[str, Any] | None = None
+    ) -> bool:
         """Call after optimizer step number ``step`` (counting from 1): saves when ``step`` is a
         multiple of ``every_steps``. Returns whether it saved."""
         if step % self.every_steps != 0 or step == self.last_saved_step:
@@ -247,20 +280,24 @@ class Checkpointer:
         self.save(step, epoch=epoch, offset=offset, extra=extra)
         return True
 
-    def save(self, step: int, *, epoch: int = 0, offset: int = 0,
-             extra: dict[str, Any] | None = None) -> Path:
+    def save(
+        self, step: int, *, epoch: int = 0, offset: int = 0, extra: dict[str, Any] | None = None
+    ) -> Path:
         """Save now, as checkpoint ``step`` (the data position: the next batch is of ``epoch``,
         ``offset`` samples of it consumed by all ranks together). Returns its directory."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ConfigError(f"must be a step count >= 0, got {step!r}", key="step")
         if offset < 0 or epoch < 0:
-            raise ConfigError(f"epoch and offset must be >= 0, got epoch={epoch!r}, "
-                              f"offset={offset!r}", key="offset")
+            raise ConfigError(
+                f"epoch and offset must be >= 0, got epoch={epoch!r}, offset={offset!r}",
+                key="offset",
+            )
         try:
             json.dumps(extra or {})
         except TypeError as err:
-            raise ConfigError(f"must be JSON data (numbers, strings, lists, dicts): {err}",
-                              key="extra") from None
+            raise ConfigError(
+                f"must be JSON data (numbers, strings, lists, dicts): {err}", key="extra"
+            ) from None
         final = self.dir / f"step_{step:08d}"
         tmp = self.dir / f"{_TMP_PREFIX}{final.name}"
         error = None
@@ -282,22 +319,32 @@ class Checkpointer:
                 error = f"cannot commit checkpoint {final}: {err}"
         error = _from_rank0(error)
         if error:
-            raise ConfigError(f"{error}; check the space and permissions of the directory",
-                              key="dir")
+            raise ConfigError(
+                f"{error}; check the space and permissions of the directory", key="dir"
+            )
         self.last_saved_step = step
         logger.info("saved checkpoint %s (epoch %d, offset %d)", final, epoch, offset)
         return final
 
-    def _commit(self, tmp: Path, final: Path, step: int, epoch: int, offset: int,
-                extra: dict[str, Any]) -> None:
+    def _commit(
+        self, tmp: Path, final: Path, step: int, epoch: int, offset: int, extra: dict[str, Any]
+    ) -> None:
         """Rank 0: make the written checkpoint durable and visible, then prune old ones."""
         if self.lr_scheduler is not None:
             torch.save(self.lr_scheduler.state_dict(), tmp / SCHEDULER_FILE)
         _fsync_tree(tmp)  # DCP fsyncs its data files; the manifests it does not
-        write_json_atomic(tmp / STATE_FILE, {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "step": step, "epoch": epoch,
-            "offset": offset, "world_size": _world(), "extra": extra,
-        })
+        write_json_atomic(
+            tmp / STATE_FILE,
+            {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "step": step,
+                "epoch": epoch,
+                "offset": offset,
+                "world_size": _world(),
+                "extra": extra,
+            },
+        )
         old = None
         if final.exists():  # the same step saved again (e.g. an explicit save at the end)
             old = final.with_name(f"{_OLD_PREFIX}{final.name}")
@@ -307,7 +354,7 @@ class Checkpointer:
         fsync_dir(self.dir)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        for _, path in _step_dirs(self.dir)[:-self.keep]:
+        for _, path in _step_dirs(self.dir)[: -self.keep]:
             doomed = path.with_name(f"{_OLD_PREFIX}{path.name}")
             os.rename(path, doomed)  # never a half-deleted directory that looks complete
             shutil.rmtree(doomed, ignore_errors=True)
@@ -325,10 +372,23 @@ class ElasticSampler(DistributedSampler):
     samples, as ``DistributedSampler`` does.
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
-                         seed=seed, drop_last=drop_last)
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__(
+            dataset,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
         self.offset = 0
         self._resize()
 
@@ -336,9 +396,11 @@ class ElasticSampler(DistributedSampler):
         """Iterate epoch ``epoch`` from sample ``offset`` of its order (0: the whole epoch)."""
         size = len(self.dataset)  # type: ignore[arg-type]
         if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= size:
-            raise ConfigError(f"must be between 0 and the dataset's {size} samples, got "
-                              f"{offset!r}; pass the offset the Checkpointer restored",
-                              key="offset")
+            raise ConfigError(
+                f"must be between 0 and the dataset's {size} samples, got "
+                f"{offset!r}; pass the offset the Checkpointer restored",
+                key="offset",
+            )
         self.epoch = epoch
         self.offset = offset
         self._resize()
@@ -359,13 +421,13 @@ class ElasticSampler(DistributedSampler):
             order = torch.randperm(size, generator=g).tolist()
         else:
             order = list(range(size))
-        rest = order[self.offset:]
+        rest = order[self.offset :]
         if self.drop_last:
-            rest = rest[:self.total_size]
+            rest = rest[: self.total_size]
         elif rest:
             pad = self.total_size - len(rest)
             rest += (rest * math.ceil(pad / len(rest)))[:pad]
-        return iter(rest[self.rank:self.total_size:self.num_replicas])
+        return iter(rest[self.rank : self.total_size : self.num_replicas])
 
     def __len__(self) -> int:
         return self.num_samples

@@ -229,22 +229,31 @@ def _reduce_coordinated(
         local = build()
     except ConfigError as exc:
         error = exc
-    gathered = client.gather(("error", str(error)) if error else ("ok", local),
-                             f"fleet.metrics {_OP_NAMES.get(op, op)}")
+    gathered = client.gather(
+        ("error", str(error)) if error else ("ok", local), f"fleet.metrics {_OP_NAMES.get(op, op)}"
+    )
     if error is not None:
         raise error
     bad = [r for r, (kind, _) in enumerate(gathered) if kind == "error"]
     if bad:
-        raise ConfigError(f"the input was invalid on rank {bad[0]} (see that rank's error); every "
-                          "rank stops at this metric", key=name)
+        raise ConfigError(
+            f"the input was invalid on rank {bad[0]} (see that rank's error); every "
+            "rank stops at this metric",
+            key=name,
+        )
     arrays = [a for _, a in gathered]
     if len({a.size for a in arrays}) > 1:
-        raise ConfigError(f"trainers passed different sizes ({sorted({a.size for a in arrays})} "
-                          f"elements, this rank {local.size}); every trainer must pass the same "
-                          "shape", key=name)
+        raise ConfigError(
+            f"trainers passed different sizes ({sorted({a.size for a in arrays})} "
+            f"elements, this rank {local.size}); every trainer must pass the same "
+            "shape",
+            key=name,
+        )
     if len({a.dtype for a in arrays}) > 1:
-        raise ConfigError("some trainers passed integers and others floats; pass the same dtype "
-                          "everywhere", key=name)
+        raise ConfigError(
+            "some trainers passed integers and others floats; pass the same dtype everywhere",
+            key=name,
+        )
     reduce = _NUMPY_OPS.get(op)
     if reduce is None:
         raise ConfigError(f"reduction {op!r} is not one of SUM, MAX, MIN", key=name)

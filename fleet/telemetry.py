@@ -46,28 +46,67 @@ from collective.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                30.0, 60.0)
+STEP_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 """Seconds; from sub-millisecond steps of tiny models to minute-long steps."""
-COMM_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                1.0, 2.5, 10.0)
+COMM_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
 COMM_OPS = ("all_reduce", "ps_pull", "ps_push")
 
 # -- metric definitions (the naming test scans this module) -----------------------------------
 STEPS = Counter("fleet_trainer_steps", "Training steps ended (optimizer steps)")
 SAMPLES = Counter("fleet_trainer_samples", "Training samples consumed")
-STEP_SECONDS = Histogram("fleet_trainer_step_seconds", "Time between two step ends",
-                         buckets=STEP_BUCKETS)
+STEP_SECONDS = Histogram(
+    "fleet_trainer_step_seconds", "Time between two step ends", buckets=STEP_BUCKETS
+)
 LOSS = Gauge("fleet_trainer_loss", "Last loss given to fleet.report")
-THROUGHPUT = Gauge("fleet_trainer_throughput_samples_per_second",
-                   "Samples per second over the last window of >= 1 s")
-COMM_SECONDS = Histogram("fleet_trainer_comm_seconds", "Time in communication, by operation",
-                         ["op"], buckets=COMM_BUCKETS)
-PIPELINE_BUBBLE = Gauge("fleet_trainer_pipeline_bubble_ratio",
-                        "Idle fraction of a pipeline stage's step (0..1)")
+THROUGHPUT = Gauge(
+    "fleet_trainer_throughput_samples_per_second",
+    "Samples per second over the last window of >= 1 s",
+)
+COMM_SECONDS = Histogram(
+    "fleet_trainer_comm_seconds",
+    "Time in communication, by operation",
+    ["op"],
+    buckets=COMM_BUCKETS,
+)
+PIPELINE_BUBBLE = Gauge(
+    "fleet_trainer_pipeline_bubble_ratio", "Idle fraction of a pipeline stage's step (0..1)"
+)
 AMP_LOSS_SCALE = Gauge("fleet_trainer_amp_loss_scale", "Current AMP loss scale")
-AMP_SKIPPED = Counter("fleet_trainer_amp_skipped_steps",
-                      "Steps AMP skipped because of inf/NaN gradients")
+AMP_SKIPPED = Counter(
+    "fleet_trainer_amp_skipped_steps", "Steps AMP skipped because of inf/NaN gradients"
+)
 
 _COMM = {op: COMM_SECONDS.labels(op=op) for op in COMM_OPS}
 THROUGHPUT_WINDOW_S = 1.0
@@ -129,7 +168,8 @@ def start(port: int, host: str = "127.0.0.1") -> int:
             raise ConfigError(
                 f"cannot serve /metrics on {host}:{port}: {err.strerror or err}; the port is busy "
                 "— let fleetrun pick one (FLEET_METRICS_PORT), or unset FLEET_METRICS_PORT",
-                key="FLEET_METRICS_PORT") from None
+                key="FLEET_METRICS_PORT",
+            ) from None
         _state.server, _state.port, _state.enabled = server, int(server.server_port), True
     register_shutdown("fleet.telemetry", stop)  # its thread ends before the groups at exit
     logger.info("trainer metrics on http://%s:%d/metrics", host, _state.port)
@@ -196,8 +236,9 @@ def report(loss: Any = None, samples: int | None = None, step: bool = False) -> 
     ``samples`` consumed (counted at once; replaces the automatic batch-size count from then
     on), and
     ``step=True`` to end a step where no fleet optimizer does (see the module docstring)."""
-    if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int)
-                                or samples < 0):
+    if samples is not None and (
+        isinstance(samples, bool) or not isinstance(samples, int) or samples < 0
+    ):
         raise ConfigError(f"must be an integer >= 0, got {samples!r}", key="samples")
     if not _state.enabled:
         return
@@ -275,16 +316,24 @@ def _read_ddp_comm_times() -> None:
         except (AttributeError, RuntimeError):
             continue
         iteration, comm_ns = data.get("iteration"), data.get("backward_comm_time")
-        if isinstance(iteration, int) and isinstance(comm_ns, int) and comm_ns > 0 and \
-                _state.seen_iteration.get(id(model)) != iteration:
+        if (
+            isinstance(iteration, int)
+            and isinstance(comm_ns, int)
+            and comm_ns > 0
+            and _state.seen_iteration.get(id(model)) != iteration
+        ):
             _state.seen_iteration[id(model)] = iteration
             hist.observe(comm_ns / 1e9)
     _state.models = alive
 
 
 # -- parameter-server timing -----------------------------------------------------------------
-_CLIENT_OPS = {"pull_sparse": "ps_pull", "pull_dense": "ps_pull",
-               "push_sparse": "ps_push", "push_dense": "ps_push"}
+_CLIENT_OPS = {
+    "pull_sparse": "ps_pull",
+    "pull_dense": "ps_pull",
+    "push_sparse": "ps_push",
+    "push_dense": "ps_push",
+}
 
 
 class _TimedClient:

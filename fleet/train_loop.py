@@ -109,7 +109,9 @@ def train_from_dataset(
         if label not in batch:
             raise ConfigError(
                 f"the batch has no slot {label!r} (slots: {sorted(batch)}); pass label= the "
-                "name of the label slot in use_var", key="label")
+                "name of the label slot in use_var",
+                key="label",
+            )
         target = batch[label]
         inputs = {k: v for k, v in batch.items() if k != label}
         output = model(inputs)
@@ -133,19 +135,29 @@ def train_from_dataset(
             now = time.perf_counter()
             extras = {name: f(output, batch, loss) for name, f in fetch.items()}
             local = _local_auc(state)
-            _print_line(stream, steps, examples, total, period_examples / (now - period_start),
-                        period_loss / print_period, local, extras)
+            _print_line(
+                stream,
+                steps,
+                examples,
+                total,
+                period_examples / (now - period_start),
+                period_loss / print_period,
+                local,
+                extras,
+            )
             period_loss, period_examples, period_start = 0.0, 0, now
     seconds = time.perf_counter() - start
     local_auc = _local_auc(state)
     global_auc = _global_auc(state) if state is not None else math.nan
-    stats = TrainStats(steps, examples, seconds, loss_sum / steps if steps else math.nan,
-                       local_auc, global_auc)
+    stats = TrainStats(
+        steps, examples, seconds, loss_sum / steps if steps else math.nan, local_auc, global_auc
+    )
     if stream is not None:
         stream.write(
             f"[train] done: {steps} batches, {examples} examples in {seconds:.1f} s "
             f"({stats.examples_per_second:.0f} ex/s), mean loss {stats.mean_loss:.5f}, "
-            f"auc {global_auc:.5f} (all trainers)\n")
+            f"auc {global_auc:.5f} (all trainers)\n"
+        )
         stream.flush()
     return stats
 
@@ -184,8 +196,16 @@ def _dataset_size(dataset: Any) -> int | None:
     return None
 
 
-def _print_line(stream: TextIO, steps: int, examples: int, total: int | None, rate: float,
-                loss: float, local_auc: float, extras: Mapping[str, Any]) -> None:
+def _print_line(
+    stream: TextIO,
+    steps: int,
+    examples: int,
+    total: int | None,
+    rate: float,
+    loss: float,
+    local_auc: float,
+    extras: Mapping[str, Any],
+) -> None:
     if total:
         done = min(examples / total, 1.0)
         bar = "#" * int(done * 20)
@@ -193,8 +213,10 @@ def _print_line(stream: TextIO, steps: int, examples: int, total: int | None, ra
     else:
         progress = ""
     extra = "".join(f"  {k} {v}" for k, v in extras.items())
-    stream.write(f"[train] {progress}batch {steps}  {rate:.0f} ex/s  loss {loss:.5f}  "
-                 f"auc {local_auc:.5f}{extra}\n")
+    stream.write(
+        f"[train] {progress}batch {steps}  {rate:.0f} ex/s  loss {loss:.5f}  "
+        f"auc {local_auc:.5f}{extra}\n"
+    )
     stream.flush()
 
 

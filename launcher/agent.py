@@ -225,8 +225,13 @@ class CollectivePlan:
         if place.num_nodes > 1:
             assert place.master_port is not None
             self.rdzv = NodeRendezvous(
-                place.master_addr, place.master_port, place.num_nodes, place.node_rank,
-                spec.rendezvous.timeout_s, spec.max_restarts, place.run_id,
+                place.master_addr,
+                place.master_port,
+                place.num_nodes,
+                place.node_rank,
+                spec.rendezvous.timeout_s,
+                spec.max_restarts,
+                place.run_id,
             )
         self.max_restarts = self.rdzv.max_restarts if self.rdzv else spec.max_restarts
 
@@ -237,33 +242,57 @@ class CollectivePlan:
             nodes = [NodeInfo(0, p.node_ip, self.host, ports)]
             master_port, run_id = p.master_port or find_free_port(p.master_addr), p.run_id
         else:
-            nodes, master_port = self.rdzv.join(attempt, NodeInfo(p.node_rank, p.node_ip, self.host, ports))
+            nodes, master_port = self.rdzv.join(
+                attempt, NodeInfo(p.node_rank, p.node_ip, self.host, ports)
+            )
             run_id = self.rdzv.run_id
         log_dir = self.spec.log_dir
         return NodeLayout(
-            run_id=run_id, num_nodes=p.num_nodes, nproc_per_node=nproc, node_rank=p.node_rank,
-            master_addr=p.master_addr, master_port=master_port,
+            run_id=run_id,
+            num_nodes=p.num_nodes,
+            nproc_per_node=nproc,
+            node_rank=p.node_rank,
+            master_addr=p.master_addr,
+            master_port=master_port,
             trainer_endpoints=tuple(f"{n.ip}:{port}" for n in nodes for port in n.ports),
-            node_ip=p.node_ip, restart_count=attempt, max_restarts=self.max_restarts,
-            backend=self.spec.backend, log_dir=log_dir,
+            node_ip=p.node_ip,
+            restart_count=attempt,
+            max_restarts=self.max_restarts,
+            backend=self.spec.backend,
+            log_dir=log_dir,
             error_dir=os.path.join(log_dir, "errors", f"attempt{attempt}"),
-            job_name=self.spec.name, strategy_file=self.strategy_file,
+            job_name=self.spec.name,
+            strategy_file=self.strategy_file,
         )
 
     def specs(self, attempt: int) -> list[ProcSpec]:
         layout = self.layout(attempt)
-        write_endpoints(self.spec.log_dir, attempt, f"run_id {layout.run_id} master "
-                         f"{layout.master_addr}:{layout.master_port}", [], layout.trainer_endpoints,
-                         node_file("endpoints.log", self.place.node_rank, self.place.num_nodes))
+        write_endpoints(
+            self.spec.log_dir,
+            attempt,
+            f"run_id {layout.run_id} master {layout.master_addr}:{layout.master_port}",
+            [],
+            layout.trainer_endpoints,
+            node_file("endpoints.log", self.place.node_rank, self.place.num_nodes),
+        )
         base = _base_env(self.spec, layout.nproc_per_node)
         out = []
         for local_rank in range(layout.nproc_per_node):
             rank = layout.global_rank(local_rank)
             show, prefix = console_prefix(self.spec, TRAINER, rank)
-            out.append(ProcSpec(
-                TRAINER, rank, local_rank, layout.node_rank, {**base, **make_worker_env(layout, local_rank)},
-                os.path.join(layout.log_dir, f"workerlog.{rank}"), layout.error_file(local_rank), show, prefix,
-            ))
+            out.append(
+                ProcSpec(
+                    TRAINER,
+                    rank,
+                    local_rank,
+                    layout.node_rank,
+                    {**base, **make_worker_env(layout, local_rank)},
+                    os.path.join(layout.log_dir, f"workerlog.{rank}"),
+                    layout.error_file(local_rank),
+                    show,
+                    prefix,
+                )
+            )
         return out
 
     def remote_failure(self, attempt: int) -> str | None:
@@ -309,23 +338,28 @@ class PSPlan:
                 if len(mine) != 1:
                     raise ConfigError(
                         f"cannot tell which of the ps endpoint IPs ({', '.join(sorted(ips))}) is this "
-                        f"node (local ones: {', '.join(mine) or 'none'}); pass --pod_ip", key="ps.pod_ip")
+                        f"node (local ones: {', '.join(mine) or 'none'}); pass --pod_ip",
+                        key="ps.pod_ip",
+                    )
                 self.pod_ip = mine[0]
             if len(ips) > 1 and spec.max_restarts:
                 raise ConfigError(
                     "max_restarts > 0 needs a single-node PS job: nodes of a static PS layout do not "
-                    "coordinate restarts; set max_restarts: 0", key="max_restarts")
+                    "coordinate restarts; set max_restarts: 0",
+                    key="max_restarts",
+                )
             if len(ips) > 1 and user_ps_token(spec) is None:
                 raise ConfigError(
                     "a PS job over several nodes needs one token shared by every node (the nodes' "
                     "fleetruns do not talk to each other): export the same secret on each, e.g. "
                     "FLEET_PS_TOKEN=$(python -c "
                     "'import secrets; print(secrets.token_urlsafe(32))')",
-                    key=FLEET_PS_TOKEN)
+                    key=FLEET_PS_TOKEN,
+                )
         self.token = job_ps_token(spec)
         self.recovery = make_recovery(spec)  # automatic checkpoints: recover from them
         if self.recovery is not None and not self.static:  # a_sync trainers meet through it
-            self.recovery.start_coordinator(self.token)   # and one can be restarted alone
+            self.recovery.start_coordinator(self.token)  # and one can be restarted alone
         self._servers: tuple[str, ...] = ()
 
     def layout(self, attempt: int) -> PSLayout:
@@ -340,10 +374,16 @@ class PSPlan:
             workers = tuple(f"{ip}:{find_free_port(ip)}" for _ in range(sizes.worker_num))
         log_dir = self.spec.log_dir
         return PSLayout(
-            run_id=self.place.run_id, server_endpoints=servers, trainer_endpoints=workers,
-            restart_count=attempt, max_restarts=self.max_restarts, backend=self.spec.backend,
-            log_dir=log_dir, error_dir=os.path.join(log_dir, "errors", f"attempt{attempt}"),
-            job_name=self.spec.name, strategy_file=self.strategy_file,
+            run_id=self.place.run_id,
+            server_endpoints=servers,
+            trainer_endpoints=workers,
+            restart_count=attempt,
+            max_restarts=self.max_restarts,
+            backend=self.spec.backend,
+            log_dir=log_dir,
+            error_dir=os.path.join(log_dir, "errors", f"attempt{attempt}"),
+            job_name=self.spec.name,
+            strategy_file=self.strategy_file,
         )
 
     def _here(self, endpoint: str) -> bool:
@@ -351,32 +391,62 @@ class PSPlan:
 
     def specs(self, attempt: int) -> list[ProcSpec]:
         layout = self.layout(attempt)
-        write_endpoints(self.spec.log_dir, attempt, f"run_id {layout.run_id}",
-                         layout.server_endpoints, layout.trainer_endpoints)
+        write_endpoints(
+            self.spec.log_dir,
+            attempt,
+            f"run_id {layout.run_id}",
+            layout.server_endpoints,
+            layout.trainer_endpoints,
+        )
         servers = [i for i, e in enumerate(layout.server_endpoints) if self._here(e)]
         trainers = [i for i, e in enumerate(layout.trainer_endpoints) if self._here(e)]
         if not servers and not trainers:
-            raise ConfigError(f"no server or worker endpoint has this node's IP {self.pod_ip}", key="ps.pod_ip")
+            raise ConfigError(
+                f"no server or worker endpoint has this node's IP {self.pod_ip}", key="ps.pod_ip"
+            )
         base = {**_base_env(self.spec, len(servers) + len(trainers)), FLEET_PS_TOKEN: self.token}
-        server_base = {**base, **_table_threads_env(base, len(servers) + len(trainers)),
-                       **ps_checkpoint_root_env(base, self.spec.log_dir, os.getcwd())}
+        server_base = {
+            **base,
+            **_table_threads_env(base, len(servers) + len(trainers)),
+            **ps_checkpoint_root_env(base, self.spec.log_dir, os.getcwd()),
+        }
         if self.recovery is not None:
             self.recovery.begin_attempt(attempt)
             server_base[FLEET_PS_CHECKPOINT_ROOT] = self.recovery.server_roots(
-                server_base.get(FLEET_PS_CHECKPOINT_ROOT, ""))
+                server_base.get(FLEET_PS_CHECKPOINT_ROOT, "")
+            )
             base = {**base, **self.recovery.trainer_env()}
         out = []
         for i in servers:
             show, prefix = console_prefix(self.spec, SERVER, i)
-            out.append(ProcSpec(SERVER, i, i, 0, {**server_base, **make_ps_server_env(layout, i)},
-                                os.path.join(layout.log_dir, f"serverlog.{i}"),
-                                layout.server_error_file(i), show, prefix))
+            out.append(
+                ProcSpec(
+                    SERVER,
+                    i,
+                    i,
+                    0,
+                    {**server_base, **make_ps_server_env(layout, i)},
+                    os.path.join(layout.log_dir, f"serverlog.{i}"),
+                    layout.server_error_file(i),
+                    show,
+                    prefix,
+                )
+            )
         for local_rank, t in enumerate(trainers):
             show, prefix = console_prefix(self.spec, TRAINER, t)
-            out.append(ProcSpec(TRAINER, t, local_rank, 0,
-                                {**base, **make_ps_trainer_env(layout, t, local_rank, len(trainers))},
-                                os.path.join(layout.log_dir, f"workerlog.{t}"),
-                                layout.trainer_error_file(t), show, prefix))
+            out.append(
+                ProcSpec(
+                    TRAINER,
+                    t,
+                    local_rank,
+                    0,
+                    {**base, **make_ps_trainer_env(layout, t, local_rank, len(trainers))},
+                    os.path.join(layout.log_dir, f"workerlog.{t}"),
+                    layout.trainer_error_file(t),
+                    show,
+                    prefix,
+                )
+            )
         return out
 
     def remote_failure(self, attempt: int) -> str | None:
@@ -389,8 +459,14 @@ class PSPlan:
         return None
 
 
-def write_endpoints(log_dir: str, attempt: int, head: str, servers: tuple[str, ...] | list[str],
-                     trainers: tuple[str, ...], name: str = "endpoints.log") -> None:
+def write_endpoints(
+    log_dir: str,
+    attempt: int,
+    head: str,
+    servers: tuple[str, ...] | list[str],
+    trainers: tuple[str, ...],
+    name: str = "endpoints.log",
+) -> None:
     """Append the attempt's endpoints to ``log_dir/name`` (node-scoped on several nodes)."""
     with open(os.path.join(log_dir, name), "a" if attempt else "w", encoding="utf-8") as f:
         f.write(f"# attempt {attempt} {head}\n")
@@ -409,9 +485,17 @@ def make_monitor(spec: JobSpec, plan: Plan, node_rank: int) -> JobMonitor:
     host = getattr(plan, "pod_ip", None) or place.node_ip
     multi = place.num_nodes > 1 or bool(spec.ps.servers)
     node_rank, num_nodes = node_scope(spec, plan, node_rank)
-    return JobMonitor(spec.name, place.run_id, plan.max_restarts, spec.log_dir, host, node_rank,
-                      metrics=spec.metrics, metrics_host=host if multi else "127.0.0.1",
-                      num_nodes=num_nodes)
+    return JobMonitor(
+        spec.name,
+        place.run_id,
+        plan.max_restarts,
+        spec.log_dir,
+        host,
+        node_rank,
+        metrics=spec.metrics,
+        metrics_host=host if multi else "127.0.0.1",
+        num_nodes=num_nodes,
+    )
 
 
 def node_scope(spec: JobSpec, plan: Plan, node_rank: int) -> tuple[int, int]:
@@ -429,7 +513,9 @@ def node_scope(spec: JobSpec, plan: Plan, node_rank: int) -> tuple[int, int]:
 class Agent:
     """Runs this node's share of a job to the end; :meth:`run` returns the exit code."""
 
-    def __init__(self, spec: JobSpec, plan: Plan, node_rank: int, console: ConsoleWriter | None = None):
+    def __init__(
+        self, spec: JobSpec, plan: Plan, node_rank: int, console: ConsoleWriter | None = None
+    ):
         self.spec, self.plan, self.node_rank = spec, plan, node_rank
         self.console = console or ConsoleWriter()
 
@@ -444,8 +530,16 @@ class Agent:
             if getattr(self.plan, "recovery", None) is not None:
                 self.plan.recovery.close()  # type: ignore[attr-defined]
 
-    def _restart_alone(self, running: list[Running], failures: list[Failure], remote: str | None,
-                       attempt: int, alone: int, monitor: JobMonitor, argv: list[str]) -> bool:
+    def _restart_alone(
+        self,
+        running: list[Running],
+        failures: list[Failure],
+        remote: str | None,
+        attempt: int,
+        alone: int,
+        monitor: JobMonitor,
+        argv: list[str],
+    ) -> bool:
         """A PS job in async/GEO mode whose one failure is a server (or a trainer, when the
         trainers meet through the coordinator): restart it alone — a server on its endpoint,
         restoring its shards; a trainer from its data position — while the others go on
@@ -455,22 +549,51 @@ class Agent:
             return False
         (failed,) = failures
         budget_left = attempt + alone < self.plan.max_restarts
-        rec = recovery.recover_alone(attempt, f"{_label(failed)} {failed.exit_desc}", failed.role,
-                                     failed.rank, budget_left)
+        rec = recovery.recover_alone(
+            attempt, f"{_label(failed)} {failed.exit_desc}", failed.role, failed.rank, budget_left
+        )
         if rec is None:
             return False
-        i = next(i for i, r in enumerate(running) if (r.spec.role, r.spec.rank) == (failed.role, failed.rank))
+        i = next(
+            i
+            for i, r in enumerate(running)
+            if (r.spec.role, r.spec.rank) == (failed.role, failed.rank)
+        )
         old = running[i].spec
-        new = replace(old, env={**old.env, **(recovery.resume_env(rec) if failed.role == TRAINER
-                                               else recovery.restore_env())})
-        header = (f"==== fleetrun: attempt {attempt}, {new.label} restarted alone, "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
-        if failed.role == SERVER and not self.spec.entrypoint.no_python:  # the server side of a fleet script is only
+        new = replace(
+            old,
+            env={
+                **old.env,
+                **(recovery.resume_env(rec) if failed.role == TRAINER else recovery.restore_env()),
+            },
+        )
+        header = (
+            f"==== fleetrun: attempt {attempt}, {new.label} restarted alone, "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n"
+        )
+        if (
+            failed.role == SERVER and not self.spec.entrypoint.no_python
+        ):  # the server side of a fleet script is only
             # init_server + run_server: the same, without the script's imports (torch: seconds)
-            argv = [sys.executable, "-u", "-m", "collective.bootstrap", "-m", "ps_server", "--from_env"]
+            argv = [
+                sys.executable,
+                "-u",
+                "-m",
+                "collective.bootstrap",
+                "-m",
+                "ps_server",
+                "--from_env",
+            ]
         try:
-            proc = WorkerProcess(argv, new.env, new.log_path, self.console if new.show else None,
-                                 new.prefix, header, append=True)
+            proc = WorkerProcess(
+                argv,
+                new.env,
+                new.log_path,
+                self.console if new.show else None,
+                new.prefix,
+                header,
+                append=True,
+            )
         except OSError as err:
             raise LaunchError(f"could not restart {new.label}: {err}") from None
         running[i] = Running(new, proc)
@@ -483,7 +606,9 @@ class Agent:
         port = monitor.metrics_port()
         if not port:
             return spec
-        return replace(spec, metrics_port=port, env={**spec.env, **metrics_env(port, monitor.metrics_host)})
+        return replace(
+            spec, metrics_port=port, env={**spec.env, **metrics_env(port, monitor.metrics_host)}
+        )
 
     def _run(self, monitor: JobMonitor) -> int:
         spec, plan = self.spec, self.plan
@@ -502,36 +627,54 @@ class Agent:
                 while True:
                     try:
                         failures, remote = watch(
-                            running, attempt, 0.25 if remote_tick else 3600.0,
+                            running,
+                            attempt,
+                            0.25 if remote_tick else 3600.0,
                             (lambda a=attempt: plan.remote_failure(a)) if remote_tick else None,
-                            spec.ps.server_grace_s, monitor.refresh,
+                            spec.ps.server_grace_s,
+                            monitor.refresh,
                         )
                     except Interrupted as sig:
                         plan.report_failure(attempt, f"fleetrun on node {self.node_rank} got {sig}")
                         raise
-                    if not self._restart_alone(running, failures, remote, attempt, alone, monitor, argv):
+                    if not self._restart_alone(
+                        running, failures, remote, attempt, alone, monitor, argv
+                    ):
                         break
                     alone += 1  # a unit of the budget spent; the job goes on in this attempt
                     monitor.restarted_in_place(attempt + alone)
                 if failures:
                     first = min(failures, key=lambda f: f.time)
-                    plan.report_failure(attempt, f"{_label(first)} {first.exit_desc} {first.message}")
-                stopped = [(r.spec.role, r.spec.rank) for r in running
-                           if r.proc.exit is None and r.spec.role == TRAINER]
+                    plan.report_failure(
+                        attempt, f"{_label(first)} {first.exit_desc} {first.message}"
+                    )
+                stopped = [
+                    (r.spec.role, r.spec.rank)
+                    for r in running
+                    if r.proc.exit is None and r.spec.role == TRAINER
+                ]
             finally:
                 terminate_all([r.proc for r in running], spec.grace_period_s)
             if not failures and remote is None:
                 remote = plan.finish(attempt)
             failed_ids = [(f.role, f.rank) for f in failures]
-            monitor.attempt_failed([cause_of(f.exit_desc) for f in failures]
-                                   or ([FailureCause.NODE] if remote is not None else []))
-            decision = decide(bool(failures) or remote is not None, attempt + alone, plan.max_restarts)
+            monitor.attempt_failed(
+                [cause_of(f.exit_desc) for f in failures]
+                or ([FailureCause.NODE] if remote is not None else [])
+            )
+            decision = decide(
+                bool(failures) or remote is not None, attempt + alone, plan.max_restarts
+            )
             recovery = getattr(plan, "recovery", None)
             no_recovery = ""
             if recovery is not None and failures and decision is not Decision.SUCCEED:
                 first = min(failures, key=lambda f: f.time)
-                got = recovery.recover(attempt, f"{_label(first)} {first.exit_desc}", first.role,
-                                       decision is Decision.RESTART)
+                got = recovery.recover(
+                    attempt,
+                    f"{_label(first)} {first.exit_desc}",
+                    first.role,
+                    decision is Decision.RESTART,
+                )
                 if isinstance(got, str):
                     decision, no_recovery = Decision.FAIL, got
                 else:
@@ -540,28 +683,46 @@ class Agent:
             if decision is Decision.SUCCEED:
                 logger.info("job '%s' succeeded (%d restart(s) used)", spec.name, attempt + alone)
                 if recovery is not None and recovery.recoveries:
-                    sys.stderr.write(f"fleetrun: job '{spec.name}' succeeded; "
-                                     f"{recovery.finish(attempt)}\n")
+                    sys.stderr.write(
+                        f"fleetrun: job '{spec.name}' succeeded; {recovery.finish(attempt)}\n"
+                    )
                 monitor.finished(JobState.SUCCEEDED)
                 return 0
             what = remote or ", ".join(
-                f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
+                f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time)
+            )
             history.append(f"attempt {attempt}: {what}")
             if decision is Decision.RESTART:
                 attempt += 1
                 monitor.restarting(attempt + alone)
                 monitor.refresh(failed_ids)
-                logger.warning("attempt %d failed (%s); restarting the job (restart %d of %d)",
-                               attempt - 1, what, attempt + alone, plan.max_restarts)
+                logger.warning(
+                    "attempt %d failed (%s); restarting the job (restart %d of %d)",
+                    attempt - 1,
+                    what,
+                    attempt + alone,
+                    plan.max_restarts,
+                )
                 continue
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
-            after = "\n".join(t for t in (no_recovery, recovery.finish(attempt)) if t) if recovery else ""
+            after = (
+                "\n".join(t for t in (no_recovery, recovery.finish(attempt)) if t)
+                if recovery
+                else ""
+            )
             if failures:
-                text = format_summary(spec.name, failures, stopped, spec.log_dir, attempt,
-                                      plan.max_restarts, note) + "\n" + (after + "\n" if after else "")
+                text = (
+                    format_summary(
+                        spec.name, failures, stopped, spec.log_dir, attempt, plan.max_restarts, note
+                    )
+                    + "\n"
+                    + (after + "\n" if after else "")
+                )
             else:
-                text = (f"fleetrun: job '{spec.name}' FAILED: {remote}. This node's processes were "
-                        f"stopped; the root-cause summary is on that node's console. Logs: {spec.log_dir}/\n")
+                text = (
+                    f"fleetrun: job '{spec.name}' FAILED: {remote}. This node's processes were "
+                    f"stopped; the root-cause summary is on that node's console. Logs: {spec.log_dir}/\n"
+                )
             monitor.finished(JobState.FAILED, text.rstrip("\n"), failed_ids)
             sys.stderr.write(text)
             sys.stderr.flush()

@@ -73,7 +73,12 @@ def start_all(
         header = f"==== fleetrun: attempt {attempt}, {spec.label}, {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n"
         try:
             proc = WorkerProcess(
-                argv, spec.env, spec.log_path, console if spec.show else None, spec.prefix, header,
+                argv,
+                spec.env,
+                spec.log_path,
+                console if spec.show else None,
+                spec.prefix,
+                header,
                 append=attempt > 0,
             )
         except OSError as err:
@@ -122,12 +127,20 @@ def watch(
         wait_any(procs, tick_s)
         if on_change is not None:
             on_change()
-        failed = [failure_of(r, attempt) for r in running if r.proc.exit is not None and not r.proc.exit.ok]
+        failed = [
+            failure_of(r, attempt)
+            for r in running
+            if r.proc.exit is not None and not r.proc.exit.ok
+        ]
         if failed:
             return failed, None
         if all(r.proc.exit is not None for r in trainers):
             _let_servers_stop(servers, server_grace_s)
-            late = [failure_of(r, attempt) for r in servers if r.proc.exit is not None and not r.proc.exit.ok]
+            late = [
+                failure_of(r, attempt)
+                for r in servers
+                if r.proc.exit is not None and not r.proc.exit.ok
+            ]
             return late, None
         if remote_check is not None:
             remote = remote_check()

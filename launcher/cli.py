@@ -25,6 +25,7 @@ from launcher.agent import (
     check_port_free,
     install_signal_handlers,
 )
+from launcher.job_files import write_job_file, write_strategy
 from launcher.spec import (
     DEFAULT_MULTINODE_PORT,
     JobSpec,
@@ -34,7 +35,6 @@ from launcher.spec import (
     load_yaml,
     set_path,
 )
-from launcher.job_files import write_job_file, write_strategy
 from launcher.telemetry import node_file
 
 logger = logging.getLogger("launcher")
@@ -116,70 +116,207 @@ def _opt(*names: str, **kw: Any) -> Any:
         "max_content_width": 100,
     },
 )
-@_opt("-c", "--config", "config", type=click.Path(dir_okay=False), help="Job file (YAML); see configs/.")
-@_opt("--nproc_per_node", "nproc_per_node", metavar="N|auto",
-      help="Trainers per node (default 1; auto = one per GPU, or 1 without GPUs).")
-@_opt("--nnodes", "nnodes", metavar="N|MIN:MAX",
-      help="Number of nodes (default 1); MIN:MAX = an elastic job (needs --rdzv_backend).")
-@_opt("--node_rank", "node_rank", type=int, help="Rank of this node (default 0, or own index in --ips).")
+@_opt(
+    "-c",
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False),
+    help="Job file (YAML); see configs/.",
+)
+@_opt(
+    "--nproc_per_node",
+    "nproc_per_node",
+    metavar="N|auto",
+    help="Trainers per node (default 1; auto = one per GPU, or 1 without GPUs).",
+)
+@_opt(
+    "--nnodes",
+    "nnodes",
+    metavar="N|MIN:MAX",
+    help="Number of nodes (default 1); MIN:MAX = an elastic job (needs --rdzv_backend).",
+)
+@_opt(
+    "--node_rank",
+    "node_rank",
+    type=int,
+    help="Rank of this node (default 0, or own index in --ips).",
+)
 @_opt("--master_addr", "master_addr", metavar="HOST", help="Address of node 0 (default 127.0.0.1).")
-@_opt("--master_port", "master_port", type=int, metavar="PORT",
-      help="Rendezvous port on node 0 (default: a free port on one node, 29500 on several).")
-@_opt("--ips", "ips", metavar="IP,IP,...",
-      help="Paddle-style node list; nnodes = its length, master = the first, node rank = own index.")
-@_opt("--backend", "backend", type=click.Choice(["auto", "gloo", "nccl"]),
-      help="Process-group backend (default auto: nccl with GPUs, else gloo).")
-@_opt("--log_dir", "log_dir", metavar="DIR", help="Where workerlog.N and endpoints.log go (default log).")
-@_opt("--max_restarts", "max_restarts", type=int,
-      help="Restart the whole job up to K times after a failure (default 0).")
+@_opt(
+    "--master_port",
+    "master_port",
+    type=int,
+    metavar="PORT",
+    help="Rendezvous port on node 0 (default: a free port on one node, 29500 on several).",
+)
+@_opt(
+    "--ips",
+    "ips",
+    metavar="IP,IP,...",
+    help="Paddle-style node list; nnodes = its length, master = the first, node rank = own index.",
+)
+@_opt(
+    "--backend",
+    "backend",
+    type=click.Choice(["auto", "gloo", "nccl"]),
+    help="Process-group backend (default auto: nccl with GPUs, else gloo).",
+)
+@_opt(
+    "--log_dir",
+    "log_dir",
+    metavar="DIR",
+    help="Where workerlog.N and endpoints.log go (default log).",
+)
+@_opt(
+    "--max_restarts",
+    "max_restarts",
+    type=int,
+    help="Restart the whole job up to K times after a failure (default 0).",
+)
 @_opt("--run_id", "run_id", help="Job id given to workers as TORCHELASTIC_RUN_ID (default random).")
-@_opt("--tee", "tee", type=click.Choice(["rank0", "all", "none"]),
-      help="Console output: rank0 (default), all ranks prefixed [rank N], or none.")
+@_opt(
+    "--tee",
+    "tee",
+    type=click.Choice(["rank0", "all", "none"]),
+    help="Console output: rank0 (default), all ranks prefixed [rank N], or none.",
+)
 @_opt("--job_name", "job_name", help="Job name (default fleetrun).")
-@_opt("--strategy", "strategy", type=click.Path(dir_okay=False), metavar="FILE",
-      help="DistributedStrategy YAML given to every trainer (fleet.init() loads it).")
-@_opt("--run_mode", "run_mode", type=click.Choice(["collective", "ps"]), help="Job mode (default collective).")
-@_opt("--scheduler", "scheduler", type=click.Choice(["local", "ray", "k8s"]),
-      help="Where to run (default local).")
+@_opt(
+    "--strategy",
+    "strategy",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="DistributedStrategy YAML given to every trainer (fleet.init() loads it).",
+)
+@_opt(
+    "--run_mode",
+    "run_mode",
+    type=click.Choice(["collective", "ps"]),
+    help="Job mode (default collective).",
+)
+@_opt(
+    "--scheduler",
+    "scheduler",
+    type=click.Choice(["local", "ray", "k8s"]),
+    help="Where to run (default local).",
+)
 @_opt("--server_num", "server_num", type=int, help="Parameter servers (PS mode).")
 @_opt("--worker_num", "worker_num", type=int, help="Trainers (PS mode).")
-@_opt("--servers", "servers", metavar="IP:PORT,...",
-      help="PS mode on several nodes: every server's endpoint (each node runs those with its IP).")
-@_opt("--workers", "workers", metavar="IP:PORT,...", help="PS mode on several nodes: every trainer's endpoint.")
-@_opt("--pod_ip", "pod_ip", metavar="IP", help="This node's IP in --servers/--workers (default: detected).")
-@_opt("--ps_checkpoint_dir", "ps_checkpoint_dir", metavar="DIR",
-      help="PS mode: checkpoint the job here automatically, resume from it at start, and recover "
-      "a dead server or trainer from it (each recovery uses one --max_restarts).")
-@_opt("--ps_checkpoint_interval", "ps_checkpoint_interval", type=float, metavar="SECONDS",
-      help="PS mode: seconds between automatic checkpoints (default 600).")
-@_opt("--ps_checkpoint_keep", "ps_checkpoint_keep", type=int, metavar="K",
-      help="PS mode: newest automatic checkpoints kept (default 3; 0 = all).")
-@_opt("--rdzv_timeout", "rdzv_timeout", type=float, metavar="SECONDS",
-      help="How long nodes wait for each other at start (default 300).")
-@_opt("--rdzv_backend", "rdzv_backend", type=click.Choice(["static", "c10d", "etcd", "etcd-v2"]),
-      help="Elastic jobs: torch's rendezvous (c10d, etcd, etcd-v2); static (default) = fixed nodes.")
-@_opt("--rdzv_endpoint", "rdzv_endpoint", metavar="HOST:PORT",
-      help="Elastic jobs: the c10d store (hosted by the agent on HOST) or the etcd server.")
-@_opt("--rdzv_id", "rdzv_id", metavar="ID", help="Elastic jobs: the job's rendezvous id (= --run_id).")
-@_opt("--rdzv_conf", "rdzv_conf", metavar="K=V,...",
-      help="Elastic jobs: options of torch's handler (e.g. last_call_timeout=1,join_timeout=60).")
-@_opt("--standalone", "standalone", is_flag=True,
-      help="Elastic job on this machine only: c10d on 127.0.0.1 with a free port.")
-@_opt("--monitor_interval", "monitor_interval", type=float, metavar="SECONDS",
-      help="Elastic jobs: seconds between checks for nodes waiting to join (default 0.1).")
-@_opt("--elastic_server", "elastic_server", metavar="etcd://HOST:PORT",
-      help="Paddle spelling of --rdzv_backend etcd --rdzv_endpoint HOST:PORT.")
+@_opt(
+    "--servers",
+    "servers",
+    metavar="IP:PORT,...",
+    help="PS mode on several nodes: every server's endpoint (each node runs those with its IP).",
+)
+@_opt(
+    "--workers",
+    "workers",
+    metavar="IP:PORT,...",
+    help="PS mode on several nodes: every trainer's endpoint.",
+)
+@_opt(
+    "--pod_ip",
+    "pod_ip",
+    metavar="IP",
+    help="This node's IP in --servers/--workers (default: detected).",
+)
+@_opt(
+    "--ps_checkpoint_dir",
+    "ps_checkpoint_dir",
+    metavar="DIR",
+    help="PS mode: checkpoint the job here automatically, resume from it at start, and recover "
+    "a dead server or trainer from it (each recovery uses one --max_restarts).",
+)
+@_opt(
+    "--ps_checkpoint_interval",
+    "ps_checkpoint_interval",
+    type=float,
+    metavar="SECONDS",
+    help="PS mode: seconds between automatic checkpoints (default 600).",
+)
+@_opt(
+    "--ps_checkpoint_keep",
+    "ps_checkpoint_keep",
+    type=int,
+    metavar="K",
+    help="PS mode: newest automatic checkpoints kept (default 3; 0 = all).",
+)
+@_opt(
+    "--rdzv_timeout",
+    "rdzv_timeout",
+    type=float,
+    metavar="SECONDS",
+    help="How long nodes wait for each other at start (default 300).",
+)
+@_opt(
+    "--rdzv_backend",
+    "rdzv_backend",
+    type=click.Choice(["static", "c10d", "etcd", "etcd-v2"]),
+    help="Elastic jobs: torch's rendezvous (c10d, etcd, etcd-v2); static (default) = fixed nodes.",
+)
+@_opt(
+    "--rdzv_endpoint",
+    "rdzv_endpoint",
+    metavar="HOST:PORT",
+    help="Elastic jobs: the c10d store (hosted by the agent on HOST) or the etcd server.",
+)
+@_opt(
+    "--rdzv_id", "rdzv_id", metavar="ID", help="Elastic jobs: the job's rendezvous id (= --run_id)."
+)
+@_opt(
+    "--rdzv_conf",
+    "rdzv_conf",
+    metavar="K=V,...",
+    help="Elastic jobs: options of torch's handler (e.g. last_call_timeout=1,join_timeout=60).",
+)
+@_opt(
+    "--standalone",
+    "standalone",
+    is_flag=True,
+    help="Elastic job on this machine only: c10d on 127.0.0.1 with a free port.",
+)
+@_opt(
+    "--monitor_interval",
+    "monitor_interval",
+    type=float,
+    metavar="SECONDS",
+    help="Elastic jobs: seconds between checks for nodes waiting to join (default 0.1).",
+)
+@_opt(
+    "--elastic_server",
+    "elastic_server",
+    metavar="etcd://HOST:PORT",
+    help="Paddle spelling of --rdzv_backend etcd --rdzv_endpoint HOST:PORT.",
+)
 @_opt("--job_id", "job_id", metavar="ID", help="Paddle spelling of --rdzv_id.")
 @_opt("--np", "np", metavar="N|MIN:MAX", help="Paddle spelling of --nnodes (elastic node range).")
-@_opt("--grace_period", "grace_period", type=float, metavar="SECONDS",
-      help="Seconds between SIGTERM and SIGKILL at teardown (default 5).")
-@_opt("--dry_run", "dry_run", is_flag=True,
-      help="k8s: print the manifests instead of applying them; other schedulers: print the plan.")
-@click.option("--metrics/--no-metrics", " /--no_metrics", "metrics", default=None,
-              help="Prometheus /metrics on every process, listed in LOG_DIR/metrics_targets.json "
-              "(default on).")
-@_opt("--dashboard", "dashboard", is_flag=True,
-      help="Also serve the live dashboard (fleetrun dashboard) on 127.0.0.1 while the job runs.")
+@_opt(
+    "--grace_period",
+    "grace_period",
+    type=float,
+    metavar="SECONDS",
+    help="Seconds between SIGTERM and SIGKILL at teardown (default 5).",
+)
+@_opt(
+    "--dry_run",
+    "dry_run",
+    is_flag=True,
+    help="k8s: print the manifests instead of applying them; other schedulers: print the plan.",
+)
+@click.option(
+    "--metrics/--no-metrics",
+    " /--no_metrics",
+    "metrics",
+    default=None,
+    help="Prometheus /metrics on every process, listed in LOG_DIR/metrics_targets.json "
+    "(default on).",
+)
+@_opt(
+    "--dashboard",
+    "dashboard",
+    is_flag=True,
+    help="Also serve the live dashboard (fleetrun dashboard) on 127.0.0.1 while the job runs.",
+)
 @click.option("-m", "--module", "module", is_flag=True, help="Run SCRIPT as a module (python -m).")
 @_opt("--no_python", "no_python", is_flag=True, help="Run SCRIPT directly, not through Python.")
 @click.argument("script", required=False)
@@ -205,7 +342,10 @@ def spec_from_params(ctx: click.Context, params: dict[str, Any]) -> JobSpec:
     from_cli: dict[str, str] = {}
     for name, key in FLAG_TO_KEY.items():
         source = ctx.get_parameter_source(name)
-        if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) and params[name] is not None:
+        if (
+            source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+            and params[name] is not None
+        ):
             set_path(data, key, params[name])
             from_cli[key] = "--" + name
     if params.get("script"):
@@ -246,7 +386,8 @@ def own_index(ips: tuple[str, ...]) -> int:
         return mine[0]
     if not mine:
         raise ConfigError(
-            f"none of {','.join(ips)} is an address of this host; pass --node_rank", key="rendezvous.ips"
+            f"none of {','.join(ips)} is an address of this host; pass --node_rank",
+            key="rendezvous.ips",
         )
     raise ConfigError(
         f"this host is listed more than once (positions {', '.join(map(str, mine))}); "
@@ -298,13 +439,21 @@ def _layout_rows(spec: JobSpec, place: Placement) -> list[tuple[str, str]]:
     if spec.mode is Mode.PS:
         ps = spec.ps
         if ps.servers:
-            return [("servers", ",".join(ps.servers)), ("trainers", ",".join(ps.workers)),
-                    ("this node", ps.pod_ip or "detected from the lists")]
-        what = (f"{spec.sizes.server_num} server(s) + {spec.sizes.worker_num} trainer(s) "
-                f"on {place.node_ip}, free ports")
+            return [
+                ("servers", ",".join(ps.servers)),
+                ("trainers", ",".join(ps.workers)),
+                ("this node", ps.pod_ip or "detected from the lists"),
+            ]
+        what = (
+            f"{spec.sizes.server_num} server(s) + {spec.sizes.worker_num} trainer(s) "
+            f"on {place.node_ip}, free ports"
+        )
         return [("processes", what)]
     return [
-        ("nodes", f"{place.num_nodes} x {spec.sizes.nproc_per_node} trainers = world {spec.world_size}"),
+        (
+            "nodes",
+            f"{place.num_nodes} x {spec.sizes.nproc_per_node} trainers = world {spec.world_size}",
+        ),
         ("this node", f"rank {place.node_rank}, ip {place.node_ip}"),
         ("master", f"{place.master_addr}:{place.master_port or 'auto'}"),
     ]
@@ -322,8 +471,17 @@ def format_config_table(spec: JobSpec, place: Placement) -> str:
         ("backend", str(spec.backend)),
         ("log_dir", os.path.abspath(spec.log_dir)),
         ("restarts", f"max {spec.max_restarts}"),
-        *([("ps checkpoints", f"{spec.ps_checkpoint.dir} every {spec.ps_checkpoint.interval_s:g} s, "
-            f"keep {spec.ps_checkpoint.keep or 'all'}")] if spec.ps_checkpoint.dir else []),
+        *(
+            [
+                (
+                    "ps checkpoints",
+                    f"{spec.ps_checkpoint.dir} every {spec.ps_checkpoint.interval_s:g} s, "
+                    f"keep {spec.ps_checkpoint.keep or 'all'}",
+                )
+            ]
+            if spec.ps_checkpoint.dir
+            else []
+        ),
         ("console", str(spec.tee)),
     ]
     width = max(len(k) for k, _ in rows)
@@ -339,7 +497,9 @@ def launch(spec: JobSpec, *, dry_run: bool = False, dashboard: bool = False) -> 
     if dry_run:
         raise ConfigError(
             f"--dry_run prints Kubernetes manifests; scheduler '{spec.scheduler}' has none "
-            "(use --scheduler k8s, or drop --dry_run)", key="scheduler")
+            "(use --scheduler k8s, or drop --dry_run)",
+            key="scheduler",
+        )
     if dashboard:
         from launcher.dashboard import start_dashboard_thread  # lazy: HTTP server code, ~10 ms
 
@@ -356,7 +516,8 @@ def launch_local(spec: JobSpec) -> int:
     entry = spec.entrypoint
     if entry.script and not os.path.exists(entry.script):
         raise ConfigError(
-            f"script {entry.script!r} not found (working directory {os.getcwd()})", key="entrypoint.script"
+            f"script {entry.script!r} not found (working directory {os.getcwd()})",
+            key="entrypoint.script",
         )
     if spec.elastic.enabled:
         from launcher.elastic.launch import launch_elastic  # lazy: elastic jobs only (torch)

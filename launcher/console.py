@@ -114,11 +114,16 @@ class StatusConsole:
         snap = self.monitor.snapshot()
         procs = snap["processes"]
         changes = snap.get("membership_changes") or []
-        membership = f"{len(changes)} membership change(s), last: {changes[-1]}" if changes else None
+        membership = (
+            f"{len(changes)} membership change(s), last: {changes[-1]}" if changes else None
+        )
         recovered = snap.get("recoveries") or []
-        recoveries = f"{len(recovered)} PS recovery(ies), last: {recovered[-1]}" if recovered else None
-        trainers = sorted((p for p in procs if p["role"] == "trainer" and p["metrics"]),
-                          key=lambda p: p["rank"])
+        recoveries = (
+            f"{len(recovered)} PS recovery(ies), last: {recovered[-1]}" if recovered else None
+        )
+        trainers = sorted(
+            (p for p in procs if p["role"] == "trainer" and p["metrics"]), key=lambda p: p["rank"]
+        )
         up = sum(1 for p in procs if p["state"] == "up")
         scraped = [scrape(p["metrics"]) for p in trainers if p["state"] == "up"]
         scraped = [s for s in scraped if s]
@@ -132,13 +137,22 @@ class StatusConsole:
         self._last = (now, steps)
         losses = [s["fleet_trainer_loss"] for s in scraped if "fleet_trainer_loss" in s]
         thr = [s.get("fleet_trainer_throughput_samples_per_second", 0.0) for s in scraped]
-        return Status(up, len(procs), steps, rate, sum(losses) / len(losses) if losses else None,
-                      sum(thr) or None, membership, recoveries)
+        return Status(
+            up,
+            len(procs),
+            steps,
+            rate,
+            sum(losses) / len(losses) if losses else None,
+            sum(thr) or None,
+            membership,
+            recoveries,
+        )
 
     def _emit(self, status: Status) -> None:
         if self._rich is not None:
-            self._rich.print(f"[bold cyan]fleetrun[/] [dim]{time.strftime('%H:%M:%S')}[/] "
-                             f"{status.text()}")
+            self._rich.print(
+                f"[bold cyan]fleetrun[/] [dim]{time.strftime('%H:%M:%S')}[/] {status.text()}"
+            )
         else:
             self.stream.write(f"[fleetrun] status: {status.text()}\n")
             self.stream.flush()

@@ -154,8 +154,7 @@ def _metrics(env: dict[str, str], local_rank: int) -> dict[str, str]:
     base = os.environ.get("FLEET_METRICS_PORT", "")
     if not base.isdigit() or int(base) == 0:
         return env
-    host = (os.environ.get("FLEET_METRICS_HOST") or os.environ.get("FLEET_POD_IP")
-            or "127.0.0.1")
+    host = os.environ.get("FLEET_METRICS_HOST") or os.environ.get("FLEET_POD_IP") or "127.0.0.1"
     return {**env, "FLEET_METRICS_PORT": str(int(base) + local_rank), "FLEET_METRICS_HOST": host}
 
 
@@ -323,8 +322,15 @@ def run_pod(cfg: PodConfig) -> int:
     try:
         wait_resolvable(_hosts_needed(cfg, index), cfg.rdzv_timeout_s)
         if cfg.mode is Mode.PS:  # automatic checkpoints: pods restart each other (see the module)
-            generation = k8s_ps_recovery.enter(cfg.role, index, cfg.run_id, cfg.servers,
-                                               cfg.trainers, cfg.rdzv_timeout_s, cfg.log_dir)
+            generation = k8s_ps_recovery.enter(
+                cfg.role,
+                index,
+                cfg.run_id,
+                cfg.servers,
+                cfg.trainers,
+                cfg.rdzv_timeout_s,
+                cfg.log_dir,
+            )
         specs = build_proc_specs(cfg, index, generation.generation if generation is not None else 0)
         if generation is not None and generation.process_env():  # a pod restarted alone
             specs = [replace(s, env={**s.env, **generation.process_env()}) for s in specs]

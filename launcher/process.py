@@ -117,7 +117,9 @@ class WorkerProcess:
         except (AttributeError, OSError):
             self._pidfd = None
         self._pump = threading.Thread(
-            target=self._pump_output, args=(console, console_prefix), daemon=True,
+            target=self._pump_output,
+            args=(console, console_prefix),
+            daemon=True,
             name=f"pump-{self.pid}",
         )
         self._pump.start()

@@ -86,8 +86,9 @@ class _Epoch:
 class Coordinator:
     """The coordination service of one PS job (see the module docstring)."""
 
-    def __init__(self, token: str, world: int, interval_s: float, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+    def __init__(
+        self, token: str, world: int, interval_s: float, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.key = token.encode()
         self.world = world
         self.interval_s = interval_s
@@ -103,7 +104,9 @@ class Coordinator:
 
     def _reset_state(self) -> None:
         self.rounds: dict[tuple[str, int], _Round] = {}
-        self.done_upto: dict[str, int] = {}  # channel -> last seq of its unbroken run of done rounds
+        self.done_upto: dict[
+            str, int
+        ] = {}  # channel -> last seq of its unbroken run of done rounds
         self.positions: dict[int, Any] = {}
         self.joined: set[int] = set()
         self.greeted: set[int] = set()
@@ -131,8 +134,11 @@ class Coordinator:
         instead of waiting for one already past it (``fleet.base.coordination``)."""
         with self.cond:
             self.attempt = attempt
-            kept = {key: r for key, r in self.rounds.items()
-                    if key[0] == wire.BARRIER_CHANNEL and r.done and not r.error}
+            kept = {
+                key: r
+                for key, r in self.rounds.items()
+                if key[0] == wire.BARRIER_CHANNEL and r.done and not r.error
+            }
             self._reset_state()
             self.rounds.update(kept)
             self.cond.notify_all()
@@ -173,8 +179,9 @@ class Coordinator:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(sock,), name="ps-coordinator-conn",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(sock,), name="ps-coordinator-conn", daemon=True
+            ).start()
 
     def _serve(self, sock: socket.socket) -> None:
         conn = Connection(sock.detach())
@@ -206,21 +213,35 @@ class Coordinator:
             if mine:
                 conn.close()
 
-    def _handle(self, h: dict[str, Any], payloads: list[bytes], cid: int) -> tuple[dict[str, Any], list[bytes]]:
+    def _handle(
+        self, h: dict[str, Any], payloads: list[bytes], cid: int
+    ) -> tuple[dict[str, Any], list[bytes]]:
         op = h.get("op")
         rank = int(h.get("rank", -1))
         if not 0 <= rank < self.world:
-            return {"ok": False, "error": f"rank {rank} is not a trainer of this job (0..{self.world - 1})"}, []
+            return {
+                "ok": False,
+                "error": f"rank {rank} is not a trainer of this job (0..{self.world - 1})",
+            }, []
         with self.cond:
             if "position" in h and h["position"] is not None:
                 self.positions[rank] = h["position"]
             if op == "hello":
                 return self._hello(rank, h), []
             if int(h.get("attempt", self.attempt)) != self.attempt:
-                return {"ok": False, "error": f"attempt {h.get('attempt')} is over (now {self.attempt})"}, []
+                return {
+                    "ok": False,
+                    "error": f"attempt {h.get('attempt')} is over (now {self.attempt})",
+                }, []
             if op == "round":
-                return self._round(rank, str(h["channel"]), int(h["seq"]), str(h["kind"]),
-                                   payloads[0] if payloads else b"", cid)
+                return self._round(
+                    rank,
+                    str(h["channel"]),
+                    int(h["seq"]),
+                    str(h["kind"]),
+                    payloads[0] if payloads else b"",
+                    cid,
+                )
             if op == "ckpt_wait":
                 return self._ckpt_wait(rank, int(h.get("after", 0)), cid), []
             if op == "ckpt_cut":
@@ -241,11 +262,17 @@ class Coordinator:
 
     def _hello(self, rank: int, h: dict[str, Any]) -> dict[str, Any]:
         if int(h.get("world", -1)) != self.world:
-            return {"ok": False, "error": f"trainer {rank} says the job has {h.get('world')} trainers, "
-                                          f"the coordinator {self.world}"}
+            return {
+                "ok": False,
+                "error": f"trainer {rank} says the job has {h.get('world')} trainers, "
+                f"the coordinator {self.world}",
+            }
         if int(h.get("attempt", -1)) != self.attempt:
-            return {"ok": False, "error": f"trainer {rank} of attempt {h.get('attempt')} is stale: the "
-                                          f"job is at attempt {self.attempt}"}
+            return {
+                "ok": False,
+                "error": f"trainer {rank} of attempt {h.get('attempt')} is stale: the "
+                f"job is at attempt {self.attempt}",
+            }
         self.dead.discard(rank)
         self.left.discard(rank)
         self.greeted.add(rank)
@@ -256,31 +283,50 @@ class Coordinator:
         this coordinator holds that trainer's rounds of this attempt (it is not itself a restart
         that lost them); then as :meth:`trainer_died`."""
         if rank not in self.greeted:
-            return {"ok": True, "granted": False, "why": (
-                f"the coordinator has no record of trainer {rank} in attempt {self.attempt} "
-                "(it was restarted, and a restart loses the rounds)")}
+            return {
+                "ok": True,
+                "granted": False,
+                "why": (
+                    f"the coordinator has no record of trainer {rank} in attempt {self.attempt} "
+                    "(it was restarted, and a restart loses the rounds)"
+                ),
+            }
         self.trainer_died(rank, position)
         return {"ok": True, "granted": True}
 
     # -- rounds ----------------------------------------------------------------------------------
-    def _round(self, rank: int, channel: str, seq: int, kind: str, payload: bytes,
-               cid: int) -> tuple[dict[str, Any], list[bytes]]:
+    def _round(
+        self, rank: int, channel: str, seq: int, kind: str, payload: bytes, cid: int
+    ) -> tuple[dict[str, Any], list[bytes]]:
         r = self.rounds.get((channel, seq))
         if r is not None and r.done and not r.error:
             if r.kind != kind:
-                return {"ok": False, "error": (
-                    f"trainer {rank} replays round {seq} of {channel!r} as {kind} but the other "
-                    f"trainers ran it as {r.kind}: after a restart the script must make the same "
-                    "cross-trainer calls in the same order")}, []
+                return {
+                    "ok": False,
+                    "error": (
+                        f"trainer {rank} replays round {seq} of {channel!r} as {kind} but the other "
+                        f"trainers ran it as {r.kind}: after a restart the script must make the same "
+                        "cross-trainer calls in the same order"
+                    ),
+                }, []
             self.replayed += 1
             ranks = sorted(r.contribs)
-            return ({"ok": True, "replayed": True, "ranks": ranks, "done_upto": self._done_upto(channel)},
-                    [r.contribs[k] for k in ranks])
+            return (
+                {
+                    "ok": True,
+                    "replayed": True,
+                    "ranks": ranks,
+                    "done_upto": self._done_upto(channel),
+                },
+                [r.contribs[k] for k in ranks],
+            )
         if r is None:
             r = self.rounds[(channel, seq)] = _Round(kind)
         elif r.kind != kind and not r.done:
-            r.error = (f"round {seq} of {channel!r}: trainer {rank} calls {kind}, the others "
-                       f"{r.kind}: every trainer must make the same cross-trainer calls in the same order")
+            r.error = (
+                f"round {seq} of {channel!r}: trainer {rank} calls {kind}, the others "
+                f"{r.kind}: every trainer must make the same cross-trainer calls in the same order"
+            )
             r.done = True
         r.contribs[rank] = payload  # a restarted trainer's contribution replaces its predecessor's
         self.busy[rank] = cid
@@ -295,8 +341,10 @@ class Coordinator:
         if r.error or self._closed:
             return {"ok": False, "error": r.error or "the coordinator closed"}, []
         ranks = sorted(r.contribs)
-        return ({"ok": True, "replayed": False, "ranks": ranks, "done_upto": self._done_upto(channel)},
-                [r.contribs[k] for k in ranks])
+        return (
+            {"ok": True, "replayed": False, "ranks": ranks, "done_upto": self._done_upto(channel)},
+            [r.contribs[k] for k in ranks],
+        )
 
     def _done_upto(self, channel: str) -> int:
         """The last round of ``channel`` up to which every round completed (-1: none): a trainer
@@ -367,14 +415,23 @@ class Coordinator:
             self._check_close()
         if rank not in ep.cut or ep.leader is None:
             return {"ok": True, "taken": False}
-        return {"ok": True, "taken": True, "leader": ep.leader, "last_step": self.last_step,
-                "positions": {str(r): p for r, p in ep.positions.items()}}
+        return {
+            "ok": True,
+            "taken": True,
+            "leader": ep.leader,
+            "last_step": self.last_step,
+            "positions": {str(r): p for r, p in ep.positions.items()},
+        }
 
     def _ckpt_done(self, rank: int, epoch: int, outcome: Any) -> dict[str, Any]:
         ep = self.open
         if ep is not None and ep.number == epoch and ep.leader == rank:
             ep.outcome = list(outcome) if isinstance(outcome, list) else ["error", "no outcome"]
-            if ep.outcome[0] == "ok" and isinstance(ep.outcome[1], dict) and "step" in ep.outcome[1]:
+            if (
+                ep.outcome[0] == "ok"
+                and isinstance(ep.outcome[1], dict)
+                and "step" in ep.outcome[1]
+            ):
                 self.last_step = int(ep.outcome[1]["step"])
             self.open, self.last_cut = None, time.monotonic()
             self._done = ep
@@ -388,10 +445,16 @@ class Coordinator:
                 done = self._done
                 if done is not None and done.number == epoch and done.outcome is not None:
                     return {"ok": True, "outcome": done.outcome}
-                return {"ok": True, "outcome": ["error", f"checkpoint epoch {epoch} ended without a snapshot"]}
+                return {
+                    "ok": True,
+                    "outcome": ["error", f"checkpoint epoch {epoch} ended without a snapshot"],
+                }
             if ep.leader is not None and ep.leader in self.dead:
                 self.open, self.last_cut = None, time.monotonic()
-                return {"ok": True, "outcome": ["error", f"trainer {ep.leader} died while taking the snapshot"]}
+                return {
+                    "ok": True,
+                    "outcome": ["error", f"trainer {ep.leader} died while taking the snapshot"],
+                }
             self.cond.wait(0.5)
         return {"ok": False, "error": "the coordinator closed"}
 

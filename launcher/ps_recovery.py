@@ -133,20 +133,26 @@ class Recovery:
         at = "" if self.step_at_failure is None else f" at step ~{self.step_at_failure}"
         if self.position is not None:
             p = self.position
-            return (f"recovery {self.number} (attempt {self.attempt}, in place): {self.died}{at}; "
-                    f"restarted: {self.alone} only, resumed at its data position (pass "
-                    f"{p.get('pass', 0)}, step {p.get('step_in_pass', 0)} of it; step {p.get('step', 0)}); "
-                    "0 steps redone by the others")
+            return (
+                f"recovery {self.number} (attempt {self.attempt}, in place): {self.died}{at}; "
+                f"restarted: {self.alone} only, resumed at its data position (pass "
+                f"{p.get('pass', 0)}, step {p.get('step_in_pass', 0)} of it; step {p.get('step', 0)}); "
+                "0 steps redone by the others"
+            )
         if self.alone:
             lost = "unknown" if self.lost is None else f"~{self.lost}"
-            return (f"recovery {self.number} (attempt {self.attempt}, in place): {self.died}{at}; "
-                    f"restarted: {self.alone} only, "
-                    f"restored its shard from {self.checkpoint} (step {self.checkpoint_step}); "
-                    f"work lost: that shard's updates of {lost} steps; 0 steps redone")
+            return (
+                f"recovery {self.number} (attempt {self.attempt}, in place): {self.died}{at}; "
+                f"restarted: {self.alone} only, "
+                f"restored its shard from {self.checkpoint} (step {self.checkpoint_step}); "
+                f"work lost: that shard's updates of {lost} steps; 0 steps redone"
+            )
         redone = "unknown" if self.redone is None else f"~{self.redone}"
-        return (f"recovery {self.number} (attempt {self.attempt} -> {self.attempt + 1}): {self.died}"
-                f"{at}; restarted: every process, "
-                f"restored {self.checkpoint} (step {self.checkpoint_step}); {redone} steps redone")
+        return (
+            f"recovery {self.number} (attempt {self.attempt} -> {self.attempt + 1}): {self.died}"
+            f"{at}; restarted: every process, "
+            f"restored {self.checkpoint} (step {self.checkpoint_step}); {redone} steps redone"
+        )
 
 
 def latest_committed(directory: str) -> tuple[str, int] | None:
@@ -198,7 +204,9 @@ class PSRecovery:
         """FLEET_PS_CHECKPOINT_* for every trainer, and FLEET_PS_RECONNECT_S: a trainer's calls
         to a server restarted alone wait for it (:data:`RECONNECT_S`); FLEET_PS_COORDINATOR when
         the coordinator runs."""
-        coord = {} if self.coordinator is None else {FLEET_PS_COORDINATOR: self.coordinator.endpoint}
+        coord = (
+            {} if self.coordinator is None else {FLEET_PS_COORDINATOR: self.coordinator.endpoint}
+        )
         return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S), **coord}
 
     def start_coordinator(self, token: str, host: str = "127.0.0.1") -> None:
@@ -226,21 +234,36 @@ class PSRecovery:
         trainer's actor)."""
         if self.coordinator is None or not budget_left:
             return None
-        progress = {p.get("rank"): p for p in read_progress(self.log_dir) if p.get("attempt") == attempt}
-        if len(progress) < self.num_trainers or not all(p.get("alone_ok") for p in progress.values()):
+        progress = {
+            p.get("rank"): p for p in read_progress(self.log_dir) if p.get("attempt") == attempt
+        }
+        if len(progress) < self.num_trainers or not all(
+            p.get("alone_ok") for p in progress.values()
+        ):
             return None
         position = (progress.get(rank) or {}).get("position")
         return position if isinstance(position, dict) else None
 
-    def _trainer_alone(self, attempt: int, died: str, rank: int, budget_left: bool) -> Recovery | None:
+    def _trainer_alone(
+        self, attempt: int, died: str, rank: int, budget_left: bool
+    ) -> Recovery | None:
         """A dead trainer restarted alone (:meth:`trainer_position`), recorded; the coordinator
         learns of the death (checkpoints go on without it)."""
         position = self.trainer_position(attempt, rank, budget_left)
         if position is None or self.coordinator is None:
             return None
         latest = latest_committed(self.dir) or ("", 0)
-        rec = Recovery(len(self.recoveries) + 1, attempt, died, "trainer", latest[0], latest[1],
-                       int(position.get("step", 0)), alone=f"trainer {rank}", position=position)
+        rec = Recovery(
+            len(self.recoveries) + 1,
+            attempt,
+            died,
+            "trainer",
+            latest[0],
+            latest[1],
+            int(position.get("step", 0)),
+            alone=f"trainer {rank}",
+            position=position,
+        )
         self.recoveries.append(rec)
         self.coordinator.trainer_died(rank, position)
         return rec
@@ -254,8 +277,9 @@ class PSRecovery:
         good checkpoint (``ps_server.server.RESTORE_LATEST_ENV``)."""
         return {RESTORE_LATEST_ENV: self.dir}
 
-    def recover_alone(self, attempt: int, died: str, role: str, rank: int,
-                      budget_left: bool) -> Recovery | None:
+    def recover_alone(
+        self, attempt: int, died: str, role: str, rank: int, budget_left: bool
+    ) -> Recovery | None:
         """After one process of ``attempt`` died (and only one): the :class:`Recovery` that
         restarts it alone, or None when the whole job must restart instead (or fail). Only a
         server, only when every trainer of the attempt reports async or GEO mode (its progress
@@ -268,8 +292,16 @@ class PSRecovery:
         latest = latest_committed(self.dir)
         if latest is None:
             return None
-        rec = Recovery(len(self.recoveries) + 1, attempt, died, role, latest[0], latest[1],
-                       self._progress_step(attempt), alone=f"server {rank}")
+        rec = Recovery(
+            len(self.recoveries) + 1,
+            attempt,
+            died,
+            role,
+            latest[0],
+            latest[1],
+            self._progress_step(attempt),
+            alone=f"server {rank}",
+        )
         self.recoveries.append(rec)
         return rec
 
@@ -282,7 +314,9 @@ class PSRecovery:
         if role != "server" or not budget_left or latest_committed(self.dir) is None:
             return False
         progress = [p for p in read_progress(self.log_dir) if p.get("attempt") == attempt]
-        return len(progress) >= self.num_trainers and all(p.get("mode") in ALONE_MODES for p in progress)
+        return len(progress) >= self.num_trainers and all(
+            p.get("mode") in ALONE_MODES for p in progress
+        )
 
     def server_roots(self, roots: str) -> str:
         """The servers' FLEET_PS_CHECKPOINT_ROOT with the checkpoint directory added."""
@@ -290,8 +324,11 @@ class PSRecovery:
         return os.pathsep.join(dict.fromkeys([*parts, self.dir]))
 
     def _progress_step(self, attempt: int) -> int | None:
-        steps = [int(p["step"]) for p in read_progress(self.log_dir)
-                 if p.get("attempt") == attempt and isinstance(p.get("step"), int)]
+        steps = [
+            int(p["step"])
+            for p in read_progress(self.log_dir)
+            if p.get("attempt") == attempt and isinstance(p.get("step"), int)
+        ]
         return max(steps) if steps else None
 
     def _settle_last(self, attempt: int) -> None:
@@ -303,7 +340,10 @@ class PSRecovery:
             resumed = p.get("resumed") or {}
             if p.get("attempt") == attempt and p.get("rank") == 0 and resumed.get("checkpoint"):
                 last = self.recoveries[-1]
-                last.checkpoint, last.checkpoint_step = str(resumed["checkpoint"]), int(resumed["step"])
+                last.checkpoint, last.checkpoint_step = (
+                    str(resumed["checkpoint"]),
+                    int(resumed["step"]),
+                )
 
     def recover(self, attempt: int, died: str, role: str, budget_left: bool) -> Recovery | str:
         """After ``attempt`` failed (``died``: the root cause's label and exit): the
@@ -311,12 +351,21 @@ class PSRecovery:
         self._settle_last(attempt)
         latest = latest_committed(self.dir)
         if latest is None:
-            return (f"no PS recovery: no committed checkpoint in {self.dir} yet (the first is "
-                    f"taken after ~{self.config.interval_s:g} s of training)")
+            return (
+                f"no PS recovery: no committed checkpoint in {self.dir} yet (the first is "
+                f"taken after ~{self.config.interval_s:g} s of training)"
+            )
         if not budget_left:
             return "no PS recovery: the restart budget (--max_restarts) is spent"
-        rec = Recovery(len(self.recoveries) + 1, attempt, died, role, latest[0], latest[1],
-                       self._progress_step(attempt))
+        rec = Recovery(
+            len(self.recoveries) + 1,
+            attempt,
+            died,
+            role,
+            latest[0],
+            latest[1],
+            self._progress_step(attempt),
+        )
         self.recoveries.append(rec)
         return rec
 
@@ -335,4 +384,12 @@ def make_recovery(spec: JobSpec) -> PSRecovery | None:
     return PSRecovery(spec)
 
 
-__all__ = ["ALONE_MODES", "COMMITTED", "PSRecovery", "Recovery", "latest_committed", "make_recovery", "read_progress"]
+__all__ = [
+    "ALONE_MODES",
+    "COMMITTED",
+    "PSRecovery",
+    "Recovery",
+    "latest_committed",
+    "make_recovery",
+    "read_progress",
+]

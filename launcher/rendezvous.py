@@ -135,7 +135,9 @@ class NodeRendezvous:
 
     def report_failure(self, attempt: int, text: str) -> None:
         """Tell every node that attempt ``attempt`` failed (the first report wins)."""
-        self._store.compare_set(f"{attempt}/failed", "", json.dumps({"node": self.node_rank, "text": text}))
+        self._store.compare_set(
+            f"{attempt}/failed", "", json.dumps({"node": self.node_rank, "text": text})
+        )
 
     def remote_failure(self, attempt: int) -> str | None:
         """The failure another node reported for ``attempt``, if any."""
@@ -162,7 +164,9 @@ class NodeRendezvous:
         self._store.set(f"{attempt}/exit/{self.node_rank}", "1")
         if self.node_rank == 0:  # keep the store up until every node has read the result
             try:
-                self._wait_all([f"{attempt}/exit/{r}" for r in range(self.num_nodes)], "exited", 30.0)
+                self._wait_all(
+                    [f"{attempt}/exit/{r}" for r in range(self.num_nodes)], "exited", 30.0
+                )
             except RendezvousError as err:
                 logger.warning("%s", err)
         return None

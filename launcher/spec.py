@@ -91,7 +91,9 @@ def parse_nproc(value: Any, path: str) -> int:
     try:
         n = int(value)
     except ValueError:
-        raise ConfigError(f"expected a positive integer or 'auto', got {value!r}", key=path) from None
+        raise ConfigError(
+            f"expected a positive integer or 'auto', got {value!r}", key=path
+        ) from None
     return n
 
 
@@ -115,7 +117,11 @@ class Entrypoint:
             f"give either a script or a module, not both (script={self.script!r}, "
             f"module={self.module!r})",
         )
-        require(not (self.module and self.no_python), "no_python", "no_python needs a script, not a module")
+        require(
+            not (self.module and self.no_python),
+            "no_python",
+            "no_python needs a script, not a module",
+        )
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,9 @@ class Sizes:
 
     def __post_init__(self) -> None:
         require(self.nnodes >= 1, "nnodes", f"must be >= 1, got {self.nnodes}")
-        require(self.nproc_per_node >= 1, "nproc_per_node", f"must be >= 1, got {self.nproc_per_node}")
+        require(
+            self.nproc_per_node >= 1, "nproc_per_node", f"must be >= 1, got {self.nproc_per_node}"
+        )
         require(self.server_num >= 0, "server_num", f"must be >= 0, got {self.server_num}")
         require(self.worker_num >= 0, "worker_num", f"must be >= 0, got {self.worker_num}")
 
@@ -181,7 +189,11 @@ class Rendezvous:
 
     def __post_init__(self) -> None:
         if self.master_port is not None:
-            require(0 < self.master_port < 65536, "master_port", f"must be 1..65535, got {self.master_port}")
+            require(
+                0 < self.master_port < 65536,
+                "master_port",
+                f"must be 1..65535, got {self.master_port}",
+            )
         if self.node_rank is not None:
             require(self.node_rank >= 0, "node_rank", f"must be >= 0, got {self.node_rank}")
         require(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
@@ -215,9 +227,14 @@ class PSEndpoints:
     """After the trainers finished, how long servers may take to stop before SIGTERM."""
 
     def __post_init__(self) -> None:
-        require(bool(self.servers) == bool(self.workers), "servers",
-                "give both servers and workers lists, or neither")
-        require(self.server_grace_s >= 0, "server_grace_s", f"must be >= 0, got {self.server_grace_s}")
+        require(
+            bool(self.servers) == bool(self.workers),
+            "servers",
+            "give both servers and workers lists, or neither",
+        )
+        require(
+            self.server_grace_s >= 0, "server_grace_s", f"must be >= 0, got {self.server_grace_s}"
+        )
 
 
 @dataclass(frozen=True)
@@ -237,11 +254,19 @@ class PSCheckpointConfig:
     """Newest checkpoints kept (0 = all)."""
 
     def __post_init__(self) -> None:
-        require(self.dir is None or bool(str(self.dir).strip()), "ps_checkpoint.dir",
-                "must be a directory path (or leave it out for no automatic checkpoints)")
-        require(self.interval_s > 0, "ps_checkpoint.interval_s",
-                f"must be a number of seconds > 0, got {self.interval_s}")
-        require(self.keep >= 0, "ps_checkpoint.keep", f"must be >= 0 (0 = keep all), got {self.keep}")
+        require(
+            self.dir is None or bool(str(self.dir).strip()),
+            "ps_checkpoint.dir",
+            "must be a directory path (or leave it out for no automatic checkpoints)",
+        )
+        require(
+            self.interval_s > 0,
+            "ps_checkpoint.interval_s",
+            f"must be a number of seconds > 0, got {self.interval_s}",
+        )
+        require(
+            self.keep >= 0, "ps_checkpoint.keep", f"must be >= 0 (0 = keep all), got {self.keep}"
+        )
 
 
 class PlacementStrategy(StrEnum):
@@ -273,8 +298,11 @@ class RayConfig:
     def __post_init__(self) -> None:
         if self.num_cpus is not None:
             require(self.num_cpus >= 1, "num_cpus", f"must be >= 1, got {self.num_cpus}")
-        require(self.placement_timeout_s > 0, "placement_timeout_s",
-                f"must be > 0, got {self.placement_timeout_s}")
+        require(
+            self.placement_timeout_s > 0,
+            "placement_timeout_s",
+            f"must be > 0, got {self.placement_timeout_s}",
+        )
 
 
 class PullPolicy(StrEnum):
@@ -336,12 +364,18 @@ class K8sConfig:
         for name in ("master_port", "server_port", "metrics_port"):
             port = getattr(self, name)
             require(0 < port < 65536, name, f"must be a port 1..65535, got {port}")
-        require(len({self.master_port, self.server_port, self.metrics_port}) == 3, "metrics_port",
-                f"master_port, server_port and metrics_port must differ (got {self.master_port}, "
-                f"{self.server_port}, {self.metrics_port})")
+        require(
+            len({self.master_port, self.server_port, self.metrics_port}) == 3,
+            "metrics_port",
+            f"master_port, server_port and metrics_port must differ (got {self.master_port}, "
+            f"{self.server_port}, {self.metrics_port})",
+        )
         if self.ttl_seconds_after_finished is not None:
-            require(self.ttl_seconds_after_finished >= 0, "ttl_seconds_after_finished",
-                    f"must be >= 0 seconds, got {self.ttl_seconds_after_finished}")
+            require(
+                self.ttl_seconds_after_finished >= 0,
+                "ttl_seconds_after_finished",
+                f"must be >= 0 seconds, got {self.ttl_seconds_after_finished}",
+            )
 
 
 @dataclass(frozen=True)
@@ -396,7 +430,9 @@ class JobSpec:
     def __post_init__(self) -> None:
         require(bool(self.name), "name", "must not be empty")
         require(self.max_restarts >= 0, "max_restarts", f"must be >= 0, got {self.max_restarts}")
-        require(self.grace_period_s >= 0, "grace_period_s", f"must be >= 0, got {self.grace_period_s}")
+        require(
+            self.grace_period_s >= 0, "grace_period_s", f"must be >= 0, got {self.grace_period_s}"
+        )
         if self.rendezvous.ips:
             require(
                 self.sizes.nnodes in (1, len(self.rendezvous.ips)),
@@ -408,18 +444,29 @@ class JobSpec:
             if self.ps.servers:
                 for name, lst in (("server_num", self.ps.servers), ("worker_num", self.ps.workers)):
                     n = getattr(self.sizes, name)
-                    require(n in (0, len(lst)), f"sizes.{name}",
-                            f"is {n} but ps lists {len(lst)}; drop one of them")
+                    require(
+                        n in (0, len(lst)),
+                        f"sizes.{name}",
+                        f"is {n} but ps lists {len(lst)}; drop one of them",
+                    )
             else:
-                require(self.sizes.server_num >= 1 and self.sizes.worker_num >= 1, "sizes.server_num",
-                        f"PS mode needs server_num >= 1 and worker_num >= 1 (got "
-                        f"{self.sizes.server_num} and {self.sizes.worker_num}), or ps.servers/ps.workers")
+                require(
+                    self.sizes.server_num >= 1 and self.sizes.worker_num >= 1,
+                    "sizes.server_num",
+                    f"PS mode needs server_num >= 1 and worker_num >= 1 (got "
+                    f"{self.sizes.server_num} and {self.sizes.worker_num}), or ps.servers/ps.workers",
+                )
         elif self.ps_checkpoint.dir:
-            raise ConfigError("ps_checkpoint.dir is for PS jobs (mode: ps); drop it or use mode: ps",
-                              key="ps_checkpoint.dir")
+            raise ConfigError(
+                "ps_checkpoint.dir is for PS jobs (mode: ps); drop it or use mode: ps",
+                key="ps_checkpoint.dir",
+            )
         elif self.sizes.server_num or self.ps.servers:
-            raise ConfigError("parameter servers are given but mode is 'collective'; "
-                              "use mode: ps (--run_mode ps) or drop them", key="mode")
+            raise ConfigError(
+                "parameter servers are given but mode is 'collective'; "
+                "use mode: ps (--run_mode ps) or drop them",
+                key="mode",
+            )
         check_elastic_spec(self)
         if self.rendezvous.node_rank is not None:
             require(
@@ -452,7 +499,9 @@ def load_yaml(path: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"job file {path!r} must hold a mapping at the top, got {type(data).__name__}")
+        raise ConfigError(
+            f"job file {path!r} must hold a mapping at the top, got {type(data).__name__}"
+        )
     return dict(data)
 
 
@@ -479,8 +528,12 @@ def build_spec(data: Mapping[str, Any]) -> JobSpec:
     """
     data = normalize_elastic(data)
     sizes, ps = data.get("sizes") or {}, data.get("ps") or {}
-    if ("mode" not in data and isinstance(sizes, Mapping) and isinstance(ps, Mapping)
-            and (sizes.get("server_num") or ps.get("servers"))):
+    if (
+        "mode" not in data
+        and isinstance(sizes, Mapping)
+        and isinstance(ps, Mapping)
+        and (sizes.get("server_num") or ps.get("servers"))
+    ):
         data["mode"] = Mode.PS.value
     return from_dict(JobSpec, data)
 

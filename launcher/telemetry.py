@@ -111,15 +111,22 @@ class FailureCause(StrEnum):
 ROLES = ("trainer", "server")
 
 # -- metric definitions (the naming test scans this module) -----------------------------------
-JOB_STATE = Gauge("fleet_launcher_job_state", "1 for the job's current state, 0 for the others",
-                  ["state"])
+JOB_STATE = Gauge(
+    "fleet_launcher_job_state", "1 for the job's current state, 0 for the others", ["state"]
+)
 PROCESSES_UP = Gauge("fleet_launcher_processes_up", "Processes of this node running now", ["role"])
 RESTARTS = Counter("fleet_launcher_restarts", "Job restarts done by this launcher")
 FAILURES = Counter("fleet_launcher_failures", "Failures seen by this launcher, by cause", ["cause"])
-MEMBERSHIP_CHANGES = Counter("fleet_launcher_membership_changes", "Elastic jobs: rounds whose nodes differ "
-                             "from the previous round's, by cause", ["cause"])
-PS_RECOVERIES = Counter("fleet_ps_recoveries", "PS job recoveries from a checkpoint, by the role "
-                        "of the process that died", ["role"])
+MEMBERSHIP_CHANGES = Counter(
+    "fleet_launcher_membership_changes",
+    "Elastic jobs: rounds whose nodes differ from the previous round's, by cause",
+    ["cause"],
+)
+PS_RECOVERIES = Counter(
+    "fleet_ps_recoveries",
+    "PS job recoveries from a checkpoint, by the role of the process that died",
+    ["role"],
+)
 
 for _s in JobState:
     JOB_STATE.labels(state=_s.value)
@@ -198,9 +205,19 @@ class JobMonitor:
     :meth:`attempt_failed` / :meth:`restarting` / :meth:`finished`, and :meth:`close`.
     """
 
-    def __init__(self, name: str, run_id: str, max_restarts: int, log_dir: str, host: str,
-                 node_rank: int = 0, metrics: bool = True, metrics_host: str = "127.0.0.1",
-                 num_nodes: int = 1, view: Callable[[Any], MemberView] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        run_id: str,
+        max_restarts: int,
+        log_dir: str,
+        host: str,
+        node_rank: int = 0,
+        metrics: bool = True,
+        metrics_host: str = "127.0.0.1",
+        num_nodes: int = 1,
+        view: Callable[[Any], MemberView] | None = None,
+    ) -> None:
         self.name, self.run_id, self.max_restarts = name, run_id, max_restarts
         self.log_dir, self.host, self.node_rank = log_dir, host, node_rank
         self.num_nodes = num_nodes
@@ -291,8 +308,12 @@ class JobMonitor:
             self.membership_changes.append(text)
         self._set_state(self.state)
 
-    def finished(self, state: JobState, failure_summary: str | None = None,
-                 failed: Sequence[tuple[str, int]] = ()) -> None:
+    def finished(
+        self,
+        state: JobState,
+        failure_summary: str | None = None,
+        failed: Sequence[tuple[str, int]] = (),
+    ) -> None:
         """The job ended (succeeded, failed or stopped by a signal)."""
         self.failure_summary = failure_summary
         self.state = state
@@ -337,8 +358,16 @@ class JobMonitor:
 
     def view_running(self, r: Any) -> MemberView:
         """The view of a local ``launcher.attempt.Running`` (this node's host and metrics host)."""
-        return MemberView(r.spec.role, r.spec.rank, r.spec.log_path, r.spec.metrics_port, r.proc.pid,
-                          r.proc.exit, self.host, self.metrics_host)
+        return MemberView(
+            r.spec.role,
+            r.spec.rank,
+            r.spec.log_path,
+            r.spec.metrics_port,
+            r.proc.pid,
+            r.proc.exit,
+            self.host,
+            self.metrics_host,
+        )
 
     def _record(self, v: MemberView, failed: Sequence[tuple[str, int]]) -> ProcRecord:
         exit_info = v.exit
@@ -357,8 +386,13 @@ class JobMonitor:
             failing = (v.role, v.rank) in failed or (bad and self.state is JobState.RUNNING)
             state = ProcState.FAILED if failing else ProcState.EXITED
         return ProcRecord(
-            role=v.role, rank=v.rank, host=v.host, pid=v.pid, state=state.value,
-            exit_code=code, signal=sig,
+            role=v.role,
+            rank=v.rank,
+            host=v.host,
+            pid=v.pid,
+            state=state.value,
+            exit_code=code,
+            signal=sig,
             metrics=f"{v.metrics_host}:{v.metrics_port}" if v.metrics_port else None,
             log=os.path.abspath(v.log_path),
         )
@@ -371,15 +405,19 @@ class JobMonitor:
             groups.append(self._group(self.launcher_metrics, "launcher", self.node_rank, self.host))
         for v in map(self.view, self._running):
             if v.metrics_port:
-                groups.append(self._group(f"{v.metrics_host}:{v.metrics_port}", v.role, v.rank, v.host))
+                groups.append(
+                    self._group(f"{v.metrics_host}:{v.metrics_port}", v.role, v.rank, v.host)
+                )
         try:
             write_json_atomic(self.targets_path, groups)
         except OSError as err:
             logger.warning("could not write %s: %s", self.targets_path, err)
 
     def _group(self, target: str, role: str, rank: int, host: str) -> dict[str, Any]:
-        return {"targets": [target],
-                "labels": {"job": self.name, "role": role, "rank": str(rank), "host": host}}
+        return {
+            "targets": [target],
+            "labels": {"job": self.name, "role": role, "rank": str(rank), "host": host},
+        }
 
 
 # -- readers (dashboard, ``fleetrun status``) ----------------------------------------------------
@@ -394,8 +432,14 @@ def job_state_paths(log_dir: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-_STATE_ORDER = [JobState.FAILED, JobState.STOPPED, JobState.RESTARTING, JobState.STARTING,
-                JobState.RUNNING, JobState.SUCCEEDED]
+_STATE_ORDER = [
+    JobState.FAILED,
+    JobState.STOPPED,
+    JobState.RESTARTING,
+    JobState.STARTING,
+    JobState.RUNNING,
+    JobState.SUCCEEDED,
+]
 """Merged job state: the first of these that any node reports (a failed node fails the job; the
 job succeeded only when every node did)."""
 
@@ -410,11 +454,15 @@ def merge_job_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     seen = {str(s.get("state")) for s in ordered}
     state = next((x.value for x in _STATE_ORDER if x.value in seen), str(ordered[0].get("state")))
     procs = [p for s in ordered for p in s.get("processes") or [] if isinstance(p, dict)]
-    procs.sort(key=lambda p: (str(p.get("role")), p.get("rank") if isinstance(p.get("rank"), int) else 0))
+    procs.sort(
+        key=lambda p: (str(p.get("role")), p.get("rank") if isinstance(p.get("rank"), int) else 0)
+    )
     summaries = [s["failure_summary"] for s in ordered if s.get("failure_summary")]
     merged = dict(ordered[0])
     merged.update(
-        state=state, processes=procs, failure_summary=summaries[0] if summaries else None,
+        state=state,
+        processes=procs,
+        failure_summary=summaries[0] if summaries else None,
         attempt=max(int(s.get("attempt") or 0) for s in ordered),
         restarts=max(int(s.get("restarts") or 0) for s in ordered),
         started_at=min(float(s.get("started_at") or 0) for s in ordered),

@@ -69,8 +69,7 @@ from ps_server.core.initializers import Constant, Initializer, Normal, Truncated
 from ps_server.core.optimizers import SGD, Adagrad, Adam, OptimizerRule, RowsMeta
 from ps_server.core.routing import block_shard, group_by_server, shard_of, shards_of_server
 from ps_server.core.sparse_table import SparseTable
-from ps_server.core.table import PushStats
-from ps_server.core.table import Table
+from ps_server.core.table import PushStats, Table
 
 _NOT_YET: dict[str, str] = {}
 """Names that are announced but not implemented yet (using one raises FleetNotImplementedError)."""

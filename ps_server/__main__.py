@@ -79,31 +79,70 @@ def build_parser() -> argparse.ArgumentParser:
         "the CPU count up to 8)",
     )
     add("load", default=None, metavar="DIR", help="load this checkpoint before serving")
-    add("restore_latest", default=None, metavar="ROOT",
+    add(
+        "restore_latest",
+        default=None,
+        metavar="ROOT",
         help="restore this server's shards from the newest good job checkpoint under ROOT, "
         "falling back past one that does not load (default: FLEET_PS_RESTORE_LATEST; a server "
-        "restarted alone while its job goes on)")
-    add("serve", nargs="+", default=None, metavar="DIR",
+        "restarted alone while its job goes on)",
+    )
+    add(
+        "serve",
+        nargs="+",
+        default=None,
+        metavar="DIR",
         help="serve a read-only serving export: a base export, then its deltas in order (pushes "
-        "and other changes are refused; unknown keys pull zeros)")
-    add("token_file", default=None, metavar="PATH",
+        "and other changes are refused; unknown keys pull zeros)",
+    )
+    add(
+        "token_file",
+        default=None,
+        metavar="PATH",
         help="file holding the job's token, which every RPC must carry (default: "
-        "FLEET_PS_TOKEN; none: anyone who reaches the port may call)")
-    add("insecure", action="store_true", default=None,
-        help="serve without a token on a non-loopback address (refused otherwise)")
-    add("checkpoint_root", default=None, metavar="DIR",
+        "FLEET_PS_TOKEN; none: anyone who reaches the port may call)",
+    )
+    add(
+        "insecure",
+        action="store_true",
+        default=None,
+        help="serve without a token on a non-loopback address (refused otherwise)",
+    )
+    add(
+        "checkpoint_root",
+        default=None,
+        metavar="DIR",
         help="directory (or os.pathsep-separated list) Save / Load requests may name; relative "
         "paths resolve under the first (default: FLEET_PS_CHECKPOINT_ROOT, else the working "
-        "directory)")
-    add("tls_cert", default=None, metavar="PEM", help="serve TLS with this certificate chain "
-        "(default: FLEET_PS_TLS_CERT)")
-    add("tls_key", default=None, metavar="PEM", help="private key of --tls_cert (default: "
-        "FLEET_PS_TLS_KEY)")
-    add("tls_ca", default=None, metavar="PEM", help="mutual TLS: clients must present a "
-        "certificate signed by this CA (default: FLEET_PS_TLS_CA)")
-    add("metrics_port", type=int, default=None, metavar="PORT",
+        "directory)",
+    )
+    add(
+        "tls_cert",
+        default=None,
+        metavar="PEM",
+        help="serve TLS with this certificate chain (default: FLEET_PS_TLS_CERT)",
+    )
+    add(
+        "tls_key",
+        default=None,
+        metavar="PEM",
+        help="private key of --tls_cert (default: FLEET_PS_TLS_KEY)",
+    )
+    add(
+        "tls_ca",
+        default=None,
+        metavar="PEM",
+        help="mutual TLS: clients must present a "
+        "certificate signed by this CA (default: FLEET_PS_TLS_CA)",
+    )
+    add(
+        "metrics_port",
+        type=int,
+        default=None,
+        metavar="PORT",
         help="serve Prometheus /metrics on this port, on 127.0.0.1 or FLEET_METRICS_HOST (0: none; default: "
-        "FLEET_METRICS_PORT when set, else none)")
+        "FLEET_METRICS_PORT when set, else none)",
+    )
     add(
         "from_env",
         action="store_true",

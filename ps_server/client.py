@@ -275,7 +275,12 @@ class PSClient(CheckpointCalls):
         return stats
 
     def _push_sparse(
-        self, table: str, keys: Any, grads: Any, mode: str, sync_count: int | None,
+        self,
+        table: str,
+        keys: Any,
+        grads: Any,
+        mode: str,
+        sync_count: int | None,
         only: set[int] | None,
     ) -> tuple[dict[str, int], set[int]]:
         """The push to every server (``only``: to these); returns the summed stats and, for an
@@ -323,7 +328,11 @@ class PSClient(CheckpointCalls):
             else:
                 done = self._invoke(last, idempotent=False, reconnect=True, keep_errors=True)
                 for call, reply in zip(last, done):
-                    if isinstance(reply, PSFailedPreconditionError) and "shm:" in reply.details and only is None:
+                    if (
+                        isinstance(reply, PSFailedPreconditionError)
+                        and "shm:" in reply.details
+                        and only is None
+                    ):
                         lost.add(call.server)
                     elif isinstance(reply, BaseException):
                         raise reply
@@ -353,14 +362,23 @@ class PSClient(CheckpointCalls):
         config: DenseTableConfig = self._config(table, DenseTableConfig)
         return block_shard(name, config.num_shards) % self.num_servers
 
-    def _upload(self, server: int, method: str, values: np.ndarray, make: Any, idem: bool,
-                reconnect: bool = False) -> Any:
+    def _upload(
+        self,
+        server: int,
+        method: str,
+        values: np.ndarray,
+        make: Any,
+        idem: bool,
+        reconnect: bool = False,
+    ) -> Any:
         """Send a flat block in one request or in parts; returns the reply to the last part
         (``reconnect``: a one-part block is sent again while its server is UNAVAILABLE)."""
         per = max(1, self._payload_bytes // VALUE_BYTES)
         total = values.shape[0]
         if total <= per:
-            return self._invoke([Call(server, method, make(values, None))], idem, reconnect=reconnect)[0]
+            return self._invoke(
+                [Call(server, method, make(values, None))], idem, reconnect=reconnect
+            )[0]
         upload_id = uuid.uuid4().hex
         calls = [
             Call(

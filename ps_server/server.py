@@ -166,7 +166,10 @@ class PSServer:
         self.state.on_stop = self._stop_soon
         if metrics_port is None:
             endpoint = read_metrics_endpoint()
-            metrics_port, metrics_host = endpoint["metrics_port"], metrics_host or endpoint["metrics_host"]
+            metrics_port, metrics_host = (
+                endpoint["metrics_port"],
+                metrics_host or endpoint["metrics_host"],
+            )
         self.metrics_port, self.metrics_host = int(metrics_port), metrics_host or "127.0.0.1"
         telemetry.TABLES.add(self.state)
         self._server: grpc.Server | None = None
@@ -200,20 +203,34 @@ class PSServer:
 
         for status in list_checkpoints(root):
             if status.record is None:
-                logger.warning("server %d: checkpoint %s skipped: %s", self.state.server_index,
-                               status.name, status.reason)
+                logger.warning(
+                    "server %d: checkpoint %s skipped: %s",
+                    self.state.server_index,
+                    status.name,
+                    status.reason,
+                )
                 continue
             try:
                 rows = self.load_checkpoint(str(status.directory))
             except PSError as err:
-                logger.warning("server %d: checkpoint %s skipped: %s", self.state.server_index,
-                               status.name, err)
+                logger.warning(
+                    "server %d: checkpoint %s skipped: %s",
+                    self.state.server_index,
+                    status.name,
+                    err,
+                )
                 continue
-            logger.warning("server %d restored its shards from %s (step %d): %s",
-                           self.state.server_index, status.name, status.step, rows)
+            logger.warning(
+                "server %d restored its shards from %s (step %d): %s",
+                self.state.server_index,
+                status.name,
+                status.step,
+                rows,
+            )
             return status.name
-        logger.warning("server %d: no checkpoint of %s loads; starting empty",
-                       self.state.server_index, root)
+        logger.warning(
+            "server %d: no checkpoint of %s loads; starting empty", self.state.server_index, root
+        )
         return None
 
     def serve_export(self, directories: Sequence[str]) -> dict[str, int]:
@@ -222,9 +239,7 @@ class PSServer:
         confined to the checkpoint roots). From then on every call that would change the server
         is refused (FAILED_PRECONDITION naming read-only serving); Load loads the next delta.
         Returns rows held per table."""
-        tables, records = load_serving(
-            directories, self.state.server_index, self.state.num_servers
-        )
+        tables, records = load_serving(directories, self.state.server_index, self.state.num_servers)
         with self.state.lock:
             if self.state.tables:
                 raise PSError(
@@ -283,8 +298,11 @@ class PSServer:
             self.metrics_port = telemetry.start(self.metrics_port, self.metrics_host)
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        tls = "mutual TLS" if self.tls.ca and self.tls.server_enabled else (
-            "TLS" if self.tls.server_enabled else "no TLS")
+        tls = (
+            "mutual TLS"
+            if self.tls.ca and self.tls.server_enabled
+            else ("TLS" if self.tls.server_enabled else "no TLS")
+        )
         logger.info(
             "parameter server %d/%d serving on %s (max message %s MiB, %d threads, %d table "
             "threads; %s, %s, checkpoints under %s)",
@@ -373,8 +391,17 @@ def serve(
     ``security`` (``token``, ``insecure``, ``tls``, ``checkpoint_root``): as :class:`PSServer`'s.
     Signal handlers are installed only when called from the main thread.
     """
-    server = PSServer(host, port, server_index, num_servers, max_message_mb, threads,
-                      metrics_port=metrics_port, table_threads=table_threads, **security)
+    server = PSServer(
+        host,
+        port,
+        server_index,
+        num_servers,
+        max_message_mb,
+        threads,
+        metrics_port=metrics_port,
+        table_threads=table_threads,
+        **security,
+    )
     if checkpoint_dir and serving_dirs:
         raise ConfigError("give a checkpoint to load or an export to serve, not both", key="serve")
     if checkpoint_dir:

@@ -43,17 +43,40 @@ from collective.errors import PSError
 
 logger = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                   0.5, 1.0, 2.5, 10.0)
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
 CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 
 # -- metric definitions (the naming test scans this module) -----------------------------------
-CHECKPOINT_SECONDS = Histogram("fleet_ps_checkpoint_seconds", "Checkpoint time (op: save / load "
-                               "RPCs; snapshot: tables locked for a job checkpoint or export; "
-                               "write: its background write)", ["op"], buckets=CHECKPOINT_BUCKETS)
-AUTH_FAILURES = Counter("fleet_ps_auth_failures", "RPCs refused for a missing or wrong token "
-                        "(op: the method, or 'unknown'; cause: missing_token / wrong_token)",
-                        ["op", "cause"])
+CHECKPOINT_SECONDS = Histogram(
+    "fleet_ps_checkpoint_seconds",
+    "Checkpoint time (op: save / load "
+    "RPCs; snapshot: tables locked for a job checkpoint or export; "
+    "write: its background write)",
+    ["op"],
+    buckets=CHECKPOINT_BUCKETS,
+)
+AUTH_FAILURES = Counter(
+    "fleet_ps_auth_failures",
+    "RPCs refused for a missing or wrong token "
+    "(op: the method, or 'unknown'; cause: missing_token / wrong_token)",
+    ["op", "cause"],
+)
 # Collected at scrape time by RequestCollector and TableCollector: exposed name -> label names
 REQUESTS = "fleet_ps_requests_total"
 REQUEST_SECONDS = "fleet_ps_request_seconds"
@@ -105,13 +128,16 @@ class RequestCollector(Collector):
         with self._lock:
             requests, keys = dict(self._requests), dict(self._keys)
             latency = {op: list(v) for op, v in self._latency.items()}
-        req = CounterMetricFamily(REQUESTS.removesuffix("_total"),
-                                  "RPCs handled, by op, table and gRPC status code",
-                                  labels=COLLECTED[REQUESTS])
+        req = CounterMetricFamily(
+            REQUESTS.removesuffix("_total"),
+            "RPCs handled, by op, table and gRPC status code",
+            labels=COLLECTED[REQUESTS],
+        )
         for labels, n in sorted(requests.items()):
             req.add_metric(labels, n)
-        hist = HistogramMetricFamily(REQUEST_SECONDS, "RPC handling time, by op",
-                                     labels=COLLECTED[REQUEST_SECONDS])
+        hist = HistogramMetricFamily(
+            REQUEST_SECONDS, "RPC handling time, by op", labels=COLLECTED[REQUEST_SECONDS]
+        )
         les = [floatToGoString(b) for b in (*self._bounds, math.inf)]
         for op, lat in sorted(latency.items()):
             cumulative, buckets = 0.0, []
@@ -119,8 +145,9 @@ class RequestCollector(Collector):
                 cumulative += n
                 buckets.append((le, cumulative))
             hist.add_metric([op], buckets, lat[0])
-        moved = CounterMetricFamily(KEYS.removesuffix("_total"), "Sparse keys pulled / pushed",
-                                    labels=COLLECTED[KEYS])
+        moved = CounterMetricFamily(
+            KEYS.removesuffix("_total"), "Sparse keys pulled / pushed", labels=COLLECTED[KEYS]
+        )
         for labels2, n in sorted(keys.items()):
             moved.add_metric(labels2, n)
         yield from (req, hist, moved)
@@ -142,14 +169,21 @@ class TableCollector(Collector):
             self._states[id(state)] = state
 
     def collect(self) -> Iterator[Any]:
-        rows = GaugeMetricFamily(TABLE_ROWS, "Rows (sparse) or values (dense) held", labels=["table"])
+        rows = GaugeMetricFamily(
+            TABLE_ROWS, "Rows (sparse) or values (dense) held", labels=["table"]
+        )
         size = GaugeMetricFamily(TABLE_BYTES, "Memory held by the table", labels=["table"])
-        entry = CounterMetricFamily(ENTRY_KEYS.removesuffix("_total"),
-                                    "Keys admitted (rows created), filtered by the entry policy, "
-                                    "evicted (capacity or shrink)", labels=["table", "result"])
-        bad = CounterMetricFamily(NONFINITE.removesuffix("_total"),
-                                  "NaN/inf gradient contributions rejected or skipped",
-                                  labels=["table"])
+        entry = CounterMetricFamily(
+            ENTRY_KEYS.removesuffix("_total"),
+            "Keys admitted (rows created), filtered by the entry policy, "
+            "evicted (capacity or shrink)",
+            labels=["table", "result"],
+        )
+        bad = CounterMetricFamily(
+            NONFINITE.removesuffix("_total"),
+            "NaN/inf gradient contributions rejected or skipped",
+            labels=["table"],
+        )
         totals: dict[str, dict[str, float]] = {}
         with self._lock:
             states = list(self._states.values())
@@ -158,8 +192,12 @@ class TableCollector(Collector):
                 rejected = dict(state.nonfinite_rejected)
             for name, table in list(state.tables.items()):
                 st = table.stats()
-                t = totals.setdefault(name, dict.fromkeys(
-                    ("rows", "bytes", "admitted", "filtered", "evicted", "nonfinite"), 0.0))
+                t = totals.setdefault(
+                    name,
+                    dict.fromkeys(
+                        ("rows", "bytes", "admitted", "filtered", "evicted", "nonfinite"), 0.0
+                    ),
+                )
                 t["sparse"] = float(st.get("kind") == "sparse")
                 t["rows"] += st.get("num_rows", st.get("num_values", 0))
                 t["bytes"] += st.get("memory_bytes", 0)

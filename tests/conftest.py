@@ -122,7 +122,9 @@ def fleetrun_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "launcher", *args]
 
 
-def start_fleetrun(*args: str, cwd: str | Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_fleetrun(
+    *args: str, cwd: str | Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Start fleetrun in its own session (so a test can signal it like a terminal would)."""
     full_env = base_env()
     full_env.update(env or {})
@@ -138,7 +140,10 @@ def start_fleetrun(*args: str, cwd: str | Path | None = None, env: dict[str, str
 
 
 def run_fleetrun(
-    *args: str, timeout: float = 120.0, cwd: str | Path | None = None, env: dict[str, str] | None = None
+    *args: str,
+    timeout: float = 120.0,
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run fleetrun to the end (killing its whole session on timeout)."""
     p = start_fleetrun(*args, cwd=cwd, env=env)

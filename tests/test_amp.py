@@ -16,8 +16,8 @@ from torch import nn
 
 from collective.errors import ConfigError, FleetError
 from fleet.meta_optimizers.amp import GradScaler, MasterWeightOptimizer
-from fleet.strategy import DistributedStrategy
 from fleet.parallelize.features import wrap_model_features, wrap_optimizer_features
+from fleet.strategy import DistributedStrategy
 
 FEATURES_AMP = SCRIPTS / "features_amp.py"
 STEPS, INJECT = 9, (2, 5)
@@ -40,9 +40,13 @@ def _expected_scales() -> list[float]:
 def _check(tmp_path: Path, dp: int, mp: int) -> None:
     out = tmp_path / "out"
     world = dp * mp
-    results = run_workers(FEATURES_AMP, world,
-                          ["--out", str(out), "--dp", str(dp), "--mp", str(mp)],
-                          timeout=100, tmp_path=tmp_path)
+    results = run_workers(
+        FEATURES_AMP,
+        world,
+        ["--out", str(out), "--dp", str(dp), "--mp", str(mp)],
+        timeout=100,
+        tmp_path=tmp_path,
+    )
     assert_all_ok(results)
     recs = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     for kind in ("fleet", "torch"):
@@ -50,10 +54,14 @@ def _check(tmp_path: Path, dp: int, mp: int) -> None:
             steps = rec[kind]
             # only rank 1 saw an inf of its own ...
             assert [s["local_inf"] for s in steps] == [
-                rec["rank"] == 1 and i in INJECT for i in range(STEPS)], (kind, rec["rank"])
+                rec["rank"] == 1 and i in INJECT for i in range(STEPS)
+            ], (kind, rec["rank"])
             # ... yet every rank skipped exactly those steps and scaled identically
             assert [s["skipped"] for s in steps] == [i in INJECT for i in range(STEPS)], (
-                kind, rec["rank"], steps)
+                kind,
+                rec["rank"],
+                steps,
+            )
             assert [s["scale"] for s in steps] == _expected_scales(), (kind, rec["rank"])
 
 
@@ -81,8 +89,13 @@ def _step_with_grad(scaler: GradScaler, p: nn.Parameter, opt, value: float) -> N
 def test_scaler_follows_paddle_decr_every_n_and_incr_every_n() -> None:
     p = nn.Parameter(torch.zeros(3))
     opt = torch.optim.SGD([p], lr=1.0)
-    scaler = GradScaler(init_loss_scaling=8.0, incr_ratio=2.0, decr_ratio=0.5,
-                        incr_every_n_steps=2, decr_every_n_nan_or_inf=2)
+    scaler = GradScaler(
+        init_loss_scaling=8.0,
+        incr_ratio=2.0,
+        decr_ratio=0.5,
+        incr_every_n_steps=2,
+        decr_every_n_nan_or_inf=2,
+    )
     scales = []
     for value in (1.0, float("nan"), 1.0, float("inf"), float("inf"), 1.0, 1.0, 1.0):
         _step_with_grad(scaler, p, opt, value)
@@ -135,8 +148,9 @@ def test_scalers_follow_gradient_merge(kind: str) -> None:
     if kind == "fleet":
         scaler = GradScaler(init_loss_scaling=4.0, decr_every_n_nan_or_inf=1, decr_ratio=0.5)
     else:
-        scaler = _patch_torch_scaler(torch.amp.GradScaler("cpu", init_scale=4.0,
-                                                          backoff_factor=0.5), sync=False)
+        scaler = _patch_torch_scaler(
+            torch.amp.GradScaler("cpu", init_scale=4.0, backoff_factor=0.5), sync=False
+        )
     for grads in ([1.0, 3.0], [float("inf"), 1.0], [1.0, 1.0], [3.0, 1.0]):
         scaler.scale((p * torch.tensor(grads)).sum()).backward()
         scaler.step(opt)

@@ -17,8 +17,7 @@ TOL = 2e-3  # bf16 matmuls on a 4-row vs an 8-row batch
 @pytest.mark.timeout(120)
 def test_amp_bf16_recompute_gradient_merge_world2_equals_single_process(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    results = run_workers(FEATURES_COMBINED, 2, ["--out", str(out)], timeout=100,
-                          tmp_path=tmp_path)
+    results = run_workers(FEATURES_COMBINED, 2, ["--out", str(out)], timeout=100, tmp_path=tmp_path)
     assert_all_ok(results)
     recs = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for rec in recs:

@@ -19,12 +19,18 @@ import pytest
 from conftest import REPO, SCRIPTS, base_env, run_fleetrun
 
 
-def _python(*args: str, cwd: Path | None = None, timeout: float = 60
-            ) -> subprocess.CompletedProcess:
+def _python(
+    *args: str, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     """``python ARGS`` in a fresh interpreter with the test env."""
     return subprocess.run(
-        [sys.executable, *args], cwd=str(cwd or REPO), env=base_env(), capture_output=True,
-        text=True, timeout=timeout, check=False,
+        [sys.executable, *args],
+        cwd=str(cwd or REPO),
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -67,7 +73,8 @@ def test_callbacks_run_newest_first_once_and_failures_are_named() -> None:
 
 @pytest.mark.timeout(90)
 def test_shutdown_destroys_subgroups_first_then_the_default_and_joins_gloo() -> None:
-    r = _python_code("""
+    r = _python_code(
+        """
         import torch
         import torch.distributed as tdist
         import collective
@@ -97,7 +104,9 @@ def test_shutdown_destroys_subgroups_first_then_the_default_and_joins_gloo() -> 
         shutdown()  # ... so shutdown has no group left to destroy
         assert order == ["second", "first", "default", "default"], order
         print("OK")
-    """, timeout=80)
+    """,
+        timeout=80,
+    )
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
 
 
@@ -105,8 +114,16 @@ def test_shutdown_destroys_subgroups_first_then_the_default_and_joins_gloo() -> 
 def test_fleet_dp_job_exits_zero_and_leaves_no_process(tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = run_fleetrun(
-        "--nproc_per_node", "2", "--tee", "all", "--log_dir", str(tmp_path / "log"),
-        str(SCRIPTS / "fleet_dp.py"), "--out", str(out), timeout=130,
+        "--nproc_per_node",
+        "2",
+        "--tee",
+        "all",
+        "--log_dir",
+        str(tmp_path / "log"),
+        str(SCRIPTS / "fleet_dp.py"),
+        "--out",
+        str(out),
+        timeout=130,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.name for p in out.glob("rank*.json")) == ["rank0.json", "rank1.json"]
@@ -136,8 +153,9 @@ def test_bootstrap_runs_the_program_like_python_does(tmp_path: Path, mode: str, 
     (tmp_path / "probe.py").write_text(PROBE)
     if mode == "script":
         plain = _python(str(tmp_path / "probe.py"), arg, "x y", cwd=tmp_path)
-        boot = _python("-m", "collective.bootstrap", str(tmp_path / "probe.py"), arg, "x y",
-                       cwd=tmp_path)
+        boot = _python(
+            "-m", "collective.bootstrap", str(tmp_path / "probe.py"), arg, "x y", cwd=tmp_path
+        )
     else:
         plain = _python("-m", "probe", arg, "x y", cwd=tmp_path)
         boot = _python("-m", "collective.bootstrap", "-m", "probe", arg, "x y", cwd=tmp_path)
@@ -146,7 +164,7 @@ def test_bootstrap_runs_the_program_like_python_does(tmp_path: Path, mode: str, 
     assert seen == expected, (seen, expected)
     if arg == "raise":
         # the same traceback from the user's first frame on (the bootstrap's frames trimmed)
-        tail = plain.stderr[plain.stderr.index(f'  File "{tmp_path / "probe.py"}"'):]
+        tail = plain.stderr[plain.stderr.index(f'  File "{tmp_path / "probe.py"}"') :]
         assert boot.stderr.endswith(tail), boot.stderr
 
 
@@ -155,7 +173,8 @@ def test_bootstrap_exit_runs_scripts_atexit_first_then_shutdown(tmp_path: Path) 
     """A plain torch script: its own atexit handler still has the group; then our exit path
     destroys it; the exit code stays the script's."""
     script = tmp_path / "plain.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import atexit, os, sys
         import torch, torch.distributed as tdist
         from collective import register_shutdown
@@ -168,11 +187,11 @@ def test_bootstrap_exit_runs_scripts_atexit_first_then_shutdown(tmp_path: Path) 
         atexit.register(users_handler)
         register_shutdown("probe", lambda: print("shutdown callback", flush=True))
         sys.exit(7)
-    """))
+    """)
+    )
     from collective.env import find_free_port
 
-    r = _python("-m", "collective.bootstrap", str(script), str(find_free_port()),
-                cwd=tmp_path)
+    r = _python("-m", "collective.bootstrap", str(script), str(find_free_port()), cwd=tmp_path)
     assert r.returncode == 7, r.stdout + r.stderr
     assert r.stdout.splitlines() == ["user atexit, group up: True", "shutdown callback"], r.stdout
     assert "terminate called" not in r.stderr

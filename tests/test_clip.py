@@ -22,9 +22,13 @@ TOL = 1e-5
 def _check(tmp_path: Path, dp: int, mp: int) -> None:
     out = tmp_path / "out"
     world = dp * mp
-    results = run_workers(FEATURES_CLIP, world,
-                          ["--out", str(out), "--dp", str(dp), "--mp", str(mp)],
-                          timeout=100, tmp_path=tmp_path)
+    results = run_workers(
+        FEATURES_CLIP,
+        world,
+        ["--out", str(out), "--dp", str(dp), "--mp", str(mp)],
+        timeout=100,
+        tmp_path=tmp_path,
+    )
     assert_all_ok(results)
     for r in range(world):
         rec = json.loads((out / f"rank{r}.json").read_text())
@@ -38,8 +42,13 @@ def _check(tmp_path: Path, dp: int, mp: int) -> None:
         norms = rec["hook"]["norms"]
         assert all(abs(a - b) < TOL * max(1.0, a) for a, b in zip(norms[::2], norms[1::2])), norms
         assert rec["is_distributed"] == {
-            "emb.weight": True, "fc1.weight": True, "fc1.bias": True, "fc2.weight": True,
-            "fc2.bias": False, "norm.weight": False, "norm.bias": False,
+            "emb.weight": True,
+            "fc1.weight": True,
+            "fc1.bias": True,
+            "fc2.weight": True,
+            "fc2.bias": False,
+            "norm.weight": False,
+            "norm.bias": False,
         }
 
 

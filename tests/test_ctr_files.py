@@ -20,17 +20,46 @@ TEST = "5000"
 
 
 def _gen(out: Path, fmt: str) -> None:
-    r = subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(out),
-                        "--num_files", str(FILES), "--lines_per_file", str(LINES), "--format", fmt],
-                       cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(out),
+            "--num_files",
+            str(FILES),
+            "--lines_per_file",
+            str(LINES),
+            "--format",
+            fmt,
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 
 def _train(tmp_path: Path, name: str, *args: str) -> dict:
     out = tmp_path / f"{name}.json"
-    r = run_fleetrun("--server_num", "2", "--worker_num", "2", "--log_dir", str(tmp_path / name),
-                     "examples/ctr/train_ps.py", "--test", TEST, "--json", str(out), *args,
-                     cwd=REPO, timeout=250)
+    r = run_fleetrun(
+        "--server_num",
+        "2",
+        "--worker_num",
+        "2",
+        "--log_dir",
+        str(tmp_path / name),
+        "examples/ctr/train_ps.py",
+        "--test",
+        TEST,
+        "--json",
+        str(out),
+        *args,
+        cwd=REPO,
+        timeout=250,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -38,8 +67,16 @@ def _train(tmp_path: Path, name: str, *args: str) -> dict:
 @pytest.mark.timeout(300)
 def test_sync_from_files_equals_in_memory_auc(tmp_path: Path) -> None:
     _gen(tmp_path / "slots", "multislot")
-    files = _train(tmp_path, "files", "--data_dir", str(tmp_path / "slots"), "--dataset",
-                   "inmemory", "--mode", "sync")
+    files = _train(
+        tmp_path,
+        "files",
+        "--data_dir",
+        str(tmp_path / "slots"),
+        "--dataset",
+        "inmemory",
+        "--mode",
+        "sync",
+    )
     tensors = _train(tmp_path, "tensors", "--train", str(FILES * LINES), "--mode", "sync")
     # sync steps whole global batches: both runs drop the same partial last batch
     assert files["examples"] == tensors["examples"] >= 0.98 * FILES * LINES, (files, tensors)
@@ -49,8 +86,20 @@ def test_sync_from_files_equals_in_memory_auc(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_queue_dataset_through_the_paddlerec_reader(tmp_path: Path) -> None:
     _gen(tmp_path / "rec", "paddlerec")
-    reader = " ".join(shlex.quote(p) for p in (sys.executable, str(REPO / "examples/ctr/reader.py")))
-    res = _train(tmp_path, "queue", "--data_dir", str(tmp_path / "rec"), "--dataset", "queue",
-                 "--pipe_command", reader, "--mode", "async")
+    reader = " ".join(
+        shlex.quote(p) for p in (sys.executable, str(REPO / "examples/ctr/reader.py"))
+    )
+    res = _train(
+        tmp_path,
+        "queue",
+        "--data_dir",
+        str(tmp_path / "rec"),
+        "--dataset",
+        "queue",
+        "--pipe_command",
+        reader,
+        "--mode",
+        "async",
+    )
     assert res["examples"] >= 0.98 * FILES * LINES, res
     assert res["test_auc"] > 0.6, res

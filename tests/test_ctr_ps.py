@@ -16,9 +16,27 @@ TRAIN, TEST = "30000", "10000"
 
 def _ps(tmp_path: Path, mode: str, trainers: int = 2) -> dict:
     out = tmp_path / f"{mode}.json"
-    r = run_fleetrun("--server_num", "1", "--worker_num", str(trainers), "--log_dir", str(tmp_path / mode),
-                     "examples/ctr/train_ps.py", "--train", TRAIN, "--test", TEST, "--mode", mode,
-                     "--geo_k", "5", "--json", str(out), cwd=REPO, timeout=250)
+    r = run_fleetrun(
+        "--server_num",
+        "1",
+        "--worker_num",
+        str(trainers),
+        "--log_dir",
+        str(tmp_path / mode),
+        "examples/ctr/train_ps.py",
+        "--train",
+        TRAIN,
+        "--test",
+        TEST,
+        "--mode",
+        mode,
+        "--geo_k",
+        "5",
+        "--json",
+        str(out),
+        cwd=REPO,
+        timeout=250,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -26,9 +44,26 @@ def _ps(tmp_path: Path, mode: str, trainers: int = 2) -> dict:
 @pytest.mark.timeout(300)
 def test_sync_ps_auc_matches_single_process_baseline(tmp_path: Path) -> None:
     ps = _ps(tmp_path, "sync")
-    base = subprocess.run([sys.executable, "-m", "examples.ctr.baseline", "--train", TRAIN, "--test", TEST,
-                           "--threads", "1", "--json"], cwd=REPO, env=base_env(), capture_output=True,
-                          text=True, timeout=250, check=False)
+    base = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.ctr.baseline",
+            "--train",
+            TRAIN,
+            "--test",
+            TEST,
+            "--threads",
+            "1",
+            "--json",
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=250,
+        check=False,
+    )
     assert base.returncode == 0, base.stderr[-3000:]
     baseline = json.loads(next(ln for ln in base.stdout.splitlines() if ln.startswith("{")))
     assert ps["examples"] >= 0.98 * int(TRAIN)

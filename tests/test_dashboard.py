@@ -47,6 +47,7 @@ URL_RE = re.compile(r"http://127\.0\.0\.1:\d+/")
 
 # ---- fixtures: real prometheus_client endpoints and hand-written state files ---------------
 
+
 def trainer_registry(loss: float = 0.5) -> tuple[CollectorRegistry, dict[str, Any]]:
     r = CollectorRegistry()
     m = {
@@ -78,19 +79,41 @@ def serve(registry: CollectorRegistry) -> tuple[Any, str]:
     return server, f"127.0.0.1:{server.server_port}"
 
 
-def write_state(log_dir: Path, procs: list[dict[str, Any]], state: str = "running",
-                summary: str | None = None) -> None:
-    data = {"name": "unit", "run_id": "r1", "state": state, "attempt": 0, "restarts": 0,
-            "max_restarts": 0, "started_at": 1.0, "updated_at": 2.0, "launcher_metrics": None,
-            "processes": procs, "failure_summary": summary}
+def write_state(
+    log_dir: Path, procs: list[dict[str, Any]], state: str = "running", summary: str | None = None
+) -> None:
+    data = {
+        "name": "unit",
+        "run_id": "r1",
+        "state": state,
+        "attempt": 0,
+        "restarts": 0,
+        "max_restarts": 0,
+        "started_at": 1.0,
+        "updated_at": 2.0,
+        "launcher_metrics": None,
+        "processes": procs,
+        "failure_summary": summary,
+    }
     tmp = log_dir / ".job_state.tmp"
     tmp.write_text(json.dumps(data))
     os.replace(tmp, log_dir / "job_state.json")
 
 
-def proc(role: str, rank: int, addr: str | None, log: Path | None, state: str = "up") -> dict[str, Any]:
-    return {"role": role, "rank": rank, "host": "h", "pid": 100 + rank, "state": state,
-            "exit_code": None, "signal": None, "metrics": addr, "log": str(log) if log else None}
+def proc(
+    role: str, rank: int, addr: str | None, log: Path | None, state: str = "up"
+) -> dict[str, Any]:
+    return {
+        "role": role,
+        "rank": rank,
+        "host": "h",
+        "pid": 100 + rank,
+        "state": state,
+        "exit_code": None,
+        "signal": None,
+        "metrics": addr,
+        "log": str(log) if log else None,
+    }
 
 
 def get(url: str) -> tuple[int, str]:
@@ -112,6 +135,7 @@ def wait_for(fn: Any, timeout: float = 15.0, what: str = "condition") -> Any:
 
 
 # ---- pure parts ------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(30)
 def test_summaries_from_prometheus_client_text() -> None:
@@ -166,9 +190,11 @@ def test_breakdown_rate_and_targets() -> None:
     assert thin([1, 2], 300) == [1, 2]
 
     job = {"processes": [proc("trainer", 1, "127.0.0.1:2", None), proc("server", 0, None, None)]}
-    sd = [{"targets": ["127.0.0.1:1"], "labels": {"role": "trainer", "rank": "0", "host": "x"}},
-          {"targets": ["127.0.0.1:9"], "labels": {"role": "launcher", "rank": "0"}},
-          {"targets": ["127.0.0.1:3"], "labels": {"role": "trainer", "rank": "1"}}]
+    sd = [
+        {"targets": ["127.0.0.1:1"], "labels": {"role": "trainer", "rank": "0", "host": "x"}},
+        {"targets": ["127.0.0.1:9"], "labels": {"role": "launcher", "rank": "0"}},
+        {"targets": ["127.0.0.1:3"], "labels": {"role": "trainer", "rank": "1"}},
+    ]
     got = [(t.key, t.address) for t in targets_from(job, sd)]
     assert got == [("rank 0", "127.0.0.1:1"), ("rank 1", "127.0.0.1:2"), ("server 0", None)]
 
@@ -183,6 +209,7 @@ def test_config_errors_name_the_key() -> None:
 
 # ---- the JSON API against fixture files and live endpoints -----------------------------------
 
+
 @pytest.mark.timeout(60)
 def test_api_health_and_logs_with_fixture_files(tmp_path: Path) -> None:
     servers = []
@@ -195,11 +222,17 @@ def test_api_health_and_logs_with_fixture_files(tmp_path: Path) -> None:
     for i, p in logs.items():
         p.write_text(f"hello from rank {i}\n")
     (tmp_path / "secret.txt").write_text("not listed\n")
-    write_state(tmp_path, [proc("trainer", 0, servers[0][1], logs[0]),
-                           proc("trainer", 1, servers[1][1], logs[1]),
-                           proc("server", 0, servers[2][1], None)])
-    dash = start_dashboard(DashboardConfig(log_dir=str(tmp_path), port=0, poll_interval_s=0.2,
-                                           rate_window_s=1.0))
+    write_state(
+        tmp_path,
+        [
+            proc("trainer", 0, servers[0][1], logs[0]),
+            proc("trainer", 1, servers[1][1], logs[1]),
+            proc("server", 0, servers[2][1], None),
+        ],
+    )
+    dash = start_dashboard(
+        DashboardConfig(log_dir=str(tmp_path), port=0, poll_interval_s=0.2, rate_window_s=1.0)
+    )
     stop = threading.Event()
 
     def train() -> None:
@@ -216,39 +249,66 @@ def test_api_health_and_logs_with_fixture_files(tmp_path: Path) -> None:
     t = threading.Thread(target=train, daemon=True)
     t.start()
     try:
+
         def state() -> dict[str, Any]:
             code, body = get(dash.url + "api/state")
             assert code == 200
             return json.loads(body)  # strict JSON: json.loads accepts NaN, so check the text too
 
-        s = wait_for(lambda: (x := state()) and len(x["series"].get("loss", {}).get("rank 0", [])) >= 3
-                     and x["tables"] and x["tables"][0]["qps"] > 0 and x, what="series")
+        s = wait_for(
+            lambda: (
+                (x := state())
+                and len(x["series"].get("loss", {}).get("rank 0", [])) >= 3
+                and x["tables"]
+                and x["tables"][0]["qps"] > 0
+                and x
+            ),
+            what="series",
+        )
         assert s["job"]["name"] == "unit" and s["job"]["state"] == "running"
         assert [p["key"] for p in s["processes"]] == ["rank 0", "rank 1", "server 0"]
         assert s["processes"][1]["loss"] is None and "rank 1" not in s["series"]["loss"]
         assert "NaN" not in get(dash.url + "api/state")[1]
         assert len(s["series"]["throughput"]["rank 0"]) >= 2  # from samples_total (no gauge set)
         b = {row["key"]: row for row in s["breakdown"]}
-        assert math.isclose(b["rank 0"]["step"], 0.05) and math.isclose(b["rank 0"]["all_reduce"], 0.01)
+        assert math.isclose(b["rank 0"]["step"], 0.05) and math.isclose(
+            b["rank 0"]["all_reduce"], 0.01
+        )
         assert s["tables"][0]["table"] == "emb" and s["tables"][0]["admitted"] > 0
 
         code, body = get(dash.url + "healthz")
         assert code == 200 and json.loads(body)["job_state_found"] is True
         assert get(dash.url + "logs/trainer/1") == (200, "hello from rank 1\n")
-        for bad in ("logs/trainer/7", "logs/server/0", "logs/../secret.txt", "logs/trainer/..%2Fsecret.txt",
-                    "logs/x", "nope"):
+        for bad in (
+            "logs/trainer/7",
+            "logs/server/0",
+            "logs/../secret.txt",
+            "logs/trainer/..%2Fsecret.txt",
+            "logs/x",
+            "nope",
+        ):
             code, body = get(dash.url + bad)
             assert code == 404 and "not listed" not in body, bad
         code, page = get(dash.url)
-        assert code == 200 and 'id="chart-loss"' in page and "<script>" in page and "http" not in \
-            page.split("<script>")[1].replace("http://www.w3.org/2000/svg", "")  # no CDN
+        assert (
+            code == 200
+            and 'id="chart-loss"' in page
+            and "<script>" in page
+            and "http" not in page.split("<script>")[1].replace("http://www.w3.org/2000/svg", "")
+        )  # no CDN
 
         # the job fails: rank 1's record turns failed; a dead endpoint is reported, not fatal
         servers[1][0].shutdown()
-        write_state(tmp_path, [proc("trainer", 0, servers[0][1], logs[0], "exited"),
-                               proc("trainer", 1, servers[1][1], logs[1], "failed"),
-                               proc("server", 0, servers[2][1], None, "exited")],
-                    state="failed", summary="Root cause (first observed failure):\n  rank 1 SIGKILL")
+        write_state(
+            tmp_path,
+            [
+                proc("trainer", 0, servers[0][1], logs[0], "exited"),
+                proc("trainer", 1, servers[1][1], logs[1], "failed"),
+                proc("server", 0, servers[2][1], None, "exited"),
+            ],
+            state="failed",
+            summary="Root cause (first observed failure):\n  rank 1 SIGKILL",
+        )
         s = wait_for(lambda: (x := state())["job"]["state"] == "failed" and x, what="failed state")
         assert s["failure_summary"].startswith("Root cause")
         assert [p["state"] for p in s["processes"]] == ["exited", "failed", "exited"]
@@ -267,7 +327,9 @@ def test_api_health_and_logs_with_fixture_files(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(30)
 def test_missing_job_state_is_said(tmp_path: Path) -> None:
-    dash = start_dashboard(DashboardConfig(log_dir=str(tmp_path / "later"), port=0, poll_interval_s=0.2))
+    dash = start_dashboard(
+        DashboardConfig(log_dir=str(tmp_path / "later"), port=0, poll_interval_s=0.2)
+    )
     try:
         s = json.loads(get(dash.url + "api/state")[1])
         assert s["job"] is None and "no job_state.json" in s["job_error"] and s["processes"] == []
@@ -276,6 +338,7 @@ def test_missing_job_state_is_said(tmp_path: Path) -> None:
 
 
 # ---- the commands, as real processes ---------------------------------------------------------
+
 
 def _read_lines(stream: Any, q: queue.Queue) -> None:
     for line in iter(stream.readline, ""):
@@ -328,16 +391,32 @@ def test_dashboard_command_busy_port_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.timeout(90)
 def test_launch_with_dashboard_flag_serves_the_running_job(tmp_path: Path) -> None:
     logs = tmp_path / "log"
-    p = start_fleetrun("--dashboard", "--nproc_per_node", "2", "--log_dir", str(logs),
-                       str(SCRIPTS / "launcher_worker.py"), "--out", str(tmp_path / "out"), "--hang")
+    p = start_fleetrun(
+        "--dashboard",
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(logs),
+        str(SCRIPTS / "launcher_worker.py"),
+        "--out",
+        str(tmp_path / "out"),
+        "--hang",
+    )
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_read_lines, args=(p.stderr, q), daemon=True).start()
     pids: list[int] = []
     try:
         url = _wait_line(q, re.compile(r"dashboard: (http://127\.0\.0\.1:\d+/)"), 30).group(1)
-        s = wait_for(lambda: (x := json.loads(get(url + "api/state")[1]))["job"]
-                     and x["job"]["state"] == "running" and len(x["processes"]) == 2 and x,
-                     timeout=30, what="running job on the dashboard")
+        s = wait_for(
+            lambda: (
+                (x := json.loads(get(url + "api/state")[1]))["job"]
+                and x["job"]["state"] == "running"
+                and len(x["processes"]) == 2
+                and x
+            ),
+            timeout=30,
+            what="running job on the dashboard",
+        )
         pids = [pr["pid"] for pr in s["processes"]]
         assert {pr["state"] for pr in s["processes"]} == {"up"}
         assert get(url + "logs/trainer/1")[0] == 200
@@ -356,18 +435,42 @@ def test_launch_with_dashboard_flag_serves_the_running_job(tmp_path: Path) -> No
 def test_follows_a_restart_of_a_real_job(tmp_path: Path) -> None:
     logs = tmp_path / "log"
     dash = start_dashboard(DashboardConfig(log_dir=str(logs), port=0, poll_interval_s=0.2))
-    p = start_fleetrun("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(logs),
-                       str(SCRIPTS / "launcher_worker.py"), "--out", str(tmp_path / "out"),
-                       "--sigkill_ranks", "1", "--fail_attempts", "1", "--delay", "1", "--hang")
+    p = start_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "1",
+        "--log_dir",
+        str(logs),
+        str(SCRIPTS / "launcher_worker.py"),
+        "--out",
+        str(tmp_path / "out"),
+        "--sigkill_ranks",
+        "1",
+        "--fail_attempts",
+        "1",
+        "--delay",
+        "1",
+        "--hang",
+    )
     pids: list[int] = []
     try:
+
         def state() -> dict[str, Any]:
             return json.loads(get(dash.url + "api/state")[1])
 
-        s = wait_for(lambda: (x := state())["job"] and x["job"]["attempt"] == 1
-                     and x["job"]["state"] == "running" and len(x["processes"]) == 2
-                     and {pr["state"] for pr in x["processes"]} == {"up"} and x,
-                     timeout=45, what="attempt 1 running")
+        s = wait_for(
+            lambda: (
+                (x := state())["job"]
+                and x["job"]["attempt"] == 1
+                and x["job"]["state"] == "running"
+                and len(x["processes"]) == 2
+                and {pr["state"] for pr in x["processes"]} == {"up"}
+                and x
+            ),
+            timeout=45,
+            what="attempt 1 running",
+        )
         assert s["job"]["restarts"] == 1 and s["failure_summary"] is None
         assert all(pr["restarts"] == 1 for pr in s["processes"])
         pids = [pr["pid"] for pr in s["processes"]]

@@ -38,12 +38,19 @@ URL_RE = re.compile(r"http://127\.0\.0\.1:\d+/")
 def chromium_paths() -> dict[str, str]:
     """Run scripts/chromium.sh (apt-get installs chromium + chromium-driver when missing)."""
     try:
-        r = subprocess.run(["bash", str(REPO / "scripts" / "chromium.sh")], capture_output=True,
-                           text=True, timeout=600, check=False)
+        r = subprocess.run(
+            ["bash", str(REPO / "scripts" / "chromium.sh")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         pytest.skip("scripts/chromium.sh did not finish installing chromium in 600 s")
     if r.returncode != 0:
-        pytest.skip(f"no headless Chromium: scripts/chromium.sh exit {r.returncode}: {r.stderr.strip()[-500:]}")
+        pytest.skip(
+            f"no headless Chromium: scripts/chromium.sh exit {r.returncode}: {r.stderr.strip()[-500:]}"
+        )
     return dict(line.split("=", 1) for line in r.stdout.split() if "=" in line)
 
 
@@ -52,10 +59,19 @@ def browser(chromium_paths: dict[str, str], tmp_path: Path) -> Iterator[Any]:
     """A headless Chromium driven through chromedriver; quit (and killed if needed) at the end."""
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium_paths["chromium"]
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,2000", f"--user-data-dir={tmp_path / 'chrome-profile'}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,2000",
+        f"--user-data-dir={tmp_path / 'chrome-profile'}",
+    ):
         opts.add_argument(arg)
-    service = Service(executable_path=chromium_paths["chromedriver"], log_output=str(tmp_path / "chromedriver.log"))
+    service = Service(
+        executable_path=chromium_paths["chromedriver"],
+        log_output=str(tmp_path / "chromedriver.log"),
+    )
     driver = webdriver.Chrome(options=opts, service=service)
     driver.set_page_load_timeout(30)
     try:
@@ -82,7 +98,9 @@ def dashboard_for(tmp_path: Path) -> Iterator[Any]:
     procs: list[subprocess.Popen] = []
 
     def start(log_dir: Path) -> str:
-        p = start_fleetrun("dashboard", "--log_dir", str(log_dir), "--port", "0", "--poll_interval", "0.5")
+        p = start_fleetrun(
+            "dashboard", "--log_dir", str(log_dir), "--port", "0", "--poll_interval", "0.5"
+        )
         procs.append(p)
         q: queue.Queue = queue.Queue()
         threading.Thread(target=_read_lines, args=(p.stdout, q), daemon=True).start()
@@ -91,7 +109,9 @@ def dashboard_for(tmp_path: Path) -> Iterator[Any]:
             try:
                 m = URL_RE.search(q.get(timeout=0.2))
             except queue.Empty:
-                assert p.poll() is None, f"fleetrun dashboard exited {p.returncode}: {p.stderr.read()}"
+                assert p.poll() is None, (
+                    f"fleetrun dashboard exited {p.returncode}: {p.stderr.read()}"
+                )
                 continue
             if m:
                 return m.group(0)
@@ -142,7 +162,9 @@ def wait(driver: Any, cond: Any, timeout: float, what: str) -> dict[str, Any]:
         if cond(page):
             return page
         if time.monotonic() > deadline:
-            raise AssertionError(f"page never showed {what} in {timeout} s; it shows:\n{page['body']}")
+            raise AssertionError(
+                f"page never showed {what} in {timeout} s; it shows:\n{page['body']}"
+            )
         time.sleep(0.25)
 
 
@@ -161,21 +183,45 @@ def screenshot(driver: Any, path: Path, url: str) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_fixture_job_page_charts_ps_tables_and_failure(tmp_path: Path, browser: Any, dashboard_for: Any) -> None:
+def test_fixture_job_page_charts_ps_tables_and_failure(
+    tmp_path: Path, browser: Any, dashboard_for: Any
+) -> None:
     logs = tmp_path / "log"
-    job = subprocess.Popen([sys.executable, str(SCRIPTS / "dashboard_fake_job.py"), "--log_dir", str(logs),
-                           "--fail_when", str(tmp_path / "fail_now")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            str(SCRIPTS / "dashboard_fake_job.py"),
+            "--log_dir",
+            str(logs),
+            "--fail_when",
+            str(tmp_path / "fail_now"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while not (logs / "job_state.json").exists():
-            assert time.monotonic() < deadline and job.poll() is None, "fake job wrote no job_state.json"
+            assert time.monotonic() < deadline and job.poll() is None, (
+                "fake job wrote no job_state.json"
+            )
             time.sleep(0.1)
         url = dashboard_for(logs)
         browser.get(url)
-        page = wait(browser, lambda pg: pg["points"]["chart-loss"] >= 4 and pg["points"]["chart-throughput"] >= 4
-                    and pg["points"]["chart-breakdown"] >= 4 and pg["points"]["chart-ps-rows"] >= 4
-                    and pg["points"]["chart-ps-qps"] >= 2, 60, "charts with points")
+        page = wait(
+            browser,
+            lambda pg: (
+                pg["points"]["chart-loss"] >= 4
+                and pg["points"]["chart-throughput"] >= 4
+                and pg["points"]["chart-breakdown"] >= 4
+                and pg["points"]["chart-ps-rows"] >= 4
+                and pg["points"]["chart-ps-qps"] >= 2
+            ),
+            60,
+            "charts with points",
+        )
         assert page["title"] == "fleetrun dashboard" and page["name"] == "fake"
         assert page["state"] == "running"
         assert row_state(page, "rank 1") == "up" and row_state(page, "server 0") == "up"
@@ -184,8 +230,12 @@ def test_fixture_job_page_charts_ps_tables_and_failure(tmp_path: Path, browser: 
         screenshot(browser, tmp_path / "dashboard_fixture_running.png", url)
 
         (tmp_path / "fail_now").touch()  # rank 1 of the fixture job dies now
-        page = wait(browser, lambda pg: row_state(pg, "rank 1") == "failed" and pg["failure_shown"],
-                    60, "rank 1 failed")
+        page = wait(
+            browser,
+            lambda pg: row_state(pg, "rank 1") == "failed" and pg["failure_shown"],
+            60,
+            "rank 1 failed",
+        )
         assert page["state"] == "failed"
         assert "Root cause" in page["summary"] and "signal SIGKILL" in page["summary"]
         assert "rank 1" in page["summary"] and "SIGKILL" in page["rows"]["rank 1"]["text"]
@@ -202,27 +252,59 @@ def test_fixture_job_page_charts_ps_tables_and_failure(tmp_path: Path, browser: 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_real_two_rank_job_killed_rank_shows_failed(tmp_path: Path, browser: Any, dashboard_for: Any) -> None:
+def test_real_two_rank_job_killed_rank_shows_failed(
+    tmp_path: Path, browser: Any, dashboard_for: Any
+) -> None:
     logs = tmp_path / "log"
-    job = start_fleetrun("--nproc_per_node", "2", "--log_dir", str(logs), "--job_name", "dash",
-                         str(SCRIPTS / "dashboard_train.py"), "--kill_rank", "1", "--kill_after", "150",
-                         "--kill_when", str(tmp_path / "kill_now"), "--seconds", "200")
+    job = start_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(logs),
+        "--job_name",
+        "dash",
+        str(SCRIPTS / "dashboard_train.py"),
+        "--kill_rank",
+        "1",
+        "--kill_after",
+        "150",
+        "--kill_when",
+        str(tmp_path / "kill_now"),
+        "--seconds",
+        "200",
+    )
     pids: list[int] = []
     try:
         url = dashboard_for(logs)
         browser.get(url)
-        wait(browser, lambda pg: pg["state"] == "running" and row_state(pg, "rank 0") == "up"
-             and row_state(pg, "rank 1") == "up", 90, "the job running")
+        wait(
+            browser,
+            lambda pg: (
+                pg["state"] == "running"
+                and row_state(pg, "rank 0") == "up"
+                and row_state(pg, "rank 1") == "up"
+            ),
+            90,
+            "the job running",
+        )
         state = json.loads((logs / "job_state.json").read_text())
         pids = [p["pid"] for p in state["processes"]]
-        page = wait(browser, lambda pg: pg["points"]["chart-loss"] >= 4 and pg["points"]["chart-throughput"] >= 4,
-                    60, "loss and throughput points")
+        page = wait(
+            browser,
+            lambda pg: pg["points"]["chart-loss"] >= 4 and pg["points"]["chart-throughput"] >= 4,
+            60,
+            "loss and throughput points",
+        )
         assert page["name"] == "dash" and page["loss_lines"] == ["rank 0", "rank 1"]
         screenshot(browser, tmp_path / "dashboard_real_running.png", url)
 
         (tmp_path / "kill_now").touch()  # rank 1 SIGKILLs itself at its next step
-        page = wait(browser, lambda pg: row_state(pg, "rank 1") == "failed" and pg["failure_shown"],
-                    90, "rank 1 failed")
+        page = wait(
+            browser,
+            lambda pg: row_state(pg, "rank 1") == "failed" and pg["failure_shown"],
+            90,
+            "rank 1 failed",
+        )
         assert page["state"] == "failed"
         summary = page["summary"]
         assert "Root cause (first observed failure)" in summary

@@ -26,7 +26,9 @@ from conftest import REPO, SCRIPTS, base_env, fleetrun_cmd
 from collective.env import find_free_port
 
 WORKER = str(SCRIPTS / "elastic_train.py")
-FAST = "last_call_timeout=1"  # the other keys: our defaults (launcher.elastic.config.FAST_RDZV_CONF)
+FAST = (
+    "last_call_timeout=1"  # the other keys: our defaults (launcher.elastic.config.FAST_RDZV_CONF)
+)
 
 
 class Agent:
@@ -37,9 +39,16 @@ class Agent:
         self.out_path = tmp / f"{name}.out"
         self._out = open(self.out_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            fleetrun_cmd("--log_dir", str(self.log_dir), "--no_metrics", *flags, WORKER, *script_args),
-            cwd=str(REPO), env=base_env(), stdout=self._out, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True)
+            fleetrun_cmd(
+                "--log_dir", str(self.log_dir), "--no_metrics", *flags, WORKER, *script_args
+            ),
+            cwd=str(REPO),
+            env=base_env(),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.pids = {self.proc.pid}
 
     def note_children(self) -> list[int]:
@@ -65,7 +74,9 @@ class Agent:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"agent {self.name} still runs after {timeout} s:\n{self.output()}") from None
+            raise AssertionError(
+                f"agent {self.name} still runs after {timeout} s:\n{self.output()}"
+            ) from None
 
     def output(self) -> str:
         self._out.flush()
@@ -91,7 +102,9 @@ def records(ckpt: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def wait_for(what: str, cond: Callable[[], bool], agents: list[Agent], timeout: float = 150.0) -> None:
+def wait_for(
+    what: str, cond: Callable[[], bool], agents: list[Agent], timeout: float = 150.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for a in agents:
@@ -100,14 +113,18 @@ def wait_for(what: str, cond: Callable[[], bool], agents: list[Agent], timeout: 
             return
         dead = [a for a in agents if a.proc.poll() is not None]
         if dead:
-            raise AssertionError(f"agent {dead[0].name} exited {dead[0].proc.returncode} while waiting "
-                                 f"for {what}:\n{dead[0].output()}")
+            raise AssertionError(
+                f"agent {dead[0].name} exited {dead[0].proc.returncode} while waiting "
+                f"for {what}:\n{dead[0].output()}"
+            )
         time.sleep(0.2)
     raise AssertionError(f"no {what} within {timeout} s:\n" + "\n".join(a.output() for a in agents))
 
 
 def steps_since(ckpt: Path, t0: float, world: int) -> bool:
-    return any(r["event"] == "step" and r["world"] == world and r["time"] > t0 for r in records(ckpt))
+    return any(
+        r["event"] == "step" and r["world"] == world and r["time"] > t0 for r in records(ckpt)
+    )
 
 
 def check_continuous(recs: list[dict], total_min: int) -> None:
@@ -130,8 +147,12 @@ def assert_no_orphans(agents: list[Agent]) -> None:
     deadline = time.monotonic() + 10
     alive: list[int] = []
     while time.monotonic() < deadline:
-        alive = [p for a in agents for p in a.pids if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p
+            for a in agents
+            for p in a.pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         if not alive:
             return
         time.sleep(0.2)
@@ -149,8 +170,22 @@ def agents() -> Iterator[list[Agent]]:
 
 
 def c10d_flags(port: int, run_id: str, nnodes: str = "1:2") -> list[str]:
-    return ["--nnodes", nnodes, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
-            "--rdzv_id", run_id, "--rdzv_conf", FAST, "--max_restarts", "3", "--rdzv_timeout", "90"]
+    return [
+        "--nnodes",
+        nnodes,
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv_id",
+        run_id,
+        "--rdzv_conf",
+        FAST,
+        "--max_restarts",
+        "3",
+        "--rdzv_timeout",
+        "90",
+    ]
 
 
 @pytest.mark.timeout(480)
@@ -182,12 +217,19 @@ def test_c10d_node_lost_then_node_joins(tmp_path: Path, agents: list[Agent]) -> 
     starts = [r for r in recs if r["event"] == "start"]
     shrink = next(s for s in starts if s["world"] == 1 and s["time"] > killed)
     grow = next(s for s in starts if s["world"] == 2 and s["time"] > joined)
-    assert shrink["restart"] >= 1 and shrink["env"]["TORCHELASTIC_RESTART_COUNT"] == str(shrink["restart"])
+    assert shrink["restart"] >= 1 and shrink["env"]["TORCHELASTIC_RESTART_COUNT"] == str(
+        shrink["restart"]
+    )
     assert grow["restart"] == shrink["restart"], "a join spent a restart"
     for s in starts:
         env = s["env"]
         assert env["TORCHELASTIC_RUN_ID"] == "lost-join" and env["TORCHELASTIC_MAX_RESTARTS"] == "3"
-        assert env["WORLD_SIZE"] == env["PADDLE_TRAINERS_NUM"] == env["GROUP_WORLD_SIZE"] == str(s["world"])
+        assert (
+            env["WORLD_SIZE"]
+            == env["PADDLE_TRAINERS_NUM"]
+            == env["GROUP_WORLD_SIZE"]
+            == str(s["world"])
+        )
         assert env["LOCAL_WORLD_SIZE"] == "1" and env["RANK"] == env["PADDLE_TRAINER_ID"] == "0"
         assert len(env["PADDLE_TRAINER_ENDPOINTS"].split(",")) == s["world"]
     out = agents[0].output()
@@ -228,10 +270,17 @@ def etcd(tmp_path: Path) -> Iterator[str]:
     if not shutil.which("etcd") and not os.path.exists("/usr/bin/etcd"):
         can_sudo = os.geteuid() == 0 or shutil.which("sudo")
         if not can_sudo:
-            pytest.skip("etcd is not installed and apt-get cannot install it here (no root, no sudo)")
+            pytest.skip(
+                "etcd is not installed and apt-get cannot install it here (no root, no sudo)"
+            )
     data = tmp_path / "etcd"
-    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "etcd.sh"), str(data)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "scripts" / "etcd.sh"), str(data)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         endpoint = ""
         assert proc.stdout is not None
@@ -259,19 +308,31 @@ def etcd(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.timeout(480)
-def test_etcd_node_lost_with_paddle_and_torchrun_spellings(tmp_path: Path, agents: list[Agent],
-                                                           etcd: str) -> None:
+def test_etcd_node_lost_with_paddle_and_torchrun_spellings(
+    tmp_path: Path, agents: list[Agent], etcd: str
+) -> None:
     """etcd rendezvous against a real etcd: one agent started with Paddle's flags
     (--elastic_server etcd://, --job_id, --np), one with torchrun's; the second is SIGKILLed and
     the first goes on alone from the checkpoint; a third joins and the world grows back to 2."""
-    pytest.importorskip("etcd", reason="python-etcd (the v2 client torch's etcd handler uses) is missing")
+    pytest.importorskip(
+        "etcd", reason="python-etcd (the v2 client torch's etcd handler uses) is missing"
+    )
     ckpt, stop = tmp_path / "ckpt", tmp_path / "stop"
     ckpt.mkdir()
     args = [str(ckpt), "--steps", "6", "--step_time", "0.1", "--stop_file", str(stop)]
     common = ["--max_restarts", "3", "--rdzv_timeout", "90", "--rdzv_conf", "last_call_timeout=1"]
     paddle = ["--elastic_server", f"etcd://{etcd}", "--job_id", "etcd-job", "--np", "1:2", *common]
-    torchrun = ["--nnodes", "1:2", "--rdzv_backend", "etcd", "--rdzv_endpoint", etcd,
-                "--rdzv_id", "etcd-job", *common]
+    torchrun = [
+        "--nnodes",
+        "1:2",
+        "--rdzv_backend",
+        "etcd",
+        "--rdzv_endpoint",
+        etcd,
+        "--rdzv_id",
+        "etcd-job",
+        *common,
+    ]
     agents.append(Agent(tmp_path, "paddle", paddle, args))
     agents.append(Agent(tmp_path, "torchrun", torchrun, args))
     wait_for("steps at world 2", lambda: steps_since(ckpt, 0, 2), agents, timeout=150)
@@ -282,7 +343,11 @@ def test_etcd_node_lost_with_paddle_and_torchrun_spellings(tmp_path: Path, agent
     # launcher.elastic.rdzv.leave_round) and the world grows back to 2
     agents.append(Agent(tmp_path, "joiner", torchrun, args))
     joined = time.time()
-    wait_for("steps at world 2 after the join", lambda: steps_since(ckpt, joined, 2), [agents[0], agents[2]])
+    wait_for(
+        "steps at world 2 after the join",
+        lambda: steps_since(ckpt, joined, 2),
+        [agents[0], agents[2]],
+    )
     stop.write_text("")
     assert agents[0].wait(60) == 0, agents[0].output()
     assert agents[2].wait(60) == 0, agents[2].output()
@@ -294,9 +359,24 @@ def test_etcd_node_lost_with_paddle_and_torchrun_spellings(tmp_path: Path, agent
     # etcd-v2 (torch's dynamic rendezvous with its state in etcd), one agent, on the same etcd
     v2 = tmp_path / "v2"
     v2.mkdir()
-    agents.append(Agent(tmp_path, "v2", ["--nnodes", "1:2", "--rdzv_backend", "etcd-v2", "--rdzv_endpoint",
-                                         etcd, "--rdzv_id", "v2-job", *common],
-                        [str(v2), "--steps", "3", "--step_time", "0.05"]))
+    agents.append(
+        Agent(
+            tmp_path,
+            "v2",
+            [
+                "--nnodes",
+                "1:2",
+                "--rdzv_backend",
+                "etcd-v2",
+                "--rdzv_endpoint",
+                etcd,
+                "--rdzv_id",
+                "v2-job",
+                *common,
+            ],
+            [str(v2), "--steps", "3", "--step_time", "0.05"],
+        )
+    )
     assert agents[-1].wait(120) == 0, agents[-1].output()
     assert [r["step"] for r in records(v2) if r["event"] == "step"] == [1, 2, 3]
 
@@ -306,9 +386,26 @@ def test_etcd_node_lost_with_paddle_and_torchrun_spellings(tmp_path: Path, agent
 def test_unreachable_endpoint_is_named_within_rdzv_timeout(tmp_path: Path) -> None:
     port = find_free_port()
     out = subprocess.run(
-        fleetrun_cmd("--log_dir", str(tmp_path / "log"), "--nnodes", "1:2", "--rdzv_backend", "etcd",
-                     "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_timeout", "2", WORKER, str(tmp_path)),
-        cwd=str(REPO), env=base_env(), capture_output=True, text=True, timeout=50)
+        fleetrun_cmd(
+            "--log_dir",
+            str(tmp_path / "log"),
+            "--nnodes",
+            "1:2",
+            "--rdzv_backend",
+            "etcd",
+            "--rdzv_endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv_timeout",
+            "2",
+            WORKER,
+            str(tmp_path),
+        ),
+        cwd=str(REPO),
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert out.returncode == 1, out.stderr
     assert f"cannot reach the rendezvous endpoint 127.0.0.1:{port}" in out.stderr, out.stderr
     assert "--rdzv_endpoint" in out.stderr and "within 2 s (--rdzv_timeout)" in out.stderr
@@ -323,8 +420,15 @@ def test_second_job_reusing_rdzv_id_is_refused(tmp_path: Path, agents: list[Agen
     agents.append(Agent(tmp_path, "x", flags, [str(tmp_path), "--steps", "1"]))
     wait_for("the store", lambda: "hosts the store" in agents[0].output(), agents)
     other = subprocess.run(
-        fleetrun_cmd("--log_dir", str(tmp_path / "y"), *flags, WORKER, str(tmp_path), "--steps", "2"),
-        cwd=str(REPO), env=base_env(), capture_output=True, text=True, timeout=90)
+        fleetrun_cmd(
+            "--log_dir", str(tmp_path / "y"), *flags, WORKER, str(tmp_path), "--steps", "2"
+        ),
+        cwd=str(REPO),
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert other.returncode == 2, other.stderr
     assert "rendezvous id 'shared-id' is taken by another job" in other.stderr, other.stderr
     assert "--rdzv_id" in other.stderr and "--steps 1" in other.stderr
@@ -333,12 +437,24 @@ def test_second_job_reusing_rdzv_id_is_refused(tmp_path: Path, agents: list[Agen
 
 @pytest.mark.timeout(60)
 def test_help_lists_elastic_flags_without_torch() -> None:
-    code = ("import sys; from launcher.cli import run_command; from click.testing import CliRunner; "
-            "r = CliRunner().invoke(run_command, ['--help']); print(r.output); "
-            "print('TORCH' if 'torch' in sys.modules else 'NO_TORCH')")
-    out = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True,
-                         timeout=60).stdout
-    for flag in ("--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf", "--standalone",
-                 "--monitor_interval", "--elastic_server", "--job_id", "--np"):
+    code = (
+        "import sys; from launcher.cli import run_command; from click.testing import CliRunner; "
+        "r = CliRunner().invoke(run_command, ['--help']); print(r.output); "
+        "print('TORCH' if 'torch' in sys.modules else 'NO_TORCH')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True, timeout=60
+    ).stdout
+    for flag in (
+        "--rdzv_backend",
+        "--rdzv_endpoint",
+        "--rdzv_id",
+        "--rdzv_conf",
+        "--standalone",
+        "--monitor_interval",
+        "--elastic_server",
+        "--job_id",
+        "--np",
+    ):
         assert flag in out
     assert out.strip().endswith("NO_TORCH")

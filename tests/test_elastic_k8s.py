@@ -69,47 +69,82 @@ def test_elastic_manifests_render_agents_etcd_and_a_replacing_job() -> None:
     assert kinds[("Service", "dp-etcd")]["spec"]["ports"][0]["port"] == 2379
     assert kinds[("PodGroup", "dp")]["spec"]["minMember"] == 1  # a round may start with MIN
     job = kinds[("Job", "dp-trainer")]
-    assert job["metadata"]["annotations"] == {"fleetrun.io/min-nodes": "1",
-                                              "fleetrun.io/max-nodes": "4"}
+    assert job["metadata"]["annotations"] == {
+        "fleetrun.io/min-nodes": "1",
+        "fleetrun.io/max-nodes": "4",
+    }
     spec = job["spec"]
     assert spec["completionMode"] == "NonIndexed" and spec["parallelism"] == 4
     assert "completions" not in spec  # a lost pod is replaced until one succeeds
     assert spec["backoffLimit"] == 2
     rules = spec["podFailurePolicy"]["rules"]
     assert rules[0]["action"] == "FailJob" and rules[0]["onExitCodes"]["values"] == [2]
-    assert rules[1] == {"action": "Ignore",
-                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert rules[1] == {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and "subdomain" not in pod
     (container,) = pod["containers"]
     args = container["args"]
     assert container["command"] == ["fleetrun"]
-    assert args[:10] == ["--nnodes", "1:4", "--nproc_per_node", "1", "--rdzv_backend", "etcd-v2",
-                         "--rdzv_endpoint", "dp-etcd.ml.svc:2379", "--rdzv_id", "dp"]
+    assert args[:10] == [
+        "--nnodes",
+        "1:4",
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "etcd-v2",
+        "--rdzv_endpoint",
+        "dp-etcd.ml.svc:2379",
+        "--rdzv_id",
+        "dp",
+    ]
     assert args[args.index("--strategy") + 1] == "/etc/fleetrun/strategy.yaml"
-    assert args[args.index("--") + 1:] == ["examples/dp/train.py", "--elastic"]
+    assert args[args.index("--") + 1 :] == ["examples/dp/train.py", "--elastic"]
     assert not any(e["name"] == "FLEET_POD_INDEX" for e in container["env"])  # ranks: rendezvous
     assert "dp-etcd.ml.svc:2379" in to_yaml(objs)
 
     # Paddle's spelling; an etcd of one's own: used as given, nothing rendered for it
-    mine = render_job(_spec(elastic={"rdzv_endpoint": "etcd://etcd.infra.svc:2379"},
-                            sizes={"nnodes": "2:3"}, run_id="run-7"))
+    mine = render_job(
+        _spec(
+            elastic={"rdzv_endpoint": "etcd://etcd.infra.svc:2379"},
+            sizes={"nnodes": "2:3"},
+            run_id="run-7",
+        )
+    )
     for obj in mine:
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
     assert [o["kind"] for o in mine] == ["ConfigMap", "Job"]
     args = mine[-1]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:10] == ["--nnodes", "2:3", "--nproc_per_node", "1", "--rdzv_backend", "etcd",
-                         "--rdzv_endpoint", "etcd.infra.svc:2379", "--rdzv_id", "run-7"]
+    assert args[:10] == [
+        "--nnodes",
+        "2:3",
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "etcd",
+        "--rdzv_endpoint",
+        "etcd.infra.svc:2379",
+        "--rdzv_id",
+        "run-7",
+    ]
 
 
 @pytest.mark.timeout(60)
 def test_elastic_manifest_bad_input_names_the_key() -> None:
-    with pytest.raises(ConfigError, match=r"^elastic\.rdzv_backend: .*serves rdzv_backend etcd "
-                                          r"and etcd-v2, not c10d"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^elastic\.rdzv_backend: .*serves rdzv_backend etcd "
+        r"and etcd-v2, not c10d",
+    ):
         render_job(_spec(elastic={"rdzv_backend": "c10d", "rdzv_endpoint": "dp-etcd:2379"}))
-    with pytest.raises(ConfigError, match=r"^elastic\.rdzv_endpoint: .*not a place the pods can "
-                                          r"reach.*--rdzv_endpoint dp-etcd"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^elastic\.rdzv_endpoint: .*not a place the pods can "
+        r"reach.*--rdzv_endpoint dp-etcd",
+    ):
         render_job(_spec(elastic={"rdzv_backend": "c10d", "rdzv_endpoint": "127.0.0.1:29400"}))
     with pytest.raises(ConfigError, match=r"^elastic\.rdzv_endpoint: "):
         render_job(_spec(elastic={"standalone": True}))
@@ -121,16 +156,21 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
     kubeconfig = tmp_path / "kubeconfig"
     fake.write_kubeconfig(kubeconfig)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "HTTPS_PROXY",
-                "HTTP_PROXY", "https_proxy", "http_proxy"):
+    for var in (
+        "KUBERNETES_SERVICE_HOST",
+        "KUBERNETES_SERVICE_PORT",
+        "HTTPS_PROXY",
+        "HTTP_PROXY",
+        "https_proxy",
+        "http_proxy",
+    ):
         monkeypatch.delenv(var, raising=False)
     yield fake
     fake.close()
 
 
 @pytest.mark.timeout(90)
-def test_k8s_scale_patches_parallelism_within_the_node_range(api: FakeAPI,
-                                                             tmp_path: Path) -> None:
+def test_k8s_scale_patches_parallelism_within_the_node_range(api: FakeAPI, tmp_path: Path) -> None:
     k8s_client.apply(render_job(_spec()), NS)
     sent = len(api.requests)
     assert "4 -> 2 trainer pod(s) (node range 1..4)" in k8s_client.scale_job("dp", NS, 2)
@@ -141,34 +181,60 @@ def test_k8s_scale_patches_parallelism_within_the_node_range(api: FakeAPI,
     assert len(api.requests) == sent + 2  # one read, one patch
 
     for bad in (0, 5):  # outside MIN..MAX: refused before any change is sent
-        with pytest.raises(ConfigError, match=rf"^N: {bad} is outside job 'dp''s node range "
-                                              r"1\.\.4 \(--nnodes 1:4\)"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^N: {bad} is outside job 'dp''s node range "
+            r"1\.\.4 \(--nnodes 1:4\)",
+        ):
             k8s_client.scale_job("dp", NS, bad)
-    assert [m for m, _, _ in api.requests[sent + 2:]] == ["GET", "GET"]
+    assert [m for m, _, _ in api.requests[sent + 2 :]] == ["GET", "GET"]
     with pytest.raises(LaunchError, match="no job 'nope' in namespace ml"):
         k8s_client.scale_job("nope", NS, 2)
-    fixed = build_spec({"name": "fixed", "scheduler": "k8s", "k8s": {"namespace": NS},
-                        "entrypoint": {"script": "examples/dp/train.py"}})
+    fixed = build_spec(
+        {
+            "name": "fixed",
+            "scheduler": "k8s",
+            "k8s": {"namespace": NS},
+            "entrypoint": {"script": "examples/dp/train.py"},
+        }
+    )
     k8s_client.apply(render_job(fixed), NS)
     with pytest.raises(ConfigError, match="job 'fixed' is not an elastic job"):
         k8s_client.scale_job("fixed", NS, 2)
 
     # the command line: exit 2 and the message for a bad N, the new count otherwise
     env = {**base_env(), "KUBECONFIG": os.environ["KUBECONFIG"]}
-    bad = subprocess.run(fleetrun_cmd("k8s", "scale", "dp", "7", "-n", NS), env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        fleetrun_cmd("k8s", "scale", "dp", "7", "-n", NS),
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "7 is outside job 'dp''s node range 1..4" in bad.stderr
-    good = subprocess.run(fleetrun_cmd("k8s", "scale", "dp", "3", "-n", NS), env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    good = subprocess.run(
+        fleetrun_cmd("k8s", "scale", "dp", "3", "-n", NS),
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert good.returncode == 0 and "2 -> 3 trainer pod(s)" in good.stdout, good.stderr
 
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[str]:
     """A local etcd (scripts/etcd.sh: private data dir, free port); its endpoint."""
-    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "etcd.sh"), str(tmp_path / "etcd")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**base_env(), "PYTHON": sys.executable})
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "scripts" / "etcd.sh"), str(tmp_path / "etcd")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**base_env(), "PYTHON": sys.executable},
+    )
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.startswith("ETCD_ENDPOINT="):
@@ -198,10 +264,23 @@ def test_elastic_pods_run_locally_meet_at_etcd_and_train(tmp_path: Path, etcd: s
         # MIN = MAX = 2: the first round waits for both pods (with MIN 1 a pod started late
         # could find the job already finished by the other)
         sizes={"nnodes": "2:2"},
-        entrypoint={"script": "examples/dp/train.py",
-                    "args": ["--elastic", "--ckpt_dir", str(ckpt), "--steps", "20",
-                             "--save_every", "10", "--log_every", "10"]},
-        backend="gloo", log_dir=str(tmp_path / "log"), env={"OMP_NUM_THREADS": "1"},
+        entrypoint={
+            "script": "examples/dp/train.py",
+            "args": [
+                "--elastic",
+                "--ckpt_dir",
+                str(ckpt),
+                "--steps",
+                "20",
+                "--save_every",
+                "10",
+                "--log_every",
+                "10",
+            ],
+        },
+        backend="gloo",
+        log_dir=str(tmp_path / "log"),
+        env={"OMP_NUM_THREADS": "1"},
         rendezvous={"timeout_s": 120},
     )
     objs = render_job(spec)

@@ -56,10 +56,28 @@ def cluster() -> Iterator[str]:
     port = find_free_port()
     log = open(os.path.join(temp, "head.log"), "wb")  # noqa: SIM115 - closed below
     head = subprocess.Popen(
-        [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-         "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats",
-         "--temp-dir", temp], env=_env(), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [
+            RAY,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "2",
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+            "--temp-dir",
+            temp,
+        ],
+        env=_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -91,36 +109,71 @@ def _steps(out: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(420)
-def test_actor_lost_job_reforms_with_what_it_places_then_grows(cluster: str,
-                                                                tmp_path: Path) -> None:
+def test_actor_lost_job_reforms_with_what_it_places_then_grows(
+    cluster: str, tmp_path: Path
+) -> None:
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    hold = subprocess.Popen([sys.executable, HOLD, cluster, "1"], env=_env(), text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=open(tmp_path / "hold.err", "w"),  # noqa: SIM115
-                            start_new_session=True)
+    hold = subprocess.Popen(
+        [sys.executable, HOLD, cluster, "1"],
+        env=_env(),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "hold.err", "w"),  # noqa: SIM115
+        start_new_session=True,
+    )
     p = None
     pids: list[int] = []
     try:
         assert hold.stdout is not None and hold.stdin is not None
         assert hold.stdout.readline().strip() == "HOLDING", (  # 1 of the 2 CPUs is taken
-            (tmp_path / "hold.err").read_text())
+            (tmp_path / "hold.err").read_text()
+        )
         job = tmp_path / "job.yaml"
-        job.write_text(yaml.safe_dump({
-            "name": "elastic-ray", "scheduler": "ray",
-            "entrypoint": {"script": SCRIPT, "args": ["--out", str(out), "--ckpt", str(ckpt),
-                                                      "--steps", "20", "--hold_step", "10"]},
-            "sizes": {"nnodes": "1:2"}, "elastic": {"standalone": True}, "max_restarts": 1,
-            "log_dir": str(tmp_path / "log"), "grace_period_s": 2.0, "tee": "all",
-            "resources": {"trainer": {"cpu": 1, "memory": "256Mi"}},
-            "ray": {"address": cluster, "placement_timeout_s": 90},
-            "env": {"OMP_NUM_THREADS": "1"},
-        }))
+        job.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "elastic-ray",
+                    "scheduler": "ray",
+                    "entrypoint": {
+                        "script": SCRIPT,
+                        "args": [
+                            "--out",
+                            str(out),
+                            "--ckpt",
+                            str(ckpt),
+                            "--steps",
+                            "20",
+                            "--hold_step",
+                            "10",
+                        ],
+                    },
+                    "sizes": {"nnodes": "1:2"},
+                    "elastic": {"standalone": True},
+                    "max_restarts": 1,
+                    "log_dir": str(tmp_path / "log"),
+                    "grace_period_s": 2.0,
+                    "tee": "all",
+                    "resources": {"trainer": {"cpu": 1, "memory": "256Mi"}},
+                    "ray": {"address": cluster, "placement_timeout_s": 90},
+                    "env": {"OMP_NUM_THREADS": "1"},
+                }
+            )
+        )
         p = start_fleetrun("-c", str(job))
 
         def trained(round_no: int, world: int, n: int) -> bool:
             assert p is not None and p.poll() is None, p.communicate()
-            return len([r for r in _steps(out) if r["rank"] == 0 and r["round"] == round_no
-                        and r["world"] == world]) >= n
+            return (
+                len(
+                    [
+                        r
+                        for r in _steps(out)
+                        if r["rank"] == 0 and r["round"] == round_no and r["world"] == world
+                    ]
+                )
+                >= n
+            )
 
         # (a rank at world size 1 holds at step 10 until the launcher re-forms the job)
         wait_for(lambda: trained(0, 1, 4), 180, "4 steps of round 0 at world size 1")
@@ -128,8 +181,11 @@ def test_actor_lost_job_reforms_with_what_it_places_then_grows(cluster: str,
         actor = psutil.Process(json.loads((out / "proc.rank0.round0.json").read_text())["ppid"])
         assert "ProcessActor" in " ".join(actor.cmdline()), actor.cmdline()
         actor.kill()  # as when its node dies: the actor and its trainer are gone
-        wait_for(lambda: p.poll() is None and (out / "proc.rank0.round1.json").exists(), 180,
-                 "round 1 to start")
+        wait_for(
+            lambda: p.poll() is None and (out / "proc.rank0.round1.json").exists(),
+            180,
+            "round 1 to start",
+        )
         hold.stdin.write("release\n")
         hold.stdin.flush()
         assert hold.stdout.readline().strip() == "RELEASED"
@@ -148,8 +204,12 @@ def test_actor_lost_job_reforms_with_what_it_places_then_grows(cluster: str,
     pids += [json.loads(f.read_text())["pid"] for f in out.glob("proc.*.json")]
     assert p.returncode == 0, err
     procs = {f.name: json.loads(f.read_text())["world"] for f in out.glob("proc.*.json")}
-    assert procs == {"proc.rank0.round0.json": 1, "proc.rank0.round1.json": 1,
-                     "proc.rank0.round2.json": 2, "proc.rank1.round2.json": 2}, procs
+    assert procs == {
+        "proc.rank0.round0.json": 1,
+        "proc.rank0.round1.json": 1,
+        "proc.rank0.round2.json": 2,
+        "proc.rank1.round2.json": 2,
+    }, procs
     rank0 = [r for r in _steps(out) if r["rank"] == 0]
     assert rank0[-1] == {"step": 20, "world": 2, "round": 2, "rank": 0}
     for prev, cur in zip(rank0, rank0[1:]):
@@ -167,8 +227,13 @@ def test_actor_lost_job_reforms_with_what_it_places_then_grows(cluster: str,
     while live_pids(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not live_pids(pids), f"orphans: {live_pids(pids)}"
-    r = subprocess.run([sys.executable, STATE, cluster], capture_output=True, text=True,
-                       timeout=90, env=_env(), check=False)
+    r = subprocess.run(
+        [sys.executable, STATE, cluster],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=_env(),
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"actors": [],
-                                                              "placement_groups": []}
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"actors": [], "placement_groups": []}

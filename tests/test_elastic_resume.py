@@ -39,13 +39,26 @@ def _reference(tmp_path: Path) -> dict[str, torch.Tensor]:
 
 
 def _job(tmp_path: Path, world: int, mode: str, tag: str, stop_at: int | None = None) -> dict:
-    args = ["--mode", mode, "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
-            "--tag", tag, "--steps", str(STEPS), "--every", "4"]
+    args = [
+        "--mode",
+        mode,
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(tmp_path / "out"),
+        "--tag",
+        tag,
+        "--steps",
+        str(STEPS),
+        "--every",
+        "4",
+    ]
     if stop_at is not None:
         args += ["--stop_at", str(stop_at)]
     assert_all_ok(run_workers(SCRIPT, world, args, timeout=150, tmp_path=tmp_path))
-    recs = [json.loads((tmp_path / "out" / f"{tag}_rank{r}.json").read_text())
-            for r in range(world)]
+    recs = [
+        json.loads((tmp_path / "out" / f"{tag}_rank{r}.json").read_text()) for r in range(world)
+    ]
     assert all(rec["world"] == world for rec in recs)
     assert all(rec["resumed"] == recs[0]["resumed"] for rec in recs)
     return recs[0]
@@ -90,15 +103,13 @@ def test_sharding_stage1_at_2_resumes_as_stage2_at_3_then_unsharded(tmp_path: Pa
     _job(tmp_path, 2, "s1", "a", stop_at=10)  # saved at 4 and 8
     files = {p.name: p.stat().st_size for p in (tmp_path / "ckpt" / "step_00000008").iterdir()}
     assert files["__1_0.distcp"] > 0  # rank 1 owns (and writes) part of the Adam state
-    manifest = json.loads((tmp_path / "ckpt" / "step_00000008" / "fleet_manifest.json")
-                          .read_text())
+    manifest = json.loads((tmp_path / "ckpt" / "step_00000008" / "fleet_manifest.json").read_text())
     assert manifest["optimizer"]["sharding_stage"] == 1
     assert sorted(set(manifest["optimizer"]["owners"].values())) == [0, 1]
 
     second = _job(tmp_path, 3, "s2", "b", stop_at=19)  # 3 new owners of the state
     assert second["resumed"] == [8, 0, 192] and second["saved_world_size"] == 2
-    manifest = json.loads((tmp_path / "ckpt" / "step_00000016" / "fleet_manifest.json")
-                          .read_text())
+    manifest = json.loads((tmp_path / "ckpt" / "step_00000016" / "fleet_manifest.json").read_text())
     assert manifest["optimizer"]["sharding_stage"] == 2
     assert sorted(set(manifest["optimizer"]["owners"].values())) == [0, 1, 2]
 
@@ -123,7 +134,7 @@ def test_elastic_sampler_gives_the_same_global_batches_at_any_world_size() -> No
             s.set_epoch(3, offset)
             idx = list(s)
             per = global_batch // world
-            per_rank.append([idx[i:i + per] for i in range(0, len(idx) - per + 1, per)])
+            per_rank.append([idx[i : i + per] for i in range(0, len(idx) - per + 1, per)])
         n = min(len(b) for b in per_rank)
         return [sorted(sum((b[k] for b in per_rank), [])) for k in range(n)]
 
@@ -143,8 +154,10 @@ def test_bad_arguments_name_the_argument(tmp_path: Path) -> None:
 
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for kwargs, key in (({"every_steps": 0}, "every_steps"),
-                        ({"every_steps": 2, "keep": 0}, "keep")):
+    for kwargs, key in (
+        ({"every_steps": 0}, "every_steps"),
+        ({"every_steps": 2, "keep": 0}, "keep"),
+    ):
         with pytest.raises(ConfigError, match=f"^{key}: "):
             Checkpointer(model, opt, tmp_path, **kwargs)
     with pytest.raises(ConfigError, match="^offset: must be between 0 and the dataset's 10"):

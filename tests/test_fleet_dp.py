@@ -35,7 +35,10 @@ def _check_training(recs: list[dict]) -> None:
         assert rec["gm_grad_kept"] == [True, True, True, False] * 2
         # one all-reduce (one bucket) per update, none on the micro-steps in between
         assert rec["gm_reduce_counts"] == [0, 0, 0, 1, 1, 1, 1, 2]
-        assert "strategy.tensor_parallel" in rec["ni_model"] and "fleet.distributed_model" in rec["ni_model"]
+        assert (
+            "strategy.tensor_parallel" in rec["ni_model"]
+            and "fleet.distributed_model" in rec["ni_model"]
+        )
         assert "strategy.tensor_parallel" in rec["ni_optimizer"]
     assert recs[0]["dp_vs_reference"] < TOL
     assert recs[0]["gm_vs_reference"] < TOL
@@ -66,7 +69,11 @@ def test_world_1_launched_with_the_jobs_strategy_file(tmp_path: Path) -> None:
     strategy.write_text(yaml.safe_dump({"fuse_grad_size_in_MB": 16}))
     out = tmp_path / "out"
     results = run_workers(
-        FLEET_DP, 1, ["--out", str(out)], timeout=100, tmp_path=tmp_path,
+        FLEET_DP,
+        1,
+        ["--out", str(out)],
+        timeout=100,
+        tmp_path=tmp_path,
         extra_env={"FLEET_STRATEGY": str(strategy)},
     )
     assert_all_ok(results)
@@ -83,7 +90,11 @@ def test_plain_python_without_launcher_is_a_world_of_one(tmp_path: Path) -> None
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(FLEET_DP), "--out", str(out)],
-        env=base_env(), capture_output=True, text=True, timeout=100, check=False,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (rec,) = _records(out, 1)
@@ -95,10 +106,18 @@ def test_plain_python_without_launcher_is_a_world_of_one(tmp_path: Path) -> None
 @pytest.mark.timeout(120)
 def test_dp_example_loss_falls_on_two_ranks(tmp_path: Path) -> None:
     results = run_workers(
-        EXAMPLE, 2,
-        ["--steps", "80", "--log_every", "20",
-         "--strategy", str(REPO / "configs" / "strategy_dp.yaml")],
-        timeout=100, tmp_path=tmp_path,
+        EXAMPLE,
+        2,
+        [
+            "--steps",
+            "80",
+            "--log_every",
+            "20",
+            "--strategy",
+            str(REPO / "configs" / "strategy_dp.yaml"),
+        ],
+        timeout=100,
+        tmp_path=tmp_path,
     )
     assert_all_ok(results)
     pattern = re.compile(r"^step +\d+ .* loss ([0-9.]+)$", re.MULTILINE)

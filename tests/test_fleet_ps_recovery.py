@@ -18,10 +18,22 @@ SCRIPT = str(SCRIPTS / "fleet_ps_recovery.py")
 
 def _job(tmp_path: Path, name: str, servers: int, *args: str) -> list[dict]:
     out = tmp_path / name
-    r = run_fleetrun("--server_num", str(servers), "--worker_num", "2",
-                     "--log_dir", str(tmp_path / f"log_{name}"), SCRIPT, "--out", str(out),
-                     "--root", str(tmp_path / "ck"), *args,
-                     timeout=200, env={"FLEET_PS_CHECKPOINT_ROOT": str(tmp_path)})
+    r = run_fleetrun(
+        "--server_num",
+        str(servers),
+        "--worker_num",
+        "2",
+        "--log_dir",
+        str(tmp_path / f"log_{name}"),
+        SCRIPT,
+        "--out",
+        str(out),
+        "--root",
+        str(tmp_path / "ck"),
+        *args,
+        timeout=200,
+        env={"FLEET_PS_CHECKPOINT_ROOT": str(tmp_path)},
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
 

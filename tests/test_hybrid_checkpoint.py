@@ -21,17 +21,18 @@ TOL = 1e-5
 
 def _job(tmp_path: Path, world: int, *args: str) -> None:
     results = run_workers(
-        SCRIPT, world,
+        SCRIPT,
+        world,
         ["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), *args],
-        timeout=150, tmp_path=tmp_path,
+        timeout=150,
+        tmp_path=tmp_path,
     )
     assert_all_ok(results)
 
 
 def _loaded(tmp_path: Path, world: int, *layout: str) -> list[dict]:
     _job(tmp_path, world, "--mode", "load", *layout)
-    recs = [json.loads((tmp_path / "out" / f"load_rank{r}.json").read_text())
-            for r in range(world)]
+    recs = [json.loads((tmp_path / "out" / f"load_rank{r}.json").read_text()) for r in range(world)]
     for rec in recs:
         assert rec["load_err"] == 0.0, rec
         assert rec["continue_err"] < TOL, rec
@@ -44,8 +45,12 @@ def _loaded(tmp_path: Path, world: int, *layout: str) -> list[dict]:
 def test_saved_at_sharding2_loads_at_sharding1_dp2_and_other_stages(tmp_path: Path) -> None:
     _job(tmp_path, 2, "--mode", "save", "--sharding", "2", "--stage", "1")
     manifest = json.loads((tmp_path / "ckpt" / "fleet_manifest.json").read_text())
-    assert manifest["degrees"] == {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1,
-                                   "sharding_degree": 2}
+    assert manifest["degrees"] == {
+        "dp_degree": 1,
+        "mp_degree": 1,
+        "pp_degree": 1,
+        "sharding_degree": 2,
+    }
     optim = manifest["optimizer"]
     assert optim["class"] == "Adam" and optim["sharding_stage"] == 1
     assert sorted(set(optim["owners"].values())) == [0, 1]  # both ranks wrote a shard
@@ -77,24 +82,30 @@ TP_PP = SCRIPTS / "tp_pp_checkpoint.py"
 
 def _tp_pp(tmp_path: Path, world: int, mode: str, *layout: str) -> list[dict]:
     results = run_workers(
-        TP_PP, world,
-        ["--mode", mode, "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
-         *layout],
-        timeout=100, tmp_path=tmp_path,
+        TP_PP,
+        world,
+        ["--mode", mode, "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), *layout],
+        timeout=100,
+        tmp_path=tmp_path,
     )
     assert_all_ok(results)
     if mode == "save":
         return []
-    recs = [json.loads((tmp_path / "out" / f"load_rank{r}.json").read_text())
-            for r in range(world)]
+    recs = [json.loads((tmp_path / "out" / f"load_rank{r}.json").read_text()) for r in range(world)]
     for rec in recs:
         assert rec["param_err"] == 0.0 and rec["state_err"] == 0.0, rec
         assert rec["continue_err"] < TOL, rec
     return recs
 
 
-ALL_PARAMS = ["1.bias", "1.weight", "3.bias", "3.weight", "shared_layers.tied.bias",
-              "shared_layers.tied.weight"]
+ALL_PARAMS = [
+    "1.bias",
+    "1.weight",
+    "3.bias",
+    "3.weight",
+    "shared_layers.tied.bias",
+    "shared_layers.tied.weight",
+]
 
 
 @pytest.mark.timeout(200)
@@ -114,8 +125,12 @@ def test_saved_in_one_process_loads_at_mp2_and_at_pp2(tmp_path: Path) -> None:
 def test_mp2_x_pp2_loads_into_a_dense_process_and_at_mp2_x_sharding2(tmp_path: Path) -> None:
     _tp_pp(tmp_path, 4, "save", "--mp", "2", "--pp", "2")
     manifest = json.loads((tmp_path / "ckpt" / "fleet_manifest.json").read_text())
-    assert manifest["degrees"] == {"dp_degree": 1, "mp_degree": 2, "pp_degree": 2,
-                                   "sharding_degree": 1}
+    assert manifest["degrees"] == {
+        "dp_degree": 1,
+        "mp_degree": 2,
+        "pp_degree": 2,
+        "sharding_degree": 1,
+    }
     params = manifest["params"]
     assert sorted(params) == ALL_PARAMS  # no per-rank keys: global names and shapes
     assert sorted(manifest["optimizer"]["state_keys"]) == ALL_PARAMS  # both stages' state

@@ -28,10 +28,13 @@ def _run(tmp_path: Path, *args: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("layout", "wrapped", "sharded"), [
-    (["--dp", "2", "--mp", "2"], "DataParallel", False),
-    (["--sharding", "2", "--mp", "2", "--stage", "2"], "Sequential", True),
-])
+@pytest.mark.parametrize(
+    ("layout", "wrapped", "sharded"),
+    [
+        (["--dp", "2", "--mp", "2"], "DataParallel", False),
+        (["--sharding", "2", "--mp", "2", "--stage", "2"], "Sequential", True),
+    ],
+)
 @pytest.mark.timeout(220)
 def test_tensor_parallel_mlp_with_dp_or_sharding_equals_dense(
     tmp_path: Path, layout: list[str], wrapped: str, sharded: bool
@@ -63,17 +66,32 @@ def test_pipeline2_x_sharding2_equals_single_process(tmp_path: Path, stage: int)
 @pytest.mark.parametrize(
     ("settings", "error", "message"),
     [
-        ({"sharding": True}, ConfigError,
-         r"hybrid_configs.sharding_degree: strategy.sharding is on but .*sharding_degree is 1"),
-        ({"hybrid_configs": {"sharding_degree": 2}, "sharding_configs": {"sharding_degree": 4}},
-         ConfigError, r"sharding_configs.sharding_degree=4 but hybrid_configs.sharding_degree=2"),
+        (
+            {"sharding": True},
+            ConfigError,
+            r"hybrid_configs.sharding_degree: strategy.sharding is on but .*sharding_degree is 1",
+        ),
+        (
+            {"hybrid_configs": {"sharding_degree": 2}, "sharding_configs": {"sharding_degree": 4}},
+            ConfigError,
+            r"sharding_configs.sharding_degree=4 but hybrid_configs.sharding_degree=2",
+        ),
         # (stage 3 with pp/mp, AMP O2 and float16 scaling with sharding: lifted by #15,
         # tests/test_strategy_hybrid_combos.py)
-        ({"pipeline": True}, ConfigError,
-         r"strategy.pipeline is on but hybrid_configs.pp_degree is 1"),
-        ({"hybrid_configs": {"pp_degree": 2}, "gradient_merge": True,
-          "gradient_merge_configs": {"k_steps": 2}},
-         FleetNotImplementedError, r"gradient_merge with pipeline parallelism.*accumulate_steps"),
+        (
+            {"pipeline": True},
+            ConfigError,
+            r"strategy.pipeline is on but hybrid_configs.pp_degree is 1",
+        ),
+        (
+            {
+                "hybrid_configs": {"pp_degree": 2},
+                "gradient_merge": True,
+                "gradient_merge_configs": {"k_steps": 2},
+            },
+            FleetNotImplementedError,
+            r"gradient_merge with pipeline parallelism.*accumulate_steps",
+        ),
     ],
 )
 @pytest.mark.timeout(60)
@@ -85,5 +103,3 @@ def test_unsupported_combinations_name_both_features_and_the_fix(
         check_composition(s)
     with pytest.raises(error, match=message):  # refused at fleet.init, before any process group
         fleet.init(is_collective=True, strategy=s)
-
-

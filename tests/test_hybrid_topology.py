@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from collective.errors import ConfigError, FleetError
+from fleet.base.topology import HYBRID_AXES, CommunicateTopology, build_topology
 from fleet.strategy import DistributedStrategy
 from fleet.strategy.configs import HybridConfig
-from fleet.base.topology import HYBRID_AXES, CommunicateTopology, build_topology
 
 
 @pytest.fixture
@@ -56,8 +56,11 @@ def test_dp2_mp2_matches_the_tp_fixture_layout() -> None:
 
 @pytest.mark.timeout(10)
 def test_bad_topologies_and_queries_raise_config_error(topo: CommunicateTopology) -> None:
-    with pytest.raises(ConfigError, match=r"dp_degree\(3\) \* mp_degree\(2\) \* pp_degree\(1\) "
-                       r"\* sharding_degree\(1\) must equal the world size 4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"dp_degree\(3\) \* mp_degree\(2\) \* pp_degree\(1\) "
+        r"\* sharding_degree\(1\) must equal the world size 4",
+    ):
         build_topology(HybridConfig(dp_degree=3, mp_degree=2), 4)
     with pytest.raises(ConfigError, match=r"mp_degree\(3\) .* world size 4; set dp_degree"):
         build_topology(HybridConfig(mp_degree=3), 4)
@@ -85,8 +88,10 @@ def test_fleet_init_checks_the_equation_for_every_axis(monkeypatch) -> None:
         fleet.get_hybrid_communicate_group()
     # mp_degree is accepted, but 2 ranks do not fit a world of one
     with pytest.raises(ConfigError, match=r"mp_degree\(2\) .* must equal the world size 1"):
-        fleet.init(is_collective=True, strategy=DistributedStrategy.from_dict(
-            {"hybrid_configs": {"mp_degree": 2}}))
+        fleet.init(
+            is_collective=True,
+            strategy=DistributedStrategy.from_dict({"hybrid_configs": {"mp_degree": 2}}),
+        )
     for axis in ("pp_degree", "sharding_degree"):  # landed: only the equation can fail
         s = DistributedStrategy.from_dict({"hybrid_configs": {"mp_degree": 2, axis: 2}})
         with pytest.raises(ConfigError, match=rf"{axis}\(2\).* must equal the world size 1"):

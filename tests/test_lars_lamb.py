@@ -10,8 +10,8 @@ import torch
 
 from collective.errors import ConfigError
 from fleet.meta_optimizers.lars_lamb import LAMB, LARS
-from fleet.strategy import DistributedStrategy
 from fleet.parallelize.features import wrap_optimizer_features
+from fleet.strategy import DistributedStrategy
 
 STEPS = 5
 
@@ -42,7 +42,9 @@ def _lars_numpy(ps, lr, mu, coeff, wd, eps, excluded):
         for i, g in enumerate(_grads(step)):
             w = 0.0 if excluded[i] else wd
             pn, gn = _norm(ps[i]), _norm(g)
-            local_lr = lr * coeff * pn / (gn + w * pn + eps) if (w > 0 and pn > 0 and gn > 0) else lr
+            local_lr = (
+                lr * coeff * pn / (gn + w * pn + eps) if (w > 0 and pn > 0 and gn > 0) else lr
+            )
             vs[i] = mu * vs[i] + local_lr * (g + w * ps[i])
             ps[i] = ps[i] - vs[i]
         out.append([p.copy() for p in ps])
@@ -90,14 +92,22 @@ def _assert_close(ours, ref) -> None:
 def test_lars_matches_the_lars_momentum_formula(exclude) -> None:
     named = _params()
     init = [p.detach().numpy().copy() for _, p in named]
-    opt = LARS(named, lr=0.1, momentum=0.9, lars_coeff=0.01, lars_weight_decay=0.001,
-               epsilon=1e-8, exclude_from_weight_decay=exclude)
+    opt = LARS(
+        named,
+        lr=0.1,
+        momentum=0.9,
+        lars_coeff=0.01,
+        lars_weight_decay=0.001,
+        epsilon=1e-8,
+        exclude_from_weight_decay=exclude,
+    )
     ours = _run(opt, [p for _, p in named])
     excluded = [any(e in n for e in exclude) for n, _ in named]
     _assert_close(ours, _lars_numpy(init, 0.1, 0.9, 0.01, 0.001, 1e-8, excluded))
     # the trust ratio really scales the step: it differs from plain momentum SGD
-    assert not np.allclose(ours[0][0], _lars_numpy(init, 0.1, 0.9, 0.01, 0.0, 1e-8,
-                                                   [True] * 3)[0][0])
+    assert not np.allclose(
+        ours[0][0], _lars_numpy(init, 0.1, 0.9, 0.01, 0.0, 1e-8, [True] * 3)[0][0]
+    )
 
 
 @pytest.mark.timeout(30)
@@ -105,8 +115,14 @@ def test_lars_matches_the_lars_momentum_formula(exclude) -> None:
 def test_lamb_matches_the_published_update_with_bias_correction(exclude) -> None:
     named = _params()
     init = [p.detach().numpy().copy() for _, p in named]
-    opt = LAMB(named, lr=0.01, betas=(0.9, 0.99), eps=1e-6, lamb_weight_decay=0.02,
-               exclude_from_weight_decay=exclude)
+    opt = LAMB(
+        named,
+        lr=0.01,
+        betas=(0.9, 0.99),
+        eps=1e-6,
+        lamb_weight_decay=0.02,
+        exclude_from_weight_decay=exclude,
+    )
     ours = _run(opt, [p for _, p in named])
     excluded = [any(e in n for e in exclude) for n, _ in named]
     _assert_close(ours, _lamb_numpy(init, 0.01, 0.9, 0.99, 1e-6, 0.02, excluded))
@@ -117,8 +133,9 @@ def test_names_from_the_fleet_name_attribute_and_state_dict_round_trip() -> None
     named = _params()
     for name, p in named:
         p.fleet_name = name
-    opt = LAMB([p for _, p in named], lr=0.01, lamb_weight_decay=0.1,
-               exclude_from_weight_decay=("bias",))
+    opt = LAMB(
+        [p for _, p in named], lr=0.01, lamb_weight_decay=0.1, exclude_from_weight_decay=("bias",)
+    )
     assert [opt.excluded(p, ("bias",)) for _, p in named] == [False, True, False]
     _run(opt, [p for _, p in named])
     again = LAMB([p for _, p in named], lr=0.01)
@@ -137,19 +154,25 @@ def test_strategy_swaps_momentum_for_lars_and_adam_for_lamb() -> None:
     assert lars.param_groups[0]["lars_coeff"] == 0.002
     s = DistributedStrategy(lamb=True)
     s.lamb_configs = {"lamb_weight_decay": 0.03}
-    lamb = wrap_optimizer_features(torch.optim.Adam(model.parameters(), lr=0.2, betas=(0.8, 0.9),
-                                                    eps=1e-5), s)
+    lamb = wrap_optimizer_features(
+        torch.optim.Adam(model.parameters(), lr=0.2, betas=(0.8, 0.9), eps=1e-5), s
+    )
     assert isinstance(lamb, LAMB)
     g = lamb.param_groups[0]
     assert (g["lr"], g["betas"], g["eps"], g["lamb_weight_decay"]) == (0.2, (0.8, 0.9), 1e-5, 0.03)
     with pytest.raises(ConfigError, match="LARS wraps a momentum SGD"):
-        wrap_optimizer_features(torch.optim.Adam(model.parameters()), DistributedStrategy(lars=True))
+        wrap_optimizer_features(
+            torch.optim.Adam(model.parameters()), DistributedStrategy(lars=True)
+        )
     with pytest.raises(ConfigError, match="LAMB wraps an Adam"):
-        wrap_optimizer_features(torch.optim.SGD(model.parameters(), lr=0.1),
-                                DistributedStrategy(lamb=True))
+        wrap_optimizer_features(
+            torch.optim.SGD(model.parameters(), lr=0.1), DistributedStrategy(lamb=True)
+        )
     with pytest.raises(ConfigError, match="both"):
-        wrap_optimizer_features(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                DistributedStrategy(lars=True, lamb=True))
+        wrap_optimizer_features(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            DistributedStrategy(lars=True, lamb=True),
+        )
 
 
 @pytest.mark.timeout(30)

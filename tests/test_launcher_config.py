@@ -24,7 +24,9 @@ def _job(tmp_path: Path, text: str) -> str:
 
 # -- pure: the spec ---------------------------------------------------------------------------
 def test_spec_defaults_and_roundtrip() -> None:
-    spec = build_spec({"entrypoint": {"script": "t.py", "args": ["--x", 1]}, "sizes": {"nproc_per_node": 2}})
+    spec = build_spec(
+        {"entrypoint": {"script": "t.py", "args": ["--x", 1]}, "sizes": {"nproc_per_node": 2}}
+    )
     assert spec.sizes.nproc_per_node == 2 and spec.entrypoint.args == ("--x", "1")
     assert spec.mode is Mode.COLLECTIVE and spec.tee is Tee.RANK0 and spec.world_size == 2
     assert build_spec(spec_to_dict(spec)) == spec
@@ -60,14 +62,36 @@ def test_restart_decision_is_plain_data() -> None:
 
 
 def _failure(rank: int, t: float, msg: str = "ValueError: x", desc: str = "exit code 1") -> Failure:
-    return Failure("trainer", rank, rank, 0, "h", 100 + rank, desc, t, 0, f"log/workerlog.{rank}",
-                   "e.json" if msg else None, msg, "Traceback...\n  boom\n" + msg if msg else "")
+    return Failure(
+        "trainer",
+        rank,
+        rank,
+        0,
+        "h",
+        100 + rank,
+        desc,
+        t,
+        0,
+        f"log/workerlog.{rank}",
+        "e.json" if msg else None,
+        msg,
+        "Traceback...\n  boom\n" + msg if msg else "",
+    )
 
 
 def test_summary_groups_identical_failures_root_first() -> None:
     text = format_summary(
-        "j", [_failure(3, 3.0), _failure(1, 1.0), _failure(2, 2.0), _failure(5, 4.0, "", "signal SIGKILL (9)")],
-        [("trainer", 0)], "log", 0, 0,
+        "j",
+        [
+            _failure(3, 3.0),
+            _failure(1, 1.0),
+            _failure(2, 2.0),
+            _failure(5, 4.0, "", "signal SIGKILL (9)"),
+        ],
+        [("trainer", 0)],
+        "log",
+        0,
+        0,
     )
     lines = text.splitlines()
     assert lines[1] == "Root cause (first observed failure):"
@@ -81,16 +105,25 @@ def test_summary_groups_identical_failures_root_first() -> None:
 @pytest.mark.timeout(60)
 def test_job_file_with_cli_and_env_overrides(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    job = _job(tmp_path, f"""
+    job = _job(
+        tmp_path,
+        f"""
 name: cfgtest
 entrypoint: {{script: {WORKER}, args: ["--out", "{out}"]}}
 sizes: {{nproc_per_node: 3}}
-log_dir: {tmp_path / 'log'}
+log_dir: {tmp_path / "log"}
 env: {{MY_FLAG: hello}}
 max_restarts: 1
-""")
+""",
+    )
     # env overrides the file (3 -> 2); a flag overrides env for max_restarts
-    r = run_fleetrun("-c", job, "--max_restarts", "0", env={"FLEETRUN_NPROC_PER_NODE": "2", "FLEETRUN_MAX_RESTARTS": "5"})
+    r = run_fleetrun(
+        "-c",
+        job,
+        "--max_restarts",
+        "0",
+        env={"FLEETRUN_NPROC_PER_NODE": "2", "FLEETRUN_MAX_RESTARTS": "5"},
+    )
     assert r.returncode == 0, r.stderr
     recs = sorted(out.glob("rank*.json"))
     assert len(recs) == 2
@@ -112,7 +145,9 @@ def test_bad_yaml_key_exits_2_naming_it(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_bad_flag_values(tmp_path: Path) -> None:
     r = run_fleetrun("--nproc_per_node", "zero", WORKER)
-    assert r.returncode == 2 and "sizes.nproc_per_node" in r.stderr and "--nproc_per_node" in r.stderr
+    assert (
+        r.returncode == 2 and "sizes.nproc_per_node" in r.stderr and "--nproc_per_node" in r.stderr
+    )
     r = run_fleetrun("--nproc_per_nod", "2", WORKER)
     assert r.returncode == 2 and "No such option '--nproc_per_nod'" in r.stderr
     r = run_fleetrun("--backend", "mpi", WORKER)
@@ -133,7 +168,22 @@ def test_bad_flag_values(tmp_path: Path) -> None:
 def test_help_documents_every_option() -> None:
     r = run_fleetrun("--help")
     assert r.returncode == 0
-    for opt in ["--nproc_per_node", "--nproc-per-node", "--nnodes", "--node_rank", "--master_addr",
-                "--master_port", "--ips", "--backend", "--log_dir", "--max_restarts", "--run_id",
-                "-c, --config", "--tee", "-m, --module", "Examples:", "FLEETRUN_"]:
+    for opt in [
+        "--nproc_per_node",
+        "--nproc-per-node",
+        "--nnodes",
+        "--node_rank",
+        "--master_addr",
+        "--master_port",
+        "--ips",
+        "--backend",
+        "--log_dir",
+        "--max_restarts",
+        "--run_id",
+        "-c, --config",
+        "--tee",
+        "-m, --module",
+        "Examples:",
+        "FLEETRUN_",
+    ]:
         assert opt in r.stdout, opt

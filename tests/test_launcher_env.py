@@ -61,8 +61,17 @@ def test_both_env_families_and_logs(tmp_path: Path) -> None:
 def test_tee_all_prefixes_ranks_and_module_mode(tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = run_fleetrun(
-        "--nproc-per-node", "2", "--log-dir", str(tmp_path / "log"), "--tee", "all",
-        "-m", "launcher_worker", "--out", str(out), cwd=SCRIPTS,
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        str(tmp_path / "log"),
+        "--tee",
+        "all",
+        "-m",
+        "launcher_worker",
+        "--out",
+        str(out),
+        cwd=SCRIPTS,
     )
     assert r.returncode == 0, r.stderr
     assert "[rank 0] worker rank 0 done" in r.stdout and "[rank 1] worker rank 1 done" in r.stdout
@@ -78,7 +87,9 @@ def test_worker_env_parses_back(tmp_path: Path) -> None:
         "e = read_worker_env()\n"
         "print('PARSED', e.rank, e.world_size, e.local_rank, e.launched, e.current_endpoint, flush=True)\n"
     )
-    r = run_fleetrun("--nproc_per_node", "2", "--tee", "all", "--log_dir", str(tmp_path / "l"), str(script))
+    r = run_fleetrun(
+        "--nproc_per_node", "2", "--tee", "all", "--log_dir", str(tmp_path / "l"), str(script)
+    )
     assert r.returncode == 0, r.stderr
     assert "PARSED 0 2 0 True 127.0.0.1:" in r.stdout and "PARSED 1 2 1 True 127.0.0.1:" in r.stdout
 
@@ -86,8 +97,14 @@ def test_worker_env_parses_back(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_torchrun_script_runs_unchanged(tmp_path: Path) -> None:
     r = run_fleetrun(
-        "--nproc_per_node", "2", "--tee", "all", "--log_dir", str(tmp_path / "log"),
-        str(SCRIPTS / "torchrun_ddp.py"), timeout=100,
+        "--nproc_per_node",
+        "2",
+        "--tee",
+        "all",
+        "--log_dir",
+        str(tmp_path / "log"),
+        str(SCRIPTS / "torchrun_ddp.py"),
+        timeout=100,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[rank 0] TORCHRUN_OK rank=0 world=2" in r.stdout
@@ -98,8 +115,15 @@ def test_torchrun_script_runs_unchanged(tmp_path: Path) -> None:
 def test_two_jobs_at_once_get_their_own_ports(tmp_path: Path) -> None:
     jobs = [
         start_fleetrun(
-            "--nproc_per_node", "2", "--log_dir", str(tmp_path / f"log{i}"),
-            WORKER, "--out", str(tmp_path / f"out{i}"), "--delay", "0",
+            "--nproc_per_node",
+            "2",
+            "--log_dir",
+            str(tmp_path / f"log{i}"),
+            WORKER,
+            "--out",
+            str(tmp_path / f"out{i}"),
+            "--delay",
+            "0",
         )
         for i in range(2)
     ]
@@ -116,7 +140,9 @@ def test_busy_explicit_port_is_named(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = run_fleetrun("--master_port", str(port), "--log_dir", str(tmp_path), WORKER, "--out", str(tmp_path))
+        r = run_fleetrun(
+            "--master_port", str(port), "--log_dir", str(tmp_path), WORKER, "--out", str(tmp_path)
+        )
     assert r.returncode == 1
     assert f"master port {port} on 127.0.0.1 is busy" in r.stderr
 
@@ -127,8 +153,17 @@ def test_explicit_port_is_used(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "out"
-    r = run_fleetrun("--master_port", str(port), "--nproc_per_node", "2", "--log_dir", str(tmp_path / "l"),
-                     WORKER, "--out", str(out))
+    r = run_fleetrun(
+        "--master_port",
+        str(port),
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(tmp_path / "l"),
+        WORKER,
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert {rec["env"]["MASTER_PORT"] for rec in _records(out).values()} == {str(port)}
 
@@ -138,7 +173,21 @@ def test_console_script_and_python_m_agree(tmp_path: Path) -> None:
     exe = Path(sys.executable).parent / "fleetrun"
     if not exe.exists():
         pytest.skip("console script not installed in this environment")
-    a = subprocess.run([str(exe), "--help"], capture_output=True, text=True, env=base_env(), timeout=30, check=False)
-    b = subprocess.run(fleetrun_cmd("--help"), capture_output=True, text=True, env=base_env(), timeout=30, check=False)
+    a = subprocess.run(
+        [str(exe), "--help"],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        timeout=30,
+        check=False,
+    )
+    b = subprocess.run(
+        fleetrun_cmd("--help"),
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        timeout=30,
+        check=False,
+    )
     assert a.returncode == b.returncode == 0
     assert a.stdout.replace("fleetrun", "") == b.stdout.replace("fleetrun", "")

@@ -27,7 +27,9 @@ def _pids(out: Path) -> list[int]:
 def _wait_files(out: Path, n: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while len(list(out.glob("rank*.json"))) < n:
-        assert time.monotonic() < deadline, f"only {len(list(out.glob('rank*.json')))} of {n} workers started"
+        assert time.monotonic() < deadline, (
+            f"only {len(list(out.glob('rank*.json')))} of {n} workers started"
+        )
         time.sleep(0.05)
 
 
@@ -36,8 +38,17 @@ def test_exception_is_root_cause_and_hung_ranks_are_killed(tmp_path: Path) -> No
     out, logs = tmp_path / "out", tmp_path / "log"
     t0 = time.monotonic()
     r = run_fleetrun(
-        "--nproc_per_node", "3", "--log_dir", str(logs),
-        WORKER, "--out", str(out), "--fail_ranks", "1", "--hang", "--grandchild",
+        "--nproc_per_node",
+        "3",
+        "--log_dir",
+        str(logs),
+        WORKER,
+        "--out",
+        str(out),
+        "--fail_ranks",
+        "1",
+        "--hang",
+        "--grandchild",
     )
     elapsed = time.monotonic() - t0
     assert r.returncode == 1
@@ -56,8 +67,18 @@ def test_exception_is_root_cause_and_hung_ranks_are_killed(tmp_path: Path) -> No
 @pytest.mark.timeout(60)
 def test_sigkill_is_named_and_log_tail_shown(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    r = run_fleetrun("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
-                     WORKER, "--out", str(out), "--sigkill_ranks", "1", "--hang")
+    r = run_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(tmp_path / "log"),
+        WORKER,
+        "--out",
+        str(out),
+        "--sigkill_ranks",
+        "1",
+        "--hang",
+    )
     assert r.returncode == 1
     assert "exit     : signal SIGKILL (9)" in r.stderr
     assert "about to SIGKILL myself" in r.stderr  # from the log tail: no error file for a signal
@@ -67,8 +88,21 @@ def test_sigkill_is_named_and_log_tail_shown(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_ignoring_sigterm_still_gets_killed(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    r = run_fleetrun("--nproc_per_node", "2", "--grace_period", "1", "--log_dir", str(tmp_path / "log"),
-                     WORKER, "--out", str(out), "--exit_code_ranks", "1", "--hang", "--ignore_sigterm")
+    r = run_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--grace_period",
+        "1",
+        "--log_dir",
+        str(tmp_path / "log"),
+        WORKER,
+        "--out",
+        str(out),
+        "--exit_code_ranks",
+        "1",
+        "--hang",
+        "--ignore_sigterm",
+    )
     assert r.returncode == 1
     assert "exit     : exit code 3" in r.stderr
     assert not live_pids(_pids(out))
@@ -77,8 +111,23 @@ def test_ignoring_sigterm_still_gets_killed(tmp_path: Path) -> None:
 @pytest.mark.timeout(90)
 def test_restarts_until_success(tmp_path: Path) -> None:
     out, logs = tmp_path / "out", tmp_path / "log"
-    r = run_fleetrun("--nproc_per_node", "2", "--max_restarts", "3", "--log_dir", str(logs),
-                     WORKER, "--out", str(out), "--fail_ranks", "0", "--fail_attempts", "2", "--delay", "0")
+    r = run_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "3",
+        "--log_dir",
+        str(logs),
+        WORKER,
+        "--out",
+        str(out),
+        "--fail_ranks",
+        "0",
+        "--fail_attempts",
+        "2",
+        "--delay",
+        "0",
+    )
     assert r.returncode == 0, r.stderr
     assert "restarting the job (restart 1 of 3)" in r.stderr
     assert "restarting the job (restart 2 of 3)" in r.stderr
@@ -92,8 +141,21 @@ def test_restarts_until_success(tmp_path: Path) -> None:
 @pytest.mark.timeout(90)
 def test_restart_budget_exhausted(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    r = run_fleetrun("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(tmp_path / "log"),
-                     WORKER, "--out", str(out), "--exit_code_ranks", "1", "--delay", "0")
+    r = run_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "1",
+        "--log_dir",
+        str(tmp_path / "log"),
+        WORKER,
+        "--out",
+        str(out),
+        "--exit_code_ranks",
+        "1",
+        "--delay",
+        "0",
+    )
     assert r.returncode == 1
     assert "(attempt 1, restarts used 1/1)" in r.stderr
     assert "Earlier attempts: attempt 0: rank 1 exit code 3" in r.stderr
@@ -103,8 +165,17 @@ def test_restart_budget_exhausted(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_fleetrun_tears_everything_down(tmp_path: Path, sig: int, code: int) -> None:
     out = tmp_path / "out"
-    p = start_fleetrun("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
-                       WORKER, "--out", str(out), "--hang", "--grandchild")
+    p = start_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(tmp_path / "log"),
+        WORKER,
+        "--out",
+        str(out),
+        "--hang",
+        "--grandchild",
+    )
     _wait_files(out, 2)
     pids = _pids(out)
     assert len(live_pids(pids)) == 4
@@ -118,8 +189,16 @@ def test_signal_to_fleetrun_tears_everything_down(tmp_path: Path, sig: int, code
 @pytest.mark.timeout(60)
 def test_fleetrun_sigkilled_leaves_no_orphans(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    p = start_fleetrun("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
-                       WORKER, "--out", str(out), "--hang")
+    p = start_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(tmp_path / "log"),
+        WORKER,
+        "--out",
+        str(out),
+        "--hang",
+    )
     _wait_files(out, 2)
     pids = _pids(out)
     p.kill()  # SIGKILL: no handler runs; PR_SET_PDEATHSIG must take the workers down
@@ -138,10 +217,17 @@ def test_wait_any_returns_for_an_exit_it_is_first_to_see(tmp_path: Path) -> None
 
     from launcher.process import WorkerProcess, terminate_all, wait_any
 
-    quick = WorkerProcess([sys.executable, "-c", "pass"], dict(os.environ), str(tmp_path / "q"), None)
-    slow = WorkerProcess([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ),
-                         str(tmp_path / "s"), None)
+    quick = WorkerProcess(
+        [sys.executable, "-c", "pass"], dict(os.environ), str(tmp_path / "q"), None
+    )
+    slow = WorkerProcess(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        dict(os.environ),
+        str(tmp_path / "s"),
+        None,
+    )
     try:
+
         def zombie() -> bool:
             with open(f"/proc/{quick.pid}/stat") as f:
                 return f.read().rsplit(")", 1)[1].split()[0] == "Z"

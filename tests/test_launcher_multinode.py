@@ -22,9 +22,23 @@ def _nodes(tmp_path: Path, *extra: str, flags: tuple[str, ...] = ()) -> list[sub
     port = str(find_free_port())
     return [
         start_fleetrun(
-            "--nnodes", "2", "--node_rank", str(n), "--master_addr", "127.0.0.1", "--master_port", port,
-            "--nproc_per_node", "2", "--tee", "all", "--log_dir", str(tmp_path / f"node{n}"), *flags,
-            SCRIPT, *extra,
+            "--nnodes",
+            "2",
+            "--node_rank",
+            str(n),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            port,
+            "--nproc_per_node",
+            "2",
+            "--tee",
+            "all",
+            "--log_dir",
+            str(tmp_path / f"node{n}"),
+            *flags,
+            SCRIPT,
+            *extra,
         )
         for n in range(2)
     ]
@@ -58,13 +72,43 @@ def test_failure_on_one_node_stops_both_and_restart_budget_is_global(tmp_path: P
     # rank 3 (node 1) fails on every attempt; node 0 asks for 1 restart, node 1 for 5:
     # node 0's budget is the job's, so exactly attempts 0 and 1 run.
     port = str(find_free_port())
-    common = ["--nnodes", "2", "--master_addr", "127.0.0.1", "--master_port", port,
-              "--nproc_per_node", "2", "--tee", "all"]
+    common = [
+        "--nnodes",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        port,
+        "--nproc_per_node",
+        "2",
+        "--tee",
+        "all",
+    ]
     procs = [
-        start_fleetrun(*common, "--node_rank", "0", "--max_restarts", "1",
-                       "--log_dir", str(tmp_path / "n0"), SCRIPT, "--fail_rank", "3"),
-        start_fleetrun(*common, "--node_rank", "1", "--max_restarts", "5",
-                       "--log_dir", str(tmp_path / "n1"), SCRIPT, "--fail_rank", "3"),
+        start_fleetrun(
+            *common,
+            "--node_rank",
+            "0",
+            "--max_restarts",
+            "1",
+            "--log_dir",
+            str(tmp_path / "n0"),
+            SCRIPT,
+            "--fail_rank",
+            "3",
+        ),
+        start_fleetrun(
+            *common,
+            "--node_rank",
+            "1",
+            "--max_restarts",
+            "5",
+            "--log_dir",
+            str(tmp_path / "n1"),
+            SCRIPT,
+            "--fail_rank",
+            "3",
+        ),
     ]
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
     assert rc0 == 1 and rc1 == 1, err0 + err1
@@ -78,8 +122,20 @@ def test_failure_on_one_node_stops_both_and_restart_budget_is_global(tmp_path: P
 @pytest.mark.timeout(60)
 def test_node_that_never_arrives_is_named(tmp_path: Path) -> None:
     port = str(find_free_port())
-    r = run_fleetrun("--nnodes", "2", "--node_rank", "0", "--master_port", port, "--rdzv_timeout", "2",
-                     "--log_dir", str(tmp_path), SCRIPT, timeout=50)
+    r = run_fleetrun(
+        "--nnodes",
+        "2",
+        "--node_rank",
+        "0",
+        "--master_port",
+        port,
+        "--rdzv_timeout",
+        "2",
+        "--log_dir",
+        str(tmp_path),
+        SCRIPT,
+        timeout=50,
+    )
     assert r.returncode == 1
     assert "node(s) 1 of 2 never arrived within 2 s" in r.stderr
 
@@ -87,8 +143,20 @@ def test_node_that_never_arrives_is_named(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_worker_node_without_master_times_out(tmp_path: Path) -> None:
     port = str(find_free_port())
-    r = run_fleetrun("--nnodes", "2", "--node_rank", "1", "--master_port", port, "--rdzv_timeout", "2",
-                     "--log_dir", str(tmp_path), SCRIPT, timeout=50)
+    r = run_fleetrun(
+        "--nnodes",
+        "2",
+        "--node_rank",
+        "1",
+        "--master_port",
+        port,
+        "--rdzv_timeout",
+        "2",
+        "--log_dir",
+        str(tmp_path),
+        SCRIPT,
+        timeout=50,
+    )
     assert r.returncode == 1
     assert f"could not reach the master at 127.0.0.1:{port}" in r.stderr
 
@@ -97,8 +165,19 @@ def test_worker_node_without_master_times_out(tmp_path: Path) -> None:
 def test_paddle_style_ips(tmp_path: Path) -> None:
     port = str(find_free_port())
     procs = [
-        start_fleetrun("--ips", "127.0.0.1,127.0.0.1", "--node_rank", str(n), "--master_port", port,
-                       "--tee", "all", "--log_dir", str(tmp_path / f"n{n}"), SCRIPT)
+        start_fleetrun(
+            "--ips",
+            "127.0.0.1,127.0.0.1",
+            "--node_rank",
+            str(n),
+            "--master_port",
+            port,
+            "--tee",
+            "all",
+            "--log_dir",
+            str(tmp_path / f"n{n}"),
+            SCRIPT,
+        )
         for n in range(2)
     ]
     (rc0, _out0, err0), (rc1, out1, err1) = _finish(procs)
@@ -125,40 +204,75 @@ def test_shared_log_dir_keeps_each_nodes_files(tmp_path: Path) -> None:
     log, release = tmp_path / "log", tmp_path / "release"
     port = str(find_free_port())
     procs = [
-        start_fleetrun("--nnodes", "2", "--node_rank", str(n), "--master_addr", "127.0.0.1",
-                       "--master_port", port, "--nproc_per_node", "2", "--log_dir", str(log),
-                       "--job_name", "shared", TELEMETRY_JOB, "--steps", "5", "--hold_file", str(release))
+        start_fleetrun(
+            "--nnodes",
+            "2",
+            "--node_rank",
+            str(n),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            port,
+            "--nproc_per_node",
+            "2",
+            "--log_dir",
+            str(log),
+            "--job_name",
+            "shared",
+            TELEMETRY_JOB,
+            "--steps",
+            "5",
+            "--hold_file",
+            str(release),
+        )
         for n in range(2)
     ]
     try:
         for node in (0, 1):
-            wait_for(lambda node=node: (s := _node_state(log, node))["state"] == "running"
-                  and [p["state"] for p in s["processes"]] == ["up", "up"], 150,
-                  f"node {node} running")
+            wait_for(
+                lambda node=node: (
+                    (s := _node_state(log, node))["state"] == "running"
+                    and [p["state"] for p in s["processes"]] == ["up", "up"]
+                ),
+                150,
+                f"node {node} running",
+            )
         assert not (log / "job_state.json").exists() and not (log / "metrics_targets.json").exists()
         for node in (0, 1):
             ranks = [p["rank"] for p in _node_state(log, node)["processes"]]
             assert ranks == [2 * node, 2 * node + 1]  # each node's own processes
             targets = json.loads((log / f"metrics_targets.node{node}.json").read_text())
             assert sorted((g["labels"]["role"], g["labels"]["rank"]) for g in targets) == [
-                ("launcher", str(node)), ("trainer", str(2 * node)), ("trainer", str(2 * node + 1))]
-            assert (log / f"endpoints.node{node}.log").exists() and (log / f"job.node{node}.yaml").exists()
+                ("launcher", str(node)),
+                ("trainer", str(2 * node)),
+                ("trainer", str(2 * node + 1)),
+            ]
+            assert (log / f"endpoints.node{node}.log").exists() and (
+                log / f"job.node{node}.yaml"
+            ).exists()
         assert not (log / "endpoints.log").exists() and not (log / "job.yaml").exists()
 
         monitor = Monitor(DashboardConfig(log_dir=str(log), poll_interval_s=0.2))
         try:
-            wait_for(lambda: monitor.poll_once() or len(monitor.last_ok) >= 5, 60,
-                  "the dashboard scraping 4 trainers and a launcher")
+            wait_for(
+                lambda: monitor.poll_once() or len(monitor.last_ok) >= 5,
+                60,
+                "the dashboard scraping 4 trainers and a launcher",
+            )
             snap = monitor.snapshot()
             assert snap["job"]["state"] == "running" and snap["job_error"] is None
-            assert [(p["role"], p["rank"]) for p in snap["processes"]] == [("trainer", r) for r in range(4)]
+            assert [(p["role"], p["rank"]) for p in snap["processes"]] == [
+                ("trainer", r) for r in range(4)
+            ]
         finally:
             monitor.close()
 
         r = run_fleetrun("status", "--log_dir", str(log), timeout=60)
         assert r.returncode == 0, r.stderr
         rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  trainer")]
-        assert [(row[1], row[3]) for row in rows] == [(str(rank), "up") for rank in range(4)], r.stdout
+        assert [(row[1], row[3]) for row in rows] == [(str(rank), "up") for rank in range(4)], (
+            r.stdout
+        )
         assert "job 'shared' RUNNING" in r.stdout
         release.touch()
         results = _finish(procs, timeout=120)
@@ -186,15 +300,26 @@ def test_status_without_job_files_says_so(tmp_path: Path) -> None:
 def test_merge_of_node_states() -> None:
     """The merged job state: the worst node state, every process in rank order, the first
     failure summary; one node's file is returned as is."""
+
     def node(state: str, ranks: list[int], summary: str | None = None) -> dict[str, Any]:
-        return {"name": "j", "state": state, "attempt": 0, "restarts": 0, "max_restarts": 0,
-                "started_at": 1.0, "updated_at": 2.0, "launcher_metrics": f"h:{ranks[0]}",
-                "failure_summary": summary,
-                "processes": [{"role": "trainer", "rank": r, "state": "up"} for r in ranks]}
+        return {
+            "name": "j",
+            "state": state,
+            "attempt": 0,
+            "restarts": 0,
+            "max_restarts": 0,
+            "started_at": 1.0,
+            "updated_at": 2.0,
+            "launcher_metrics": f"h:{ranks[0]}",
+            "failure_summary": summary,
+            "processes": [{"role": "trainer", "rank": r, "state": "up"} for r in ranks],
+        }
 
     one = node("running", [0, 1])
     assert merge_job_states([one]) is one
-    merged = merge_job_states([node("succeeded", [2, 3]), node("failed", [0, 1], "Root cause: rank 1")])
+    merged = merge_job_states(
+        [node("succeeded", [2, 3]), node("failed", [0, 1], "Root cause: rank 1")]
+    )
     assert merged["state"] == "failed" and merged["failure_summary"] == "Root cause: rank 1"
     assert [p["rank"] for p in merged["processes"]] == [0, 1, 2, 3]
     assert merged["launchers"] == ["h:2", "h:0"]

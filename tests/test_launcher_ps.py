@@ -21,8 +21,19 @@ def _recs(out: Path) -> dict[str, dict]:
 @pytest.mark.timeout(60)
 def test_local_ps_job_env_logs_and_clean_stop(tmp_path: Path) -> None:
     out, logs = tmp_path / "out", tmp_path / "log"
-    r = run_fleetrun("--server_num", "2", "--worker_num", "3", "--log_dir", str(logs), "--tee", "all",
-                     SCRIPT, "--out", str(out))
+    r = run_fleetrun(
+        "--server_num",
+        "2",
+        "--worker_num",
+        "3",
+        "--log_dir",
+        str(logs),
+        "--tee",
+        "all",
+        SCRIPT,
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     recs = _recs(out)
     assert sorted(recs) == ["server0", "server1", "trainer0", "trainer1", "trainer2"]
@@ -54,7 +65,7 @@ entrypoint: {{script: {SCRIPT}, args: ["--out", "{out}", "--server_stays"]}}
 mode: ps
 sizes: {{server_num: 1, worker_num: 2}}
 ps: {{server_grace_s: 0.5}}
-log_dir: {tmp_path / 'log'}
+log_dir: {tmp_path / "log"}
 """)
     r = run_fleetrun("-c", str(job), timeout=45)  # below pytest's: a hang shows fleetrun's output
     assert r.returncode == 0, r.stderr
@@ -64,8 +75,21 @@ log_dir: {tmp_path / 'log'}
 @pytest.mark.timeout(60)
 def test_server_failure_is_the_named_root_cause(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    r = run_fleetrun("--server_num", "2", "--worker_num", "2", "--log_dir", str(tmp_path / "log"),
-                     SCRIPT, "--out", str(out), "--fail_server", "1", "--server_stays", timeout=45)
+    r = run_fleetrun(
+        "--server_num",
+        "2",
+        "--worker_num",
+        "2",
+        "--log_dir",
+        str(tmp_path / "log"),
+        SCRIPT,
+        "--out",
+        str(out),
+        "--fail_server",
+        "1",
+        "--server_stays",
+        timeout=45,
+    )
     assert r.returncode == 1
     assert "server   : rank 1" not in r.stderr
     assert "server   : index 1" in r.stderr
@@ -78,8 +102,21 @@ def test_server_failure_is_the_named_root_cause(tmp_path: Path) -> None:
 def test_trainer_failure_stops_servers(tmp_path: Path) -> None:
     out = tmp_path / "out"
     # fleetrun's own timeout below pytest's: a hang shows fleetrun's output (seen once in CI)
-    r = run_fleetrun("--server_num", "1", "--worker_num", "2", "--log_dir", str(tmp_path / "log"),
-                     SCRIPT, "--out", str(out), "--fail_trainer", "1", "--server_stays", timeout=45)
+    r = run_fleetrun(
+        "--server_num",
+        "1",
+        "--worker_num",
+        "2",
+        "--log_dir",
+        str(tmp_path / "log"),
+        SCRIPT,
+        "--out",
+        str(out),
+        "--fail_trainer",
+        "1",
+        "--server_stays",
+        timeout=45,
+    )
     assert r.returncode == 1
     assert "trainer  : rank 1" in r.stderr and "ValueError: trainer 1 got a bad batch" in r.stderr
     assert not live_pids([rec["pid"] for rec in _recs(out).values()])
@@ -93,8 +130,20 @@ def test_static_endpoint_lists_on_two_loopback_nodes(tmp_path: Path) -> None:
     workers = f"127.0.0.1:{find_free_port()},127.0.0.2:{find_free_port('127.0.0.2')}"
     token = {"FLEET_PS_TOKEN": "shared-by-both-nodes-0123456789"}  # nodes do not talk: one secret
     nodes = [
-        start_fleetrun("--servers", servers, "--workers", workers, "--pod_ip", ip,
-                       "--log_dir", str(tmp_path / ip), SCRIPT, "--out", str(out), env=token)
+        start_fleetrun(
+            "--servers",
+            servers,
+            "--workers",
+            workers,
+            "--pod_ip",
+            ip,
+            "--log_dir",
+            str(tmp_path / ip),
+            SCRIPT,
+            "--out",
+            str(out),
+            env=token,
+        )
         for ip in ("127.0.0.1", "127.0.0.2")
     ]
     for n in nodes:

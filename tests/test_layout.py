@@ -34,7 +34,9 @@ def test_no_import_cycle_counting_function_local_imports() -> None:
     graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=True)
     modules = sorted(graph.modules)
     edges = {
-        m: {t for t in graph.find_modules_directly_imported_by(m) if not _only_compiled(graph, m, t)}
+        m: {
+            t for t in graph.find_modules_directly_imported_by(m) if not _only_compiled(graph, m, t)
+        }
         for m in modules
     }
     # Tarjan's strongly connected components, iteratively.
@@ -126,8 +128,13 @@ def test_launcher_start_and_strategy_load_no_heavy_module() -> None:
 
 # torch modules that cost seconds at import (FSDP, DTensor and sympy behind them): a fleet job pays
 # them only when it uses a feature that needs them (sharding stage 3, TP, localsgd, checkpoints).
-SLOW_TORCH = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.optim",
-              "torch.distributed.checkpoint", "sympy")
+SLOW_TORCH = (
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed.optim",
+    "torch.distributed.checkpoint",
+    "sympy",
+)
 
 
 @pytest.mark.timeout(120)
@@ -145,7 +152,10 @@ def test_plain_data_parallel_entry_points_load_no_slow_torch_module() -> None:
 def test_fleetrun_help_loads_no_heavy_module() -> None:
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "launcher", "--help"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}

@@ -13,8 +13,13 @@ from conftest import REPO, run_fleetrun
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_gpt_hybrid_config_trains_at_mp2_pp2(tmp_path) -> None:
-    r = run_fleetrun("-c", str(REPO / "configs" / "gpt_hybrid.yaml"), "--log_dir",
-                     str(tmp_path / "log"), timeout=280)
+    r = run_fleetrun(
+        "-c",
+        str(REPO / "configs" / "gpt_hybrid.yaml"),
+        "--log_dir",
+        str(tmp_path / "log"),
+        timeout=280,
+    )
     assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     summary = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith('{"first_loss"')))
     assert (summary["dp"], summary["mp"], summary["pp"]) == (1, 2, 2)

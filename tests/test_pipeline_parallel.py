@@ -33,7 +33,9 @@ TOL = 1e-5  # float32
 # ---- pure: schedules, segmentation, construction ------------------------------------------------
 @pytest.mark.parametrize("stages", [1, 2, 4])
 @pytest.mark.parametrize("micro", [1, 3, 4, 16])
-def test_schedules_cover_every_micro_batch_and_1f1b_bounds_in_flight(stages: int, micro: int) -> None:
+def test_schedules_cover_every_micro_batch_and_1f1b_bounds_in_flight(
+    stages: int, micro: int
+) -> None:
     for stage in range(stages):
         one = make_schedule("1F1B", stages, stage, micro)
         gpipe = make_schedule("FThenB", stages, stage, micro)
@@ -58,8 +60,10 @@ def test_1f1b_order_of_the_first_stage() -> None:
 
 def test_meta_round_trip() -> None:
     ts = (torch.zeros(2, 3, requires_grad=True), torch.zeros(4, dtype=torch.int64))
-    assert decode_meta(encode_meta(ts)) == [(torch.float32, True, (2, 3)),
-                                           (torch.int64, False, (4,))]
+    assert decode_meta(encode_meta(ts)) == [
+        (torch.float32, True, (2, 3)),
+        (torch.int64, False, (4,)),
+    ]
     with pytest.raises(ConfigError, match="too large to describe"):
         encode_meta(tuple(torch.zeros(1, 1, 1, 1, 1) for _ in range(10)))
 
@@ -87,15 +91,21 @@ def test_a_stage_builds_only_its_own_layers() -> None:
         assert Probe.built == expected[stage]
         assert pipe.stage_layer_range() == (expected[stage][0], expected[stage][-1] + 1)
         assert sorted(pipe.state_dict()) == sorted(
-            f"{i}.{n}" for i in expected[stage] for n in ("weight", "bias"))
+            f"{i}.{n}" for i in expected[stage] for n in ("weight", "bias")
+        )
 
 
 def test_layer_regex_segmentation_mixed_entries_and_shared_layers() -> None:
     double = lambda x: x * 2  # a plain callable entry
     descs = [
         SharedLayerDesc("emb", nn.Embedding, None, "weight", 10, 2),
-        LayerDesc(Block, 2, 2), nn.Tanh(), LayerDesc(Block, 2, 2), double,
-        LayerDesc(Block, 2, 2), LayerDesc(Block, 2, 2), nn.Tanh(),
+        LayerDesc(Block, 2, 2),
+        nn.Tanh(),
+        LayerDesc(Block, 2, 2),
+        double,
+        LayerDesc(Block, 2, 2),
+        LayerDesc(Block, 2, 2),
+        nn.Tanh(),
         SharedLayerDesc("emb", nn.Embedding, lambda m, h: h @ m.weight.t(), "weight", 10, 2),
     ]
     first = PipelineLayer(descs, num_stages=2, stage_id=0, seg_method="layer:Block")
@@ -156,10 +166,22 @@ def test_micro_batch_split_and_batch_size_error() -> None:
 def _run(tmp_path: Path, world: int, scenarios: list[str], dp: int = 1, mp: int = 1) -> list[dict]:
     out = tmp_path / "out"
     results = run_workers(
-        PIPELINE, world,
-        ["--out", str(out), "--dp", str(dp), "--mp", str(mp), "--pp", "2",
-         "--scenarios", ",".join(scenarios)],
-        timeout=150 if world <= 4 else 280, tmp_path=tmp_path,
+        PIPELINE,
+        world,
+        [
+            "--out",
+            str(out),
+            "--dp",
+            str(dp),
+            "--mp",
+            str(mp),
+            "--pp",
+            "2",
+            "--scenarios",
+            ",".join(scenarios),
+        ],
+        timeout=150 if world <= 4 else 280,
+        tmp_path=tmp_path,
     )
     assert_all_ok(results)
     recs = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
@@ -174,15 +196,28 @@ def _run(tmp_path: Path, world: int, scenarios: list[str], dp: int = 1, mp: int 
         for name in rec["runs"]:  # the same loss on every rank of a pipeline
             same_pipe = [r for r in recs if r["rank"] // (2 * mp) == rec["rank"] // (2 * mp)]
             assert {tuple(r["runs"][name]["losses"]) for r in same_pipe} == {
-                tuple(rec["runs"][name]["losses"])}
+                tuple(rec["runs"][name]["losses"])
+            }
     return recs
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_pp2_equals_the_single_process_model(tmp_path: Path) -> None:
-    recs = _run(tmp_path, 2, ["mlp:1F1B", "mlp:FThenB", "tied:1F1B:regex", "tied:FThenB:uniform",
-                              "mlp:1F1B:uniform:2", "badbatch", "memory", "distmodel"])
+    recs = _run(
+        tmp_path,
+        2,
+        [
+            "mlp:1F1B",
+            "mlp:FThenB",
+            "tied:1F1B:regex",
+            "tied:FThenB:uniform",
+            "mlp:1F1B:uniform:2",
+            "badbatch",
+            "memory",
+            "distmodel",
+        ],
+    )
     first, last = recs
     assert [r["runs"]["mlp:1F1B"]["has_out"] for r in recs] == [False, True]
     assert first["distmodel"][0] == last["distmodel"][0] == "PipelineParallel"
@@ -190,8 +225,11 @@ def test_pp2_equals_the_single_process_model(tmp_path: Path) -> None:
     assert first["runs"]["tied:1F1B:regex"]["range"] == [0, 2]  # the regex cut
     assert last["runs"]["tied:1F1B:regex"]["range"] == [2, 5]
     assert first["runs"]["tied:FThenB:uniform"]["range"] == [0, 3]
-    assert first["runs"]["tied:1F1B:regex"]["shared"] == ["embed"] == last["runs"][
-        "tied:1F1B:regex"]["shared"]
+    assert (
+        first["runs"]["tied:1F1B:regex"]["shared"]
+        == ["embed"]
+        == last["runs"]["tied:1F1B:regex"]["shared"]
+    )
     for rec, what in ((first, "inputs"), (last, "labels")):
         assert f"{what} has batch 6" in rec["badbatch"]
         assert "micro_batch_size(2) * accumulate_steps(4) = 8" in rec["badbatch"]

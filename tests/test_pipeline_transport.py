@@ -43,21 +43,26 @@ def make_descs() -> list:
 
 def batch(seq: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + step)
-    return (torch.randn(MBS * ACC, seq, HIDDEN, generator=g),
-            torch.randn(MBS * ACC, seq, HIDDEN, generator=g))
+    return (
+        torch.randn(MBS * ACC, seq, HIDDEN, generator=g),
+        torch.randn(MBS * ACC, seq, HIDDEN, generator=g),
+    )
 
 
 def worker(out: str, schedule: str, pp: int) -> None:
     import torch.distributed as tdist
 
     import fleet
-    from fleet.meta_parallel import PipelineLayer, PipelineParallel
     from fleet.base.topology import HybridCommunicateGroup, build_topology
+    from fleet.meta_parallel import PipelineLayer, PipelineParallel
 
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"pp_degree": pp}
-    strategy.pipeline_configs = {"micro_batch_size": MBS, "accumulate_steps": ACC,
-                                 "schedule_mode": schedule}
+    strategy.pipeline_configs = {
+        "micro_batch_size": MBS,
+        "accumulate_steps": ACC,
+        "schedule_mode": schedule,
+    }
     fleet.init(is_collective=True, strategy=strategy)
     hcg = HybridCommunicateGroup(build_topology(strategy.hybrid_configs, tdist.get_world_size()))
     torch.manual_seed(0)
@@ -80,14 +85,16 @@ def worker(out: str, schedule: str, pp: int) -> None:
         rec["loss_err"] = max(rec["loss_err"], abs(float(loss) - float(ref_loss)))
     x, y = batch(7, 99)  # eval at yet another length
     with torch.no_grad():
-        rec["eval_err"] = abs(float(model.eval_batch([x, y])) - float(
-            nn.functional.mse_loss(ref(x), y)))
+        rec["eval_err"] = abs(
+            float(model.eval_batch([x, y])) - float(nn.functional.mse_loss(ref(x), y))
+        )
         outs = model.eval_batch([x, None], compute_loss=False)
         rec["out_err"] = float((outs - ref(x)).abs().max()) if outs is not None else 0.0
     rec["outstanding"].append(model._p2p.outstanding)
     ref_state = ref.state_dict()
-    rec["param_err"] = max(float((v - ref_state[k]).abs().max())
-                           for k, v in pipe.state_dict().items())
+    rec["param_err"] = max(
+        float((v - ref_state[k]).abs().max()) for k, v in pipe.state_dict().items()
+    )
     rank = tdist.get_rank()
     Path(out, f"rank{rank}.json").write_text(json.dumps(rec))
     tdist.barrier()
@@ -98,11 +105,17 @@ def worker(out: str, schedule: str, pp: int) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("schedule", "pp"), [("1F1B", 2), ("FThenB", 2), ("1F1B", 4)])
 def test_transport_with_changing_shapes_matches_the_single_process_model(
-        tmp_path: Path, schedule: str, pp: int) -> None:
+    tmp_path: Path, schedule: str, pp: int
+) -> None:
     from conftest import assert_all_ok, run_workers
 
-    results = run_workers(Path(__file__), pp, ["--out", str(tmp_path), "--schedule", schedule,
-                                               "--pp", str(pp)], timeout=100, tmp_path=tmp_path)
+    results = run_workers(
+        Path(__file__),
+        pp,
+        ["--out", str(tmp_path), "--schedule", schedule, "--pp", str(pp)],
+        timeout=100,
+        tmp_path=tmp_path,
+    )
     assert_all_ok(results)
     recs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(pp)]
     for rec in recs[:-1]:  # the loss reached every stage, passed back along the pipeline

@@ -25,8 +25,21 @@ PROMETHEUS_SH = REPO / "scripts" / "prometheus.sh"
 GRAFANA = REPO / "deploy" / "monitoring" / "grafana-dashboard.json"
 PROM_CONFIG = REPO / "deploy" / "monitoring" / "prometheus.yml"
 PROMQL_WORDS = {
-    "sum", "by", "rate", "increase", "histogram_quantile", "scalar", "max", "min", "avg",
-    "without", "on", "le", "count", "irate", "label_values",
+    "sum",
+    "by",
+    "rate",
+    "increase",
+    "histogram_quantile",
+    "scalar",
+    "max",
+    "min",
+    "avg",
+    "without",
+    "on",
+    "le",
+    "count",
+    "irate",
+    "label_values",
 }
 
 
@@ -55,8 +68,11 @@ def start_prometheus(log_dir: Path, work_dir: Path) -> tuple[subprocess.Popen, s
     """``scripts/prometheus.sh LOG_DIR WORK_DIR`` in its own session; (process, its URL)."""
     prom = subprocess.Popen(
         ["bash", str(PROMETHEUS_SH), str(log_dir), str(work_dir)],
-        env={**base_env(), "PYTHON": "python3"}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**base_env(), "PYTHON": "python3"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     assert prom.stdout is not None
     first = prom.stdout.readline().strip()
@@ -77,13 +93,29 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(not (Path("/usr/bin/prometheus").exists() or shutil.which("apt-get")),
-                    reason="needs /usr/bin/prometheus (or apt-get to install it)")
+@pytest.mark.skipif(
+    not (Path("/usr/bin/prometheus").exists() or shutil.which("apt-get")),
+    reason="needs /usr/bin/prometheus (or apt-get to install it)",
+)
 def test_real_prometheus_scrapes_a_running_job(tmp_path: Path) -> None:
     log, release = tmp_path / "log", tmp_path / "release"
-    job = start_fleetrun("--server_num", "1", "--worker_num", "1", "--log_dir", str(log),
-                         "--job_name", "promjob", str(SCRIPTS / "telemetry_job.py"), "--mode", "ps",
-                         "--steps", "10", "--hold_file", str(release))
+    job = start_fleetrun(
+        "--server_num",
+        "1",
+        "--worker_num",
+        "1",
+        "--log_dir",
+        str(log),
+        "--job_name",
+        "promjob",
+        str(SCRIPTS / "telemetry_job.py"),
+        "--mode",
+        "ps",
+        "--steps",
+        "10",
+        "--hold_file",
+        str(release),
+    )
     prom: subprocess.Popen | None = None
     try:
         deadline = time.monotonic() + 60
@@ -94,7 +126,9 @@ def test_real_prometheus_scrapes_a_running_job(tmp_path: Path) -> None:
         prom, url = start_prometheus(log, tmp_path / "prom")
         steps = wait_series(url, 'fleet_trainer_steps_total{job="promjob", role="trainer"}', 150)
         assert steps[0]["metric"]["role"] == "trainer" and steps[0]["metric"]["rank"] == "0"
-        ps = wait_series(url, 'fleet_ps_requests_total{job="promjob", op="PullSparse", code="OK"}', 60)
+        ps = wait_series(
+            url, 'fleet_ps_requests_total{job="promjob", op="PullSparse", code="OK"}', 60
+        )
         assert ps[0]["metric"]["role"] == "server" and ps[0]["metric"]["table"] == "emb"
         wait_series(url, 'fleet_ps_table_rows{job="promjob", table="emb"}', 30)
         launcher = wait_series(url, 'fleet_launcher_job_state{job="promjob", state="running"}', 30)
@@ -131,8 +165,10 @@ def metric_names_in(expr: str) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(not (Path("/usr/bin/prometheus").exists() or shutil.which("apt-get")),
-                    reason="needs /usr/bin/prometheus (or apt-get to install it)")
+@pytest.mark.skipif(
+    not (Path("/usr/bin/prometheus").exists() or shutil.which("apt-get")),
+    reason="needs /usr/bin/prometheus (or apt-get to install it)",
+)
 def test_real_prometheus_finds_every_node_of_a_shared_log_dir(tmp_path: Path) -> None:
     """Two nodes sharing one log_dir write metrics_targets.node0/1.json; the file_sd glob of
     scripts/prometheus.sh finds both: all 4 trainers and both launchers are scraped."""
@@ -141,10 +177,27 @@ def test_real_prometheus_finds_every_node_of_a_shared_log_dir(tmp_path: Path) ->
     log, release = tmp_path / "log", tmp_path / "release"
     port = str(find_free_port())
     nodes = [
-        start_fleetrun("--nnodes", "2", "--node_rank", str(n), "--master_addr", "127.0.0.1",
-                       "--master_port", port, "--nproc_per_node", "2", "--log_dir", str(log),
-                       "--job_name", "prom2", str(SCRIPTS / "telemetry_job.py"), "--steps", "5",
-                       "--hold_file", str(release))
+        start_fleetrun(
+            "--nnodes",
+            "2",
+            "--node_rank",
+            str(n),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            port,
+            "--nproc_per_node",
+            "2",
+            "--log_dir",
+            str(log),
+            "--job_name",
+            "prom2",
+            str(SCRIPTS / "telemetry_job.py"),
+            "--steps",
+            "5",
+            "--hold_file",
+            str(release),
+        )
         for n in range(2)
     ]
     prom: subprocess.Popen | None = None
@@ -163,7 +216,9 @@ def test_real_prometheus_finds_every_node_of_a_shared_log_dir(tmp_path: Path) ->
                 steps = []
             if len(steps) == 4:
                 break
-            assert time.monotonic() < deadline, f"Prometheus saw {len(steps)} of 4 trainers: {steps}"
+            assert time.monotonic() < deadline, (
+                f"Prometheus saw {len(steps)} of 4 trainers: {steps}"
+            )
             time.sleep(0.5)
         assert sorted(r["metric"]["rank"] for r in steps) == ["0", "1", "2", "3"]
         launchers = wait_series(url, 'fleet_launcher_job_state{job="prom2", state="running"}', 30)
@@ -203,11 +258,18 @@ def test_grafana_dashboard_queries_name_existing_metrics() -> None:
             assert names, (panel["title"], target["expr"])
             assert names <= known, (panel["title"], names - known)
             seen |= names
-    for family in ("fleet_trainer_loss", "fleet_trainer_throughput_samples_per_second",
-                   "fleet_ps_table_rows", "fleet_ps_entry_keys_total", "fleet_launcher_job_state"):
+    for family in (
+        "fleet_trainer_loss",
+        "fleet_trainer_throughput_samples_per_second",
+        "fleet_ps_table_rows",
+        "fleet_ps_entry_keys_total",
+        "fleet_launcher_job_state",
+    ):
         assert family in seen, family
     variable = dash["templating"]["list"][1]
-    assert metric_names_in(variable["definition"].replace("label_values(", "").split(",")[0]) <= known
+    assert (
+        metric_names_in(variable["definition"].replace("label_values(", "").split(",")[0]) <= known
+    )
 
 
 def test_prometheus_config_is_valid_yaml_with_file_sd_and_pod_annotations() -> None:
@@ -224,8 +286,13 @@ def test_prometheus_config_is_valid_yaml_with_file_sd_and_pod_annotations() -> N
         path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fleetrun-prom-{os.getpid()}.yml"
         path.write_text(yaml.safe_dump(local))
         try:
-            r = subprocess.run([promtool, "check", "config", str(path)], capture_output=True,
-                               text=True, timeout=60, check=False)
+            r = subprocess.run(
+                [promtool, "check", "config", str(path)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
         finally:
             path.unlink()
         assert r.returncode == 0, r.stdout + r.stderr

@@ -29,13 +29,16 @@ from ps_cluster import cluster, start_server_process, stop_process
 
 DIM = 8
 KEYS = np.arange(0, 3000, 7, dtype=np.int64) * 1_000_003
-STATES = {0: {"file": "part-00003", "pass": 2, "offset": 1184}, 1: {"file": "part-00007", "pass": 2,
-                                                                   "offset": 96}}
+STATES = {
+    0: {"file": "part-00003", "pass": 2, "offset": 1184},
+    1: {"file": "part-00007", "pass": 2, "offset": 96},
+}
 
 
 def make_tables(client: PSClient) -> None:
-    client.create_table("emb", DIM, Adagrad(0.05, initial_accumulator_value=0.1),
-                        Uniform(-0.1, 0.1), num_shards=16)
+    client.create_table(
+        "emb", DIM, Adagrad(0.05, initial_accumulator_value=0.1), Uniform(-0.1, 0.1), num_shards=16
+    )
     client.create_dense_table("dense", Adagrad(0.05), num_shards=4)
     client.init_dense("dense", "w", np.linspace(-1, 1, 33, dtype=np.float32))
 
@@ -98,13 +101,19 @@ def test_keep_deletes_old_checkpoints_only_after_the_new_one_commits(tmp_path: P
         step(client, 3)
         pending = client.begin_checkpoint(str(root), 3, keep=2)  # snapshot taken, not committed
         assert pending.snapshot_s >= 0 and pending.snapshot_bytes > 0
-        assert sorted(p.name for p in root.iterdir()) == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
+        assert sorted(p.name for p in root.iterdir()) == [
+            "ckpt-000001",
+            "ckpt-000002",
+            "ckpt-000003",
+        ]
         assert not (root / "ckpt-000003" / "checkpoint.json").exists()
         record = pending.result()
         assert record.step == 3
         assert sorted(p.name for p in root.iterdir()) == ["ckpt-000002", "ckpt-000003"]
         assert [s.name for s in client.list_checkpoints(str(root), full=True)] == [
-            "ckpt-000003", "ckpt-000002"]
+            "ckpt-000003",
+            "ckpt-000002",
+        ]
 
 
 @pytest.mark.timeout(120)
@@ -162,8 +171,17 @@ def test_server_killed_while_writing_leaves_the_previous_checkpoint(tmp_path: Pa
         procs, eps = [], []
         for i in range(2):
             proc, ep = start_server_process(
-                "--port", "0", "--server_index", str(i), "--num_servers", "2",
-                "--checkpoint_root", str(tmp_path), "--log_level", "WARNING")
+                "--port",
+                "0",
+                "--server_index",
+                str(i),
+                "--num_servers",
+                "2",
+                "--checkpoint_root",
+                str(tmp_path),
+                "--log_level",
+                "WARNING",
+            )
             procs.append(proc)
             eps.append(ep)
         return procs, eps

@@ -36,7 +36,9 @@ KEYS = np.arange(20, dtype=np.int64)
 def live() -> Iterator[tuple[Any, Any, Any, SparseTable]]:
     """One server (max message 1 MiB) with tables 'emb' and 'skip' holding KEYS after one push;
     yields (server, client, raw stub, reference table in the same state)."""
-    with cluster(1, client_kw={"timeout_s": 20, "max_message_mb": 1, "shm": False}, max_message_mb=1) as (
+    with cluster(
+        1, client_kw={"timeout_s": 20, "max_message_mb": 1, "shm": False}, max_message_mb=1
+    ) as (
         servers,
         client,
     ):

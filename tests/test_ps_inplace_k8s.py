@@ -37,16 +37,34 @@ MOUNT = {"name": "ckpt", "mountPath": "/ckpt"}
 
 
 def _spec(tmp: Path, data: Path | str, mode: str = "async", max_restarts: int = 2) -> object:
-    return build_spec({
-        "name": "ctr-alone", "scheduler": "k8s", "mode": "ps",
-        "entrypoint": {"script": "examples/ctr/train_ps.py",
-                       "args": ["--data_dir", str(data), "--test", "500", "--batch_size",
-                                str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", mode]},
-        "sizes": {"server_num": 1, "worker_num": 2}, "max_restarts": max_restarts,
-        "log_dir": str(tmp / "log"), "env": {"OMP_NUM_THREADS": "1"},
-        "ps_checkpoint": {"dir": "/ckpt/ctr-alone", "interval_s": 0.5, "keep": 2},
-        "k8s": {"volumes": [CLAIM], "volume_mounts": [MOUNT]},
-    })
+    return build_spec(
+        {
+            "name": "ctr-alone",
+            "scheduler": "k8s",
+            "mode": "ps",
+            "entrypoint": {
+                "script": "examples/ctr/train_ps.py",
+                "args": [
+                    "--data_dir",
+                    str(data),
+                    "--test",
+                    "500",
+                    "--batch_size",
+                    str(GLOBAL_BATCH),
+                    "--embedding_dim",
+                    "8",
+                    "--mode",
+                    mode,
+                ],
+            },
+            "sizes": {"server_num": 1, "worker_num": 2},
+            "max_restarts": max_restarts,
+            "log_dir": str(tmp / "log"),
+            "env": {"OMP_NUM_THREADS": "1"},
+            "ps_checkpoint": {"dir": "/ckpt/ctr-alone", "interval_s": 0.5, "keep": 2},
+            "k8s": {"volumes": [CLAIM], "volume_mounts": [MOUNT]},
+        }
+    )
 
 
 @pytest.mark.timeout(60)
@@ -59,8 +77,19 @@ def test_manifest_budget_env_and_pod_failure_policy(tmp_path: Path) -> None:
             kubernetes_validate.validate(obj, version, strict=True)
     by_kind = {o["kind"]: o for o in objs}
     job = by_kind["Job"]["spec"]
-    assert job["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onPodConditions": [], "onExitCodes": {
-        "containerName": "trainer", "operator": "In", "values": [kr.REFUSED_EXIT]}}]}
+    assert job["podFailurePolicy"] == {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onPodConditions": [],
+                "onExitCodes": {
+                    "containerName": "trainer",
+                    "operator": "In",
+                    "values": [kr.REFUSED_EXIT],
+                },
+            }
+        ]
+    }
     assert job["template"]["spec"]["restartPolicy"] == "Never"
     server = by_kind["StatefulSet"]["spec"]["template"]["spec"]
     assert server["restartPolicy"] == "Always"
@@ -91,8 +120,9 @@ def _joined(root: Path, generation: int) -> None:
 def _progress(root: Path, generation: int, mode: str, steps: tuple[int, int]) -> None:
     pods = root / ".pods" / "r"
     for rank, step in enumerate(steps):
-        (pods / f"progress.trainer-{rank}").write_text(json.dumps(
-            {"rank": rank, "step": step, "mode": mode, "generation": generation}))
+        (pods / f"progress.trainer-{rank}").write_text(
+            json.dumps({"rank": rank, "step": step, "mode": mode, "generation": generation})
+        )
 
 
 @pytest.mark.timeout(30)
@@ -112,15 +142,19 @@ def test_pod_decisions_in_place_restart_all_budget_and_no_checkpoint(tmp_path: P
     assert server.alone and server.generation == 0
     assert server.process_env() == {"FLEET_PS_RESTORE_LATEST": str(root)}
     text = server.recovery.text()
-    assert text.startswith("recovery 1 (attempt 0, in place): server 0 restarted by Kubernetes at step ~25")
+    assert text.startswith(
+        "recovery 1 (attempt 0, in place): server 0 restarted by Kubernetes at step ~25"
+    )
     assert "restarted: server 0 only, restored its shard from ckpt-000010 (step 10)" in text, text
 
     trainer = _gen(root, "trainer-1")  # a trainer died: every pod restarts (generation 1)
     with pytest.raises(Exception, match="did not join generation 1"):
         trainer.join(0.3)  # the others have not joined it yet
-    assert trainer.recovery.text() == ("recovery 2 (attempt 0 -> 1): trainer 1 restarted by "
-                                       "Kubernetes at step ~25; restarted: every process, restored "
-                                       "ckpt-000010 (step 10); ~15 steps redone")
+    assert trainer.recovery.text() == (
+        "recovery 2 (attempt 0 -> 1): trainer 1 restarted by "
+        "Kubernetes at step ~25; restarted: every process, restored "
+        "ckpt-000010 (step 10); ~15 steps redone"
+    )
     _joined(root, 1)
     with pytest.raises(kr.RecoveryRefused, match=r"budget is spent \(2 of max_restarts 2"):
         _gen(root, "server-0").join(5)  # a third recovery: refused, every pod stops
@@ -139,8 +173,10 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.timeout(60)
 def test_restarted_pod_without_checkpoint_exits_3(tmp_path: Path) -> None:
-    pods = {p.name: p for p in k8s_local.translate(render_job(_spec(tmp_path, "/data")),
-                                                   tmp_path / "pods", REPO)}
+    pods = {
+        p.name: p
+        for p in k8s_local.translate(render_job(_spec(tmp_path, "/data")), tmp_path / "pods", REPO)
+    }
     pod_dir = tmp_path / "pods" / "claims" / "ps-ckpt" / "ctr-alone" / ".pods" / "ctr-alone"
     pod_dir.mkdir(parents=True)
     (pod_dir / "trainer-1").write_text(json.dumps({"generation": 0}))  # it ran and died
@@ -152,7 +188,10 @@ def test_restarted_pod_without_checkpoint_exits_3(tmp_path: Path) -> None:
         k8s_local.stop(proc, signal.SIGKILL, 5)
     out = (tmp_path / "trainer.out").read_text()
     assert code == kr.REFUSED_EXIT, out[-3000:]
-    assert "no PS recovery: trainer 1 was restarted by Kubernetes but there is no committed checkpoint" in out
+    assert (
+        "no PS recovery: trainer 1 was restarted by Kubernetes but there is no committed checkpoint"
+        in out
+    )
 
 
 @pytest.mark.timeout(240)
@@ -160,11 +199,27 @@ def test_async_server_pod_killed_restarts_alone(tmp_path: Path) -> None:
     import psutil
 
     data = tmp_path / "slots"
-    subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(data),
-                    "--num_files", "2", "--lines_per_file", str(LINES)],
-                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=120)
-    pods = {p.name: p for p in k8s_local.translate(render_job(_spec(tmp_path, data)),
-                                                   tmp_path / "pods", REPO)}
+    subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(data),
+            "--num_files",
+            "2",
+            "--lines_per_file",
+            str(LINES),
+        ],
+        cwd=REPO,
+        env=base_env(),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    pods = {
+        p.name: p
+        for p in k8s_local.translate(render_job(_spec(tmp_path, data)), tmp_path / "pods", REPO)
+    }
     ckpt = tmp_path / "pods" / "claims" / "ps-ckpt" / "ctr-alone"
     log = tmp_path / "log"
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -187,8 +242,11 @@ def test_async_server_pod_killed_restarts_alone(tmp_path: Path) -> None:
             start(name, 1)
         from launcher.ps_recovery import latest_committed
 
-        wait_for(lambda: latest_committed(str(ckpt)) and copied_async(), 150,
-                 "a committed checkpoint and the trainers' progress on the volume")
+        wait_for(
+            lambda: latest_committed(str(ckpt)) and copied_async(),
+            150,
+            "a committed checkpoint and the trainers' progress on the volume",
+        )
         trainer_pids = {n: procs[n].pid for n in trainers}
         all_pids.update(_children(procs[server].pid))
         for pid in [procs[server].pid, *_children(procs[server].pid)]:  # as the runtime does
@@ -203,7 +261,9 @@ def test_async_server_pod_killed_restarts_alone(tmp_path: Path) -> None:
             all_pids.update(c for n in procs for c in _children(procs[n].pid))
             time.sleep(0.2)
         codes = {n: procs[n].poll() for n in trainers}
-        assert codes == dict.fromkeys(trainers, 0), {n: outs[n].read_text()[-3000:] for n in trainers}
+        assert codes == dict.fromkeys(trainers, 0), {
+            n: outs[n].read_text()[-3000:] for n in trainers
+        }
         assert {n: procs[n].pid for n in trainers} == trainer_pids  # never restarted
         assert k8s_local.stop(procs[server], signal.SIGTERM) == 0
         assert k8s_local.stop(procs[coordinator], signal.SIGTERM) == 0
@@ -211,7 +271,9 @@ def test_async_server_pod_killed_restarts_alone(tmp_path: Path) -> None:
         for proc in procs.values():
             k8s_local.stop(proc, signal.SIGKILL, 5)
     restarted = outs[server].read_text()
-    assert "recovery 1 (attempt 0, in place): server 0 restarted by Kubernetes" in restarted, restarted[-3000:]
+    assert "recovery 1 (attempt 0, in place): server 0 restarted by Kubernetes" in restarted, (
+        restarted[-3000:]
+    )
     assert "restarted: server 0 only" in restarted and "0 steps redone" in restarted
     assert "server 0 restored its shards from ckpt-" in (log / "serverlog.0").read_text()
     assert not (ckpt / ".pods" / "ctr-alone" / "gen-1").exists()  # no pod restarted the others

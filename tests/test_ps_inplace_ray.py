@@ -65,16 +65,31 @@ def test_trainer_alone_falls_back_where_the_local_path_does(tmp_path: Path) -> N
     from launcher.spec import build_spec
     from launcher.summary import Failure
 
-    spec = build_spec({"mode": "ps", "sizes": {"server_num": 1, "worker_num": 2},
-                       "ps_checkpoint": {"dir": str(tmp_path / "ck")}, "log_dir": str(tmp_path / "log")})
+    spec = build_spec(
+        {
+            "mode": "ps",
+            "sizes": {"server_num": 1, "worker_num": 2},
+            "ps_checkpoint": {"dir": str(tmp_path / "ck")},
+            "log_dir": str(tmp_path / "log"),
+        }
+    )
     rec = PSRecovery(spec)
     (tmp_path / "log").mkdir()
     pos = {"pass": 0, "step_in_pass": 30, "step": 30}
 
     def progress(rank: int, alone_ok: bool, position: dict | None = pos) -> None:
-        (tmp_path / "log" / f"ps_progress.{rank}.json").write_text(json.dumps(
-            {"rank": rank, "attempt": 0, "step": 30, "mode": "async", "alone_ok": alone_ok,
-             **({"position": position} if position else {})}))
+        (tmp_path / "log" / f"ps_progress.{rank}.json").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "attempt": 0,
+                    "step": 30,
+                    "mode": "async",
+                    "alone_ok": alone_ok,
+                    **({"position": position} if position else {}),
+                }
+            )
+        )
 
     progress(0, True)
     progress(1, True)
@@ -96,7 +111,9 @@ def test_trainer_alone_falls_back_where_the_local_path_does(tmp_path: Path) -> N
         progress(1, True)
 
         def failure(rank: int) -> Failure:
-            return Failure("trainer", rank, rank, 0, "h", 1, "signal SIGKILL (9)", time.time(), 0, "")
+            return Failure(
+                "trainer", rank, rank, 0, "h", 1, "signal SIGKILL (9)", time.time(), 0, ""
+            )
 
         both = [failure(0), failure(1)]  # two deaths at once: no actor is touched
         assert respawn_trainer(None, rec, both, None, None, 0, {}, None, 0, True) is None  # type: ignore[arg-type]
@@ -104,7 +121,10 @@ def test_trainer_alone_falls_back_where_the_local_path_does(tmp_path: Path) -> N
         got = rec.recover_alone(0, "rank 1 signal SIGKILL (9)", "trainer", 1, True)
         assert got is not None and got.position == pos and rec.coordinator.dead == {1}
         assert json.loads(rec.resume_env(got)["FLEET_PS_RESUME_POSITION"]) == pos
-        assert "restarted: trainer 1 only, resumed at its data position (pass 0, step 30 of it" in got.text()
+        assert (
+            "restarted: trainer 1 only, resumed at its data position (pass 0, step 30 of it"
+            in got.text()
+        )
     finally:
         rec.close()
 
@@ -117,21 +137,56 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
     actor is paused until then, so the driver learns of the death only after) → every process
     restarts, that server on a new port, the trainers resume from a checkpoint."""
     data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"
-    subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(data),
-                    "--num_files", "2", "--lines_per_file", str(LINES)],
-                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(data),
+            "--num_files",
+            "2",
+            "--lines_per_file",
+            str(LINES),
+        ],
+        cwd=REPO,
+        env=base_env(),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "name": "ray-ps-alone", "scheduler": "ray", "mode": "ps",
-        "entrypoint": {"script": "examples/ctr/train_ps.py",
-                       "args": ["--data_dir", str(data), "--test", "500", "--batch_size",
-                                str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", "async"]},
-        "sizes": {"server_num": 1, "worker_num": 2}, "max_restarts": 2, "log_dir": str(log),
-        "resources": {r: {"cpu": 0.5, "memory": "256Mi"} for r in ("trainer", "server")},
-        "tee": "none", "grace_period_s": 2.0,
-        "ps_checkpoint": {"dir": str(ckpt), "interval_s": 0.5, "keep": 2},
-        "ray": {"placement_timeout_s": 60, "address": cluster},
-    }))
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ray-ps-alone",
+                "scheduler": "ray",
+                "mode": "ps",
+                "entrypoint": {
+                    "script": "examples/ctr/train_ps.py",
+                    "args": [
+                        "--data_dir",
+                        str(data),
+                        "--test",
+                        "500",
+                        "--batch_size",
+                        str(GLOBAL_BATCH),
+                        "--embedding_dim",
+                        "8",
+                        "--mode",
+                        "async",
+                    ],
+                },
+                "sizes": {"server_num": 1, "worker_num": 2},
+                "max_restarts": 2,
+                "log_dir": str(log),
+                "resources": {r: {"cpu": 0.5, "memory": "256Mi"} for r in ("trainer", "server")},
+                "tee": "none",
+                "grace_period_s": 2.0,
+                "ps_checkpoint": {"dir": str(ckpt), "interval_s": 0.5, "keep": 2},
+                "ray": {"placement_timeout_s": 60, "address": cluster},
+            }
+        )
+    )
     pids: set[int] = set()
 
     def state() -> dict:
@@ -140,15 +195,22 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
         return got
 
     def up(role: str) -> dict[int, int]:
-        return {p["rank"]: p["pid"] for p in state()["processes"] if p["role"] == role and p["state"] == "up"}
+        return {
+            p["rank"]: p["pid"]
+            for p in state()["processes"]
+            if p["role"] == role and p["state"] == "up"
+        }
 
     from launcher.ps_recovery import latest_committed
 
     holder: socket.socket | None = None
     p = start_fleetrun("-c", str(job), cwd=REPO)
     try:
-        wait_for(lambda: latest_committed(str(ckpt)) and len(up("trainer")) == 2 and up("server"),
-                 150, "a committed checkpoint, every process up")
+        wait_for(
+            lambda: latest_committed(str(ckpt)) and len(up("trainer")) == 2 and up("server"),
+            150,
+            "a committed checkpoint, every process up",
+        )
         trainers = up("trainer")
         server = psutil.Process(up("server")[0])
         actor = server.parent()
@@ -158,8 +220,11 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
         assert up("trainer") == trainers  # the trainers never stopped
         for pid in trainers.values():
             assert psutil.pid_exists(pid)
-        wait_for(lambda: "server 0 restored its shards from ckpt-" in (log / "serverlog.0").read_text(),
-                 120, "server 0 restored")
+        wait_for(
+            lambda: "server 0 restored its shards from ckpt-" in (log / "serverlog.0").read_text(),
+            120,
+            "server 0 restored",
+        )
         after_first = state()
         assert (after_first["attempt"], after_first["restarts"]) == (0, 1), after_first
         # kill 2, its port taken: pause its actor, kill the server, listen on its port, resume
@@ -196,14 +261,20 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
     steps = LINES // (GLOBAL_BATCH // 2)
     progs = [json.loads((log / f"ps_progress.{rank}.json").read_text()) for rank in (0, 1)]
     for prog in progs:  # attempt 1 resumed from a checkpoint, each trainer at its own position
-        assert prog["attempt"] == 1 and prog["resumed"].get("checkpoint") and prog["step"] <= steps, prog
+        assert (
+            prog["attempt"] == 1 and prog["resumed"].get("checkpoint") and prog["step"] <= steps
+        ), prog
     # the trainers meet through the driver's coordinator, so each cut holds every trainer's own
     # position, and in async mode train_ps.py trains each for what its data has left: both
     # finish their pass (README: "after a restart-all recovery ...")
     assert all(prog["step"] == steps for prog in progs), progs
     server_log = (log / "serverlog.0").read_text()
-    assert len(re.findall(r"server 0 restored its shards from ckpt-\d+", server_log)) == 1, server_log[-3000:]
-    eps = [ln for ln in (log / "endpoints.log").read_text().splitlines() if ln.startswith("server 0 ")]
+    assert len(re.findall(r"server 0 restored its shards from ckpt-\d+", server_log)) == 1, (
+        server_log[-3000:]
+    )
+    eps = [
+        ln for ln in (log / "endpoints.log").read_text().splitlines() if ln.startswith("server 0 ")
+    ]
     assert len(eps) == 2 and eps[0] == f"server 0 127.0.0.1:{port}" and eps[1] != eps[0], eps
     _assert_nothing_left(cluster, sorted(pids))
 
@@ -216,21 +287,56 @@ def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> No
     meeting trainer 0 through the coordinator the driver hosts; trainer 0 keeps its pid and its
     steps never go back; one in-place recovery, one attempt; exit 0, nothing left."""
     data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"
-    subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(data),
-                    "--num_files", "2", "--lines_per_file", str(LINES)],
-                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(data),
+            "--num_files",
+            "2",
+            "--lines_per_file",
+            str(LINES),
+        ],
+        cwd=REPO,
+        env=base_env(),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "name": "ray-trainer-alone", "scheduler": "ray", "mode": "ps",
-        "entrypoint": {"script": "examples/ctr/train_ps.py",
-                       "args": ["--data_dir", str(data), "--test", "500", "--batch_size",
-                                str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", "async"]},
-        "sizes": {"server_num": 2, "worker_num": 2}, "max_restarts": 1, "log_dir": str(log),
-        "resources": {r: {"cpu": 0.5, "memory": "256Mi"} for r in ("trainer", "server")},
-        "tee": "none", "grace_period_s": 2.0,
-        "ps_checkpoint": {"dir": str(ckpt), "interval_s": 0.5, "keep": 2},
-        "ray": {"placement_timeout_s": 60, "address": cluster},
-    }))
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ray-trainer-alone",
+                "scheduler": "ray",
+                "mode": "ps",
+                "entrypoint": {
+                    "script": "examples/ctr/train_ps.py",
+                    "args": [
+                        "--data_dir",
+                        str(data),
+                        "--test",
+                        "500",
+                        "--batch_size",
+                        str(GLOBAL_BATCH),
+                        "--embedding_dim",
+                        "8",
+                        "--mode",
+                        "async",
+                    ],
+                },
+                "sizes": {"server_num": 2, "worker_num": 2},
+                "max_restarts": 1,
+                "log_dir": str(log),
+                "resources": {r: {"cpu": 0.5, "memory": "256Mi"} for r in ("trainer", "server")},
+                "tee": "none",
+                "grace_period_s": 2.0,
+                "ps_checkpoint": {"dir": str(ckpt), "interval_s": 0.5, "keep": 2},
+                "ray": {"placement_timeout_s": 60, "address": cluster},
+            }
+        )
+    )
     pids: set[int] = set()
     seen: dict[int, set[int]] = {0: set(), 1: set()}
     steps0: list[int] = []
@@ -245,7 +351,11 @@ def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> No
         return got
 
     def up(role: str) -> dict[int, int]:
-        return {p["rank"]: p["pid"] for p in state()["processes"] if p["role"] == role and p["state"] == "up"}
+        return {
+            p["rank"]: p["pid"]
+            for p in state()["processes"]
+            if p["role"] == role and p["state"] == "up"
+        }
 
     def progress(rank: int) -> dict:
         return json.loads((log / f"ps_progress.{rank}.json").read_text())
@@ -257,12 +367,25 @@ def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> No
 
     err_path = tmp_path / "stderr.txt"
     with open(tmp_path / "stdout.txt", "w") as out, open(err_path, "w") as err_file:
-        p = subprocess.Popen(fleetrun_cmd("-c", str(job)), cwd=str(REPO), env=base_env(),
-                             stdout=out, stderr=err_file, start_new_session=True)
+        p = subprocess.Popen(
+            fleetrun_cmd("-c", str(job)),
+            cwd=str(REPO),
+            env=base_env(),
+            stdout=out,
+            stderr=err_file,
+            start_new_session=True,
+        )
     try:
-        wait_for(lambda: len(up("trainer")) == 2 and len(up("server")) == 2
-                 and progress(1)["step"] >= 20 and progress(1).get("alone_ok"),
-                 150, "every process up, trainer 1 at step 20 meeting through the coordinator")
+        wait_for(
+            lambda: (
+                len(up("trainer")) == 2
+                and len(up("server")) == 2
+                and progress(1)["step"] >= 20
+                and progress(1).get("alone_ok")
+            ),
+            150,
+            "every process up, trainer 1 at step 20 meeting through the coordinator",
+        )
         trainers = up("trainer")
         assert "FLEET_PS_COORDINATOR" in psutil.Process(trainers[1]).environ()
         os.kill(trainers[1], signal.SIGKILL)
@@ -286,7 +409,10 @@ def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> No
     steps = LINES // (GLOBAL_BATCH // 2)
     p0, p1 = progress(0), progress(1)
     assert p0["attempt"] == p1["attempt"] == 0 and p0["resumed"] == {} and p0["step"] == steps, p0
-    assert p1["resumed"]["alone"] and p1["resumed"]["position"]["step"] >= dead["step"] - 1, (p1, dead)
+    assert p1["resumed"]["alone"] and p1["resumed"]["position"]["step"] >= dead["step"] - 1, (
+        p1,
+        dead,
+    )
     assert p1["step"] == steps, p1  # resumed at its position, trained the rest of its pass
     log1 = (log / "workerlog.1").read_text()
     assert "rank 1 restarted alone" in log1 and "restarted alone: resumes at pass 0" in log1

@@ -120,11 +120,17 @@ def test_kernel_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="wrong width"):
         kernels.push(2, hyper, cols, flags, np.array([0]), g)  # adam needs 2*dim+1 state
     with pytest.raises(TypeError, match="stored_keys"):
-        c.probe(np.full(8, -1, np.int32), np.zeros(4, np.int32), np.zeros(1, np.int64),
-                np.zeros(1, np.int64))
+        c.probe(
+            np.full(8, -1, np.int32),
+            np.zeros(4, np.int32),
+            np.zeros(1, np.int64),
+            np.zeros(1, np.int64),
+        )
 
 
-@pytest.mark.parametrize(("num_servers", "num_shards"), [(1, 64), (2, 64), (3, 64), (7, 100), (16, 16)])
+@pytest.mark.parametrize(
+    ("num_servers", "num_shards"), [(1, 64), (2, 64), (3, 64), (7, 100), (16, 16)]
+)
 def test_group_by_server_matches_numpy(
     monkeypatch: pytest.MonkeyPatch, num_servers: int, num_shards: int
 ) -> None:

@@ -26,8 +26,9 @@ def _counts(servers: list) -> int:
 def test_async_prefetch_is_used_only_for_the_same_keys() -> None:
     with cluster(2) as (servers, client):
         client.create_table("t", dim=3, optimizer=SGD(1.0), initializer=Constant(0.5))
-        comm = AsyncCommunicator(client, 1, lambda: None, queue_size=4, max_merge=1,
-                                 barrier_interval=0)
+        comm = AsyncCommunicator(
+            client, 1, lambda: None, queue_size=4, max_merge=1, barrier_interval=0
+        )
         comm.add_table("t", 3, 1.0)
         try:
             keys = np.array([3, 9, 42, -7], np.int64)
@@ -53,8 +54,9 @@ def test_prefetch_of_the_next_batch_before_this_forward() -> None:
     gets the prefetch made one step earlier, with no request of its own."""
     with cluster(1) as (servers, client):
         client.create_table("t", dim=2, optimizer=SGD(1.0), initializer=Constant(0.5))
-        comm = AsyncCommunicator(client, 1, lambda: None, queue_size=4, max_merge=1,
-                                 barrier_interval=0)
+        comm = AsyncCommunicator(
+            client, 1, lambda: None, queue_size=4, max_merge=1, barrier_interval=0
+        )
         comm.add_table("t", 2, 1.0)
         try:
             batches = [np.array([10 * s + 1, 10 * s + 2], np.int64) for s in range(5)]
@@ -79,8 +81,9 @@ def test_async_prefetch_sees_every_step_queued_before_it() -> None:
     returns miss at most the current step, however far the sender lags."""
     with cluster(1) as (_, client):
         client.create_table("t", dim=2, optimizer=SGD(1.0), initializer=Constant(0.5))
-        comm = AsyncCommunicator(client, 1, lambda: None, queue_size=8, max_merge=1,
-                                 barrier_interval=0)
+        comm = AsyncCommunicator(
+            client, 1, lambda: None, queue_size=8, max_merge=1, barrier_interval=0
+        )
         comm.add_table("t", 2, 1.0)
         keys = np.array([5, 6], np.int64)
         try:

@@ -34,32 +34,85 @@ TEST = 1000
 @pytest.fixture(scope="module")
 def slot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ctr_slots")
-    subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir",
-                    str(out), "--num_files", "2", "--lines_per_file", str(LINES)],
-                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(out),
+            "--num_files",
+            "2",
+            "--lines_per_file",
+            str(LINES),
+        ],
+        cwd=REPO,
+        env=base_env(),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return out
 
 
 class Job:
     """One fleetrun of the CTR example, its output in files (a pipe could fill and block it)."""
 
-    def __init__(self, tmp: Path, data: Path | None, mode: str, max_restarts: int, interval: float,
-                 extra: tuple[str, ...] = (), keep: int = 2) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        data: Path | None,
+        mode: str,
+        max_restarts: int,
+        interval: float,
+        extra: tuple[str, ...] = (),
+        keep: int = 2,
+    ) -> None:
         """``data``: the slot files' folder; None: the same examples generated in memory."""
         self.log, self.ckpt = tmp / "log", tmp / "ckpt"
         self.out, self.err = tmp / "stdout.txt", tmp / "stderr.txt"
         self.pids: set[int] = set()
-        args = ["--server_num", "2", "--worker_num", "2", "--log_dir", str(self.log),
-                "--ps_checkpoint_dir", str(self.ckpt), "--ps_checkpoint_interval", str(interval),
-                "--ps_checkpoint_keep", str(keep), "--max_restarts", str(max_restarts), "--tee", "none",
-                "--grace_period", "2",
-                "examples/ctr/train_ps.py",
-                *(["--data_dir", str(data)] if data else ["--train", str(2 * LINES)]), "--test", str(TEST),
-                "--batch_size", str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", mode,
-                "--json", str(tmp / "result.json"), *extra]
+        args = [
+            "--server_num",
+            "2",
+            "--worker_num",
+            "2",
+            "--log_dir",
+            str(self.log),
+            "--ps_checkpoint_dir",
+            str(self.ckpt),
+            "--ps_checkpoint_interval",
+            str(interval),
+            "--ps_checkpoint_keep",
+            str(keep),
+            "--max_restarts",
+            str(max_restarts),
+            "--tee",
+            "none",
+            "--grace_period",
+            "2",
+            "examples/ctr/train_ps.py",
+            *(["--data_dir", str(data)] if data else ["--train", str(2 * LINES)]),
+            "--test",
+            str(TEST),
+            "--batch_size",
+            str(GLOBAL_BATCH),
+            "--embedding_dim",
+            "8",
+            "--mode",
+            mode,
+            "--json",
+            str(tmp / "result.json"),
+            *extra,
+        ]
         with open(self.out, "w") as o, open(self.err, "w") as e:
-            self.proc = subprocess.Popen(fleetrun_cmd(*args), cwd=str(REPO), env=base_env(),
-                                         stdout=o, stderr=e, start_new_session=True)
+            self.proc = subprocess.Popen(
+                fleetrun_cmd(*args),
+                cwd=str(REPO),
+                env=base_env(),
+                stdout=o,
+                stderr=e,
+                start_new_session=True,
+            )
 
     def state(self) -> dict[str, Any]:
         data = json.loads((self.log / "job_state.json").read_text())
@@ -90,7 +143,9 @@ class Job:
         return p["attempt"] == attempt and latest is not None and latest[1] > resumed
 
     def kill(self, role: str, rank: int, attempt: int) -> None:
-        pid = wait_for(lambda: self.pid(role, rank, attempt), 60, f"{role} {rank} of attempt {attempt}")
+        pid = wait_for(
+            lambda: self.pid(role, rank, attempt), 60, f"{role} {rank} of attempt {attempt}"
+        )
         os.kill(pid, signal.SIGKILL)
 
     def wait(self, timeout: float) -> tuple[int, str]:
@@ -114,8 +169,11 @@ class Job:
         assert not wait_gone(sorted(self.pids), 15), "processes of the job outlived it"
         import psutil
 
-        mine = [p.pid for p in psutil.process_iter(["cmdline"])
-                if str(self.log) in " ".join(p.info["cmdline"] or [])]
+        mine = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if str(self.log) in " ".join(p.info["cmdline"] or [])
+        ]
         assert not mine, f"orphans: {mine}"
 
 
@@ -139,7 +197,9 @@ def saved_rows(directory: Path) -> dict[str, int]:
 @pytest.mark.timeout(240)
 def test_sync_server_kill_mid_pass_then_trainer_kill(tmp_path: Path, slot_dir: Path) -> None:
     final = tmp_path / "log" / "final"
-    job = Job(tmp_path, slot_dir, "sync", max_restarts=2, interval=0.5, extra=("--save", str(final)))
+    job = Job(
+        tmp_path, slot_dir, "sync", max_restarts=2, interval=0.5, extra=("--save", str(final))
+    )
     try:
         wait_for(lambda: job.checkpointed(0), 120, "a checkpoint of attempt 0")
         from launcher.ps_recovery import latest_committed
@@ -156,7 +216,9 @@ def test_sync_server_kill_mid_pass_then_trainer_kill(tmp_path: Path, slot_dir: P
     finally:
         job.close()
     assert rc == 0, err[-4000:]
-    assert resumed["checkpoint"] != partial.name and partial.name in [s[0] for s in resumed["skipped"]]
+    assert resumed["checkpoint"] != partial.name and partial.name in [
+        s[0] for s in resumed["skipped"]
+    ]
     assert "recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL" in err, err[-3000:]
     assert "recovery 2 (attempt 1 -> 2): rank 1 signal SIGKILL" in err, err[-3000:]
     steps = LINES // (GLOBAL_BATCH // 2)
@@ -167,28 +229,35 @@ def test_sync_server_kill_mid_pass_then_trainer_kill(tmp_path: Path, slot_dir: P
     assert len(state["recoveries"]) == 2 and state["state"] == "succeeded"
     from examples.ctr.data import CTRDataConfig, generate
 
-    seen = ids_in(slot_dir) | set(generate(CTRDataConfig(seed=0), TEST, 2 * LINES).sparse_ids.ravel().tolist())
+    seen = ids_in(slot_dir) | set(
+        generate(CTRDataConfig(seed=0), TEST, 2 * LINES).sparse_ids.ravel().tolist()
+    )
     rows = saved_rows(final)
     assert rows["ctr_dim1"] == rows["ctr_dim8"] == len(seen), (rows, len(seen))
 
 
 @pytest.mark.timeout(200)
-def test_async_trainer_kill_recovers_then_spent_budget_fails(tmp_path: Path, slot_dir: Path) -> None:
+def test_async_trainer_kill_recovers_then_spent_budget_fails(
+    tmp_path: Path, slot_dir: Path
+) -> None:
     job = Job(tmp_path, slot_dir, "async", max_restarts=1, interval=0.5)
     try:
         wait_for(lambda: job.checkpointed(0), 120, "a checkpoint of attempt 0")
         job.kill("trainer", 0, 0)  # async: restarted alone (test_ps_trainer_rejoin.py)
-        wait_for(lambda: job.progress(0)["resumed"].get("alone") and job.checkpointed(0), 120,
-                 "a checkpoint after the trainer's recovery")
+        wait_for(
+            lambda: job.progress(0)["resumed"].get("alone") and job.checkpointed(0),
+            120,
+            "a checkpoint after the trainer's recovery",
+        )
         job.kill("server", 0, 0)
         rc, err = job.wait(120)
     finally:
         job.close()
     assert rc == 1, err[-4000:]
     assert "recovery 1 (attempt 0, in place): rank 0 signal SIGKILL" in err
-    summary = err[err.index("FAILED"):]
-    root = summary[summary.index("Root cause (first observed failure):"):].splitlines()[:5]
+    summary = err[err.index("FAILED") :]
+    root = summary[summary.index("Root cause (first observed failure):") :].splitlines()[:5]
     assert any(ln.split() == ["server", ":", "index", "0", "(node", "0)"] for ln in root), root
     assert any("exit" in ln and "SIGKILL" in ln for ln in root), root
-    tail = summary[summary.index("Root cause"):]
+    tail = summary[summary.index("Root cause") :]
     assert "no PS recovery: the restart budget" in tail and "PS recoveries:" in tail

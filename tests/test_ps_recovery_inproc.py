@@ -44,17 +44,29 @@ def keys_of(directory: Path) -> dict[str, set[int]]:
 @pytest.mark.timeout(240)
 def test_async_server_kill_restarts_it_alone(tmp_path: Path, slot_dir: Path) -> None:  # noqa: F811
     final = tmp_path / "log" / "final"
-    job = Job(tmp_path, slot_dir, "async", max_restarts=1, interval=0.5,
-              extra=("--save", str(final)), keep=0)
+    job = Job(
+        tmp_path,
+        slot_dir,
+        "async",
+        max_restarts=1,
+        interval=0.5,
+        extra=("--save", str(final)),
+        keep=0,
+    )
     try:
         wait_for(lambda: job.checkpointed(0), 120, "a checkpoint of attempt 0")
-        before = {(r, k): wait_for(lambda r=r, k=k: job.pid(r, k, 0), 60, f"{r} {k}")
-                  for r, k in (("server", 0), ("server", 1), ("trainer", 0), ("trainer", 1))}
+        before = {
+            (r, k): wait_for(lambda r=r, k=k: job.pid(r, k, 0), 60, f"{r} {k}")
+            for r, k in (("server", 0), ("server", 1), ("trainer", 0), ("trainer", 1))
+        }
         created = {key: psutil.Process(pid).create_time() for key, pid in before.items()}
         job.kill("server", 1, 0)
         # the replacement server is up in the same attempt, with a new pid
-        wait_for(lambda: (job.pid("server", 1, 0) or before[("server", 1)]) != before[("server", 1)],
-                 120, "server 1 restarted")
+        wait_for(
+            lambda: (job.pid("server", 1, 0) or before[("server", 1)]) != before[("server", 1)],
+            120,
+            "server 1 restarted",
+        )
         for key, pid in before.items():
             if key != ("server", 1):  # the others never stopped
                 assert job.pid(*key, 0) == pid, (key, job.state()["processes"])
@@ -102,7 +114,9 @@ def test_failed_automatic_checkpoints_are_skipped(tmp_path: Path, slot_dir: Path
         p = json.loads((job.log / f"ps_progress.{rank}.json").read_text())
         assert p["checkpoints_failed"] >= 1 and p["step"] == steps, p
         log = (job.log / f"workerlog.{rank}").read_text()
-        assert re.search(rf"trainer {rank}: automatic checkpoint at step \d+ failed, skipped", log), log[-3000:]
+        assert re.search(
+            rf"trainer {rank}: automatic checkpoint at step \d+ failed, skipped", log
+        ), log[-3000:]
     from launcher.ps_recovery import latest_committed
 
     assert latest_committed(str(job.ckpt)) is None

@@ -32,16 +32,34 @@ MOUNT = {"name": "ckpt", "mountPath": "/ckpt"}
 
 
 def _spec(tmp: Path, data: Path | str, **k8s: object) -> object:
-    return build_spec({
-        "name": "ctr-rec", "scheduler": "k8s", "mode": "ps",
-        "entrypoint": {"script": "examples/ctr/train_ps.py",
-                       "args": ["--data_dir", str(data), "--test", "500", "--batch_size",
-                                str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", "sync"]},
-        "sizes": {"server_num": 1, "worker_num": 2}, "max_restarts": 2,
-        "log_dir": str(tmp / "log"), "env": {"OMP_NUM_THREADS": "1"},
-        "ps_checkpoint": {"dir": "/ckpt/ctr-rec", "interval_s": 0.5, "keep": 2},
-        "k8s": {"volumes": [CLAIM], "volume_mounts": [MOUNT], **k8s},
-    })
+    return build_spec(
+        {
+            "name": "ctr-rec",
+            "scheduler": "k8s",
+            "mode": "ps",
+            "entrypoint": {
+                "script": "examples/ctr/train_ps.py",
+                "args": [
+                    "--data_dir",
+                    str(data),
+                    "--test",
+                    "500",
+                    "--batch_size",
+                    str(GLOBAL_BATCH),
+                    "--embedding_dim",
+                    "8",
+                    "--mode",
+                    "sync",
+                ],
+            },
+            "sizes": {"server_num": 1, "worker_num": 2},
+            "max_restarts": 2,
+            "log_dir": str(tmp / "log"),
+            "env": {"OMP_NUM_THREADS": "1"},
+            "ps_checkpoint": {"dir": "/ckpt/ctr-rec", "interval_s": 0.5, "keep": 2},
+            "k8s": {"volumes": [CLAIM], "volume_mounts": [MOUNT], **k8s},
+        }
+    )
 
 
 @pytest.mark.timeout(60)
@@ -60,7 +78,9 @@ def test_manifest_carries_checkpoint_volume_env_secret_restarts(tmp_path: Path) 
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["containers"][0]["env"]}
         assert env["FLEET_PS_CHECKPOINT_DIR"] == "/ckpt/ctr-rec"
         assert env["FLEET_PS_CHECKPOINT_KEEP"] == "2"
-        assert env["FLEET_PS_TOKEN"] == {"secretKeyRef": {"name": "ctr-rec-ps-token", "key": "token"}}
+        assert env["FLEET_PS_TOKEN"] == {
+            "secretKeyRef": {"name": "ctr-rec-ps-token", "key": "token"}
+        }
         assert ("FLEET_PS_RECONNECT_S" in env) == (role == "trainer")
         assert {"name": "ckpt", "mountPath": "/ckpt"} in pod["containers"][0]["volumeMounts"]
         if role == "server":
@@ -95,11 +115,27 @@ def _kill_pod(proc: subprocess.Popen[bytes]) -> None:
 @pytest.mark.timeout(240)
 def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Path) -> None:
     data = tmp_path / "slots"
-    subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(data),
-                    "--num_files", "2", "--lines_per_file", str(LINES)],
-                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=120)
-    pods = {p.name: p for p in k8s_local.translate(render_job(_spec(tmp_path, data)),
-                                                   tmp_path / "pods", REPO)}
+    subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(data),
+            "--num_files",
+            "2",
+            "--lines_per_file",
+            str(LINES),
+        ],
+        cwd=REPO,
+        env=base_env(),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    pods = {
+        p.name: p
+        for p in k8s_local.translate(render_job(_spec(tmp_path, data)), tmp_path / "pods", REPO)
+    }
     ckpt = tmp_path / "pods" / "claims" / "ps-ckpt" / "ctr-rec"
     log = tmp_path / "log"
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -132,12 +168,15 @@ def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Pa
                 if procs[name].returncode == 0:
                     codes[name] = 0
                 else:  # the Job controller replaces a failed pod (budget: backoffLimit 4)
-                    assert starts[name] < 3, (tmp_path / f"{name}.{starts[name]}.out").read_text()[-3000:]
+                    assert starts[name] < 3, (tmp_path / f"{name}.{starts[name]}.out").read_text()[
+                        -3000:
+                    ]
                     start(name)
             all_pids.update(c for n in procs for c in _children(procs[n].pid))
             time.sleep(0.2)
         assert codes == dict.fromkeys(trainers, 0), {
-            n: (tmp_path / f"{n}.{starts[n]}.out").read_text()[-3000:] for n in trainers}
+            n: (tmp_path / f"{n}.{starts[n]}.out").read_text()[-3000:] for n in trainers
+        }
         assert k8s_local.stop(procs[server], signal.SIGTERM) == 0
         assert k8s_local.stop(procs[coordinator], signal.SIGTERM) == 0
     finally:
@@ -145,7 +184,9 @@ def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Pa
             k8s_local.stop(proc, signal.SIGKILL, 5)
     outputs = "\n".join(p.read_text() for p in tmp_path.glob("*.out"))
     assert starts[server] == 2 and all(starts[t] == 2 for t in trainers), (starts, outputs[-4000:])
-    assert "recovery 1 (attempt 0 -> 1): server 0 restarted by Kubernetes" in outputs, outputs[-4000:]
+    assert "recovery 1 (attempt 0 -> 1): server 0 restarted by Kubernetes" in outputs, outputs[
+        -4000:
+    ]
     steps = LINES // (GLOBAL_BATCH // 2)
     for rank in (0, 1):  # the second generation resumed from a checkpoint and finished the pass
         p = json.loads((log / f"ps_progress.{rank}.json").read_text())

@@ -29,21 +29,56 @@ GLOBAL_BATCH = 32
 @pytest.mark.timeout(300)
 def test_server_actor_killed_job_recovers(cluster: str, tmp_path: Path) -> None:  # noqa: F811
     data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"
-    subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(data),
-                    "--num_files", "2", "--lines_per_file", str(LINES)],
-                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(data),
+            "--num_files",
+            "2",
+            "--lines_per_file",
+            str(LINES),
+        ],
+        cwd=REPO,
+        env=base_env(),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "name": "ray-ps-rec", "scheduler": "ray", "mode": "ps",
-        "entrypoint": {"script": "examples/ctr/train_ps.py",
-                       "args": ["--data_dir", str(data), "--test", "500", "--batch_size",
-                                str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", "sync"]},
-        "sizes": {"server_num": 1, "worker_num": 2}, "max_restarts": 1, "log_dir": str(log),
-        "resources": {r: {"cpu": 0.5, "memory": "256Mi"} for r in ("trainer", "server")},
-        "tee": "none", "grace_period_s": 2.0,
-        "ps_checkpoint": {"dir": str(ckpt), "interval_s": 0.5, "keep": 2},
-        "ray": {"placement_timeout_s": 60, "address": cluster},
-    }))
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ray-ps-rec",
+                "scheduler": "ray",
+                "mode": "ps",
+                "entrypoint": {
+                    "script": "examples/ctr/train_ps.py",
+                    "args": [
+                        "--data_dir",
+                        str(data),
+                        "--test",
+                        "500",
+                        "--batch_size",
+                        str(GLOBAL_BATCH),
+                        "--embedding_dim",
+                        "8",
+                        "--mode",
+                        "sync",
+                    ],
+                },
+                "sizes": {"server_num": 1, "worker_num": 2},
+                "max_restarts": 1,
+                "log_dir": str(log),
+                "resources": {r: {"cpu": 0.5, "memory": "256Mi"} for r in ("trainer", "server")},
+                "tee": "none",
+                "grace_period_s": 2.0,
+                "ps_checkpoint": {"dir": str(ckpt), "interval_s": 0.5, "keep": 2},
+                "ray": {"placement_timeout_s": 60, "address": cluster},
+            }
+        )
+    )
     pids: set[int] = set()
 
     def state() -> dict:
@@ -53,8 +88,14 @@ def test_server_actor_killed_job_recovers(cluster: str, tmp_path: Path) -> None:
 
     def server_pid() -> int | None:
         got = state()
-        return next((p["pid"] for p in got["processes"] if p["role"] == "server" and p["state"] == "up"
-                     and got["attempt"] == 0), None)
+        return next(
+            (
+                p["pid"]
+                for p in got["processes"]
+                if p["role"] == "server" and p["state"] == "up" and got["attempt"] == 0
+            ),
+            None,
+        )
 
     from launcher.ps_recovery import latest_committed
 
@@ -77,9 +118,15 @@ def test_server_actor_killed_job_recovers(cluster: str, tmp_path: Path) -> None:
     steps = LINES // (GLOBAL_BATCH // 2)
     for rank in (0, 1):  # attempt 1 resumed from a checkpoint and finished the pass
         prog = json.loads((log / f"ps_progress.{rank}.json").read_text())
-        assert prog["attempt"] == 1 and prog["resumed"].get("checkpoint") and prog["step"] == steps, prog
+        assert (
+            prog["attempt"] == 1 and prog["resumed"].get("checkpoint") and prog["step"] == steps
+        ), prog
     final = json.loads((log / "job_state.json").read_text())
     assert final["state"] == "succeeded" and len(final["recoveries"]) == 1, final
-    servers = [ln for ln in (log / "endpoints.log").read_text().splitlines() if ln.startswith("server 0 ")]
-    assert len(servers) == 2 and servers[0] == servers[1], servers  # the same endpoint both attempts
+    servers = [
+        ln for ln in (log / "endpoints.log").read_text().splitlines() if ln.startswith("server 0 ")
+    ]
+    assert len(servers) == 2 and servers[0] == servers[1], (
+        servers
+    )  # the same endpoint both attempts
     _assert_nothing_left(cluster, sorted(pids))

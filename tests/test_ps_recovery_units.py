@@ -18,11 +18,14 @@ PS = {"mode": "ps", "sizes": {"server_num": 1, "worker_num": 2}}
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize(("section", "key"), [
-    ({"dir": "ck", "interval_s": 0}, "ps_checkpoint.interval_s"),
-    ({"dir": "ck", "keep": -1}, "ps_checkpoint.keep"),
-    ({"dir": "ck", "every": 3}, "ps_checkpoint.every"),
-])
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ({"dir": "ck", "interval_s": 0}, "ps_checkpoint.interval_s"),
+        ({"dir": "ck", "keep": -1}, "ps_checkpoint.keep"),
+        ({"dir": "ck", "every": 3}, "ps_checkpoint.every"),
+    ],
+)
 def test_bad_ps_checkpoint_values_are_named(section: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         build_spec({**PS, "ps_checkpoint": section})
@@ -38,8 +41,13 @@ def test_ps_checkpoint_needs_ps_mode_on_any_scheduler() -> None:
 
 @pytest.mark.timeout(30)
 def test_flags_reach_the_trainers_env(tmp_path: Path) -> None:
-    spec = build_spec({**PS, "ps_checkpoint": {"dir": str(tmp_path / "ck"), "interval_s": 2.5, "keep": 4},
-                       "log_dir": str(tmp_path / "log")})
+    spec = build_spec(
+        {
+            **PS,
+            "ps_checkpoint": {"dir": str(tmp_path / "ck"), "interval_s": 2.5, "keep": 4},
+            "log_dir": str(tmp_path / "log"),
+        }
+    )
     rec = make_recovery(spec)
     assert isinstance(rec, PSRecovery)
     env = rec.trainer_env()
@@ -48,7 +56,9 @@ def test_flags_reach_the_trainers_env(tmp_path: Path) -> None:
     assert make_recovery(build_spec(PS)) is None
     assert read_ps_checkpoint_env({}) is None
     with pytest.raises(EnvContractError, match="FLEET_PS_CHECKPOINT_INTERVAL"):
-        read_ps_checkpoint_env({**ps_checkpoint_env(PSCheckpointEnv("d")), "FLEET_PS_CHECKPOINT_INTERVAL": "x"})
+        read_ps_checkpoint_env(
+            {**ps_checkpoint_env(PSCheckpointEnv("d")), "FLEET_PS_CHECKPOINT_INTERVAL": "x"}
+        )
 
 
 @pytest.mark.timeout(30)
@@ -85,7 +95,11 @@ def test_in_memory_dataset_resumes_mid_pass(tmp_path: Path) -> None:
 
     (tmp_path / "part-0").write_text("".join(f"1 {i} 1 {i % 2}\n" for i in range(10)))
     ds = fleet.data.InMemoryDataset()
-    ds.init(batch_size=3, thread_num=1, use_var=[fleet.data.Slot("id", "int64"), fleet.data.Slot("label", "int64")])
+    ds.init(
+        batch_size=3,
+        thread_num=1,
+        use_var=[fleet.data.Slot("id", "int64"), fleet.data.Slot("label", "int64")],
+    )
     ds.set_filelist([str(tmp_path / "part-0")])
     ds.load_into_memory()
     saved = data_position._tracker
@@ -127,7 +141,9 @@ def test_recoveries_reach_job_state_status_line_and_metric(tmp_path: Path) -> No
     monitor = JobMonitor("job", "run", 3, str(tmp_path), "127.0.0.1", metrics=False)
     before = PS_RECOVERIES.labels(role="server")._value.get()
     monitor.recovered("server", "recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9)")
-    assert monitor.snapshot()["recoveries"] == ["recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9)"]
+    assert monitor.snapshot()["recoveries"] == [
+        "recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9)"
+    ]
     assert PS_RECOVERIES.labels(role="server")._value.get() == before + 1
     text = Status(4, 4, 10, None, None, None, recoveries="1 PS recovery(ies), last: x").text()
     assert text == "4/4 up | step 10 | 1 PS recovery(ies), last: x"
@@ -171,7 +187,9 @@ def test_client_waits_for_a_server_restarted_on_its_endpoint() -> None:
 
 @pytest.mark.timeout(30)
 def test_no_recovery_without_a_checkpoint_or_budget(tmp_path: Path) -> None:
-    spec = build_spec({**PS, "ps_checkpoint": {"dir": str(tmp_path / "ck")}, "log_dir": str(tmp_path / "log")})
+    spec = build_spec(
+        {**PS, "ps_checkpoint": {"dir": str(tmp_path / "ck")}, "log_dir": str(tmp_path / "log")}
+    )
     rec = make_recovery(spec)
     assert rec is not None
     got = rec.recover(0, "server 1 signal SIGKILL (9)", "server", budget_left=True)
@@ -184,8 +202,10 @@ def test_no_recovery_without_a_checkpoint_or_budget(tmp_path: Path) -> None:
     (tmp_path / "log" / "ps_progress.0.json").write_text('{"rank": 0, "attempt": 0, "step": 19}')
     got = rec.recover(0, "server 1 signal SIGKILL (9)", "server", budget_left=True)
     assert not isinstance(got, str) and got.redone == 12
-    assert got.text() == ("recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9) at step ~19; "
-                          "restarted: every process, restored ckpt-000007 (step 7); ~12 steps redone")
+    assert got.text() == (
+        "recovery 1 (attempt 0 -> 1): server 1 signal SIGKILL (9) at step ~19; "
+        "restarted: every process, restored ckpt-000007 (step 7); ~12 steps redone"
+    )
     assert rec.finish(1).startswith("PS recoveries:\n  recovery 1")
 
 
@@ -219,8 +239,9 @@ def test_server_restarted_alone_restores_its_shard_and_pushes_wait_for_it(tmp_pa
     root = str(tmp_path / "ck")
     first = PSServer(host="127.0.0.1", port=0, checkpoint_root=str(tmp_path))
     port = first.start()
-    client = PSClient([f"127.0.0.1:{port}"], token=None, retries=0, reconnect_s=30, timeout_s=10,
-                      shm=True)
+    client = PSClient(
+        [f"127.0.0.1:{port}"], token=None, retries=0, reconnect_s=30, timeout_s=10, shm=True
+    )
     second = PSServer(host="127.0.0.1", port=port, checkpoint_root=str(tmp_path))
     keys = np.arange(40_000, dtype=np.int64)  # 40000 x 4 floats: over the shm threshold
     grads = np.ones((keys.size, 4), dtype=np.float32)
@@ -240,7 +261,11 @@ def test_server_restarted_alone_restores_its_shard_and_pushes_wait_for_it(tmp_pa
         at_ckpt1 = client.pull_sparse("emb", keys)
         client.push_sparse("emb", keys, grads)
         client.begin_checkpoint(root, 2).result()
-        shard = next(p for p in (shard_path(f"{root}/ckpt-000002", "emb", s) for s in range(64)) if p.exists())
+        shard = next(
+            p
+            for p in (shard_path(f"{root}/ckpt-000002", "emb", s) for s in range(64))
+            if p.exists()
+        )
         raw = bytearray(shard.read_bytes())
         raw[-1] ^= 0xFF  # same size, wrong CRC: found only when this server loads it
         shard.write_bytes(bytes(raw))
@@ -263,7 +288,9 @@ def test_server_restarted_alone_restores_its_shard_and_pushes_wait_for_it(tmp_pa
 
 @pytest.mark.timeout(30)
 def test_recover_alone_only_a_server_in_async_or_geo(tmp_path: Path) -> None:
-    spec = build_spec({**PS, "ps_checkpoint": {"dir": str(tmp_path / "ck")}, "log_dir": str(tmp_path / "log")})
+    spec = build_spec(
+        {**PS, "ps_checkpoint": {"dir": str(tmp_path / "ck")}, "log_dir": str(tmp_path / "log")}
+    )
     rec = PSRecovery(spec)
     assert rec.num_trainers == 2
     (tmp_path / "log").mkdir()
@@ -274,15 +301,20 @@ def test_recover_alone_only_a_server_in_async_or_geo(tmp_path: Path) -> None:
     progress = {0: ("async", 19), 1: ("sync", 18)}
     for rank, (mode, step) in progress.items():
         (tmp_path / "log" / f"ps_progress.{rank}.json").write_text(
-            f'{{"rank": {rank}, "attempt": 0, "step": {step}, "mode": "{mode}"}}')
+            f'{{"rank": {rank}, "attempt": 0, "step": {step}, "mode": "{mode}"}}'
+        )
     assert rec.recover_alone(0, died, "server", 1, True) is None  # sync: restart every process
-    (tmp_path / "log" / "ps_progress.1.json").write_text('{"rank": 1, "attempt": 0, "step": 18, "mode": "geo"}')
+    (tmp_path / "log" / "ps_progress.1.json").write_text(
+        '{"rank": 1, "attempt": 0, "step": 18, "mode": "geo"}'
+    )
     assert rec.recover_alone(0, "rank 1 signal SIGKILL (9)", "trainer", 1, True) is None
     assert rec.recover_alone(0, died, "server", 1, False) is None  # budget spent
     got = rec.recover_alone(0, died, "server", 1, True)
     assert got is not None and got.redone == 0 and got.lost == 12
-    assert got.text() == ("recovery 1 (attempt 0, in place): server 1 signal SIGKILL (9) at step ~19; "
-                          "restarted: server 1 only, restored its shard from ckpt-000007 (step 7); "
-                          "work lost: that shard's updates of ~12 steps; 0 steps redone")
+    assert got.text() == (
+        "recovery 1 (attempt 0, in place): server 1 signal SIGKILL (9) at step ~19; "
+        "restarted: server 1 only, restored its shard from ckpt-000007 (step 7); "
+        "work lost: that shard's updates of ~12 steps; 0 steps redone"
+    )
     assert rec.restore_env() == {"FLEET_PS_RESTORE_LATEST": rec.dir}
     assert rec.trainer_env()["FLEET_PS_RECONNECT_S"] == "120.0"

@@ -40,14 +40,18 @@ KEYS = np.arange(40, dtype=np.int64)
 
 
 def _refusals(op: str, cause: str) -> float:
-    return REGISTRY.get_sample_value("fleet_ps_auth_failures_total", {"op": op, "cause": cause}) or 0.0
+    return (
+        REGISTRY.get_sample_value("fleet_ps_auth_failures_total", {"op": op, "cause": cause}) or 0.0
+    )
 
 
 def _snapshot(client: PSClient, directory: Path) -> dict[str, Any]:
     """Every table's contents, as the bytes of the shard files of a full save (reading rows
     through pulls would count them, and add the rows of keys not seen yet)."""
     client.save(str(directory))
-    files = {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*.bin"))}
+    files = {
+        str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*.bin"))
+    }
     manifest = json.loads((directory / "manifest.server-0.json").read_text())
     assert files
     return {"files": files, "tables": {n: t["config"] for n, t in manifest["tables"].items()}}
@@ -56,30 +60,66 @@ def _snapshot(client: PSClient, directory: Path) -> dict[str, Any]:
 def _every_rpc(tmp_path: Path) -> dict[str, tuple[Callable[..., Any], Any]]:
     """One well-formed request per RPC of the service (each would change or read state)."""
     return {
-        "CreateTable": ("CreateTable", ps_pb2.CreateTableRequest(config_json=json.dumps(
-            {"kind": "sparse", "name": "new", "dim": 2}))),
+        "CreateTable": (
+            "CreateTable",
+            ps_pb2.CreateTableRequest(
+                config_json=json.dumps({"kind": "sparse", "name": "new", "dim": 2})
+            ),
+        ),
         "ListTables": ("ListTables", ps_pb2.ListTablesRequest()),
-        "PullSparse": ("PullSparse", ps_pb2.PullSparseRequest(table="emb", keys=np.arange(1000, 1010).tobytes())),
-        "PushSparse": ("PushSparse", ps_pb2.PushSparseRequest(
-            table="emb", keys=KEYS.tobytes(), grads=np.ones((40, DIM), np.float32).tobytes(),
-            mode=ps_pb2.PUSH_MODE_APPLY)),
-        "InitDense": ("InitDense", ps_pb2.InitDenseRequest(table="d", name="v", values=np.ones(3, np.float32).tobytes())),
+        "PullSparse": (
+            "PullSparse",
+            ps_pb2.PullSparseRequest(table="emb", keys=np.arange(1000, 1010).tobytes()),
+        ),
+        "PushSparse": (
+            "PushSparse",
+            ps_pb2.PushSparseRequest(
+                table="emb",
+                keys=KEYS.tobytes(),
+                grads=np.ones((40, DIM), np.float32).tobytes(),
+                mode=ps_pb2.PUSH_MODE_APPLY,
+            ),
+        ),
+        "InitDense": (
+            "InitDense",
+            ps_pb2.InitDenseRequest(table="d", name="v", values=np.ones(3, np.float32).tobytes()),
+        ),
         "PullDense": ("PullDense", ps_pb2.PullDenseRequest(table="d", name="w")),
-        "PushDense": ("PushDense", ps_pb2.PushDenseRequest(
-            table="d", name="w", grad=np.ones(6, np.float32).tobytes(), mode=ps_pb2.PUSH_MODE_APPLY)),
+        "PushDense": (
+            "PushDense",
+            ps_pb2.PushDenseRequest(
+                table="d",
+                name="w",
+                grad=np.ones(6, np.float32).tobytes(),
+                mode=ps_pb2.PUSH_MODE_APPLY,
+            ),
+        ),
         "Save": ("Save", ps_pb2.SaveRequest(dir=str(tmp_path / "stolen"))),
         "Load": ("Load", ps_pb2.LoadRequest(dir=str(tmp_path / "ck"))),
-        "CheckpointBegin": ("CheckpointBegin", ps_pb2.CheckpointBeginRequest(
-            root=str(tmp_path / "jobck"), name="ckpt-000001", kind="checkpoint")),
-        "CheckpointWait": ("CheckpointWait", ps_pb2.CheckpointWaitRequest(
-            root=str(tmp_path / "jobck"), name="ckpt-000001")),
-        "CheckpointCommit": ("CheckpointCommit", ps_pb2.CheckpointCommitRequest(
-            root=str(tmp_path / "jobck"), name="ckpt-000001", num_servers=1, keep=1)),
+        "CheckpointBegin": (
+            "CheckpointBegin",
+            ps_pb2.CheckpointBeginRequest(
+                root=str(tmp_path / "jobck"), name="ckpt-000001", kind="checkpoint"
+            ),
+        ),
+        "CheckpointWait": (
+            "CheckpointWait",
+            ps_pb2.CheckpointWaitRequest(root=str(tmp_path / "jobck"), name="ckpt-000001"),
+        ),
+        "CheckpointCommit": (
+            "CheckpointCommit",
+            ps_pb2.CheckpointCommitRequest(
+                root=str(tmp_path / "jobck"), name="ckpt-000001", num_servers=1, keep=1
+            ),
+        ),
         "ListCheckpoints": ("ListCheckpoints", ps_pb2.ListCheckpointsRequest(root=str(tmp_path))),
         "Shrink": ("Shrink", ps_pb2.ShrinkRequest(table="emb", unseen_days=0)),
         "EndDay": ("EndDay", ps_pb2.EndDayRequest()),
         "Barrier": ("Barrier", ps_pb2.BarrierRequest(name="b", count=2, timeout_s=1)),
-        "ShmAttach": ("ShmAttach", ps_pb2.ShmAttachRequest(segment="fleetps_" + "0" * 32, token=b"x" * 16)),
+        "ShmAttach": (
+            "ShmAttach",
+            ps_pb2.ShmAttachRequest(segment="fleetps_" + "0" * 32, token=b"x" * 16),
+        ),
         "ShmDetach": ("ShmDetach", ps_pb2.ShmDetachRequest(segment="fleetps_" + "0" * 32)),
         "Stats": ("Stats", ps_pb2.StatsRequest()),
         "Stop": ("Stop", ps_pb2.StopRequest()),
@@ -88,8 +128,9 @@ def _every_rpc(tmp_path: Path) -> dict[str, tuple[Callable[..., Any], Any]]:
 
 @pytest.mark.timeout(60)
 def test_calls_without_the_job_token_are_refused_and_change_nothing(tmp_path: Path) -> None:
-    with cluster(1, token=TOKEN, checkpoint_root=str(tmp_path),
-                 client_kw={"timeout_s": 20, "token": TOKEN}) as (servers, client):
+    with cluster(
+        1, token=TOKEN, checkpoint_root=str(tmp_path), client_kw={"timeout_s": 20, "token": TOKEN}
+    ) as (servers, client):
         client.create_table("emb", DIM, num_shards=4)
         client.create_dense_table("d", num_shards=2)
         client.init_dense("d", "w", np.arange(6, dtype=np.float32))
@@ -99,9 +140,14 @@ def test_calls_without_the_job_token_are_refused_and_change_nothing(tmp_path: Pa
         channel = grpc.insecure_channel(client.endpoints[0])
         stub = ps_pb2_grpc.ParameterServerStub(channel)
         rpcs = _every_rpc(tmp_path)
-        assert set(rpcs) == {m.name for m in ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods}
-        for cause, metadata in (("missing_token", None), ("wrong_token", ((METADATA_KEY, "not-" + TOKEN),)),
-                                ("wrong_token", ((METADATA_KEY, TOKEN[:-1]),))):
+        assert set(rpcs) == {
+            m.name for m in ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods
+        }
+        for cause, metadata in (
+            ("missing_token", None),
+            ("wrong_token", ((METADATA_KEY, "not-" + TOKEN),)),
+            ("wrong_token", ((METADATA_KEY, TOKEN[:-1]),)),
+        ):
             for op, (method, request) in rpcs.items():
                 seen = _refusals(op, cause)
                 with pytest.raises(grpc.RpcError) as info:
@@ -117,7 +163,10 @@ def test_calls_without_the_job_token_are_refused_and_change_nothing(tmp_path: Pa
         assert _refusals("unknown", "missing_token") >= 1
         channel.close()
         # the same through PSClient: typed errors, never retried
-        for bad in (PSClient(client.endpoints, retries=0), PSClient(client.endpoints, token="x" * 20)):
+        for bad in (
+            PSClient(client.endpoints, retries=0),
+            PSClient(client.endpoints, token="x" * 20),
+        ):
             with bad:
                 bad.wait_ready(10)  # health checks stay open
                 with pytest.raises(PSUnauthenticatedError, match="UNAUTHENTICATED"):
@@ -135,7 +184,9 @@ def test_calls_without_the_job_token_are_refused_and_change_nothing(tmp_path: Pa
 def test_shared_memory_attach_needs_the_token(tmp_path: Path) -> None:
     keys = np.arange(20_000, dtype=np.int64)  # ~0.8 MB of rows: above the shm threshold
     with cluster(1, token=TOKEN, client_kw={"timeout_s": 20, "token": TOKEN, "shm": True}) as (
-            servers, client):
+        servers,
+        client,
+    ):
         client.create_table("emb", 8, num_shards=4)
         want = client.pull_sparse("emb", keys)
         assert len(servers[0].state.shm) == 1  # the job's client attached a segment
@@ -181,7 +232,10 @@ def test_token_file_flag_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     token_file.write_text(TOKEN + "\n")
     proc, endpoint = start_server_process("--port", "0", "--token_file", str(token_file))
     try:
-        with PSClient([endpoint], timeout_s=10, retries=0) as anon, pytest.raises(PSUnauthenticatedError):
+        with (
+            PSClient([endpoint], timeout_s=10, retries=0) as anon,
+            pytest.raises(PSUnauthenticatedError),
+        ):
             anon.stats()
         monkeypatch.setenv("FLEET_PS_TOKEN", TOKEN)  # PSClient's default: the job's env
         with PSClient([endpoint], timeout_s=10) as client:
@@ -203,7 +257,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _tls_server(pki: dict[str, Any], mutual: bool) -> PSServer:
     s = pki["server"]
-    server = PSServer(token=TOKEN, tls=TLSConfig(cert=s.cert, key=s.key, ca=s.ca if mutual else None))
+    server = PSServer(
+        token=TOKEN, tls=TLSConfig(cert=s.cert, key=s.key, ca=s.ca if mutual else None)
+    )
     server.start()
     return server
 
@@ -216,10 +272,14 @@ def test_tls_channel(pki: dict[str, Any]) -> None:
         with PSClient([ep], token=TOKEN, tls_ca=pki["server"].ca, timeout_s=10) as client:
             client.create_table("emb", DIM, num_shards=2)
             assert client.pull_sparse("emb", KEYS).shape == (40, DIM)
-        with PSClient([ep], token=TOKEN, tls_ca=pki["server"].ca, tls_server_name="localhost",
-                      timeout_s=10) as by_name:
+        with PSClient(
+            [ep], token=TOKEN, tls_ca=pki["server"].ca, tls_server_name="localhost", timeout_s=10
+        ) as by_name:
             assert by_name.stats()
-        with PSClient([ep], token=TOKEN, retries=0, timeout_s=5) as plain, pytest.raises(PSUnavailableError):
+        with (
+            PSClient([ep], token=TOKEN, retries=0, timeout_s=5) as plain,
+            pytest.raises(PSUnavailableError),
+        ):
             plain.stats()  # a plain-text client cannot talk to a TLS server
     finally:
         server.stop(0.5)
@@ -231,7 +291,9 @@ def test_mutual_tls_needs_a_client_certificate_from_the_ca(pki: dict[str, Any]) 
     ep, ca = f"127.0.0.1:{server.port}", pki["server"].ca
     try:
         c = pki["client"]
-        with PSClient([ep], token=TOKEN, tls_ca=ca, tls_cert=c.cert, tls_key=c.key, timeout_s=10) as ok:
+        with PSClient(
+            [ep], token=TOKEN, tls_ca=ca, tls_cert=c.cert, tls_key=c.key, timeout_s=10
+        ) as ok:
             ok.create_table("emb", DIM, num_shards=2)
             assert ok.pull_sparse("emb", KEYS).shape == (40, DIM)
         rogue = pki["rogue_client"]
@@ -249,12 +311,24 @@ def test_tls_flags_of_python_m_ps_server(pki: dict[str, Any], tmp_path: Path) ->
     s, c = pki["server"], pki["client"]
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    proc, ep = start_server_process("--port", "0", "--token_file", str(token_file), "--tls_cert", s.cert,
-                                    "--tls_key", s.key, "--tls_ca", s.ca)
+    proc, ep = start_server_process(
+        "--port",
+        "0",
+        "--token_file",
+        str(token_file),
+        "--tls_cert",
+        s.cert,
+        "--tls_key",
+        s.key,
+        "--tls_ca",
+        s.ca,
+    )
     try:
         env = {"FLEET_PS_TLS_CA": s.ca, "FLEET_PS_TLS_CERT": c.cert, "FLEET_PS_TLS_KEY": c.key}
         assert TLSConfig.resolve(environ=env) == TLSConfig(cert=c.cert, key=c.key, ca=s.ca)
-        with PSClient([ep], token=TOKEN, tls_ca=s.ca, tls_cert=c.cert, tls_key=c.key, timeout_s=10) as client:
+        with PSClient(
+            [ep], token=TOKEN, tls_ca=s.ca, tls_cert=c.cert, tls_key=c.key, timeout_s=10
+        ) as client:
             client.stop_servers()
         assert proc.wait(timeout=20) == 0
         assert "mutual TLS" in proc.communicate()[1]
@@ -295,7 +369,9 @@ def test_save_and_load_paths_are_confined_to_the_checkpoint_root(tmp_path: Path)
         assert (root / "ck" / "manifest.server-0.json").is_file()
         client.save(str(root / "abs"))
         for bad in (str(outside / "ck"), "../outside/ck", "escape/ck", str(root / "escape")):
-            with pytest.raises(PSPermissionDeniedError, match=rf"PERMISSION_DENIED.*{root}.*--checkpoint_root"):
+            with pytest.raises(
+                PSPermissionDeniedError, match=rf"PERMISSION_DENIED.*{root}.*--checkpoint_root"
+            ):
                 client.save(bad)
             with pytest.raises(PSPermissionDeniedError):
                 client.load(bad)

@@ -52,19 +52,25 @@ def test_export_serve_read_only_and_update_with_a_delta(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "exports/base/manifest.server-0.json").read_text())
     assert manifest["tables"]["emb"]["state_dim"] == 0  # no optimizer state in a serving copy
 
-    proc, ep = start_server_process("--port", "0", "--serve", str(tmp_path / "exports/base"),
-                                    "--checkpoint_root", str(tmp_path))
+    proc, ep = start_server_process(
+        "--port", "0", "--serve", str(tmp_path / "exports/base"), "--checkpoint_root", str(tmp_path)
+    )
     try:
         with PSClient([ep], timeout_s=30) as serving:
             np.testing.assert_array_equal(serving.pull_sparse("emb", HOT), want_base)
             assert not serving.pull_sparse("emb", np.concatenate([COLD, UNKNOWN])).any()
-            np.testing.assert_array_equal(serving.pull_dense("__dense__", "dense"),
-                                          np.arange(5, dtype=np.float32))
+            np.testing.assert_array_equal(
+                serving.pull_dense("__dense__", "dense"), np.arange(5, dtype=np.float32)
+            )
             refused = {
-                "PushSparse": lambda: serving.push_sparse("emb", HOT[:2], np.ones((2, DIM), np.float32)),
+                "PushSparse": lambda: serving.push_sparse(
+                    "emb", HOT[:2], np.ones((2, DIM), np.float32)
+                ),
                 "CreateTable": lambda: serving.create_table("other", DIM),
                 "InitDense": lambda: serving.init_dense("__dense__", "x", np.ones(2, np.float32)),
-                "PushDense": lambda: serving.push_dense("__dense__", "dense", np.ones(5, np.float32)),
+                "PushDense": lambda: serving.push_dense(
+                    "__dense__", "dense", np.ones(5, np.float32)
+                ),
                 "Save": lambda: serving.save("stolen"),
                 "Shrink": lambda: serving.shrink("emb", 0),
                 "EndDay": serving.end_day,
@@ -129,11 +135,30 @@ def test_a_trainer_0_restarted_alone_does_not_export_again(tmp_path: Path) -> No
     from conftest import SCRIPTS, run_fleetrun
 
     log, out = tmp_path / "log", tmp_path / "out"
-    r = run_fleetrun("--server_num", "1", "--worker_num", "2", "--log_dir", str(log),
-                     "--ps_checkpoint_dir", str(tmp_path / "ckpt"), "--ps_checkpoint_interval", "60",
-                     "--max_restarts", "1", "--tee", "none", "--grace_period", "2",
-                     str(SCRIPTS / "ps_export_replay.py"), "--export", str(log / "export"),
-                     "--out", str(out), timeout=150)
+    r = run_fleetrun(
+        "--server_num",
+        "1",
+        "--worker_num",
+        "2",
+        "--log_dir",
+        str(log),
+        "--ps_checkpoint_dir",
+        str(tmp_path / "ckpt"),
+        "--ps_checkpoint_interval",
+        "60",
+        "--max_restarts",
+        "1",
+        "--tee",
+        "none",
+        "--grace_period",
+        "2",
+        str(SCRIPTS / "ps_export_replay.py"),
+        "--export",
+        str(log / "export"),
+        "--out",
+        str(out),
+        timeout=150,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "restarted: trainer 0 only" in r.stderr, r.stderr[-3000:]
     first = json.loads(Path(f"{out}.0.first.json").read_text())

@@ -31,8 +31,12 @@ from ps_server.errors import CheckpointError, TableInputError
 pytestmark = pytest.mark.timeout(60)
 
 SPARSE = SparseTableConfig(
-    "emb", 4, Adagrad(0.1, initial_accumulator_value=0.1), Uniform(-0.1, 0.1),
-    entry=CountFilterEntry(2), num_shards=8,
+    "emb",
+    4,
+    Adagrad(0.1, initial_accumulator_value=0.1),
+    Uniform(-0.1, 0.1),
+    entry=CountFilterEntry(2),
+    num_shards=8,
 )
 DENSE = DenseTableConfig("dense", Adagrad(0.1), num_shards=4)
 
@@ -137,8 +141,9 @@ def test_serving_exports_keep_their_own_change_log(tmp_path: Path) -> None:
         take_snapshot(t, "delta", ChangeLog.EXPORT)
 
     def export(name: str, mode: str, follows: str = "") -> Path:
-        write_snapshot(tmp_path / name, take_snapshot(t, mode, ChangeLog.EXPORT), kind="serving",
-                       min_show=2)
+        write_snapshot(
+            tmp_path / name, take_snapshot(t, mode, ChangeLog.EXPORT), kind="serving", min_show=2
+        )
         series.commit(tmp_path / name, 0, num_writers=1, extra={"follows": follows})
         return tmp_path / name
 
@@ -191,6 +196,9 @@ def test_series_commit_latest_good_and_prune(tmp_path: Path) -> None:
     assert series.latest_good(tmp_path, series.Verify.MANIFESTS).chosen.name == "ckpt-000003"
     assert series.prune(tmp_path, 2) == ["ckpt-000001"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "ckpt-000002", "ckpt-000003", "ckpt-000004"]
+        "ckpt-000002",
+        "ckpt-000003",
+        "ckpt-000004",
+    ]
     with pytest.raises(CheckpointError, match="expected 2: a server's part is missing"):
         series.commit(tmp_path / "ckpt-000004", 4, num_writers=2)

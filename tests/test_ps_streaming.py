@@ -33,18 +33,54 @@ ONLINE = str(REPO / "examples" / "ctr" / "online.py")
 
 
 def _gen(root: Path) -> None:
-    r = subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(root),
-                        "--num_files", str(FILES), "--lines_per_file", str(LINES),
-                        "--days", ",".join(DAYS), "--passes", "2"],
-                       cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(root),
+            "--num_files",
+            str(FILES),
+            "--lines_per_file",
+            str(LINES),
+            "--days",
+            ",".join(DAYS),
+            "--passes",
+            "2",
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 
 def _job(cwd: Path, name: str, *args: str) -> tuple[str, list[dict]]:
     out = cwd / f"{name}.jsonl"
-    r = run_fleetrun("--server_num", "2", "--worker_num", "2", "--log_dir", f"log-{name}", ONLINE,
-                     "--data_root", "data", "--output_dir", "model", "--shrink_unseen_days", "0",
-                     "--batch_size", "64", "--json", str(out), *args, cwd=cwd, timeout=150)
+    r = run_fleetrun(
+        "--server_num",
+        "2",
+        "--worker_num",
+        "2",
+        "--log_dir",
+        f"log-{name}",
+        ONLINE,
+        "--data_root",
+        "data",
+        "--output_dir",
+        "model",
+        "--shrink_unseen_days",
+        "0",
+        "--batch_size",
+        "64",
+        "--json",
+        str(out),
+        *args,
+        cwd=cwd,
+        timeout=150,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     lines = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
     return r.stdout + r.stderr, lines
@@ -64,13 +100,19 @@ def _ids(root: Path, *folders: str) -> set[int]:
 def _rows(directory: Path, table: str) -> dict[str, np.ndarray]:
     """The rows a save holds for ``table``, sorted by key (shard files read and verified)."""
     info = read_checkpoint(directory)
-    parts = [read_shard(directory / table / f"shard-{s:05d}.bin", info.record(table, s))[1]
-             for s in info.tables[table].shards]
+    parts = [
+        read_shard(directory / table / f"shard-{s:05d}.bin", info.record(table, s))[1]
+        for s in info.tables[table].shards
+    ]
     keys = np.concatenate([p.keys for p in parts])
     order = np.argsort(keys)
-    return {"keys": keys[order],
-            **{f: np.concatenate([getattr(p, f) for p in parts])[order]
-               for f in ("values", "state", "count", "unseen_days")}}
+    return {
+        "keys": keys[order],
+        **{
+            f: np.concatenate([getattr(p, f) for p in parts])[order]
+            for f in ("values", "state", "count", "unseen_days")
+        },
+    }
 
 
 def _state_of(tables: dict) -> dict[str, dict[str, np.ndarray]]:
@@ -78,13 +120,22 @@ def _state_of(tables: dict) -> dict[str, dict[str, np.ndarray]]:
     for name, t in tables.items():
         parts = list(t.export_shards(False).values())
         if t.KIND == "dense":
-            out[name] = {f"{b.name}.{f}": getattr(b, f) for p in parts for b in p.blocks
-                         for f in ("values", "state")}
+            out[name] = {
+                f"{b.name}.{f}": getattr(b, f)
+                for p in parts
+                for b in p.blocks
+                for f in ("values", "state")
+            }
             continue
         keys = np.concatenate([p.keys for p in parts])
         order = np.argsort(keys)
-        out[name] = {"keys": keys[order], **{f: np.concatenate([getattr(p, f) for p in parts])[order]
-                                              for f in ("values", "state", "count", "unseen_days")}}
+        out[name] = {
+            "keys": keys[order],
+            **{
+                f: np.concatenate([getattr(p, f) for p in parts])[order]
+                for f in ("values", "state", "count", "unseen_days")
+            },
+        }
     return out
 
 
@@ -92,17 +143,27 @@ def _state_of(tables: dict) -> dict[str, dict[str, np.ndarray]]:
 def test_day_pass_stream_deltas_bases_resume(tmp_path: Path) -> None:
     _gen(tmp_path / "data")
     out_a, a = _job(tmp_path, "a", "--max_passes", "3")
-    assert [(r["day"], r["pass"]) for r in a] == [(DAYS[0], "00"), (DAYS[0], "01"), (DAYS[1], "00")], out_a
+    assert [(r["day"], r["pass"]) for r in a] == [
+        (DAYS[0], "00"),
+        (DAYS[0], "01"),
+        (DAYS[1], "00"),
+    ], out_a
     out_b, b = _job(tmp_path, "b")
     assert [(r["day"], r["pass"]) for r in b] == [(DAYS[1], "01")], out_b  # nothing retrained
-    assert (f"resumed after day {DAYS[1]} pass 00: from base model/{DAYS[0]}/base, "
-            "1 delta(s) replayed") in out_b, out_b[-3000:]
+    assert (
+        f"resumed after day {DAYS[1]} pass 00: from base model/{DAYS[0]}/base, 1 delta(s) replayed"
+    ) in out_b, out_b[-3000:]
 
     model = tmp_path / "model"
     done = [line.split("\t") for line in (model / "donefile.txt").read_text().splitlines()]
     assert [(d, p, k) for d, p, _, k in done] == [
-        (DAYS[0], "00", "delta"), (DAYS[0], "01", "delta"), (DAYS[0], "-1", "base"),
-        (DAYS[1], "00", "delta"), (DAYS[1], "01", "delta"), (DAYS[1], "-1", "base")]
+        (DAYS[0], "00", "delta"),
+        (DAYS[0], "01", "delta"),
+        (DAYS[0], "-1", "base"),
+        (DAYS[1], "00", "delta"),
+        (DAYS[1], "01", "delta"),
+        (DAYS[1], "-1", "base"),
+    ]
 
     # progressive validation runs before training: the first pass meets an untrained model
     assert abs(a[0]["progressive_auc"] - 0.5) < 0.08, a[0]
@@ -120,7 +181,10 @@ def test_day_pass_stream_deltas_bases_resume(tmp_path: Path) -> None:
         assert read_checkpoint(model / day / f"delta-{p}").mode == "delta"
     # end_day + shrink(0): a day's base keeps exactly the rows pushed that day
     base0, base1 = _rows(model / DAYS[0] / "base", TABLE), _rows(model / DAYS[1] / "base", TABLE)
-    day0, day1 = _ids(data, f"{DAYS[0]}/00", f"{DAYS[0]}/01"), _ids(data, f"{DAYS[1]}/00", f"{DAYS[1]}/01")
+    day0, day1 = (
+        _ids(data, f"{DAYS[0]}/00", f"{DAYS[0]}/01"),
+        _ids(data, f"{DAYS[1]}/00", f"{DAYS[1]}/01"),
+    )
     assert set(base0["keys"].tolist()) == day0
     assert set(base1["keys"].tolist()) == day1
     assert f"shrink removed {len(day0 - day1)} rows" in out_b, out_b[-3000:]
@@ -184,8 +248,9 @@ def test_end_day_decays_show_counts_and_deltas_replay_it(tmp_path: Path) -> None
     from ps_server.checkpoint import save
     from ps_server.core.factory import make_table
 
-    config = SparseTableConfig("t", 2, optimizer=SGD(0.1), initializer=Constant(0.0),
-                               num_shards=4, show_decay_rate=0.5)
+    config = SparseTableConfig(
+        "t", 2, optimizer=SGD(0.1), initializer=Constant(0.0), num_shards=4, show_decay_rate=0.5
+    )
     table = make_table(config)
     keys = np.arange(1, 9, dtype=np.int64)
     for _ in range(4):
@@ -195,13 +260,18 @@ def test_end_day_decays_show_counts_and_deltas_replay_it(tmp_path: Path) -> None
     table.end_day()
     table.push(keys[:1], np.ones((1, 2), np.float32))  # key 1: floor(5 * 0.5) + 1
     save(tmp_path / "delta", [table], "delta")
-    got = {int(k): int(c) for p in table.export_shards(False).values() for k, c in zip(p.keys, p.count)}
+    got = {
+        int(k): int(c) for p in table.export_shards(False).values() for k, c in zip(p.keys, p.count)
+    }
     assert got == {1: 3, 2: 2, **{k: 2 for k in range(3, 9)}}, got
     copy = create_tables(tmp_path / "base")
     load(tmp_path / "base", copy)
     load(tmp_path / "delta", copy)
-    again = {int(k): int(c) for p in copy["t"].export_shards(False).values()
-             for k, c in zip(p.keys, p.count)}
+    again = {
+        int(k): int(c)
+        for p in copy["t"].export_shards(False).values()
+        for k, c in zip(p.keys, p.count)
+    }
     assert again == got
     with pytest.raises(Exception, match="show_decay_rate"):
         SparseTableConfig("t", 2, optimizer=SGD(0.1), initializer=Constant(0.0), show_decay_rate=0)

@@ -102,8 +102,10 @@ def test_coordinator_replays_rounds_waits_live_and_cuts_without_the_dead() -> No
         coord.trainer_died(1, {"pass": 0, "step_in_pass": 5, "step": 5})
         cut = a.cut(epoch, {"pass": 0, "step_in_pass": 9, "step": 9})
         assert cut["taken"] and cut["leader"] == 0
-        assert cut["positions"] == {"0": {"pass": 0, "step_in_pass": 9, "step": 9},
-                                    "1": {"pass": 0, "step_in_pass": 5, "step": 5}}
+        assert cut["positions"] == {
+            "0": {"pass": 0, "step_in_pass": 9, "step": 9},
+            "1": {"pass": 0, "step_in_pass": 5, "step": 5},
+        }
         a.report(epoch, ("ok", {"step": 9}))
         assert coord.last_step == 9
         a.leave()  # its training ended: no later epoch waits for it, even if its poller asks again
@@ -147,17 +149,28 @@ def _trainer_pids(job: Job) -> dict[int, set[int]]:
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("mode", ["async", "geo"])
-def test_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, slot_dir: Path, mode: str) -> None:  # noqa: F811
+def test_trainer_killed_mid_pass_is_restarted_alone(
+    tmp_path: Path, slot_dir: Path, mode: str
+) -> None:  # noqa: F811
     final = tmp_path / "log" / "final"
     # the restarted trainer skips what it trained: async trains from the examples generated in
     # memory (the files' examples), GEO reads the files through a QueueDataset
     dataset = ("--dataset", "queue") if mode == "geo" else ()
-    job = Job(tmp_path, slot_dir if mode == "geo" else None, mode, max_restarts=1, interval=0.5,
-              extra=("--save", str(final), *dataset))
+    job = Job(
+        tmp_path,
+        slot_dir if mode == "geo" else None,
+        mode,
+        max_restarts=1,
+        interval=0.5,
+        extra=("--save", str(final), *dataset),
+    )
     steps0: list[int] = []
     try:
-        wait_for(lambda: job.checkpointed(0) and job.progress(1)["step"] >= 20, 120,
-                 "a checkpoint and 20 steps of trainer 1")
+        wait_for(
+            lambda: job.checkpointed(0) and job.progress(1)["step"] >= 20,
+            120,
+            "a checkpoint and 20 steps of trainer 1",
+        )
         before = _trainer_pids(job)
         job.kill("trainer", 1, 0)
         dead = job.progress(1)["position"]
@@ -184,7 +197,10 @@ def test_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, slot_dir: Pa
     p0, p1 = job.progress(0), job.progress(1)
     steps = LINES // (GLOBAL_BATCH // 2)
     assert p0["attempt"] == p1["attempt"] == 0 and p0["resumed"] == {} and p0["step"] == steps, p0
-    assert p1["resumed"]["alone"] and p1["resumed"]["position"]["step"] >= dead["step"] - 1, (p1, dead)
+    assert p1["resumed"]["alone"] and p1["resumed"]["position"]["step"] >= dead["step"] - 1, (
+        p1,
+        dead,
+    )
     assert p1["step"] == steps, p1  # resumed at its position, trained the rest of its pass
     log1 = (job.log / "workerlog.1").read_text()
     assert "restarted alone: resumes at pass 0" in log1
@@ -197,17 +213,21 @@ def test_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, slot_dir: Pa
     assert result["test_auc"] > 0.6, result  # undisturbed runs of this data: ~0.69-0.73
     from examples.ctr.data import CTRDataConfig, generate
 
-    seen = ids_in(slot_dir) | set(generate(CTRDataConfig(seed=0), TEST, 2 * LINES).sparse_ids.ravel().tolist())
+    seen = ids_in(slot_dir) | set(
+        generate(CTRDataConfig(seed=0), TEST, 2 * LINES).sparse_ids.ravel().tolist()
+    )
     rows = saved_rows(final)
     assert rows["ctr_dim1"] == rows["ctr_dim8"] == len(seen), (rows, len(seen))
 
 
 @pytest.mark.timeout(30)
-def test_only_async_and_geo_trainers_meet_through_the_coordinator(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_async_and_geo_trainers_meet_through_the_coordinator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Async, GEO and half-async trainers meet through it (half-async: its barriers by step,
     tests/test_ps_trainer_rejoin_halfasync.py); sync trainers (a barrier every step) keep gloo
     and restart-all; servers never connect; without FLEET_PS_COORDINATOR nothing changes."""
-    from collective.env import WorkerEnv, TrainingRole
+    from collective.env import TrainingRole, WorkerEnv
     from fleet.base.coordination import wanted
     from fleet.strategy import DistributedStrategy
 
@@ -223,5 +243,7 @@ def test_only_async_and_geo_trainers_meet_through_the_coordinator(monkeypatch: p
     assert not wanted(trainer, strategy(True))
     monkeypatch.setenv("FLEET_PS_COORDINATOR", "127.0.0.1:1")
     assert wanted(trainer, strategy(True)) and wanted(trainer, strategy(True, k_steps=10))
-    assert not wanted(trainer, strategy(False)) and wanted(trainer, strategy(True, barrier_interval=20))
+    assert not wanted(trainer, strategy(False)) and wanted(
+        trainer, strategy(True, barrier_interval=20)
+    )
     assert not wanted(server, strategy(True))

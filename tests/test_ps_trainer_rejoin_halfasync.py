@@ -54,7 +54,11 @@ def test_interval_barriers_replay_by_step_and_outlive_a_restart_of_every_process
         assert not t.is_alive() and "error" not in got and b2.replayed == 1, got
         # a restart of every process (attempt 1): completed barriers stay, other rounds go
         coord.reset(1)
-        assert {k for k in coord.rounds} == {("half-async", 0), ("half-async", 1), ("half-async", 2)}
+        assert {k for k in coord.rounds} == {
+            ("half-async", 0),
+            ("half-async", 1),
+            ("half-async", 2),
+        }
         c1 = CoordinationClient(coord.endpoint, "secret", 1, 2, 1)
         clients.append(c1)
         c1.interval_barrier(2)  # resumed behind trainer 0's position: passes it from the record
@@ -70,14 +74,20 @@ def test_interval_barriers_replay_by_step_and_outlive_a_restart_of_every_process
 
 
 @pytest.mark.timeout(200)
-def test_half_async_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, slot_dir: Path) -> None:  # noqa: F811
+def test_half_async_trainer_killed_mid_pass_is_restarted_alone(
+    tmp_path: Path, slot_dir: Path
+) -> None:  # noqa: F811
     final = tmp_path / "log" / "final"
-    job = Job(tmp_path, slot_dir, "half_async", max_restarts=1, interval=0.5,
-              extra=("--save", str(final)))
+    job = Job(
+        tmp_path, slot_dir, "half_async", max_restarts=1, interval=0.5, extra=("--save", str(final))
+    )
     steps0: list[int] = []
     try:
-        wait_for(lambda: job.checkpointed(0) and job.progress(1)["step"] >= 30, 120,
-                 "a checkpoint and 30 steps of trainer 1")
+        wait_for(
+            lambda: job.checkpointed(0) and job.progress(1)["step"] >= 30,
+            120,
+            "a checkpoint and 30 steps of trainer 1",
+        )
         before = _trainer_pids(job)
         job.kill("trainer", 1, 0)
         pids: dict[int, set[int]] = {0: set(), 1: set()}
@@ -110,6 +120,8 @@ def test_half_async_trainer_killed_mid_pass_is_restarted_alone(tmp_path: Path, s
     assert result["test_auc"] > 0.6, result  # undisturbed runs of this data: ~0.69-0.73
     from examples.ctr.data import CTRDataConfig, generate
 
-    seen = ids_in(slot_dir) | set(generate(CTRDataConfig(seed=0), TEST, 2 * LINES).sparse_ids.ravel().tolist())
+    seen = ids_in(slot_dir) | set(
+        generate(CTRDataConfig(seed=0), TEST, 2 * LINES).sparse_ids.ravel().tolist()
+    )
     rows = saved_rows(final)
     assert rows["ctr_dim1"] == rows["ctr_dim8"] == len(seen), (rows, len(seen))

@@ -48,17 +48,38 @@ NAME = "ctr-rejoin"
 
 
 def _spec(tmp: Path, data: Path | str, ckpt: bool = True) -> Any:
-    return build_spec({
-        "name": NAME, "scheduler": "k8s", "mode": "ps",
-        "entrypoint": {"script": "examples/ctr/train_ps.py",
-                       "args": ["--data_dir", str(data), "--test", "500", "--batch_size",
-                                str(GLOBAL_BATCH), "--embedding_dim", "8", "--mode", "async"]},
-        "sizes": {"server_num": 1, "worker_num": 2}, "max_restarts": 2,
-        "log_dir": str(tmp / "log"), "env": {"OMP_NUM_THREADS": "1"},
-        **({"ps_checkpoint": {"dir": f"/ckpt/{NAME}", "interval_s": 0.5, "keep": 2}}
-           if ckpt else {}),
-        "k8s": {"volumes": [CLAIM], "volume_mounts": [MOUNT]},
-    })
+    return build_spec(
+        {
+            "name": NAME,
+            "scheduler": "k8s",
+            "mode": "ps",
+            "entrypoint": {
+                "script": "examples/ctr/train_ps.py",
+                "args": [
+                    "--data_dir",
+                    str(data),
+                    "--test",
+                    "500",
+                    "--batch_size",
+                    str(GLOBAL_BATCH),
+                    "--embedding_dim",
+                    "8",
+                    "--mode",
+                    "async",
+                ],
+            },
+            "sizes": {"server_num": 1, "worker_num": 2},
+            "max_restarts": 2,
+            "log_dir": str(tmp / "log"),
+            "env": {"OMP_NUM_THREADS": "1"},
+            **(
+                {"ps_checkpoint": {"dir": f"/ckpt/{NAME}", "interval_s": 0.5, "keep": 2}}
+                if ckpt
+                else {}
+            ),
+            "k8s": {"volumes": [CLAIM], "volume_mounts": [MOUNT]},
+        }
+    )
 
 
 @pytest.mark.timeout(60)
@@ -78,7 +99,10 @@ def test_manifest_renders_the_coordinator_pod(tmp_path: Path) -> None:
     (container,) = pod["containers"]
     assert pod["restartPolicy"] == "Always"
     assert container["command"] + container["args"][:2] == [
-        "python", "-m", "launcher.schedulers.k8s_coordinator"]
+        "python",
+        "-m",
+        "launcher.schedulers.k8s_coordinator",
+    ]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["FLEET_PS_TOKEN"] == {"secretKeyRef": {"name": f"{NAME}-ps-token", "key": "token"}}
     assert env["FLEET_PS_CHECKPOINT_DIR"] == f"/ckpt/{NAME}" and env["FLEET_PS_MAX_RESTARTS"] == "2"
@@ -101,8 +125,15 @@ MEMBERS = ("server-0", "trainer-0", "trainer-1", kr.COORDINATOR_POD)
 
 
 def _gen(root: Path, who: str, endpoint: str, max_restarts: int = 2) -> kr.PodGeneration:
-    return kr.PodGeneration(str(root / ".pods" / "r"), str(root), who, MEMBERS, max_restarts,
-                            coordinator=endpoint, token="secret")
+    return kr.PodGeneration(
+        str(root / ".pods" / "r"),
+        str(root),
+        who,
+        MEMBERS,
+        max_restarts,
+        coordinator=endpoint,
+        token="secret",
+    )
 
 
 def _joined(root: Path, generation: int) -> None:
@@ -112,13 +143,23 @@ def _joined(root: Path, generation: int) -> None:
         (pods / who).write_text(json.dumps({"generation": generation}))
 
 
-def _progress(root: Path, generation: int, alone_ok: tuple[bool, bool],
-              steps: tuple[int, int] = (30, 20)) -> None:
+def _progress(
+    root: Path, generation: int, alone_ok: tuple[bool, bool], steps: tuple[int, int] = (30, 20)
+) -> None:
     pods = root / ".pods" / "r"
     for rank, (ok, step) in enumerate(zip(alone_ok, steps)):
-        (pods / f"progress.trainer-{rank}").write_text(json.dumps(
-            {"rank": rank, "step": step, "mode": "async", "alone_ok": ok, "generation": generation,
-             "position": {"pass": 0, "step_in_pass": step, "step": step}}))
+        (pods / f"progress.trainer-{rank}").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "mode": "async",
+                    "alone_ok": ok,
+                    "generation": generation,
+                    "position": {"pass": 0, "step_in_pass": step, "step": step},
+                }
+            )
+        )
 
 
 def _reset(root: Path) -> None:
@@ -144,12 +185,14 @@ def test_trainer_pod_decisions_alone_and_every_fallback(tmp_path: Path) -> None:
         trainer = _gen(root, "trainer-1", coord.endpoint)
         trainer.join(5)
         assert trainer.alone and trainer.generation == 0 and 1 in coord.dead
-        assert trainer.process_env() == {"FLEET_PS_RESUME_POSITION": json.dumps(
-            {"pass": 0, "step_in_pass": 20, "step": 20})}
+        assert trainer.process_env() == {
+            "FLEET_PS_RESUME_POSITION": json.dumps({"pass": 0, "step_in_pass": 20, "step": 20})
+        }
         assert trainer.recovery is not None and trainer.recovery.text() == (
             "recovery 1 (attempt 0, in place): trainer 1 restarted by Kubernetes at step ~20; "
             "restarted: trainer 1 only, resumed at its data position (pass 0, step 20 of it; "
-            "step 20); 0 steps redone by the others")
+            "step 20); 0 steps redone by the others"
+        )
         assert (root / ".pods" / "r" / "alone-1").exists() and trainer.used() == 1
         _reset(root)
         _ckpt(root, 10)
@@ -186,7 +229,9 @@ def test_trainer_pod_decisions_alone_and_every_fallback(tmp_path: Path) -> None:
             fresh.close()
         assert kr.ask_restart_alone(coord.endpoint, "wrong", 1, 0, {"step": 1})[0] is False
         assert kr.ask_restart_alone(coord.endpoint, "secret", 1, 7, {"step": 1}) == (
-            False, "attempt 7 is over (now 0)")
+            False,
+            "attempt 7 is over (now 0)",
+        )
         # budget spent (gen-1 and alone-1 used 2 of 2): the job fails, even for a trainer
         _create_alone(root)
         with pytest.raises(kr.RecoveryRefused, match=r"budget is spent \(2 of max_restarts 2"):
@@ -212,8 +257,10 @@ def _children(pid: int) -> list[int]:
 
 
 def _pods(tmp_path: Path, data: Path | str) -> dict[str, k8s_local.LocalPod]:
-    return {p.name: p for p in k8s_local.translate(render_job(_spec(tmp_path, data)),
-                                                   tmp_path / "pods", REPO)}
+    return {
+        p.name: p
+        for p in k8s_local.translate(render_job(_spec(tmp_path, data)), tmp_path / "pods", REPO)
+    }
 
 
 @pytest.mark.timeout(60)
@@ -231,16 +278,22 @@ def test_coordinator_pod_restarted_starts_a_generation_and_serves_it(tmp_path: P
     token = coord_pod.env["FLEET_PS_TOKEN"]
     endpoint = next(p.env["FLEET_PS_COORDINATOR"] for n, p in pods.items() if "trainer-0" in n)
     try:
-        wait_for(lambda: json.loads((pod_dir / kr.COORDINATOR_POD).read_text())["generation"] == 1,
-                 30, "the coordinator joining the generation it started")
+        wait_for(
+            lambda: json.loads((pod_dir / kr.COORDINATOR_POD).read_text())["generation"] == 1,
+            30,
+            "the coordinator joining the generation it started",
+        )
         assert "coordinator 0 restarted by Kubernetes" in (pod_dir / "gen-1").read_text()
         with pytest.raises(FleetError, match="stale"):
             CoordinationClient(endpoint, token, 0, 2, 0)  # a trainer of generation 0
         client = CoordinationClient(endpoint, token, 0, 2, 1)  # generation 1 is served
         client.close()
         (pod_dir / "gen-2").write_text("another recovery\n")  # it follows a newer generation
-        wait_for(lambda: json.loads((pod_dir / kr.COORDINATOR_POD).read_text())["generation"] == 2,
-                 30, "the coordinator following generation 2")
+        wait_for(
+            lambda: json.loads((pod_dir / kr.COORDINATOR_POD).read_text())["generation"] == 2,
+            30,
+            "the coordinator following generation 2",
+        )
         CoordinationClient(endpoint, token, 1, 2, 2).close()
         (pod_dir / "failed").write_text("no PS recovery: the budget is spent\n")
         assert proc.wait(30) == kr.REFUSED_EXIT
@@ -265,9 +318,23 @@ def test_trainer_pod_killed_mid_pass_restarts_alone(tmp_path: Path) -> None:
     import psutil
 
     data = tmp_path / "slots"
-    subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(data),
-                    "--num_files", "2", "--lines_per_file", str(LINES)],
-                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(data),
+            "--num_files",
+            "2",
+            "--lines_per_file",
+            str(LINES),
+        ],
+        cwd=REPO,
+        env=base_env(),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     pods = _pods(tmp_path, data)
     pod_dir = tmp_path / "pods" / "claims" / "ps-ckpt" / NAME / ".pods" / NAME
     log = tmp_path / "log"
@@ -308,7 +375,8 @@ def test_trainer_pod_killed_mid_pass_restarts_alone(tmp_path: Path) -> None:
             time.sleep(0.2)
         codes = {n: procs[n].poll() for n in trainers}
         assert codes == dict.fromkeys(trainers, 0), {
-            n: outs[n].read_text()[-3000:] for n in trainers}
+            n: outs[n].read_text()[-3000:] for n in trainers
+        }
         assert procs[trainers[0]].pid == pid0  # trainer 0's pod never restarted
         for name in others:  # the server holds, the coordinator serves: until deleted
             assert k8s_local.stop(procs[name], signal.SIGTERM) == 0, outs[name].read_text()[-3000:]
@@ -317,7 +385,8 @@ def test_trainer_pod_killed_mid_pass_restarts_alone(tmp_path: Path) -> None:
             k8s_local.stop(proc, signal.SIGKILL, 5)
     restarted = outs[trainers[1]].read_text()
     assert "recovery 1 (attempt 0, in place): trainer 1 restarted by Kubernetes" in restarted, (
-        restarted[-3000:])
+        restarted[-3000:]
+    )
     assert "restarted: trainer 1 only, resumed at its data position" in restarted
     assert "0 steps redone by the others" in restarted
     assert (pod_dir / "alone-1").exists() and not (pod_dir / "gen-1").exists()  # no restart-all

@@ -66,39 +66,67 @@ def _paths() -> AttemptPaths:
 
 
 def test_collective_env_from_placement_is_the_local_contract() -> None:
-    spec = build_spec({"entrypoint": {"script": "t.py"}, "sizes": {"nnodes": 2, "nproc_per_node": 2},
-                       "scheduler": "ray", "resources": {"trainer": {"gpu": 1}}})
+    spec = build_spec(
+        {
+            "entrypoint": {"script": "t.py"},
+            "sizes": {"nnodes": 2, "nproc_per_node": 2},
+            "scheduler": "ray",
+            "resources": {"trainer": {"gpu": 1}},
+        }
+    )
     slots = make_slots(spec)
     assert [s.bundle for s in slots] == [{"CPU": 1.0, "memory": 2.0 * 2**30, "GPU": 1.0}] * 4
     # SPREAD-like placement: bundles alternate between nodes a and b
-    nodes = [("10.0.0.1", "a", ("0",)), ("10.0.0.2", "b", ("0",)), ("10.0.0.1", "a", ("1",)),
-             ("10.0.0.2", "b", ("1",))]
-    placed = [Placed(s, ip, nid, gpus, 7000 + i) for i, (s, (ip, nid, gpus)) in enumerate(zip(slots, nodes))]
+    nodes = [
+        ("10.0.0.1", "a", ("0",)),
+        ("10.0.0.2", "b", ("0",)),
+        ("10.0.0.1", "a", ("1",)),
+        ("10.0.0.2", "b", ("1",)),
+    ]
+    placed = [
+        Placed(s, ip, nid, gpus, 7000 + i)
+        for i, (s, (ip, nid, gpus)) in enumerate(zip(slots, nodes))
+    ]
     procs, head = make_proc_specs(spec, placed, 29999, _paths())
     envs = [p.env for p in procs]
     # ranks are numbered node by node: bundle 0, 2 on node a = ranks 0, 1
     assert [e["RANK"] for e in envs] == ["0", "2", "1", "3"]
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "0", "1", "1"]
     assert [e["GROUP_RANK"] for e in envs] == ["0", "1", "0", "1"]
-    assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.1"} and {e["MASTER_PORT"] for e in envs} == {"29999"}
-    assert envs[0]["PADDLE_TRAINER_ENDPOINTS"] == "10.0.0.1:7000,10.0.0.1:7002,10.0.0.2:7001,10.0.0.2:7003"
+    assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.1"} and {
+        e["MASTER_PORT"] for e in envs
+    } == {"29999"}
+    assert (
+        envs[0]["PADDLE_TRAINER_ENDPOINTS"]
+        == "10.0.0.1:7000,10.0.0.1:7002,10.0.0.2:7001,10.0.0.2:7003"
+    )
     assert envs[1]["POD_IP"] == "10.0.0.2" and envs[1]["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert envs[0]["TORCHELASTIC_RESTART_COUNT"] == "1" and envs[0]["OMP_NUM_THREADS"] == "1"
-    assert procs[1].log_path == "/logs/workerlog.2" and procs[1].error_file == "/logs/errors/attempt1/error.2.json"
+    assert (
+        procs[1].log_path == "/logs/workerlog.2"
+        and procs[1].error_file == "/logs/errors/attempt1/error.2.json"
+    )
     assert "master 10.0.0.1:29999" in head
 
 
 def test_uneven_placement_gives_one_trainer_per_node() -> None:
     spec = build_spec({"entrypoint": {"script": "t.py"}, "sizes": {"nproc_per_node": 3}})
     slots = make_slots(spec)
-    placed = [Placed(s, ip, ip, (), 7000 + i) for i, (s, ip) in enumerate(zip(slots, ["a", "a", "b"]))]
+    placed = [
+        Placed(s, ip, ip, (), 7000 + i) for i, (s, ip) in enumerate(zip(slots, ["a", "a", "b"]))
+    ]
     envs = [p.env for p in make_proc_specs(spec, placed, 1, _paths())[0]]
     assert [(e["RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"]) for e in envs] == [
-        ("0", "0", "1", "0"), ("1", "0", "1", "1"), ("2", "0", "1", "2")]
+        ("0", "0", "1", "0"),
+        ("1", "0", "1", "1"),
+        ("2", "0", "1", "2"),
+    ]
 
 
 def test_ps_env_from_placement() -> None:
-    spec = build_spec({"entrypoint": {"script": "t.py"}, "sizes": {"server_num": 1, "worker_num": 2}})
+    spec = build_spec(
+        {"entrypoint": {"script": "t.py"}, "sizes": {"server_num": 1, "worker_num": 2}}
+    )
     slots = make_slots(spec)
     assert [s.role for s in slots] == [SERVER, TRAINER, TRAINER]
     placed = [Placed(s, "10.0.0.1", "a", (), 7000 + i) for i, s in enumerate(slots)]
@@ -111,19 +139,34 @@ def test_ps_env_from_placement() -> None:
     # a server's table threads: the CPUs of its bundle (at least 1), unless the job sets them
     assert server["FLEET_PS_TABLE_THREADS"] == str(max(1, int(slots[0].bundle["CPU"])))
     assert "FLEET_PS_TABLE_THREADS" not in t0
-    spec = build_spec({"entrypoint": {"script": "t.py"}, "sizes": {"server_num": 1, "worker_num": 1},
-                       "resources": {"server": {"cpu": 3, "memory": "1Gi"}}})
+    spec = build_spec(
+        {
+            "entrypoint": {"script": "t.py"},
+            "sizes": {"server_num": 1, "worker_num": 1},
+            "resources": {"server": {"cpu": 3, "memory": "1Gi"}},
+        }
+    )
     placed = [Placed(s, "10.0.0.1", "a", (), 7000 + i) for i, s in enumerate(make_slots(spec))]
     assert make_proc_specs(spec, placed, 0, _paths())[0][0].env["FLEET_PS_TABLE_THREADS"] == "3"
-    spec = build_spec({"entrypoint": {"script": "t.py"}, "sizes": {"server_num": 1, "worker_num": 1},
-                       "env": {"FLEET_PS_TABLE_THREADS": "5"}})
+    spec = build_spec(
+        {
+            "entrypoint": {"script": "t.py"},
+            "sizes": {"server_num": 1, "worker_num": 1},
+            "env": {"FLEET_PS_TABLE_THREADS": "5"},
+        }
+    )
     placed = [Placed(s, "10.0.0.1", "a", (), 7000 + i) for i, s in enumerate(make_slots(spec))]
     assert make_proc_specs(spec, placed, 0, _paths())[0][0].env["FLEET_PS_TABLE_THREADS"] == "5"
 
 
 def test_static_ps_lists_are_refused_on_ray() -> None:
-    spec = build_spec({"entrypoint": {"script": "t.py"}, "mode": "ps",
-                       "ps": {"servers": "1.2.3.4:1", "workers": "1.2.3.4:2"}})
+    spec = build_spec(
+        {
+            "entrypoint": {"script": "t.py"},
+            "mode": "ps",
+            "ps": {"servers": "1.2.3.4:1", "workers": "1.2.3.4:2"},
+        }
+    )
     with pytest.raises(ConfigError, match="ps.servers"):
         make_slots(spec)
 
@@ -136,8 +179,12 @@ def test_process_actor_streams_output_and_error_file_without_ray(tmp_path: Path)
     err_file = tmp_path / "errors" / "error.0.json"
     actor = ProcessActor()
     argv = [sys.executable, "-u", "-m", "collective.bootstrap", str(script)]
-    pid = actor.start(argv, {"FLEET_ERROR_FILE": str(err_file), "PYTHONPATH": str(REPO)}, str(tmp_path),
-                      sys.executable)
+    pid = actor.start(
+        argv,
+        {"FLEET_ERROR_FILE": str(err_file), "PYTHONPATH": str(REPO)},
+        str(tmp_path),
+        sys.executable,
+    )
     output, reply = b"", None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -173,9 +220,28 @@ def cluster() -> Iterator[str]:
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     log = open(os.path.join(temp, "head.log"), "wb")  # noqa: SIM115
     head = subprocess.Popen(
-        [ray_cli, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-         "--num-cpus", "4", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp],
-        env=_ray_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            ray_cli,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "4",
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+            "--temp-dir",
+            temp,
+        ],
+        env=_ray_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     address = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -201,9 +267,15 @@ def cluster() -> Iterator[str]:
 
 def _job(tmp: Path, address: str | None, script: str, args: list[str], **extra: object) -> Path:
     data: dict[str, object] = {
-        "name": "raytest", "scheduler": "ray", "entrypoint": {"script": script, "args": args},
-        "log_dir": str(tmp / "log"), "resources": SMALL, "tee": "all", "grace_period_s": 2.0,
-        "ray": {"placement_timeout_s": 60, **({"address": address} if address else {})}, **extra,
+        "name": "raytest",
+        "scheduler": "ray",
+        "entrypoint": {"script": script, "args": args},
+        "log_dir": str(tmp / "log"),
+        "resources": SMALL,
+        "tee": "all",
+        "grace_period_s": 2.0,
+        "ray": {"placement_timeout_s": 60, **({"address": address} if address else {})},
+        **extra,
     }
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -230,7 +302,9 @@ def _scrape(endpoint: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def _value(samples: dict, name: str, **labels: str) -> float:
-    return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+    return sum(
+        v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items())
+    )
 
 
 def _assert_nothing_left(address: str, pids: list[int]) -> None:
@@ -239,8 +313,14 @@ def _assert_nothing_left(address: str, pids: list[int]) -> None:
     while live_pids(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not live_pids(pids), f"orphans: {live_pids(pids)}"
-    r = subprocess.run([sys.executable, STATE, address], capture_output=True, text=True, timeout=90,
-                       env=_ray_env(), check=False)
+    r = subprocess.run(
+        [sys.executable, STATE, address],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=_ray_env(),
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     state = json.loads(r.stdout.strip().splitlines()[-1])
     assert state == {"actors": [], "placement_groups": []}, state
@@ -273,8 +353,15 @@ def test_collective_job_env_logs_and_cleanup(cluster: str, tmp_path: Path) -> No
 @pytest.mark.timeout(240)
 def test_ps_job(cluster: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    job = _job(tmp_path, cluster, PS_WORKER, ["--out", str(out)], mode="ps",
-               sizes={"server_num": 1, "worker_num": 2}, metrics=False)
+    job = _job(
+        tmp_path,
+        cluster,
+        PS_WORKER,
+        ["--out", str(out)],
+        mode="ps",
+        sizes={"server_num": 1, "worker_num": 2},
+        metrics=False,
+    )
     r = run_fleetrun("-c", str(job), timeout=200)
     assert r.returncode == 0, r.stdout + r.stderr
     recs = _records(out)
@@ -285,10 +372,15 @@ def test_ps_job(cluster: str, tmp_path: Path) -> None:
     state = _job_state(tmp_path)
     assert state["state"] == "succeeded" and state["launcher_metrics"] is None
     assert sorted((p["role"], p["rank"], p["metrics"]) for p in state["processes"]) == [
-        ("server", 0, None), ("trainer", 0, None), ("trainer", 1, None)]
+        ("server", 0, None),
+        ("trainer", 0, None),
+        ("trainer", 1, None),
+    ]
     assert recs["server0"]["env"]["TRAINING_ROLE"] == "PSERVER"
     assert "[server 0] server 0 serving on 127.0.0.1:" in r.stdout
-    assert (tmp_path / "log" / "serverlog.0").exists() and (tmp_path / "log" / "workerlog.1").exists()
+    assert (tmp_path / "log" / "serverlog.0").exists() and (
+        tmp_path / "log" / "workerlog.1"
+    ).exists()
     _assert_nothing_left(cluster, [rec["pid"] for rec in recs.values()])
 
 
@@ -298,12 +390,23 @@ def test_metrics_endpoints_and_job_state(cluster: str, tmp_path: Path) -> None:
     """Every trainer serves /metrics on its node's IP (the actor's pick), job_state.json and
     metrics_targets.json list them, the driver serves fleet_launcher_*; all while it runs."""
     log, release = tmp_path / "log", tmp_path / "release"
-    job = _job(tmp_path, cluster, TELEMETRY_JOB, ["--steps", "10", "--hold_file", str(release)],
-               sizes={"nproc_per_node": 2}, name="raymetrics")
+    job = _job(
+        tmp_path,
+        cluster,
+        TELEMETRY_JOB,
+        ["--steps", "10", "--hold_file", str(release)],
+        sizes={"nproc_per_node": 2},
+        name="raymetrics",
+    )
     p = start_fleetrun("-c", str(job))
     try:
-        state = wait_for(lambda: (s := _job_state(tmp_path))["state"] == "running"
-                      and len(s["processes"]) == 2 and s, 150, "a running job_state.json")
+        state = wait_for(
+            lambda: (
+                (s := _job_state(tmp_path))["state"] == "running" and len(s["processes"]) == 2 and s
+            ),
+            150,
+            "a running job_state.json",
+        )
         assert isinstance(state, dict)
         procs = {q["rank"]: q for q in state["processes"]}
         assert sorted(procs) == [0, 1] and {q["role"] for q in procs.values()} == {"trainer"}
@@ -312,10 +415,16 @@ def test_metrics_endpoints_and_job_state(cluster: str, tmp_path: Path) -> None:
         assert set(by_role) == {("launcher", "0"), ("trainer", "0"), ("trainer", "1")}
         for rank, q in procs.items():
             assert q["state"] == "up" and q["host"] == "127.0.0.1" and q["pid"]
-            assert q["metrics"].startswith("127.0.0.1:") and by_role[("trainer", str(rank))] == q["metrics"]
+            assert (
+                q["metrics"].startswith("127.0.0.1:")
+                and by_role[("trainer", str(rank))] == q["metrics"]
+            )
             assert q["log"] == str(log / f"workerlog.{rank}")
-            wait_for(lambda ep=q["metrics"]: _value(_scrape(ep), "fleet_trainer_steps_total") >= 10, 120,
-                  f"10 steps at {q['metrics']}")
+            wait_for(
+                lambda ep=q["metrics"]: _value(_scrape(ep), "fleet_trainer_steps_total") >= 10,
+                120,
+                f"10 steps at {q['metrics']}",
+            )
             assert _value(_scrape(q["metrics"]), "fleet_trainer_samples_total") == 10 * 32
         launcher = _scrape(state["launcher_metrics"])
         assert state["launcher_metrics"].startswith("127.0.0.1:")
@@ -338,8 +447,13 @@ def test_metrics_endpoints_and_job_state(cluster: str, tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_failing_rank_prints_root_cause_summary(cluster: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    job = _job(tmp_path, cluster, WORKER, ["--out", str(out), "--fail_ranks", "1", "--hang"],
-               sizes={"nproc_per_node": 2})
+    job = _job(
+        tmp_path,
+        cluster,
+        WORKER,
+        ["--out", str(out), "--fail_ranks", "1", "--hang"],
+        sizes={"nproc_per_node": 2},
+    )
     r = run_fleetrun("-c", str(job), timeout=200)
     assert r.returncode == 1, r.stdout + r.stderr
     err = r.stderr
@@ -363,8 +477,14 @@ def test_failing_rank_prints_root_cause_summary(cluster: str, tmp_path: Path) ->
 @pytest.mark.timeout(300)
 def test_restart_succeeds_on_second_attempt(cluster: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    job = _job(tmp_path, cluster, WORKER, ["--out", str(out), "--fail_ranks", "0", "--fail_attempts", "1"],
-               sizes={"nproc_per_node": 2}, max_restarts=1)
+    job = _job(
+        tmp_path,
+        cluster,
+        WORKER,
+        ["--out", str(out), "--fail_ranks", "0", "--fail_attempts", "1"],
+        sizes={"nproc_per_node": 2},
+        max_restarts=1,
+    )
     r = run_fleetrun("-c", str(job), timeout=260)
     assert r.returncode == 0, r.stdout + r.stderr
     recs = _records(out)
@@ -373,7 +493,11 @@ def test_restart_succeeds_on_second_attempt(cluster: str, tmp_path: Path) -> Non
     assert "restarting the whole group (restart 1 of 1)" in r.stderr
     state = _job_state(tmp_path)
     assert (state["state"], state["attempt"], state["restarts"], state["max_restarts"]) == (
-        "succeeded", 1, 1, 1)
+        "succeeded",
+        1,
+        1,
+        1,
+    )
     assert {(p["state"], p["exit_code"]) for p in state["processes"]} == {("exited", 0)}
     log0 = (tmp_path / "log" / "workerlog.0").read_text()
     assert "attempt 0, rank 0" in log0 and "attempt 1, rank 0" in log0
@@ -384,8 +508,13 @@ def test_restart_succeeds_on_second_attempt(cluster: str, tmp_path: Path) -> Non
 @pytest.mark.timeout(240)
 def test_sigterm_removes_actors_and_processes(cluster: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    job = _job(tmp_path, cluster, WORKER, ["--out", str(out), "--hang", "--grandchild"],
-               sizes={"nproc_per_node": 2})
+    job = _job(
+        tmp_path,
+        cluster,
+        WORKER,
+        ["--out", str(out), "--hang", "--grandchild"],
+        sizes={"nproc_per_node": 2},
+    )
     p = start_fleetrun("-c", str(job))
     try:
         deadline = time.monotonic() + 150
@@ -410,8 +539,14 @@ def test_sigterm_removes_actors_and_processes(cluster: str, tmp_path: Path) -> N
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_unplaceable_bundles_give_a_clear_error(cluster: str, tmp_path: Path) -> None:
-    job = _job(tmp_path, cluster, WORKER, ["--out", str(tmp_path / "out")], sizes={"nproc_per_node": 2},
-               resources={"trainer": {"cpu": 64, "memory": "256Mi"}})
+    job = _job(
+        tmp_path,
+        cluster,
+        WORKER,
+        ["--out", str(tmp_path / "out")],
+        sizes={"nproc_per_node": 2},
+        resources={"trainer": {"cpu": 64, "memory": "256Mi"}},
+    )
     data = yaml.safe_load(job.read_text())
     data["ray"]["placement_timeout_s"] = 3
     job.write_text(yaml.safe_dump(data))
@@ -428,7 +563,9 @@ def test_sigkill_of_fleetrun_leaves_nothing(cluster: str, tmp_path: Path) -> Non
     """fleetrun killed without a chance to clean up: Ray's owner fate-sharing kills the actors and
     removes the placement group; the actors' children die with them (PR_SET_PDEATHSIG)."""
     out = tmp_path / "out"
-    job = _job(tmp_path, cluster, WORKER, ["--out", str(out), "--hang"], sizes={"nproc_per_node": 2})
+    job = _job(
+        tmp_path, cluster, WORKER, ["--out", str(out), "--hang"], sizes={"nproc_per_node": 2}
+    )
     p = start_fleetrun("-c", str(job))
     try:
         deadline = time.monotonic() + 150
@@ -450,7 +587,9 @@ def test_sigkill_of_fleetrun_leaves_nothing(cluster: str, tmp_path: Path) -> Non
 def test_dead_actor_fails_the_job(cluster: str, tmp_path: Path) -> None:
     """SIGKILL of rank 1's actor (as when its node dies): the job is torn down with a summary."""
     out = tmp_path / "out"
-    job = _job(tmp_path, cluster, WORKER, ["--out", str(out), "--hang"], sizes={"nproc_per_node": 2})
+    job = _job(
+        tmp_path, cluster, WORKER, ["--out", str(out), "--hang"], sizes={"nproc_per_node": 2}
+    )
     p = start_fleetrun("-c", str(job))
     try:
         deadline = time.monotonic() + 150
@@ -513,8 +652,12 @@ def test_local_cluster_listens_on_loopback_only_and_goes_away(tmp_path: Path) ->
 
 @pytest.mark.timeout(120)
 def test_shared_cluster_listens_on_loopback_only(cluster: str) -> None:
-    heads = [c for c in psutil.process_iter(["cmdline"]) if cluster.split(":")[1] in " ".join(c.info["cmdline"] or [])
-             and "--block" in (c.info["cmdline"] or [])]
+    heads = [
+        c
+        for c in psutil.process_iter(["cmdline"])
+        if cluster.split(":")[1] in " ".join(c.info["cmdline"] or [])
+        and "--block" in (c.info["cmdline"] or [])
+    ]
     assert heads, "head process not found"
     assert non_loopback_listeners(_tree(heads[0].pid)) == []
 

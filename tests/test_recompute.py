@@ -18,8 +18,8 @@ from torch import nn
 import fleet
 from collective.errors import ConfigError
 from fleet.meta_parallel.recompute import SavedTensorBytes, recompute
-from fleet.strategy import DistributedStrategy
 from fleet.parallelize.features import wrap_model_features
+from fleet.strategy import DistributedStrategy
 
 FEATURES_RECOMPUTE = SCRIPTS / "features_recompute.py"
 
@@ -27,8 +27,9 @@ FEATURES_RECOMPUTE = SCRIPTS / "features_recompute.py"
 @pytest.mark.timeout(120)
 def test_recompute_replays_tensor_parallel_dropout_at_mp2(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    results = run_workers(FEATURES_RECOMPUTE, 2, ["--out", str(out), "--mp", "2"],
-                          timeout=100, tmp_path=tmp_path)
+    results = run_workers(
+        FEATURES_RECOMPUTE, 2, ["--out", str(out), "--mp", "2"], timeout=100, tmp_path=tmp_path
+    )
     assert_all_ok(results)
     for r in range(2):
         rec = json.loads((out / f"rank{r}.json").read_text())
@@ -37,8 +38,9 @@ def test_recompute_replays_tensor_parallel_dropout_at_mp2(tmp_path: Path) -> Non
         # torch's checkpoint alone replays the global generator but not the tracker
         assert not rec["torch_checkpoint_equal"], rec
         saved = rec["saved_bytes"]
-        print(f"rank {r}: saved-tensor bytes plain {saved['plain']}, "
-              f"recompute {saved['recompute']}")
+        print(
+            f"rank {r}: saved-tensor bytes plain {saved['plain']}, recompute {saved['recompute']}"
+        )
         assert saved["recompute"] < saved["plain"] / 4
 
 
@@ -85,8 +87,10 @@ def test_strategy_recompute_of_named_blocks_saves_memory_keeps_gradients() -> No
     g_net, bytes_net = _grads(net, x)
     assert all(torch.equal(a, b) for a, b in zip(g_ref, g_net))  # dropout replayed
     assert list(net.state_dict()) == list(ref.state_dict())
-    print(f"saved-tensor bytes: plain {bytes_ref}, recompute 4/4 blocks {bytes_net} "
-          f"({bytes_ref / bytes_net:.1f}x less)")
+    print(
+        f"saved-tensor bytes: plain {bytes_ref}, recompute 4/4 blocks {bytes_net} "
+        f"({bytes_ref / bytes_net:.1f}x less)"
+    )
     assert bytes_net < bytes_ref / 4
     # a deep copy of a wrapped model recomputes its own blocks
     twin = copy.deepcopy(net)

@@ -13,8 +13,8 @@ import pytest
 from conftest import SCRIPTS, assert_all_ok, run_workers
 
 import fleet
-from fleet.strategy import check_composition, sharding_stage
 from fleet.meta_optimizers.sharding import partition_parameters
+from fleet.strategy import check_composition, sharding_stage
 
 SCRIPT = SCRIPTS / "sharding_train.py"
 TOL = 1e-5
@@ -22,8 +22,9 @@ TOL = 1e-5
 
 def _run(tmp_path: Path, world: int, *args: str, timeout: float = 120) -> list[dict]:
     out = tmp_path / "out"
-    results = run_workers(SCRIPT, world, ["--out", str(out), *args], timeout=timeout,
-                          tmp_path=tmp_path)
+    results = run_workers(
+        SCRIPT, world, ["--out", str(out), *args], timeout=timeout, tmp_path=tmp_path
+    )
     assert_all_ok(results)
     for r in results:  # the measured optimizer-state bytes per rank vs 1/N
         print(r.output.strip())
@@ -52,8 +53,9 @@ def _check(recs: list[dict], sharding: int, stage: int) -> None:
     [(1, "sgd", 1), (1, "adam", 2), (2, "sgd", 2), (2, "adam", 1), (3, "adam", 2)],
 )
 @pytest.mark.timeout(120)
-def test_sharding_world2_equals_single_process(tmp_path: Path, stage: int, opt: str,
-                                                k_steps: int) -> None:
+def test_sharding_world2_equals_single_process(
+    tmp_path: Path, stage: int, opt: str, k_steps: int
+) -> None:
     recs = _run(tmp_path, 2, "--stage", str(stage), "--opt", opt, "--k_steps", str(k_steps))
     _check(recs, sharding=2, stage=stage)
     assert [rec["sharding_group"] for rec in recs] == [[0, 1], [0, 1]]
@@ -62,8 +64,7 @@ def test_sharding_world2_equals_single_process(tmp_path: Path, stage: int, opt: 
 @pytest.mark.slow
 @pytest.mark.parametrize(("stage", "opt"), [(1, "adam"), (2, "sgd"), (3, "adam")])
 @pytest.mark.timeout(200)
-def test_dp2_x_sharding2_world4_equals_single_process(tmp_path: Path, stage: int, opt: str
-                                                      ) -> None:
+def test_dp2_x_sharding2_world4_equals_single_process(tmp_path: Path, stage: int, opt: str) -> None:
     recs = _run(tmp_path, 4, "--dp", "2", "--stage", str(stage), "--opt", opt, timeout=180)
     _check(recs, sharding=2, stage=stage)
     # Paddle's axis order: sharding varies faster than data
@@ -84,8 +85,12 @@ def test_sharding_degree_turns_sharding_on_with_the_configured_stage() -> None:
     on = fleet.DistributedStrategy.from_dict({"hybrid_configs": {"sharding_degree": 2}})
     assert sharding_stage(on) == 1
     s = fleet.DistributedStrategy.from_dict(
-        {"hybrid_configs": {"sharding_degree": 2}, "sharding": True,
-         "sharding_configs": {"stage": 3}})
+        {
+            "hybrid_configs": {"sharding_degree": 2},
+            "sharding": True,
+            "sharding_configs": {"stage": 3},
+        }
+    )
     assert sharding_stage(s) == 3
     check_composition(s)
 
@@ -101,16 +106,22 @@ def test_offload_keeps_optimizer_state_in_pinned_host_memory(tmp_path: Path) -> 
     from collective.env import find_free_port
     from fleet.meta_optimizers.sharding import ShardedOptimizer
 
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}",
-                             rank=0, world_size=1)
+    tdist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1
+    )
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1)).cuda()
         ref = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1)).cuda()
         ref.load_state_dict(model.state_dict())
-        opt = ShardedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-2), stage=1,
-                               group=tdist.group.WORLD, group_ranks=[0], reduce_grads=True,
-                               offload=True)
+        opt = ShardedOptimizer(
+            torch.optim.Adam(model.parameters(), lr=1e-2),
+            stage=1,
+            group=tdist.group.WORLD,
+            group_ranks=[0],
+            reduce_grads=True,
+            offload=True,
+        )
         ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
         for step in range(3):
             x = torch.randn(8, 16, device="cuda", generator=None)

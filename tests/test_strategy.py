@@ -91,21 +91,34 @@ def test_sections_are_immutable() -> None:
 @pytest.mark.parametrize(
     ("attr", "value", "message"),
     [
-        ("hybrid_configs", {"dp_degre": 2},
-         r"^hybrid_configs\.dp_degre: unknown key .*allowed keys: dp_degree, mp_degree, "
-         + r"pp_degree, sharding_degree"),
+        (
+            "hybrid_configs",
+            {"dp_degre": 2},
+            r"^hybrid_configs\.dp_degre: unknown key .*allowed keys: dp_degree, mp_degree, "
+            + r"pp_degree, sharding_degree",
+        ),
         ("hybrid_configs", {"dp_degree": "two"}, r"^hybrid_configs\.dp_degree: .*integer.*'two'"),
         ("hybrid_configs", {"mp_degree": 1.5}, r"^hybrid_configs\.mp_degree: .*integer.*1\.5"),
         ("hybrid_configs", [("dp_degree", 2)], r"^hybrid_configs: expected a dict"),
         ("amp", 3, r"^amp: expected true/false, got 3"),
         ("amp_configs", {"dtype": "int8"}, r"^amp_configs\.dtype: .*'int8'.*float16.*bfloat16"),
-        ("amp_configs", {"custom_black_list": 5},
-         r"^amp_configs\.custom_black_list: expected a list"),
-        ("pipeline_configs", {"schedule_mode": "GPipe"},
-         r"^pipeline_configs\.schedule_mode: .*1F1B"),
+        (
+            "amp_configs",
+            {"custom_black_list": 5},
+            r"^amp_configs\.custom_black_list: expected a list",
+        ),
+        (
+            "pipeline_configs",
+            {"schedule_mode": "GPipe"},
+            r"^pipeline_configs\.schedule_mode: .*1F1B",
+        ),
         ("dp_degre", 2, r"^dp_degre: unknown key.*allowed keys: amp, amp_configs"),
-        ("dp_degree", 2, r"^dp_degree: unknown key; it belongs to hybrid_configs: "
-                         + r"strategy.hybrid_configs = \{'dp_degree': 2\}"),
+        (
+            "dp_degree",
+            2,
+            r"^dp_degree: unknown key; it belongs to hybrid_configs: "
+            + r"strategy.hybrid_configs = \{'dp_degree': 2\}",
+        ),
         ("fuse_grad_size_in_MB", "big", r"^fuse_grad_size_in_MB: expected an integer"),
     ],
 )
@@ -122,13 +135,19 @@ def test_unknown_keys_and_wrong_types_name_the_key_path(
 @pytest.mark.parametrize(
     ("attr", "value", "message"),
     [
-        ("gradient_merge_configs", {"k_steps": 0},
-         r"^gradient_merge_configs\.k_steps: must be >= 1, got 0"),
+        (
+            "gradient_merge_configs",
+            {"k_steps": 0},
+            r"^gradient_merge_configs\.k_steps: must be >= 1, got 0",
+        ),
         ("hybrid_configs", {"dp_degree": 0}, r"^hybrid_configs\.dp_degree: must be -1 .* got 0"),
         ("hybrid_configs", {"pp_degree": -1}, r"^hybrid_configs\.pp_degree: must be >= 1, got -1"),
         ("amp_configs", {"decr_ratio": 1.5}, r"^amp_configs\.decr_ratio: .*between 0 and 1"),
-        ("amp_configs", {"custom_white_list": ["a"], "custom_black_list": ["a"]},
-         r"^amp_configs\.custom_white_list: ops \['a'\] are in both"),
+        (
+            "amp_configs",
+            {"custom_white_list": ["a"], "custom_black_list": ["a"]},
+            r"^amp_configs\.custom_white_list: ops \['a'\] are in both",
+        ),
         ("sharding_configs", {"stage": 4}, r"^sharding_configs\.stage: must be 1, 2 or 3, got 4"),
         ("a_sync_configs", {"k_steps": -2}, r"^a_sync_configs\.k_steps: must be -1"),
         ("lars_configs", {"lars_coeff": 0.0}, r"^lars_configs\.lars_coeff: must be > 0"),
@@ -159,7 +178,9 @@ def test_dict_and_yaml_round_trip(tmp_path: Path) -> None:
     s.fuse_grad_size_in_MB = 64
     d = s.to_dict()
     assert d["amp_configs"]["dtype"] == "bfloat16" and d["amp_configs"]["custom_black_list"] == [
-        "softmax", "layer_norm"]
+        "softmax",
+        "layer_norm",
+    ]
     assert DistributedStrategy.from_dict(d) == s
     path = tmp_path / "s.yaml"
     path.write_text(s.to_yaml())
@@ -226,8 +247,14 @@ def test_file_shard_is_contiguous_with_extras_first() -> None:
 
 @pytest.mark.timeout(60)
 def test_api_before_init_is_a_clear_error() -> None:
-    for call in (fleet.worker_index, fleet.worker_num, fleet.is_first_worker, fleet.local_rank,
-                 fleet.worker_endpoints, fleet.barrier_worker):
+    for call in (
+        fleet.worker_index,
+        fleet.worker_num,
+        fleet.is_first_worker,
+        fleet.local_rank,
+        fleet.worker_endpoints,
+        fleet.barrier_worker,
+    ):
         with pytest.raises(FleetError, match=r"before fleet.init\(\); call fleet.init"):
             call()
     with pytest.raises(FleetError, match=r"distributed_model\(\) was called before fleet.init"):

@@ -38,8 +38,13 @@ TOL, FP16_TOL, BF16_TOL = 1e-5, 1e-4, 5e-3
 
 def _run(tmp_path: Path, layout: str, cases: list[str]) -> list[dict]:
     out = tmp_path / "out"
-    results = run_workers(SCRIPT, 4, ["--out", str(out), "--layout", layout, "--ckpt",
-                                      "--cases", ",".join(cases)], timeout=150, tmp_path=tmp_path)
+    results = run_workers(
+        SCRIPT,
+        4,
+        ["--out", str(out), "--layout", layout, "--ckpt", "--cases", ",".join(cases)],
+        timeout=150,
+        tmp_path=tmp_path,
+    )
     assert_all_ok(results)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
 
@@ -87,8 +92,7 @@ def test_sharding_x_tensor_parallel_combinations_equal_the_dense_model(tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(170)
-def test_sharding_x_pipeline_combinations_equal_the_single_process_model(tmp_path: Path
-                                                                         ) -> None:
+def test_sharding_x_pipeline_combinations_equal_the_single_process_model(tmp_path: Path) -> None:
     recs = _run(tmp_path, "pp", ["s3", "s3_tied", "s1_clip", "fp16_s1", "o2_s3"])
     for rank, rec in enumerate(recs):
         stage = rank // 2  # pp is the outer axis: ranks 0, 1 hold stage 0
@@ -100,8 +104,11 @@ def test_sharding_x_pipeline_combinations_equal_the_single_process_model(tmp_pat
         assert s3["model_type"] == "PipelineParallel" and s3["stage_type"] == "FSDPPipelineLayer"
         assert s3["local_param_bytes"] == s3["stage_param_bytes"] // 2  # sharded over 2
         assert s3["ckpt_err"] == 0.0  # fleet.save_checkpoint / load_checkpoint round trip
-        assert s3["names"] == (["0.bias", "0.weight", "2.bias", "2.weight"] if stage == 0
-                               else ["4.bias", "4.weight", "6.bias", "6.weight"])
+        assert s3["names"] == (
+            ["0.bias", "0.weight", "2.bias", "2.weight"]
+            if stage == 0
+            else ["4.bias", "4.weight", "6.bias", "6.weight"]
+        )
         clip = rec["s1_clip"]  # norm over both stages and both partitions
         assert clip["norms"] == pytest.approx(clip["ref_norms"], rel=1e-6)
         fp16 = rec["fp16_s1"]
@@ -114,23 +121,32 @@ def test_sharding_x_pipeline_combinations_equal_the_single_process_model(tmp_pat
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.timeout(150)
 def test_float16_o2_scaler_and_clip_through_a_sharded_optimizer_and_fsdp2(
-        tmp_path: Path, device: str) -> None:
+    tmp_path: Path, device: str
+) -> None:
     """World 1 (gloo on CPU, NCCL on a GPU): float16 O2 masters under a stage-2 sharded
     optimizer, the scaler reducing through it and skipping the overflowing step, the clip over
     the partition — equal to the same training without the sharded optimizer; FSDP2 with a
     float16 MixedPrecisionPolicy computes in float16 over float32 shards."""
     env = {"FLEET_BACKEND": "nccl"} if device == "cuda" else {}
-    results = run_workers(SCRIPTS / "combo_gpu.py", 1, ["--out", str(tmp_path / "o"),
-                                                        "--device", device],
-                          timeout=130, tmp_path=tmp_path, extra_env=env)
+    results = run_workers(
+        SCRIPTS / "combo_gpu.py",
+        1,
+        ["--out", str(tmp_path / "o"), "--device", device],
+        timeout=130,
+        tmp_path=tmp_path,
+        extra_env=env,
+    )
     assert_all_ok(results)
     rec = json.loads((tmp_path / "o" / "rank0.json").read_text())
     assert rec["backend"] == ("nccl" if device == "cuda" else "gloo")
     assert rec["o2_dtype"] == "torch.float16" and rec["o2_vs_unsharded"] == 0.0
     assert rec["skipped"] == rec["ref_skipped"] == [False, True, False]
     assert rec["scales"] == rec["ref_scales"] == [1024.0, 512.0, 512.0]
-    assert rec["fsdp_fp16"] == {"out_dtype": "torch.float16", "param_dtype": "torch.float32",
-                                "finite": True}
+    assert rec["fsdp_fp16"] == {
+        "out_dtype": "torch.float16",
+        "param_dtype": "torch.float32",
+        "finite": True,
+    }
 
 
 # ---- recompute offload (one process) ---------------------------------------------------------
@@ -189,37 +205,76 @@ def test_recompute_offload_moves_the_block_inputs_off_the_gpu() -> None:
 # ---- lifted and still refused ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("settings", [
-    {"hybrid_configs": {"sharding_degree": 2, "mp_degree": 2}, "sharding_configs": {"stage": 3}},
-    {"hybrid_configs": {"sharding_degree": 2, "pp_degree": 2}, "sharding_configs": {"stage": 3}},
-    *({"hybrid_configs": {"sharding_degree": 2}, "sharding_configs": {"stage": st}, "amp": True,
-       "amp_configs": {"use_pure_fp16": True}} for st in (1, 2, 3)),
-    {"hybrid_configs": {"sharding_degree": 2}, "sharding_configs": {"stage": 2}, "amp": True},
-    {"hybrid_configs": {"sharding_degree": 2, "pp_degree": 2}, "amp": True},
-    {"recompute": True, "recompute_configs": {"checkpoints": ["0"], "enable_offload": True}},
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {
+            "hybrid_configs": {"sharding_degree": 2, "mp_degree": 2},
+            "sharding_configs": {"stage": 3},
+        },
+        {
+            "hybrid_configs": {"sharding_degree": 2, "pp_degree": 2},
+            "sharding_configs": {"stage": 3},
+        },
+        *(
+            {
+                "hybrid_configs": {"sharding_degree": 2},
+                "sharding_configs": {"stage": st},
+                "amp": True,
+                "amp_configs": {"use_pure_fp16": True},
+            }
+            for st in (1, 2, 3)
+        ),
+        {"hybrid_configs": {"sharding_degree": 2}, "sharding_configs": {"stage": 2}, "amp": True},
+        {"hybrid_configs": {"sharding_degree": 2, "pp_degree": 2}, "amp": True},
+        {"recompute": True, "recompute_configs": {"checkpoints": ["0"], "enable_offload": True}},
+    ],
+)
 @pytest.mark.timeout(30)
 def test_lifted_combinations_pass_the_composition_check(settings: dict) -> None:
     check_composition(fleet.DistributedStrategy.from_dict(settings))
 
 
-@pytest.mark.parametrize(("settings", "error", "message"), [
-    ({"hybrid_configs": {"pp_degree": 2}, "gradient_merge": True,
-      "gradient_merge_configs": {"k_steps": 2}},
-     FleetNotImplementedError, r"gradient_merge with pipeline parallelism.*accumulate_steps"),
-    ({"hybrid_configs": {"sharding_degree": 2}, "localsgd": True}, FleetNotImplementedError,
-     r"strategy.localsgd with sharding stage 1.*pure data parallel"),
-    ({"hybrid_configs": {"mp_degree": 2}, "dgc": True}, FleetNotImplementedError,
-     r"strategy.dgc with hybrid_configs.mp_degree=2"),
-    ({"hybrid_configs": {"sharding_degree": 2}, "sharding_configs": {"stage": 2},
-      "fp16_allreduce": True}, FleetNotImplementedError,
-     r"strategy.fp16_allreduce with sharding stage 2.*use sharding stage 1"),
-    ({"asp": True, "amp": True, "amp_configs": {"use_pure_fp16": True}},
-     FleetNotImplementedError, r"strategy.asp with amp_configs.use_pure_fp16"),
-])
+@pytest.mark.parametrize(
+    ("settings", "error", "message"),
+    [
+        (
+            {
+                "hybrid_configs": {"pp_degree": 2},
+                "gradient_merge": True,
+                "gradient_merge_configs": {"k_steps": 2},
+            },
+            FleetNotImplementedError,
+            r"gradient_merge with pipeline parallelism.*accumulate_steps",
+        ),
+        (
+            {"hybrid_configs": {"sharding_degree": 2}, "localsgd": True},
+            FleetNotImplementedError,
+            r"strategy.localsgd with sharding stage 1.*pure data parallel",
+        ),
+        (
+            {"hybrid_configs": {"mp_degree": 2}, "dgc": True},
+            FleetNotImplementedError,
+            r"strategy.dgc with hybrid_configs.mp_degree=2",
+        ),
+        (
+            {
+                "hybrid_configs": {"sharding_degree": 2},
+                "sharding_configs": {"stage": 2},
+                "fp16_allreduce": True,
+            },
+            FleetNotImplementedError,
+            r"strategy.fp16_allreduce with sharding stage 2.*use sharding stage 1",
+        ),
+        (
+            {"asp": True, "amp": True, "amp_configs": {"use_pure_fp16": True}},
+            FleetNotImplementedError,
+            r"strategy.asp with amp_configs.use_pure_fp16",
+        ),
+    ],
+)
 @pytest.mark.timeout(30)
-def test_what_stays_refused_names_both_features(settings: dict, error: type, message: str
-                                                ) -> None:
+def test_what_stays_refused_names_both_features(settings: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         check_composition(fleet.DistributedStrategy.from_dict(settings))
 

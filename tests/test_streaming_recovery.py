@@ -32,17 +32,40 @@ from conftest import REPO, base_env, fleetrun_cmd, wait_for, wait_gone
 
 DAYS = ("20261120", "20261121")
 ONLINE = str(REPO / "examples" / "ctr" / "online.py")
-EXPECTED = [(DAYS[0], "00", "delta"), (DAYS[0], "01", "delta"), (DAYS[0], "-1", "base"),
-            (DAYS[1], "00", "delta"), (DAYS[1], "01", "delta"), (DAYS[1], "-1", "base")]
+EXPECTED = [
+    (DAYS[0], "00", "delta"),
+    (DAYS[0], "01", "delta"),
+    (DAYS[0], "-1", "base"),
+    (DAYS[1], "00", "delta"),
+    (DAYS[1], "01", "delta"),
+    (DAYS[1], "-1", "base"),
+]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stream") / "data"
-    r = subprocess.run([sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", str(root),
-                        "--num_files", "2", "--lines_per_file", "2500", "--days", ",".join(DAYS),
-                        "--passes", "2"], cwd=REPO, env=base_env(), capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "examples/ctr/gen_slot_files.py",
+            "--out_dir",
+            str(root),
+            "--num_files",
+            "2",
+            "--lines_per_file",
+            "2500",
+            "--days",
+            ",".join(DAYS),
+            "--passes",
+            "2",
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return root
 
@@ -54,14 +77,46 @@ class Job:
         self.tmp, self.log, self.ckpt = tmp, tmp / "log", tmp / "ckpt"
         self.err = tmp / "stderr.txt"
         self.pids: set[int] = set()
-        args = ["--server_num", "1", "--worker_num", "2", "--log_dir", str(self.log),
-                "--ps_checkpoint_dir", str(self.ckpt), "--ps_checkpoint_keep", "2",
-                "--max_restarts", "3", "--tee", "none", "--grace_period", "2",
-                ONLINE, "--data_root", str(data), "--output_dir", "model", "--batch_size", "64",
-                "--shrink_unseen_days", "0", "--mode", mode, "--json", str(tmp / "passes.jsonl")]
+        args = [
+            "--server_num",
+            "1",
+            "--worker_num",
+            "2",
+            "--log_dir",
+            str(self.log),
+            "--ps_checkpoint_dir",
+            str(self.ckpt),
+            "--ps_checkpoint_keep",
+            "2",
+            "--max_restarts",
+            "3",
+            "--tee",
+            "none",
+            "--grace_period",
+            "2",
+            ONLINE,
+            "--data_root",
+            str(data),
+            "--output_dir",
+            "model",
+            "--batch_size",
+            "64",
+            "--shrink_unseen_days",
+            "0",
+            "--mode",
+            mode,
+            "--json",
+            str(tmp / "passes.jsonl"),
+        ]
         with open(tmp / "stdout.txt", "w") as o, open(self.err, "w") as e:
-            self.proc = subprocess.Popen(fleetrun_cmd(*args), cwd=str(tmp), env=base_env(),
-                                         stdout=o, stderr=e, start_new_session=True)
+            self.proc = subprocess.Popen(
+                fleetrun_cmd(*args),
+                cwd=str(tmp),
+                env=base_env(),
+                stdout=o,
+                stderr=e,
+                start_new_session=True,
+            )
 
     def state(self) -> dict[str, Any]:
         data = json.loads((self.log / "job_state.json").read_text())
@@ -79,8 +134,17 @@ class Job:
 
         def pid() -> int | None:
             data = self.state()
-            return next((int(p["pid"]) for p in data["processes"] if data["attempt"] == 0
-                         and p["role"] == role and p["rank"] == rank and p["state"] == "up"), None)
+            return next(
+                (
+                    int(p["pid"])
+                    for p in data["processes"]
+                    if data["attempt"] == 0
+                    and p["role"] == role
+                    and p["rank"] == rank
+                    and p["state"] == "up"
+                ),
+                None,
+            )
 
         os.kill(wait_for(pid, 30, f"{role} {rank}"), signal.SIGKILL)
 
@@ -105,8 +169,11 @@ class Job:
         assert not wait_gone(sorted(self.pids), 15), "processes of the job outlived it"
         import psutil
 
-        mine = [p.pid for p in psutil.process_iter(["cmdline"])
-                if str(self.log) in " ".join(p.info["cmdline"] or [])]
+        mine = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if str(self.log) in " ".join(p.info["cmdline"] or [])
+        ]
         assert not mine, f"orphans: {mine}"
 
     def final_auc(self) -> float:
@@ -115,7 +182,9 @@ class Job:
         return [r for r in lines if (r["day"], r["pass"]) == (DAYS[1], "01")][-1]["progressive_auc"]
 
 
-def run(tmp: Path, data: Path, mode: str = "async", kill: tuple[str, int] | None = None) -> tuple[Job, str]:
+def run(
+    tmp: Path, data: Path, mode: str = "async", kill: tuple[str, int] | None = None
+) -> tuple[Job, str]:
     job = Job(tmp, data, mode)
     try:
         if kill is not None:
@@ -146,7 +215,9 @@ def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> float:
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("role", ["trainer", "server"])
-def test_stream_recovers_from_a_kill(role: str, data: Path, reference: float, tmp_path: Path) -> None:
+def test_stream_recovers_from_a_kill(
+    role: str, data: Path, reference: float, tmp_path: Path
+) -> None:
     job, err = run(tmp_path, data, "async", kill=(role, 0))
     state = job.state()
     assert state["state"] == "succeeded" and state["recoveries"], state
@@ -155,7 +226,9 @@ def test_stream_recovers_from_a_kill(role: str, data: Path, reference: float, tm
     if role == "trainer":  # every process restarted: the stream continued after the cut's record
         assert "recovery 1 (attempt 0 -> 1)" in err, err[-3000:]
         log = (job.log / "workerlog.0").read_text()
-        assert "[online] resumed after day" in log and "from the job's checkpoint" in log, log[-3000:]
+        assert "[online] resumed after day" in log and "from the job's checkpoint" in log, log[
+            -3000:
+        ]
     assert "PS recoveries:" in err, err[-3000:]
     # the model kept what it learnt: the last pass meets a model about as good as undisturbed
     assert abs(job.final_auc() - reference) < 0.05, (job.final_auc(), reference)
@@ -167,14 +240,24 @@ def _state(tables: dict) -> dict[str, np.ndarray]:
     for name, t in tables.items():
         parts = list(t.export_shards(False).values())
         if t.KIND == "dense":
-            out.update({f"{name}.{b.name}.{f}": getattr(b, f) for p in parts for b in p.blocks
-                        for f in ("values", "state")})
+            out.update(
+                {
+                    f"{name}.{b.name}.{f}": getattr(b, f)
+                    for p in parts
+                    for b in p.blocks
+                    for f in ("values", "state")
+                }
+            )
             continue
         keys = np.concatenate([p.keys for p in parts])
         order = np.argsort(keys)
         out[f"{name}.keys"] = keys[order]
-        out.update({f"{name}.{f}": np.concatenate([getattr(p, f) for p in parts])[order]
-                    for f in ("values", "state", "count", "unseen_days")})
+        out.update(
+            {
+                f"{name}.{f}": np.concatenate([getattr(p, f) for p in parts])[order]
+                for f in ("values", "state", "count", "unseen_days")
+            }
+        )
     return out
 
 
@@ -210,7 +293,9 @@ def test_donefile_reconciled_with_the_cut(tmp_path: Path) -> None:
     from collective.errors import FleetError
     from fleet.streaming.donefile import DoneRecord, read_donefile, reconcile_donefile
 
-    recs = [DoneRecord(DAYS[0], p, f"model/{DAYS[0]}/delta-{p}", "delta") for p in ("00", "01", "02")]
+    recs = [
+        DoneRecord(DAYS[0], p, f"model/{DAYS[0]}/delta-{p}", "delta") for p in ("00", "01", "02")
+    ]
     (tmp_path / "donefile.txt").write_text(recs[0].line())
     assert reconcile_donefile(str(tmp_path), 2, list(recs[1].__dict__.values())) == recs[:2]
     assert read_donefile(str(tmp_path)) == recs[:2]  # appended once

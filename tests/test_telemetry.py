@@ -23,19 +23,44 @@ WORKER = SCRIPTS / "launcher_worker.py"
 NAME = re.compile(r"^fleet_(trainer|data|ps|launcher)_[a-z][a-z0-9_]*[a-z0-9]$")
 ALLOWED_LABELS = {"op", "table", "code", "result", "state", "role", "cause", "dataset"}
 CONTRACT = {
-    "fleet_trainer_steps_total", "fleet_trainer_samples_total", "fleet_trainer_step_seconds",
-    "fleet_trainer_loss", "fleet_trainer_throughput_samples_per_second",
-    "fleet_trainer_comm_seconds", "fleet_trainer_pipeline_bubble_ratio",
-    "fleet_trainer_amp_loss_scale", "fleet_trainer_amp_skipped_steps_total",
-    "fleet_ps_requests_total", "fleet_ps_request_seconds", "fleet_ps_keys_total",
-    "fleet_ps_table_rows", "fleet_ps_table_bytes", "fleet_ps_entry_keys_total",
-    "fleet_ps_nonfinite_gradients_total", "fleet_ps_checkpoint_seconds",
-    "fleet_launcher_job_state", "fleet_launcher_processes_up", "fleet_launcher_restarts_total",
-    "fleet_launcher_failures_total", "fleet_ps_recoveries_total",
+    "fleet_trainer_steps_total",
+    "fleet_trainer_samples_total",
+    "fleet_trainer_step_seconds",
+    "fleet_trainer_loss",
+    "fleet_trainer_throughput_samples_per_second",
+    "fleet_trainer_comm_seconds",
+    "fleet_trainer_pipeline_bubble_ratio",
+    "fleet_trainer_amp_loss_scale",
+    "fleet_trainer_amp_skipped_steps_total",
+    "fleet_ps_requests_total",
+    "fleet_ps_request_seconds",
+    "fleet_ps_keys_total",
+    "fleet_ps_table_rows",
+    "fleet_ps_table_bytes",
+    "fleet_ps_entry_keys_total",
+    "fleet_ps_nonfinite_gradients_total",
+    "fleet_ps_checkpoint_seconds",
+    "fleet_launcher_job_state",
+    "fleet_launcher_processes_up",
+    "fleet_launcher_restarts_total",
+    "fleet_launcher_failures_total",
+    "fleet_ps_recoveries_total",
 }
-JOB_STATE_KEYS = {"name", "run_id", "state", "attempt", "restarts", "max_restarts", "started_at",
-                  "updated_at", "launcher_metrics", "processes", "failure_summary", "recoveries",
-                  "membership_changes"}
+JOB_STATE_KEYS = {
+    "name",
+    "run_id",
+    "state",
+    "attempt",
+    "restarts",
+    "max_restarts",
+    "started_at",
+    "updated_at",
+    "launcher_metrics",
+    "processes",
+    "failure_summary",
+    "recoveries",
+    "membership_changes",
+}
 PROC_KEYS = {"role", "rank", "host", "pid", "state", "exit_code", "signal", "metrics", "log"}
 
 
@@ -76,7 +101,9 @@ def scrape(endpoint: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def value(samples: dict[str, Any], name: str, **labels: str) -> float:
     """Sum of the samples of ``name`` whose labels include ``labels``."""
-    return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+    return sum(
+        v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items())
+    )
 
 
 def wait_for(fn: Any, timeout: float, what: str) -> Any:
@@ -127,7 +154,8 @@ def test_status_line_text() -> None:
     from launcher.console import Status
 
     assert Status(2, 2, 120, 9.81, 0.43125, 640).text() == (
-        "2/2 up | step 120 | 9.8 steps/s | loss 0.4313 | 640 samples/s")
+        "2/2 up | step 120 | 9.8 steps/s | loss 0.4313 | 640 samples/s"
+    )
     assert Status(1, 3, 0, None, None, None).text() == "1/3 up | step 0"
 
 
@@ -136,21 +164,41 @@ def test_status_line_text() -> None:
 @pytest.mark.timeout(180)
 def test_dp_job_metrics_targets_and_state(tmp_path: Path) -> None:
     log, release = tmp_path / "log", tmp_path / "release"
-    proc = start_fleetrun("--nproc_per_node", "2", "--log_dir", str(log), "--job_name", "dpjob",
-                          str(JOB), "--steps", "20", "--hold_file", str(release))
+    proc = start_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(log),
+        "--job_name",
+        "dpjob",
+        str(JOB),
+        "--steps",
+        "20",
+        "--hold_file",
+        str(release),
+    )
     try:
-        targets = wait_for(lambda: json.loads((log / "metrics_targets.json").read_text()), 60,
-                           "metrics_targets.json")
+        targets = wait_for(
+            lambda: json.loads((log / "metrics_targets.json").read_text()),
+            60,
+            "metrics_targets.json",
+        )
         roles = sorted((g["labels"]["role"], g["labels"]["rank"]) for g in targets)
         assert roles == [("launcher", "0"), ("trainer", "0"), ("trainer", "1")]
         for g in targets:
             assert g["labels"]["job"] == "dpjob" and g["labels"]["host"]
             assert re.match(r"^127\.0\.0\.1:\d+$", g["targets"][0])
-        trainers = {g["labels"]["rank"]: g["targets"][0] for g in targets
-                    if g["labels"]["role"] == "trainer"}
+        trainers = {
+            g["labels"]["rank"]: g["targets"][0]
+            for g in targets
+            if g["labels"]["role"] == "trainer"
+        }
         for ep in trainers.values():
-            wait_for(lambda ep=ep: value(scrape(ep), "fleet_trainer_steps_total") >= 20, 120,
-                     f"20 steps at {ep}")
+            wait_for(
+                lambda ep=ep: value(scrape(ep), "fleet_trainer_steps_total") >= 20,
+                120,
+                f"20 steps at {ep}",
+            )
             m = scrape(ep)
             assert value(m, "fleet_trainer_samples_total") == 20 * 32
             assert value(m, "fleet_trainer_step_seconds_count") == 19
@@ -161,7 +209,9 @@ def test_dp_job_metrics_targets_and_state(tmp_path: Path) -> None:
         assert set(state) == JOB_STATE_KEYS and state["state"] == "running"
         assert state["name"] == "dpjob" and state["attempt"] == 0
         assert [(p["role"], p["rank"], p["state"]) for p in state["processes"]] == [
-            ("trainer", 0, "up"), ("trainer", 1, "up")]
+            ("trainer", 0, "up"),
+            ("trainer", 1, "up"),
+        ]
         for p in state["processes"]:
             assert set(p) == PROC_KEYS and Path(p["log"]).is_absolute()
             assert p["metrics"] == trainers[str(p["rank"])]
@@ -181,17 +231,41 @@ def test_dp_job_metrics_targets_and_state(tmp_path: Path) -> None:
 @pytest.mark.timeout(180)
 def test_ps_job_metrics(tmp_path: Path) -> None:
     log, release = tmp_path / "log", tmp_path / "release"
-    proc = start_fleetrun("--server_num", "1", "--worker_num", "2", "--log_dir", str(log),
-                          str(JOB), "--mode", "ps", "--steps", "10", "--hold_file", str(release))
+    proc = start_fleetrun(
+        "--server_num",
+        "1",
+        "--worker_num",
+        "2",
+        "--log_dir",
+        str(log),
+        str(JOB),
+        "--mode",
+        "ps",
+        "--steps",
+        "10",
+        "--hold_file",
+        str(release),
+    )
     try:
-        targets = wait_for(lambda: json.loads((log / "metrics_targets.json").read_text()), 60,
-                           "metrics_targets.json")
+        targets = wait_for(
+            lambda: json.loads((log / "metrics_targets.json").read_text()),
+            60,
+            "metrics_targets.json",
+        )
         by_role = {(g["labels"]["role"], g["labels"]["rank"]): g["targets"][0] for g in targets}
-        assert set(by_role) == {("launcher", "0"), ("server", "0"), ("trainer", "0"), ("trainer", "1")}
+        assert set(by_role) == {
+            ("launcher", "0"),
+            ("server", "0"),
+            ("trainer", "0"),
+            ("trainer", "1"),
+        }
         for rank in ("0", "1"):
             ep = by_role[("trainer", rank)]
-            wait_for(lambda ep=ep: value(scrape(ep), "fleet_trainer_steps_total") >= 10, 120,
-                     f"10 steps at {ep}")
+            wait_for(
+                lambda ep=ep: value(scrape(ep), "fleet_trainer_steps_total") >= 10,
+                120,
+                f"10 steps at {ep}",
+            )
             m = scrape(ep)
             assert value(m, "fleet_trainer_samples_total") == 10 * 16
             assert value(m, "fleet_trainer_comm_seconds_count", op="ps_pull") >= 10
@@ -208,8 +282,14 @@ def test_ps_job_metrics(tmp_path: Path) -> None:
         assert value(s, "fleet_ps_nonfinite_gradients_total", table="emb") == 0
         state = read_state(log)
         assert sorted((p["role"], p["rank"]) for p in state["processes"]) == [
-            ("server", 0), ("trainer", 0), ("trainer", 1)]
-        assert value(scrape(state["launcher_metrics"]), "fleet_launcher_processes_up", role="server") == 1
+            ("server", 0),
+            ("trainer", 0),
+            ("trainer", 1),
+        ]
+        assert (
+            value(scrape(state["launcher_metrics"]), "fleet_launcher_processes_up", role="server")
+            == 1
+        )
     finally:
         _out, err = stop(proc, release)
     assert proc.returncode == 0, err
@@ -219,13 +299,27 @@ def test_ps_job_metrics(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_failed_rank_in_job_state(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    r = run_fleetrun("--nproc_per_node", "2", "--log_dir", str(log), str(WORKER), "--out",
-                     str(tmp_path / "out"), "--sigkill_ranks", "1", "--hang")
+    r = run_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(log),
+        str(WORKER),
+        "--out",
+        str(tmp_path / "out"),
+        "--sigkill_ranks",
+        "1",
+        "--hang",
+    )
     assert r.returncode == 1
     state = read_state(log)
     assert state["state"] == "failed"
     procs = {p["rank"]: p for p in state["processes"]}
-    assert (procs[1]["state"], procs[1]["signal"], procs[1]["exit_code"]) == ("failed", "SIGKILL", None)
+    assert (procs[1]["state"], procs[1]["signal"], procs[1]["exit_code"]) == (
+        "failed",
+        "SIGKILL",
+        None,
+    )
     assert procs[0]["state"] == "exited"  # stopped by fleetrun's teardown, not a failure
     assert "Root cause" in state["failure_summary"] and "SIGKILL" in state["failure_summary"]
 
@@ -233,13 +327,29 @@ def test_failed_rank_in_job_state(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_restart_counts_in_job_state(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    r = run_fleetrun("--nproc_per_node", "2", "--log_dir", str(log), "--max_restarts", "1",
-                     str(WORKER), "--out", str(tmp_path / "out"), "--exit_code_ranks", "1",
-                     "--fail_attempts", "1")
+    r = run_fleetrun(
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(log),
+        "--max_restarts",
+        "1",
+        str(WORKER),
+        "--out",
+        str(tmp_path / "out"),
+        "--exit_code_ranks",
+        "1",
+        "--fail_attempts",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     state = read_state(log)
     assert (state["state"], state["attempt"], state["restarts"], state["max_restarts"]) == (
-        "succeeded", 1, 1, 1)
+        "succeeded",
+        1,
+        1,
+        1,
+    )
 
 
 @pytest.mark.timeout(30)
@@ -254,7 +364,11 @@ def test_in_place_restarts_count_in_job_state(tmp_path: Path) -> None:
     monitor.restarted_in_place(1)
     state = read_state(tmp_path)
     assert (state["state"], state["attempt"], state["restarts"], len(state["recoveries"])) == (
-        "running", 0, 1, 1)
+        "running",
+        0,
+        1,
+        1,
+    )
     monitor.restarting(2)
     monitor.attempt_started(1, [])
     monitor.finished(JobState.SUCCEEDED)
@@ -265,8 +379,16 @@ def test_in_place_restarts_count_in_job_state(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_no_metrics_flag(tmp_path: Path) -> None:
     log, out = tmp_path / "log", tmp_path / "out"
-    r = run_fleetrun("--no-metrics", "--nproc_per_node", "2", "--log_dir", str(log), str(WORKER),
-                     "--out", str(out))
+    r = run_fleetrun(
+        "--no-metrics",
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(log),
+        str(WORKER),
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert not (log / "metrics_targets.json").exists()
     state = read_state(log)
@@ -321,9 +443,12 @@ def _samples(registry: Any) -> list[tuple[str, tuple[tuple[str, str], ...], floa
     """(name, sorted labels, value) of every sample a registry exposes, ``_created`` left out."""
     from prometheus_client import generate_latest
 
-    return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
-                  for fam in text_string_to_metric_families(generate_latest(registry).decode())
-                  for s in fam.samples if not s.name.endswith("_created"))
+    return sorted(
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for fam in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in fam.samples
+        if not s.name.endswith("_created")
+    )
 
 
 @pytest.mark.timeout(30)
@@ -338,13 +463,18 @@ def test_request_collector_exposes_what_prometheus_client_would() -> None:
     collector = RequestCollector()
     ours.register(collector)
     requests = Counter("fleet_ps_requests", "r", COLLECTED["fleet_ps_requests_total"], registry=ref)
-    latency = Histogram("fleet_ps_request_seconds", "l", ["op"], buckets=LATENCY_BUCKETS,
-                        registry=ref)
+    latency = Histogram(
+        "fleet_ps_request_seconds", "l", ["op"], buckets=LATENCY_BUCKETS, registry=ref
+    )
     keys = Counter("fleet_ps_keys", "k", ["op", "table"], registry=ref)
-    cases = [("PullSparse", "emb", "OK", 0.0001, 4), ("PushSparse", "emb", "OK", 0.0003, 4),
-             ("PullSparse", "", "NOT_FOUND", 0.003, 0), ("Stats", "", "OK", 20.0, 0),
-             ("PullSparse", "emb", "OK", 0.00025, 2), ("PushSparse", "emb", "INVALID_ARGUMENT",
-                                                        0.0, 0)]
+    cases = [
+        ("PullSparse", "emb", "OK", 0.0001, 4),
+        ("PushSparse", "emb", "OK", 0.0003, 4),
+        ("PullSparse", "", "NOT_FOUND", 0.003, 0),
+        ("Stats", "", "OK", 20.0, 0),
+        ("PullSparse", "emb", "OK", 0.00025, 2),
+        ("PushSparse", "emb", "INVALID_ARGUMENT", 0.0, 0),
+    ]
     for op, table, code, seconds, num_keys in cases:
         collector.record(op, table, code, seconds, num_keys)
         requests.labels(op, table, code).inc()
@@ -371,12 +501,19 @@ def test_request_collector_loses_no_count_across_threads() -> None:
         t.start()
     for t in threads:
         t.join()
-    got = {s.name: s.value for fam in collector.collect() for s in fam.samples
-           if s.labels.get("le") in (None, "0.001")}
-    assert got == {"fleet_ps_requests_total": 20000, "fleet_ps_request_seconds_bucket": 20000,
-                   "fleet_ps_request_seconds_count": 20000,
-                   "fleet_ps_request_seconds_sum": pytest.approx(20.0),
-                   "fleet_ps_keys_total": 60000}
+    got = {
+        s.name: s.value
+        for fam in collector.collect()
+        for s in fam.samples
+        if s.labels.get("le") in (None, "0.001")
+    }
+    assert got == {
+        "fleet_ps_requests_total": 20000,
+        "fleet_ps_request_seconds_bucket": 20000,
+        "fleet_ps_request_seconds_count": 20000,
+        "fleet_ps_request_seconds_sum": pytest.approx(20.0),
+        "fleet_ps_keys_total": 60000,
+    }
 
 
 @pytest.mark.timeout(60)

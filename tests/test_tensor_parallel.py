@@ -20,8 +20,11 @@ def _run(tmp_path: Path, dp: int, mp: int) -> list[dict]:
     out = tmp_path / "out"
     world = dp * mp
     results = run_workers(
-        HYBRID_TP, world, ["--out", str(out), "--dp", str(dp), "--mp", str(mp)],
-        timeout=100, tmp_path=tmp_path,
+        HYBRID_TP,
+        world,
+        ["--out", str(out), "--dp", str(dp), "--mp", str(mp)],
+        timeout=100,
+        tmp_path=tmp_path,
     )
     assert_all_ok(results)
     recs = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]

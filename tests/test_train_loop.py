@@ -30,8 +30,9 @@ def _batches(n: int, size: int = 32, seed: int = 0) -> _Sized:
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
         values = torch.randint(0, 50, (int(offsets[-1]),), generator=gen)
         click = (dense[:, :1] > 0).float()  # learnable from the dense slot
-        out.append({"dense": dense, "ids": SimpleNamespace(values=values, offsets=offsets),
-                    "click": click})
+        out.append(
+            {"dense": dense, "ids": SimpleNamespace(values=values, offsets=offsets), "click": click}
+        )
     return out
 
 
@@ -54,8 +55,9 @@ def test_trains_and_prints_progress() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     data = _batches(40)
     out = io.StringIO()
-    stats = fleet.train_from_dataset(model, opt, data, torch.nn.BCEWithLogitsLoss(),
-                                     label="click", print_period=10, out=out)
+    stats = fleet.train_from_dataset(
+        model, opt, data, torch.nn.BCEWithLogitsLoss(), label="click", print_period=10, out=out
+    )
     assert stats.steps == 40 and stats.examples == 40 * 32
     assert stats.auc > 0.75 and stats.local_auc == stats.auc  # single process: local = global
     lines = out.getvalue().splitlines()
@@ -72,15 +74,24 @@ def test_fetch_max_steps_and_bad_arguments() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = io.StringIO()
     stats = fleet.train_from_dataset(
-        model, opt, _batches(10), torch.nn.BCEWithLogitsLoss(), label="click", print_period=2,
-        max_steps=4, out=out, fetch={"mean_out": lambda o, b, loss: f"{float(o.detach().mean()):.3f}"})
+        model,
+        opt,
+        _batches(10),
+        torch.nn.BCEWithLogitsLoss(),
+        label="click",
+        print_period=2,
+        max_steps=4,
+        out=out,
+        fetch={"mean_out": lambda o, b, loss: f"{float(o.detach().mean()):.3f}"},
+    )
     assert stats.steps == 4
     assert out.getvalue().count("mean_out ") == 2
     with pytest.raises(ConfigError, match="no slot 'label'.*'click'"):
         fleet.train_from_dataset(model, opt, _batches(1), torch.nn.BCEWithLogitsLoss(), out=out)
     with pytest.raises(ConfigError, match="print_period"):
-        fleet.train_from_dataset(model, opt, _batches(1), torch.nn.BCEWithLogitsLoss(),
-                                 label="click", print_period=0)
+        fleet.train_from_dataset(
+            model, opt, _batches(1), torch.nn.BCEWithLogitsLoss(), label="click", print_period=0
+        )
 
 
 @pytest.mark.timeout(120)
@@ -94,6 +105,7 @@ def test_only_trainer_0_prints_without_a_process_group() -> None:
     from pathlib import Path
 
     from conftest import REPO, base_env
+
     from launcher.ps_coordinator import Coordinator
 
     tests = Path(__file__).parent
@@ -101,13 +113,26 @@ def test_only_trainer_0_prints_without_a_process_group() -> None:
     procs = []
     try:
         for rank in (0, 1):
-            env = {**base_env(), "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(rank),
-                   "PADDLE_TRAINERS_NUM": "2", "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:1",
-                   "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:2,127.0.0.1:3",
-                   "FLEET_PS_COORDINATOR": coord.endpoint, "FLEET_PS_TOKEN": "secret"}
-            procs.append(subprocess.Popen(
-                [sys.executable, str(tests / "scripts" / "train_loop_trainer.py"), str(tests)],
-                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            env = {
+                **base_env(),
+                "TRAINING_ROLE": "TRAINER",
+                "PADDLE_TRAINER_ID": str(rank),
+                "PADDLE_TRAINERS_NUM": "2",
+                "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:1",
+                "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:2,127.0.0.1:3",
+                "FLEET_PS_COORDINATOR": coord.endpoint,
+                "FLEET_PS_TOKEN": "secret",
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(tests / "scripts" / "train_loop_trainer.py"), str(tests)],
+                    cwd=REPO,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         outs = [p.communicate(timeout=90) for p in procs]
     finally:
         for p in procs:

@@ -161,7 +161,9 @@ def write_day_pass_files(out_dir: str, spec: SlotFiles, days: list[str], passes:
     """The day/pass layout (module docstring): ``out_dir/<day>/<pass:02d>/`` holds the files of
     ``spec`` shifted to that pass's examples. Returns every path written."""
     if not days or passes < 1:
-        raise ValueError(f"need at least one day and passes >= 1, got days={days!r} passes={passes!r}")
+        raise ValueError(
+            f"need at least one day and passes >= 1, got days={days!r} passes={passes!r}"
+        )
     per_pass = spec.num_files * spec.lines_per_file
     paths: list[str] = []
     for d, day in enumerate(days):
@@ -182,8 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--start_index", type=int, default=0, help="global index of the first example")
     p.add_argument("--format", choices=sorted(FORMATS), default="multislot")
     p.add_argument("--gzip", action="store_true", help="gzip each file (name ends in .gz)")
-    p.add_argument("--days", default="",
-                   help="comma-separated day folders (e.g. 20261120,20261121): day/pass layout")
+    p.add_argument(
+        "--days",
+        default="",
+        help="comma-separated day folders (e.g. 20261120,20261121): day/pass layout",
+    )
     p.add_argument("--passes", type=int, default=1, help="pass folders per day (with --days)")
     args = p.parse_args(argv)
     spec = SlotFiles(args.num_files, args.lines_per_file, args.format, args.seed, args.gzip,

@@ -31,10 +31,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import fleet
-from fleet.base import data_position
 from examples.ctr.data import CTRBatch, CTRDataConfig, generate, roc_auc, shard
 from examples.ctr.model import WideDeep
 from examples.ctr.slots import batch_to_inputs, make_slots
+from fleet.base import data_position
 from ps_server import SGD, Adagrad, Constant, Normal
 
 logger = logging.getLogger("ctr_ps")
@@ -42,15 +42,29 @@ logger = logging.getLogger("ctr_ps")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--train", type=int, default=200_000,
-                   help="global training examples (generated; ignored with --data_dir / --files)")
-    p.add_argument("--data_dir", default="",
-                   help="train from the part-* slot files here instead of generated examples")
+    p.add_argument(
+        "--train",
+        type=int,
+        default=200_000,
+        help="global training examples (generated; ignored with --data_dir / --files)",
+    )
+    p.add_argument(
+        "--data_dir",
+        default="",
+        help="train from the part-* slot files here instead of generated examples",
+    )
     p.add_argument("--files", nargs="+", default=None, help="slot files (instead of --data_dir)")
-    p.add_argument("--dataset", choices=["inmemory", "queue"], default="inmemory",
-                   help="fleet.data dataset reading the files")
-    p.add_argument("--pipe_command", default="cat",
-                   help='dataset pipe_command; "python examples/ctr/reader.py" for PaddleRec lines')
+    p.add_argument(
+        "--dataset",
+        choices=["inmemory", "queue"],
+        default="inmemory",
+        help="fleet.data dataset reading the files",
+    )
+    p.add_argument(
+        "--pipe_command",
+        default="cat",
+        help='dataset pipe_command; "python examples/ctr/reader.py" for PaddleRec lines',
+    )
     p.add_argument("--reader_threads", type=int, default=2, help="dataset thread_num")
     p.add_argument("--test", type=int, default=50_000, help="global held-out examples")
     p.add_argument("--batch_size", type=int, default=512, help="global batch (split over trainers)")
@@ -59,12 +73,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dense_lr", type=float, default=1e-3)
     p.add_argument("--mode", choices=["sync", "async", "half_async", "geo"], default="sync")
     p.add_argument("--geo_k", type=int, default=10)
-    p.add_argument("--geo_sparse_lr", type=float, default=2.0,
-                   help="GEO trains rows locally with plain SGD: it needs a larger lr than Adagrad")
-    p.add_argument("--max_merge", type=int, default=1,
-                   help="async: steps merged into one send (a_sync_configs.max_merge_var_num)")
-    p.add_argument("--prefetch", type=int, default=1,
-                   help="async modes: pull the next batch's rows during this step (1) or not (0)")
+    p.add_argument(
+        "--geo_sparse_lr",
+        type=float,
+        default=2.0,
+        help="GEO trains rows locally with plain SGD: it needs a larger lr than Adagrad",
+    )
+    p.add_argument(
+        "--max_merge",
+        type=int,
+        default=1,
+        help="async: steps merged into one send (a_sync_configs.max_merge_var_num)",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=1,
+        help="async modes: pull the next batch's rows during this step (1) or not (0)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default="", help="save the tables here at the end")
     p.add_argument("--json", default="", help="also write rank 0's result here")
@@ -96,19 +122,26 @@ def count_lines(paths: list[str]) -> int:
     return total
 
 
-def file_batches(args: argparse.Namespace,
-                 local_batch: int) -> tuple[int, int, Iterator[Batch], float]:
+def file_batches(
+    args: argparse.Namespace, local_batch: int
+) -> tuple[int, int, Iterator[Batch], float]:
     """(examples to train, examples in the files, batches, load seconds) of this trainer's share
     of the slot files. The two counts differ when a fleetrun job with --ps_checkpoint_dir
     resumed: the dataset then skips (and does not count) what was trained before."""
     files = args.files or sorted(glob.glob(os.path.join(args.data_dir, "part-*")))
     if not files:
-        raise SystemExit(f"no slot files: --files is empty and {args.data_dir!r} has no part-* "
-                         "files (write them with examples/ctr/gen_slot_files.py)")
+        raise SystemExit(
+            f"no slot files: --files is empty and {args.data_dir!r} has no part-* "
+            "files (write them with examples/ctr/gen_slot_files.py)"
+        )
     mine = fleet.util.get_file_shard(files)
     ds = fleet.data.InMemoryDataset() if args.dataset == "inmemory" else fleet.data.QueueDataset()
-    ds.init(batch_size=local_batch, thread_num=args.reader_threads, use_var=make_slots(),
-            pipe_command=args.pipe_command)
+    ds.init(
+        batch_size=local_batch,
+        thread_num=args.reader_threads,
+        use_var=make_slots(),
+        pipe_command=args.pipe_command,
+    )
     ds.set_filelist(mine)
     t0 = time.perf_counter()
     if args.dataset == "inmemory":
@@ -122,10 +155,17 @@ def file_batches(args: argparse.Namespace,
 
 def tensor_batches(train: CTRBatch, local_batch: int) -> Iterator[Batch]:
     """Consecutive ``local_batch`` slices of generated examples (the last partial one dropped)."""
-    ids, dense, labels = (torch.from_numpy(train.sparse_ids), torch.from_numpy(train.dense),
-                          torch.from_numpy(train.labels))
+    ids, dense, labels = (
+        torch.from_numpy(train.sparse_ids),
+        torch.from_numpy(train.dense),
+        torch.from_numpy(train.labels),
+    )
     for lo in range(0, len(train) - local_batch + 1, local_batch):
-        yield ids[lo:lo + local_batch], dense[lo:lo + local_batch], labels[lo:lo + local_batch]
+        yield (
+            ids[lo : lo + local_batch],
+            dense[lo : lo + local_batch],
+            labels[lo : lo + local_batch],
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,15 +181,18 @@ def main(argv: list[str] | None = None) -> None:
         return fleet.DistributedEmbedding(f"ctr_dim{dim}", dim, optimizer=rule, initializer=init)
 
     data = CTRDataConfig(seed=args.seed)
-    model = WideDeep(data.num_slots, data.num_dense, args.embedding_dim, (256, 128),
-                     embedding_factory=embedding)
+    model = WideDeep(
+        data.num_slots, data.num_dense, args.embedding_dim, (256, 128), embedding_factory=embedding
+    )
     if fleet.is_server():
         fleet.init_server()
         fleet.run_server()
         return
 
     fleet.init_worker()
-    opt = fleet.distributed_optimizer(torch.optim.Adam(list(model.dense_parameters()), lr=args.dense_lr))
+    opt = fleet.distributed_optimizer(
+        torch.optim.Adam(list(model.dense_parameters()), lr=args.dense_lr)
+    )
     rank, world = fleet.worker_index(), fleet.worker_num()
     local_batch = max(args.batch_size // world, 1)
     from_files = bool(args.data_dir or args.files)
@@ -181,8 +224,10 @@ def main(argv: list[str] | None = None) -> None:
     nxt = next(batches, None)
     for step in range(steps):
         if nxt is None:
-            raise RuntimeError(f"the data ran out after {step} of {steps} batches: a dataset must "
-                               "yield full batches except the last one")
+            raise RuntimeError(
+                f"the data ran out after {step} of {steps} batches: a dataset must "
+                "yield full batches except the last one"
+            )
         ids, dense, labels = nxt
         nxt = next(batches, None) if step + 1 < steps else None
         if args.prefetch and nxt is not None:  # async modes: the next batch's rows arrive
@@ -208,20 +253,31 @@ def main(argv: list[str] | None = None) -> None:
     model.eval()
     with torch.no_grad():
         for lo in range(0, t_count, 8192):
-            p = torch.sigmoid(model(torch.from_numpy(test.sparse_ids[lo:lo + 8192]),
-                                    torch.from_numpy(test.dense[lo:lo + 8192])))
-            state.update(p, test.labels[lo:lo + 8192])
+            p = torch.sigmoid(
+                model(
+                    torch.from_numpy(test.sparse_ids[lo : lo + 8192]),
+                    torch.from_numpy(test.dense[lo : lo + 8192]),
+                )
+            )
+            state.update(p, test.labels[lo : lo + 8192])
     auc = fleet.metrics.auc(state.stat_pos, state.stat_neg)
     bayes = roc_auc(test.probs, test.labels)  # this trainer's share; averaged below
     bayes = float(fleet.metrics.sum(bayes)) / world
     if args.save:
         fleet.save_persistables(args.save, mode=0)
     if rank == 0:
-        result = {"mode": args.mode, "trainers": world, "servers": fleet.server_num(),
-                  "source": args.dataset if from_files else "tensors", "load_seconds": load_seconds,
-                  "examples": int(trained), "train_seconds": float(seconds),
-                  "examples_per_s": float(trained) / float(seconds), "test_auc": auc,
-                  "bayes_auc": bayes}
+        result = {
+            "mode": args.mode,
+            "trainers": world,
+            "servers": fleet.server_num(),
+            "source": args.dataset if from_files else "tensors",
+            "load_seconds": load_seconds,
+            "examples": int(trained),
+            "train_seconds": float(seconds),
+            "examples_per_s": float(trained) / float(seconds),
+            "test_auc": auc,
+            "bayes_auc": bayes,
+        }
         print(json.dumps(result), flush=True)
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:

@@ -63,12 +63,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--strategy", default=None, help="DistributedStrategy YAML file")
     p.add_argument("--log_every", type=int, default=25, help="print the loss every N steps")
-    p.add_argument("--elastic", action="store_true",
-                   help="resume from / save checkpoints in --ckpt_dir (an elastic job)")
-    p.add_argument("--ckpt_dir", default="log/dp-elastic/ckpt",
-                   help="--elastic: the checkpoint directory every rank sees")
-    p.add_argument("--save_every", type=int, default=25,
-                   help="--elastic: save a checkpoint every N steps")
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="resume from / save checkpoints in --ckpt_dir (an elastic job)",
+    )
+    p.add_argument(
+        "--ckpt_dir",
+        default="log/dp-elastic/ckpt",
+        help="--elastic: the checkpoint directory every rank sees",
+    )
+    p.add_argument(
+        "--save_every", type=int, default=25, help="--elastic: save a checkpoint every N steps"
+    )
     return p.parse_args()
 
 
@@ -90,9 +97,7 @@ def main() -> None:
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
     model = fleet.distributed_model(make_model().to(device))
-    opt = fleet.distributed_optimizer(
-        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    )
+    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9))
     step, epoch, offset, first, last = 0, 0, 0, None, None
     ckpt = None
     if args.elastic:
@@ -101,11 +106,17 @@ def main() -> None:
         step, epoch, offset = resume.step, resume.epoch, resume.offset
         first = resume.extra.get("first_loss")  # the job's first loss, for the check below
         if fleet.is_first_worker() and resume.path:
-            print(f"resumed from {resume.path}: step {step}, epoch {epoch}, sample {offset} "
-                  f"(saved by {resume.saved_world_size} worker(s), now {world})", flush=True)
+            print(
+                f"resumed from {resume.path}: step {step}, epoch {epoch}, sample {offset} "
+                f"(saved by {resume.saved_world_size} worker(s), now {world})",
+                flush=True,
+            )
     if fleet.is_first_worker():
-        print(f"training on {world} worker(s), {device}, batch {args.batch_size}/rank, "
-              f"{args.steps} steps", flush=True)
+        print(
+            f"training on {world} worker(s), {device}, batch {args.batch_size}/rank, "
+            f"{args.steps} steps",
+            flush=True,
+        )
 
     set_loss = getattr(opt, "set_loss", None)  # local SGD optimizers only
     start = time.perf_counter()
@@ -146,8 +157,11 @@ def main() -> None:
             print(f"done: already trained {step} steps, accuracy {float(acc):.3f}", flush=True)
         return
     if fleet.is_first_worker():
-        print(f"done: loss {first:.4f} -> {last:.4f}, accuracy {float(acc):.3f}, "
-              f"{time.perf_counter() - start:.1f} s", flush=True)
+        print(
+            f"done: loss {first:.4f} -> {last:.4f}, accuracy {float(acc):.3f}, "
+            f"{time.perf_counter() - start:.1f} s",
+            flush=True,
+        )
     fleet.barrier_worker()
     if last is None or first is None or not last < first:
         raise SystemExit(f"loss did not fall: {first} -> {last}")

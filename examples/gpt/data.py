@@ -29,8 +29,9 @@ class MarkovTokens:
             tokens[:, t + 1] = self.successors[tokens[:, t], choice[:, t]]
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    def shard(self, step: int, batch_size: int, rank: int, world: int) -> tuple[torch.Tensor,
-                                                                                  torch.Tensor]:
+    def shard(
+        self, step: int, batch_size: int, rank: int, world: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Data-parallel rank ``rank``'s ``batch_size`` samples of the global batch."""
         x, y = self.batch(step, batch_size * world)
         part = slice(rank * batch_size, (rank + 1) * batch_size)

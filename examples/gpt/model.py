@@ -114,8 +114,10 @@ class GPTBlock(nn.Module):
         if cfg.num_heads % mp:
             from collective.errors import ConfigError
 
-            raise ConfigError(f"num_heads={cfg.num_heads} does not divide by the "
-                              f"model-parallel degree {mp}", key="num_heads")
+            raise ConfigError(
+                f"num_heads={cfg.num_heads} does not divide by the model-parallel degree {mp}",
+                key="num_heads",
+            )
         self.local_heads = cfg.num_heads // mp
         self.head_dim = h // cfg.num_heads
 
@@ -126,8 +128,9 @@ class GPTBlock(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(b, s, self.local_heads, self.head_dim).transpose(1, 2)
 
-        att = F.scaled_dot_product_attention(heads(self.q(y)), heads(self.k(y)),
-                                             heads(self.v(y)), is_causal=True)
+        att = F.scaled_dot_product_attention(
+            heads(self.q(y)), heads(self.k(y)), heads(self.v(y)), is_causal=True
+        )
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
@@ -148,15 +151,22 @@ def gpt_layer_descs(cfg: GPTConfig, mp_group: Any = None) -> list[Any]:
     to balance the blocks over the stages)."""
     embed = ("embed", TokenEmbedding)
     return [
-        SharedLayerDesc(*embed, None, "weight", cfg.vocab_size, cfg.hidden_size,
-                        mp_group=mp_group),
+        SharedLayerDesc(*embed, None, "weight", cfg.vocab_size, cfg.hidden_size, mp_group=mp_group),
         LayerDesc(PositionEmbedding, cfg.max_seq_len, cfg.hidden_size),
         *[LayerDesc(GPTBlock, cfg, mp_group=mp_group) for _ in range(cfg.num_layers)],
         LayerDesc(nn.LayerNorm, cfg.hidden_size),
-        SharedLayerDesc(*embed, tied_logits, "weight", cfg.vocab_size, cfg.hidden_size,
-                        mp_group=mp_group),
+        SharedLayerDesc(
+            *embed, tied_logits, "weight", cfg.vocab_size, cfg.hidden_size, mp_group=mp_group
+        ),
     ]
 
 
-__all__ = ["GPTBlock", "GPTConfig", "GPTLoss", "PositionEmbedding", "TokenEmbedding",
-           "gpt_layer_descs", "tied_logits"]
+__all__ = [
+    "GPTBlock",
+    "GPTConfig",
+    "GPTLoss",
+    "PositionEmbedding",
+    "TokenEmbedding",
+    "gpt_layer_descs",
+    "tied_logits",
+]

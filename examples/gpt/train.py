@@ -33,8 +33,8 @@ import fleet
 from examples.gpt.data import MarkovTokens
 from examples.gpt.model import GPTConfig, GPTLoss, gpt_layer_descs
 from fleet.base.runtime import get_runtime
-from fleet.meta_parallel import PipelineLayer, PipelineParallel
 from fleet.base.topology import HybridCommunicateGroup, build_topology
+from fleet.meta_parallel import PipelineLayer, PipelineParallel
 
 
 def parse_args() -> argparse.Namespace:
@@ -47,8 +47,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--seq_len", type=int, default=16)
-    p.add_argument("--strategy", default=None, help="DistributedStrategy YAML file (default: "
-                   "the job file's strategy, else the defaults)")
+    p.add_argument(
+        "--strategy",
+        default=None,
+        help="DistributedStrategy YAML file (default: the job file's strategy, else the defaults)",
+    )
     p.add_argument("--log_every", type=int, default=10, help="print the loss every N steps")
     return p.parse_args()
 
@@ -63,14 +66,24 @@ def main() -> None:
     # fleet.init builds the hybrid groups when a tensor/pipeline/sharding degree is > 1; pure
     # data parallel gets none, but the engine needs the (trivial) pipe and data groups.
     hcg = runtime.hcg or HybridCommunicateGroup(
-        build_topology(strategy.hybrid_configs, tdist.get_world_size()))
-    cfg = GPTConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_heads=args.heads,
-                    num_layers=args.layers, max_seq_len=args.seq_len)
+        build_topology(strategy.hybrid_configs, tdist.get_world_size())
+    )
+    cfg = GPTConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        num_heads=args.heads,
+        num_layers=args.layers,
+        max_seq_len=args.seq_len,
+    )
     mp_group = hcg.get_model_parallel_group()
     torch.manual_seed(1234)  # the same on every rank: TP shards and replicas start consistent
-    pipe = PipelineLayer(gpt_layer_descs(cfg, mp_group), topology=hcg.topology(),
-                         loss_fn=GPTLoss(mp_group), seg_method="layer:GPTBlock",
-                         recompute_interval=1 if strategy.recompute else 0)
+    pipe = PipelineLayer(
+        gpt_layer_descs(cfg, mp_group),
+        topology=hcg.topology(),
+        loss_fn=GPTLoss(mp_group),
+        seg_method="layer:GPTBlock",
+        recompute_interval=1 if strategy.recompute else 0,
+    )
     # With pp_degree > 1, fleet.distributed_model (fleet.parallelize) returns the
     # PipelineParallel engine; with one stage it would wrap DDP, so build the engine directly
     # (it micro-batches and averages gradients over the data-parallel group all the same).
@@ -86,9 +99,12 @@ def main() -> None:
     dp, dp_rank = hcg.get_data_parallel_world_size(), hcg.get_data_parallel_rank()
     rank = tdist.get_rank()
     if rank == 0:
-        print(f"GPT {cfg}; dp={dp} mp={hcg.get_model_parallel_world_size()} "
-              f"pp={hcg.get_pipe_parallel_world_size()}; {local_batch} samples per replica "
-              f"({pc.accumulate_steps} x {pc.micro_batch_size}, {pc.schedule_mode})", flush=True)
+        print(
+            f"GPT {cfg}; dp={dp} mp={hcg.get_model_parallel_world_size()} "
+            f"pp={hcg.get_pipe_parallel_world_size()}; {local_batch} samples per replica "
+            f"({pc.accumulate_steps} x {pc.micro_batch_size}, {pc.schedule_mode})",
+            flush=True,
+        )
     losses = []
     t0 = time.perf_counter()
     for step in range(args.steps):
@@ -103,11 +119,20 @@ def main() -> None:
             print(f"step {step:4d}  loss {losses[-1]:.4f}", flush=True)
     elapsed = time.perf_counter() - t0
     if rank == 0:
-        print(json.dumps({
-            "first_loss": losses[0], "last_loss": losses[-1], "steps": args.steps,
-            "dp": dp, "mp": hcg.get_model_parallel_world_size(),
-            "pp": hcg.get_pipe_parallel_world_size(), "seconds": round(elapsed, 2),
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "first_loss": losses[0],
+                    "last_loss": losses[-1],
+                    "steps": args.steps,
+                    "dp": dp,
+                    "mp": hcg.get_model_parallel_world_size(),
+                    "pp": hcg.get_pipe_parallel_world_size(),
+                    "seconds": round(elapsed, 2),
+                }
+            ),
+            flush=True,
+        )
     tdist.barrier()
     tdist.destroy_process_group()
 

@@ -49,9 +49,9 @@ import pickle
 import threading
 from typing import Any
 
+from collective import ps_coordination as wire
 from collective.env import FLEET_PS_COORDINATOR, TrainingRole, WorkerEnv
 from collective.errors import FleetError, FleetNotImplementedError
-from collective import ps_coordination as wire
 from fleet.base.data_position import tracker
 
 logger = logging.getLogger(__name__)
@@ -80,31 +80,51 @@ class CoordinationClient:
         try:
             conn = wire.connect(self.endpoint, self._key)
         except (OSError, EOFError) as err:
-            raise FleetError(f"cannot reach the PS trainers' coordinator at {self.endpoint} "
-                             f"({FLEET_PS_COORDINATOR}): {err}") from None
+            raise FleetError(
+                f"cannot reach the PS trainers' coordinator at {self.endpoint} "
+                f"({FLEET_PS_COORDINATOR}): {err}"
+            ) from None
         reply = self._call(conn, {"op": "hello", "world": self.world})
         self.hello = reply
         return conn
 
-    def _call(self, conn: Any, header: dict[str, Any], payloads: tuple[bytes, ...] = ()) -> dict[str, Any]:
+    def _call(
+        self, conn: Any, header: dict[str, Any], payloads: tuple[bytes, ...] = ()
+    ) -> dict[str, Any]:
         return self._call_full(conn, header, payloads)[0]
 
-    def _call_full(self, conn: Any, header: dict[str, Any],
-                   payloads: tuple[bytes, ...] = ()) -> tuple[dict[str, Any], list[bytes]]:
+    def _call_full(
+        self, conn: Any, header: dict[str, Any], payloads: tuple[bytes, ...] = ()
+    ) -> tuple[dict[str, Any], list[bytes]]:
         try:
-            wire.send(conn, {"rank": self.rank, "attempt": self.attempt,
-                             "position": tracker().position().to_dict(), **header}, payloads)
+            wire.send(
+                conn,
+                {
+                    "rank": self.rank,
+                    "attempt": self.attempt,
+                    "position": tracker().position().to_dict(),
+                    **header,
+                },
+                payloads,
+            )
             reply, out = wire.recv(conn)
         except (OSError, EOFError) as err:
-            raise FleetError(f"lost the PS trainers' coordinator at {self.endpoint} (fleetrun's "
-                             f"agent): {err}") from None
+            raise FleetError(
+                f"lost the PS trainers' coordinator at {self.endpoint} (fleetrun's agent): {err}"
+            ) from None
         if not reply.get("ok"):
             raise FleetError(str(reply.get("error", "coordination failed")))
         return reply, out
 
     # -- rounds ----------------------------------------------------------------------------------
-    def gather(self, obj: Any, kind: str, channel: str = MAIN, recorded: bool = False,
-               seq: int | None = None) -> list[Any]:
+    def gather(
+        self,
+        obj: Any,
+        kind: str,
+        channel: str = MAIN,
+        recorded: bool = False,
+        seq: int | None = None,
+    ) -> list[Any]:
         """``obj`` of every trainer, by rank (a barrier too). A round that completed before (this
         trainer restarted) returns the others' recorded values with ``obj`` as this trainer's
         (``recorded``: with this trainer's recorded value, e.g. trainer 0's agreed outcome).
@@ -115,7 +135,8 @@ class CoordinationClient:
                 seq = self._seq.get(channel, 0)
             self._seq[channel] = seq + 1
             reply, payloads = self._call_full(
-                self._conn, {"op": "round", "channel": channel, "seq": seq, "kind": kind}, (data,))
+                self._conn, {"op": "round", "channel": channel, "seq": seq, "kind": kind}, (data,)
+            )
         values: list[Any] = [None] * self.world
         for r, p in zip(reply["ranks"], payloads):
             values[int(r)] = pickle.loads(p)  # noqa: S301 - peers of this job (token-authenticated)
@@ -124,8 +145,13 @@ class CoordinationClient:
         self._done_upto[channel] = int(reply.get("done_upto", -1))
         if reply.get("replayed"):
             self.replayed += 1
-            logger.info("trainer %d: round %d of %s (%s) replayed from the record", self.rank, seq,
-                        channel, kind)
+            logger.info(
+                "trainer %d: round %d of %s (%s) replayed from the record",
+                self.rank,
+                seq,
+                channel,
+                kind,
+            )
         return values
 
     def replaying(self, channel: str = MAIN) -> bool:
@@ -206,14 +232,21 @@ def start(env: WorkerEnv) -> CoordinationClient:
     if _client is None:
         token = os.environ.get(TOKEN_ENV, "")
         if not token:
-            raise FleetError(f"{FLEET_PS_COORDINATOR} is set but {TOKEN_ENV} is not: the coordinator "
-                             "admits the job's trainers only; start the job with fleetrun")
-        _client = CoordinationClient(os.environ[FLEET_PS_COORDINATOR], token, env.rank,
-                                     env.world_size, env.restart_count)
-        logger.info("trainer %d meets the other trainers through the coordinator at %s "
-                    "(async/half-async/GEO: it can be restarted alone); there is no process "
-                    "group: a direct collective.comm / torch.distributed call fails (run sync, or without "
-                    "--ps_checkpoint_dir, for such a script)", env.rank, _client.endpoint)
+            raise FleetError(
+                f"{FLEET_PS_COORDINATOR} is set but {TOKEN_ENV} is not: the coordinator "
+                "admits the job's trainers only; start the job with fleetrun"
+            )
+        _client = CoordinationClient(
+            os.environ[FLEET_PS_COORDINATOR], token, env.rank, env.world_size, env.restart_count
+        )
+        logger.info(
+            "trainer %d meets the other trainers through the coordinator at %s "
+            "(async/half-async/GEO: it can be restarted alone); there is no process "
+            "group: a direct collective.comm / torch.distributed call fails (run sync, or without "
+            "--ps_checkpoint_dir, for such a script)",
+            env.rank,
+            _client.endpoint,
+        )
     return _client
 
 
@@ -225,7 +258,8 @@ def refuse(what: str) -> None:
         "(they meet through fleetrun's coordinator so that one can be restarted alone); use a "
         "local shuffle "
         "(local_shuffle) or fleet.metrics / fleet.barrier_worker, or run without "
-        "--ps_checkpoint_dir")
+        "--ps_checkpoint_dir"
+    )
 
 
 def replaying() -> bool:

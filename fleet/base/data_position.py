@@ -47,7 +47,9 @@ class DataPosition:
         """The position stored in a checkpoint's trainer state (missing keys = 0)."""
         if not isinstance(data, dict):
             return cls()
-        return cls(int(data.get("pass", 0)), int(data.get("step_in_pass", 0)), int(data.get("step", 0)))
+        return cls(
+            int(data.get("pass", 0)), int(data.get("step_in_pass", 0)), int(data.get("step", 0))
+        )
 
 
 class PositionTracker:

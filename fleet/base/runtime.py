@@ -23,17 +23,18 @@ from typing import Any
 
 import torch.distributed as tdist
 
+import fleet.telemetry as telemetry
 from collective.comm import barrier
 from collective.env import TrainingRole, WorkerEnv, find_free_port, read_worker_env
-from collective.errors import ConfigError, FleetError, FleetNotImplementedError
+from collective.errors import ConfigError, FleetError
 from collective.group import init_parallel_env
-import fleet.telemetry as telemetry
 from fleet.base import coordination
 from fleet.base.role_maker import PaddleCloudRoleMaker
 from fleet.base.topology import HybridCommunicateGroup, build_topology
 from fleet.strategy import DistributedStrategy, check_strategy_supported, require_strategy
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass
 class FleetRuntime:
@@ -150,7 +151,9 @@ def init_runtime(
     if env.rank == 0:
         logger.info(
             "fleet initialised: %d worker(s), data-parallel degree %d\n%s",
-            env.world_size, dp_degree, strategy,
+            env.world_size,
+            dp_degree,
+            strategy,
         )
     return _runtime
 

@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from collective.errors import ConfigError, FleetError
+from collective.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -44,21 +44,27 @@ class SparseBatch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> SparseBatch:
         """The same batch on ``device``."""
-        return SparseBatch(*(t.to(device, non_blocking=non_blocking)
-                             for t in (self.values, self.lengths, self.offsets)))
+        return SparseBatch(
+            *(
+                t.to(device, non_blocking=non_blocking)
+                for t in (self.values, self.lengths, self.offsets)
+            )
+        )
 
     def pin_memory(self) -> SparseBatch:
         """The same batch in pinned host memory (for ``to(cuda, non_blocking=True)``)."""
-        return SparseBatch(self.values.pin_memory(), self.lengths.pin_memory(),
-                           self.offsets.pin_memory())
+        return SparseBatch(
+            self.values.pin_memory(), self.lengths.pin_memory(), self.offsets.pin_memory()
+        )
 
     def embedding_bag_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(input, offsets)`` for ``nn.EmbeddingBag`` / ``F.embedding_bag`` (``offsets`` of the
         ``B`` bags, without the total)."""
         return self.values, self.offsets[:-1]
 
-    def pool(self, bag: torch.nn.EmbeddingBag, per_sample_weights: torch.Tensor | None = None
-             ) -> torch.Tensor:
+    def pool(
+        self, bag: torch.nn.EmbeddingBag, per_sample_weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``bag(values, offsets[:-1])``: ``[B, embedding_dim]``, an empty example pooling to
         zeros (ids must be in ``range(bag.num_embeddings)``: hash or map raw ids first)."""
         return bag(self.values, self.offsets[:-1], per_sample_weights=per_sample_weights)
@@ -95,8 +101,9 @@ def make_batch(cols: Columns, copy: bool = True) -> Batch:
             out[slot.name] = conv(col)
         else:
             values, offsets = col
-            out[slot.name] = SparseBatch(conv(values), torch.from_numpy(np.diff(offsets)),
-                                         conv(offsets))
+            out[slot.name] = SparseBatch(
+                conv(values), torch.from_numpy(np.diff(offsets)), conv(offsets)
+            )
     return out
 
 

@@ -148,8 +148,9 @@ def take_rows(chunks: Sequence[Columns], idx: np.ndarray) -> Columns:
     return Columns(chunks[0].slots, data, int(chunk.shape[0]))
 
 
-def permute_chunks(chunks: list[Columns], perm: np.ndarray, chunk_examples: int = 65536
-                   ) -> list[Columns]:
+def permute_chunks(
+    chunks: list[Columns], perm: np.ndarray, chunk_examples: int = 65536
+) -> list[Columns]:
     """``chunks``' examples in the order ``perm`` (global positions), as new chunks of
     ``chunk_examples``. Column by column, each input column dropped once copied: the peak is the
     data plus one column (plus 16 B per example of positions)."""
@@ -214,5 +215,13 @@ def trim_heap() -> None:
         _c.trim_heap()
 
 
-__all__ = ["Column", "Columns", "concat_columns", "locate", "permute_chunks", "take_column",
-           "take_rows", "trim_heap"]
+__all__ = [
+    "Column",
+    "Columns",
+    "concat_columns",
+    "locate",
+    "permute_chunks",
+    "take_column",
+    "take_rows",
+    "trim_heap",
+]

@@ -75,8 +75,14 @@ _IGNORED = {
 }
 
 
-_INIT_DEFAULTS = {"drop_last": False, "on_error": "raise", "block_bytes": 4 << 20,
-                  "queue_blocks": 0, "parse_ins_id": False, "parse_content": False}
+_INIT_DEFAULTS = {
+    "drop_last": False,
+    "on_error": "raise",
+    "block_bytes": 4 << 20,
+    "queue_blocks": 0,
+    "parse_ins_id": False,
+    "parse_content": False,
+}
 
 
 def _positive_int(value: Any, key: str, minimum: int = 1) -> int:
@@ -113,9 +119,18 @@ class DatasetBase:
         """Malformed lines skipped by the last pass over the files (``on_error="skip"``)."""
 
     # -- settings --------------------------------------------------------------------------------
-    def init(self, batch_size: int = 1, thread_num: int = 1, use_var: Sequence[Slot] = (),
-             pipe_command: str = "cat", input_type: int = 0, fs_name: str = "", fs_ugi: str = "",
-             download_cmd: str = "cat", **kwargs: Any) -> None:
+    def init(
+        self,
+        batch_size: int = 1,
+        thread_num: int = 1,
+        use_var: Sequence[Slot] = (),
+        pipe_command: str = "cat",
+        input_type: int = 0,
+        fs_name: str = "",
+        fs_ugi: str = "",
+        download_cmd: str = "cat",
+        **kwargs: Any,
+    ) -> None:
         """Set every setting (module docstring's table; those not given get their defaults);
         then ``set_filelist``."""
         self.set_batch_size(batch_size)
@@ -130,15 +145,22 @@ class DatasetBase:
     def update_settings(self, **kwargs: Any) -> None:
         """Change some settings by name (Paddle's ``update_settings``; the same names as
         :meth:`init`)."""
-        setters = {"batch_size": self.set_batch_size, "thread_num": self.set_thread,
-                   "use_var": self.set_use_var, "pipe_command": self.set_pipe_command,
-                   "input_type": self.set_input_type, "download_cmd": self.set_download_cmd}
+        setters = {
+            "batch_size": self.set_batch_size,
+            "thread_num": self.set_thread,
+            "use_var": self.set_use_var,
+            "pipe_command": self.set_pipe_command,
+            "input_type": self.set_input_type,
+            "download_cmd": self.set_download_cmd,
+        }
         for key, value in kwargs.items():
             if key in setters:
                 setters[key](value)
             elif key in ("fs_name", "fs_ugi"):
-                self.set_hdfs_config(kwargs.get("fs_name", self.source.fs_name),
-                                     kwargs.get("fs_ugi", self.source.fs_ugi))
+                self.set_hdfs_config(
+                    kwargs.get("fs_name", self.source.fs_name),
+                    kwargs.get("fs_ugi", self.source.fs_ugi),
+                )
             elif key == "drop_last":
                 if not isinstance(value, bool):
                     raise ConfigError(f"got {value!r}; use True or False", key="drop_last")
@@ -147,8 +169,9 @@ class DatasetBase:
                 try:
                     self.on_error = OnError(value)
                 except ValueError:
-                    raise ConfigError(f"got {value!r}; use 'raise' or 'skip'",
-                                      key="on_error") from None
+                    raise ConfigError(
+                        f"got {value!r}; use 'raise' or 'skip'", key="on_error"
+                    ) from None
             elif key == "block_bytes":
                 self.block_bytes = _positive_int(value, key, 64)
             elif key == "queue_blocks":
@@ -168,10 +191,14 @@ class DatasetBase:
             if isinstance(value, int) and value > 0:
                 raise FleetNotImplementedError(
                     "merge_size (merging instances by line id after a shuffle)",
-                    "set merge_size=-1, or merge examples in the pipe_command")
+                    "set merge_size=-1, or merge examples in the pipe_command",
+                )
         else:
-            raise ConfigError(f"unknown dataset setting {key!r}={value!r}; see fleet.data."
-                              "dataset's table of init arguments", key=key)
+            raise ConfigError(
+                f"unknown dataset setting {key!r}={value!r}; see fleet.data."
+                "dataset's table of init arguments",
+                key=key,
+            )
 
     def set_batch_size(self, batch_size: int) -> None:
         """Examples per batch."""
@@ -188,11 +215,14 @@ class DatasetBase:
     def set_pipe_command(self, pipe_command: str) -> None:
         """Shell command every file is piped through (``"cat"``: read as is)."""
         if not isinstance(pipe_command, str) or not pipe_command.strip():
-            raise ConfigError(f"got {pipe_command!r}; use a shell command, 'cat' to read the "
-                              "files as they are", key="pipe_command")
+            raise ConfigError(
+                f"got {pipe_command!r}; use a shell command, 'cat' to read the files as they are",
+                key="pipe_command",
+            )
         self.pipe_command = pipe_command
-        self.source = SourceConfig(pipe_command, self.source.download_cmd, self.source.fs_name,
-                                   self.source.fs_ugi)
+        self.source = SourceConfig(
+            pipe_command, self.source.download_cmd, self.source.fs_name, self.source.fs_ugi
+        )
 
     def set_input_type(self, input_type: int) -> None:
         """Paddle's 0 (one sample per line) or 1 (one batch); the files read the same."""
@@ -207,18 +237,21 @@ class DatasetBase:
             if not isinstance(value, str):
                 raise ConfigError(f"got {value!r}; expected a string", key=key)
         if fs_name and "://" not in fs_name:
-            raise ConfigError(f"got {fs_name!r}; fs_name is a URL like 'hdfs://namenode:9000'",
-                              key="fs_name")
+            raise ConfigError(
+                f"got {fs_name!r}; fs_name is a URL like 'hdfs://namenode:9000'", key="fs_name"
+            )
         self.source = SourceConfig(self.pipe_command, self.source.download_cmd, fs_name, fs_ugi)
 
     def set_download_cmd(self, download_cmd: str) -> None:
         """``"cat"``: open files directly; else a file's bytes are ``<download_cmd> <path>``'s
         stdout."""
         if not isinstance(download_cmd, str) or not download_cmd.strip():
-            raise ConfigError(f"got {download_cmd!r}; use a shell command or 'cat'",
-                              key="download_cmd")
-        self.source = SourceConfig(self.pipe_command, download_cmd, self.source.fs_name,
-                                   self.source.fs_ugi)
+            raise ConfigError(
+                f"got {download_cmd!r}; use a shell command or 'cat'", key="download_cmd"
+            )
+        self.source = SourceConfig(
+            self.pipe_command, download_cmd, self.source.fs_name, self.source.fs_ugi
+        )
 
     def set_fea_eval(self, record_candidate_size: int, fea_eval: bool = True) -> None:
         """Paddle's feature-evaluation switch for :meth:`slots_shuffle` (accepted; the shuffle
@@ -229,20 +262,31 @@ class DatasetBase:
     def set_filelist(self, filelist: Sequence[str]) -> None:
         """The files to read: local paths, globs, fsspec URLs (checked when a pass starts)."""
         if isinstance(filelist, (str, bytes)) or not isinstance(filelist, Sequence):
-            raise ConfigError(f"got {type(filelist).__name__} {filelist!r}; set_filelist takes a "
-                              "list of file names, globs or URLs", key="filelist")
+            raise ConfigError(
+                f"got {type(filelist).__name__} {filelist!r}; set_filelist takes a "
+                "list of file names, globs or URLs",
+                key="filelist",
+            )
         self.filelist = list(filelist)
 
     # -- passes ----------------------------------------------------------------------------------
     def _load_config(self, threads: int | None = None) -> LoadConfig:
         if not self.use_var:
-            raise ConfigError("no slots: call init(use_var=[fleet.data.Slot(...), ...]) first",
-                              key="use_var")
+            raise ConfigError(
+                "no slots: call init(use_var=[fleet.data.Slot(...), ...]) first", key="use_var"
+            )
         files = expand_filelist(self.filelist, self.source)
         spec = ParseSpec(self.use_var, int(self.parse_ins_id) + int(self.parse_content))
-        return LoadConfig(tuple(files), spec, self.source, threads or self.thread_num,
-                          self.on_error is OnError.SKIP, self.block_bytes, self.queue_blocks,
-                          self._KIND)
+        return LoadConfig(
+            tuple(files),
+            spec,
+            self.source,
+            threads or self.thread_num,
+            self.on_error is OnError.SKIP,
+            self.block_bytes,
+            self.queue_blocks,
+            self._KIND,
+        )
 
     def _batches_of(self, parts: Iterator[Columns], copy: bool = False) -> Iterator[Batch]:
         """Consecutive batches of ``batch_size`` over a stream of column chunks (``copy``: the
@@ -303,13 +347,15 @@ class QueueDataset(DatasetBase):
 
     def local_shuffle(self) -> None:
         """Not for a stream (Paddle's QueueDataset refuses it too)."""
-        raise FleetNotImplementedError("QueueDataset.local_shuffle",
-                                       "use InMemoryDataset for local_shuffle")
+        raise FleetNotImplementedError(
+            "QueueDataset.local_shuffle", "use InMemoryDataset for local_shuffle"
+        )
 
     def global_shuffle(self, fleet: Any = None, thread_num: int = 12) -> None:
         """Not for a stream (Paddle's QueueDataset refuses it too)."""
-        raise FleetNotImplementedError("QueueDataset.global_shuffle",
-                                       "use InMemoryDataset for global_shuffle")
+        raise FleetNotImplementedError(
+            "QueueDataset.global_shuffle", "use InMemoryDataset for global_shuffle"
+        )
 
 
 __all__ = ["DatasetBase", "OnError", "QueueDataset"]

@@ -105,7 +105,8 @@ def _as_pairs(line: Sample, example: str) -> list | tuple:
         line = list(line)
     if not isinstance(line, (list, tuple)):
         raise ValueError(  # noqa: TRY004 - Paddle's error type and message
-            "the output of process() must be in list or tuple type" + example)
+            "the output of process() must be in list or tuple type" + example
+        )
     return line
 
 
@@ -116,8 +117,9 @@ def _check_pair(name: Any, elements: Any) -> None:
     if not isinstance(elements, list):
         raise ValueError(f"elements{type(elements)} must be in list type")  # noqa: TRY004
     if not elements:
-        raise ValueError("the elements of each field can not be empty, you need padding it in "
-                         "process().")
+        raise ValueError(
+            "the elements of each field can not be empty, you need padding it in process()."
+        )
 
 
 class MultiSlotStringDataGenerator(DataGenerator):
@@ -151,13 +153,16 @@ class MultiSlotDataGenerator(DataGenerator):
             if first:
                 info.append((name, "uint64"))
             elif name != info[index][0]:
-                raise ValueError(f"the field name of two given line are not match: "
-                                 f"require<{info[index][0]}>, get<{name}>.")
+                raise ValueError(
+                    f"the field name of two given line are not match: "
+                    f"require<{info[index][0]}>, get<{name}>."
+                )
             words = [str(len(elements))]
             for elem in elements:
                 if isinstance(elem, bool) or not isinstance(elem, (numbers.Integral, numbers.Real)):
                     raise ValueError(  # noqa: TRY004 - Paddle's type and message
-                        f"the type of element{type(elem)} must be in int or float")
+                        f"the type of element{type(elem)} must be in int or float"
+                    )
                 if not isinstance(elem, numbers.Integral):
                     info[index] = (name, "float")
                 words.append(str(elem))

@@ -129,8 +129,9 @@ class InMemoryDataset(DatasetBase):
     def wait_preload_done(self) -> None:
         """Wait for :meth:`preload_into_memory`; raises its error, if any."""
         if self._preload is None:
-            raise ConfigError("no preload is running: call preload_into_memory() first",
-                              key="wait_preload_done")
+            raise ConfigError(
+                "no preload is running: call preload_into_memory() first", key="wait_preload_done"
+            )
         self._preload.join()
         self._preload = None
         result, self._preload_result = self._preload_result, None
@@ -142,8 +143,10 @@ class InMemoryDataset(DatasetBase):
 
     def _check_no_preload(self, what: str) -> None:
         if self._preload is not None:
-            raise ConfigError(f"{what}() while a preload runs: call wait_preload_done() first",
-                              key="preload_into_memory")
+            raise ConfigError(
+                f"{what}() while a preload runs: call wait_preload_done() first",
+                key="preload_into_memory",
+            )
 
     def release_memory(self) -> None:
         """Drop every example (and the shuffle order)."""
@@ -212,8 +215,13 @@ class InMemoryDataset(DatasetBase):
         self._chunks = permute_chunks([received], rng.permutation(n)) if n else []
         trim_heap()
         self._shuffled = n
-        logger.info("global shuffle over %d trainers: %d examples here before, %d after (%.2f s)",
-                    shuffle.world()[1], before, n, time.perf_counter() - t0)
+        logger.info(
+            "global shuffle over %d trainers: %d examples here before, %d after (%.2f s)",
+            shuffle.world()[1],
+            before,
+            n,
+            time.perf_counter() - t0,
+        )
 
     def slots_shuffle(self, slots: Sequence[str]) -> None:
         """Permute the values of the named slots across this trainer's examples (Paddle's
@@ -230,8 +238,9 @@ class InMemoryDataset(DatasetBase):
 
     def set_date(self, date: str) -> None:
         """Paddle's PSLib pass date: not here."""
-        raise FleetNotImplementedError("InMemoryDataset.set_date (PSLib passes)",
-                                       "fleetrun's PS has no dated passes")
+        raise FleetNotImplementedError(
+            "InMemoryDataset.set_date (PSLib passes)", "fleetrun's PS has no dated passes"
+        )
 
     def tdm_sample(self, *args: Any, **kwargs: Any) -> None:
         """Paddle's TDM tree sampling: not here."""

@@ -97,12 +97,20 @@ class Pipeline:
         self._hints = [1.0] * len(cfg.spec.slots)
         self._pool = BufferPool(cfg.block_bytes)
         self._threads = [
-            threading.Thread(target=self._guard, args=(self._read, self._reader_done),
-                             name=f"fleet-data-read-{i}", daemon=True)
+            threading.Thread(
+                target=self._guard,
+                args=(self._read, self._reader_done),
+                name=f"fleet-data-read-{i}",
+                daemon=True,
+            )
             for i in range(self._readers_left)
         ] + [
-            threading.Thread(target=self._guard, args=(self._parse, self._parser_done),
-                             name=f"fleet-data-parse-{i}", daemon=True)
+            threading.Thread(
+                target=self._guard,
+                args=(self._parse, self._parser_done),
+                name=f"fleet-data-parse-{i}",
+                daemon=True,
+            )
             for i in range(cfg.threads)
         ]
         self._t0 = time.perf_counter()
@@ -197,7 +205,8 @@ class Pipeline:
                 self.stats.skipped += result.num_skipped
                 if result.error is not None and not self.stats.first_skipped:
                     self.stats.first_skipped = str(
-                        _skipped_message(result.error, spec, name, first_line))
+                        _skipped_message(result.error, spec, name, first_line)
+                    )
             if not self._put(self._out, ParsedBlock((index, block), result.columns)):
                 return
 
@@ -242,12 +251,21 @@ class Pipeline:
         """Log the pass and count it in the metrics (after a complete pass)."""
         s = self.stats
         metrics.record_pass(self.cfg.kind, s.examples, s.skipped)
-        logger.info("read %d examples (%d lines) from %d files in %.2f s (%.0f lines/s, %d "
-                    "threads)", s.examples, s.lines, s.files, s.seconds,
-                    s.lines / s.seconds if s.seconds > 0 else 0.0, self.cfg.threads)
+        logger.info(
+            "read %d examples (%d lines) from %d files in %.2f s (%.0f lines/s, %d threads)",
+            s.examples,
+            s.lines,
+            s.files,
+            s.seconds,
+            s.lines / s.seconds if s.seconds > 0 else 0.0,
+            self.cfg.threads,
+        )
         if s.skipped:
-            logger.warning("skipped %d malformed lines (on_error='skip'); the first: %s",
-                           s.skipped, s.first_skipped)
+            logger.warning(
+                "skipped %d malformed lines (on_error='skip'); the first: %s",
+                s.skipped,
+                s.first_skipped,
+            )
 
 
 def _skipped_message(err: LineError, spec: ParseSpec, name: str, first_line: int) -> str:

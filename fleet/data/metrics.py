@@ -12,10 +12,10 @@ from prometheus_client import Counter
 DATASET_KINDS = ("inmemory", "queue")
 
 # -- metric definitions -----------------------------------------------------------------------
-SKIPPED_LINES = Counter("fleet_data_skipped_lines",
-                        "Malformed data lines skipped (on_error='skip')", ["dataset"])
-EXAMPLES_READ = Counter("fleet_data_examples_read", "Examples parsed from data files",
-                        ["dataset"])
+SKIPPED_LINES = Counter(
+    "fleet_data_skipped_lines", "Malformed data lines skipped (on_error='skip')", ["dataset"]
+)
+EXAMPLES_READ = Counter("fleet_data_examples_read", "Examples parsed from data files", ["dataset"])
 for _kind in DATASET_KINDS:  # expose 0 before the first pass
     SKIPPED_LINES.labels(dataset=_kind)
     EXAMPLES_READ.labels(dataset=_kind)

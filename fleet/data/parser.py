@@ -40,14 +40,24 @@ ENABLED = COMPILED and os.environ.get("FLEET_DATA_PARSER", "c").lower() != "pyth
 """Whether this process parses with the compiled parser."""
 
 E_COUNT, E_MISSING, E_SHORT, E_NUMBER, E_RANGE, E_DIM, E_TRAILING, E_HEADER = range(1, 9)
-ERROR_CODES = {E_COUNT: "bad count", E_MISSING: "missing slot", E_SHORT: "too few values",
-               E_NUMBER: "not a number", E_RANGE: "id out of range", E_DIM: "wrong dense count",
-               E_TRAILING: "trailing text", E_HEADER: "bad ins_id/content field"}
+ERROR_CODES = {
+    E_COUNT: "bad count",
+    E_MISSING: "missing slot",
+    E_SHORT: "too few values",
+    E_NUMBER: "not a number",
+    E_RANGE: "id out of range",
+    E_DIM: "wrong dense count",
+    E_TRAILING: "trailing text",
+    E_HEADER: "bad ins_id/content field",
+}
 """Error code (shared with ``_parser.c``) -> short name."""
 
 _INT = re.compile(rb"[+-]?[0-9]+")
-_FLOAT = re.compile(rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
-                    rb"|[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
+_FLOAT = re.compile(
+    rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+    rb"|[+-]?(?:inf|infinity|nan)",
+    re.IGNORECASE,
+)
 _INT_MIN, _UINT_MAX = -(1 << 63), (1 << 64) - 1
 
 
@@ -110,16 +120,22 @@ def _columns_from_buffers(spec: ParseSpec, n: int, buffers: tuple) -> Columns:
     return Columns(spec.slots, data, n)
 
 
-def parse_block(text: bytes | bytearray | memoryview, spec: ParseSpec, skip_bad: bool = False,
-                hints: Sequence[float] | None = None, newlines: int = 0) -> BlockResult:
+def parse_block(
+    text: bytes | bytearray | memoryview,
+    spec: ParseSpec,
+    skip_bad: bool = False,
+    hints: Sequence[float] | None = None,
+    newlines: int = 0,
+) -> BlockResult:
     """Parse ``text`` (whole lines). ``hints``: expected values per example of each slot, and
     ``newlines``: the ``\\n`` in ``text`` if known (both size the first allocation; any value
     works). Stops at the first bad line unless ``skip_bad``."""
     if not ENABLED:
         return parse_python(text, spec, skip_bad)
     hint = tuple(float(h) for h in hints) if hints is not None else (1.0,) * len(spec.slots)
-    n, lines, skipped, err, buffers = _c.parse(text, spec.kinds, spec.dims, spec.header_fields,
-                                               int(skip_bad), hint, newlines)
+    n, lines, skipped, err, buffers = _c.parse(
+        text, spec.kinds, spec.dims, spec.header_fields, int(skip_bad), hint, newlines
+    )
     error = LineError(*err) if err is not None else None
     return BlockResult(_columns_from_buffers(spec, n, buffers), lines, skipped, error)
 
@@ -138,8 +154,9 @@ def _check_value(tok: bytes, slot: Slot) -> tuple[int, int | float]:
     return 0, v - (1 << 64) if v >= 1 << 63 else v
 
 
-def parse_line(tokens: list[bytes], spec: ParseSpec, out: list[list] | None = None
-               ) -> tuple[int, int, bytes, str]:
+def parse_line(
+    tokens: list[bytes], spec: ParseSpec, out: list[list] | None = None
+) -> tuple[int, int, bytes, str]:
     """Check (and with ``out``, one list per slot, append) one line's tokens.
 
     Returns ``(code, slot index, offending token, detail)``; code 0 = fine. ``detail`` says
@@ -168,16 +185,23 @@ def parse_line(tokens: list[bytes], spec: ParseSpec, out: list[list] | None = No
                 return E_SHORT, s, b"", f"count {count} but the line ends after {k} values"
             code, v = _check_value(tokens[pos], slot)
             if code:
-                what = "a float32 number" if slot.dtype is SlotDtype.FLOAT32 else (
-                    "an int64 id in [-2^63, 2^64 - 1]" if code == E_RANGE else "an int64 id")
+                what = (
+                    "a float32 number"
+                    if slot.dtype is SlotDtype.FLOAT32
+                    else ("an int64 id in [-2^63, 2^64 - 1]" if code == E_RANGE else "an int64 id")
+                )
                 return code, s, tokens[pos], f"expected {what} (value {k + 1} of {count})"
             values.append(v)
             pos += 1
         if out is not None:
             out[s].append(values)
     if pos < n:
-        return (E_TRAILING, -1, tokens[pos],
-                f"the line holds more than the {len(spec.slots)} slots of use_var")
+        return (
+            E_TRAILING,
+            -1,
+            tokens[pos],
+            f"the line holds more than the {len(spec.slots)} slots of use_var",
+        )
     return 0, -1, b"", ""
 
 
@@ -191,8 +215,9 @@ def _split_lines(text: bytes | bytearray | memoryview) -> list[bytes]:
     return lines
 
 
-def parse_python(text: bytes | bytearray | memoryview, spec: ParseSpec, skip_bad: bool = False
-                 ) -> BlockResult:
+def parse_python(
+    text: bytes | bytearray | memoryview, spec: ParseSpec, skip_bad: bool = False
+) -> BlockResult:
     """The reference parser: :func:`parse_block` in Python (same results, ~20x slower)."""
     rows: list[list] = [[] for _ in spec.slots]
     lines = _split_lines(text)
@@ -232,8 +257,9 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def make_format_error(err: LineError, spec: ParseSpec, path: str, first_line: int,
-                      on_error_hint: bool = True) -> DatasetFormatError:
+def make_format_error(
+    err: LineError, spec: ParseSpec, path: str, first_line: int, on_error_hint: bool = True
+) -> DatasetFormatError:
     """A :class:`DatasetFormatError` for ``err`` of a block whose first line is ``first_line``
     (1-based) of ``path``: file, line, slot, the offending text and what was expected."""
     line_no = first_line + err.line_index
@@ -246,13 +272,28 @@ def make_format_error(err: LineError, spec: ParseSpec, path: str, first_line: in
     shown = tok.decode("utf-8", "replace")
     text = f"token {_clip(shown, 60)!r}" if tok else "end of line"
     line_text = _clip(err.line.decode("utf-8", "replace"), 200)
-    fix = (" Fix the file or the pipe_command, check that use_var lists every slot of the "
-           "lines in order, or init(on_error='skip') to skip and count bad lines."
-           if on_error_hint else "")
-    message = (f"{path}, line {line_no}: {ERROR_CODES.get(err.code, '?')} in {where} at {text}: "
-               f"{detail}. Line: {line_text!r}.{fix}")
+    fix = (
+        " Fix the file or the pipe_command, check that use_var lists every slot of the "
+        "lines in order, or init(on_error='skip') to skip and count bad lines."
+        if on_error_hint
+        else ""
+    )
+    message = (
+        f"{path}, line {line_no}: {ERROR_CODES.get(err.code, '?')} in {where} at {text}: "
+        f"{detail}. Line: {line_text!r}.{fix}"
+    )
     return DatasetFormatError(message, path=path, line=line_no, slot=slot, text=shown or line_text)
 
 
-__all__ = ["COMPILED", "ENABLED", "ERROR_CODES", "BlockResult", "LineError", "ParseSpec",
-           "make_format_error", "parse_block", "parse_line", "parse_python"]
+__all__ = [
+    "COMPILED",
+    "ENABLED",
+    "ERROR_CODES",
+    "BlockResult",
+    "LineError",
+    "ParseSpec",
+    "make_format_error",
+    "parse_block",
+    "parse_line",
+    "parse_python",
+]

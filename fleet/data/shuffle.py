@@ -67,13 +67,18 @@ def make_rng(seed: int | None, *streams: int) -> np.random.Generator:
     return np.random.default_rng([seed, *streams])
 
 
-def _a2a(values: np.ndarray, send: np.ndarray, recv: np.ndarray, group: object | None
-         ) -> np.ndarray:
+def _a2a(
+    values: np.ndarray, send: np.ndarray, recv: np.ndarray, group: object | None
+) -> np.ndarray:
     """all_to_all_single of a 1-D array with per-rank element counts ``send`` / ``recv``."""
     out = torch.empty(int(recv.sum()), dtype=torch.from_numpy(values[:0]).dtype)
-    tdist.all_to_all_single(out, torch.from_numpy(np.ascontiguousarray(values)),
-                            output_split_sizes=recv.tolist(), input_split_sizes=send.tolist(),
-                            group=group)
+    tdist.all_to_all_single(
+        out,
+        torch.from_numpy(np.ascontiguousarray(values)),
+        output_split_sizes=recv.tolist(),
+        input_split_sizes=send.tolist(),
+        group=group,
+    )
     return out.numpy()
 
 
@@ -83,8 +88,7 @@ def _counts(send: np.ndarray, group: object | None) -> np.ndarray:
     return _a2a(send.astype(np.int64), ones, ones, group)
 
 
-def exchange(chunks: list[Columns], slots: tuple[Slot, ...], rng: np.random.Generator
-             ) -> Columns:
+def exchange(chunks: list[Columns], slots: tuple[Slot, ...], rng: np.random.Generator) -> Columns:
     """Deal the examples of ``chunks`` out to every trainer (module docstring); returns this
     trainer's share, in the order of the senders' ranks. A collective: every trainer calls it.
 

@@ -61,26 +61,34 @@ class Slot:
         if not isinstance(self.name, str) or not self.name or self.name != self.name.strip():
             raise ConfigError(
                 f"got {self.name!r}; a slot name is a non-empty string without surrounding "
-                "spaces, e.g. Slot('click')", key="Slot.name")
+                "spaces, e.g. Slot('click')",
+                key="Slot.name",
+            )
         try:
             dtype = SlotDtype(self.dtype)
         except ValueError:
             raise ConfigError(
                 f"got {self.dtype!r} for slot {self.name!r}; use 'int64' (ids, labels) or "
-                "'float32' (real values), as Paddle's dataset", key="Slot.dtype") from None
+                "'float32' (real values), as Paddle's dataset",
+                key="Slot.dtype",
+            ) from None
         object.__setattr__(self, "dtype", dtype)
         if not isinstance(self.dense, bool):
-            raise ConfigError(f"got {self.dense!r} for slot {self.name!r}; use True or False",
-                              key="Slot.dense")
+            raise ConfigError(
+                f"got {self.dense!r} for slot {self.name!r}; use True or False", key="Slot.dense"
+            )
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1:
             raise ConfigError(
                 f"got {self.dim!r} for slot {self.name!r}; dim is an int >= 1 (values per "
-                "example of a dense slot)", key="Slot.dim")
+                "example of a dense slot)",
+                key="Slot.dim",
+            )
         if not self.dense and self.dim != 1:
             raise ConfigError(
                 f"got dim={self.dim} for sparse slot {self.name!r}; a sparse slot holds any "
                 "number of values: drop dim, or set dense=True for exactly dim values",
-                key="Slot.dim")
+                key="Slot.dim",
+            )
 
     @property
     def kind_code(self) -> int:
@@ -93,19 +101,23 @@ def check_use_var(use_var: Sequence[Slot]) -> tuple[Slot, ...]:
     if isinstance(use_var, (str, bytes, Slot)) or not isinstance(use_var, Sequence):
         raise ConfigError(
             f"got {type(use_var).__name__}; use_var is a list of fleet.data.Slot in the order "
-            "of the slots in each line", key="use_var")
+            "of the slots in each line",
+            key="use_var",
+        )
     slots = tuple(use_var)
     for i, slot in enumerate(slots):
         if not isinstance(slot, Slot):
             raise ConfigError(
                 f"item {i} is a {type(slot).__name__} ({slot!r}); use fleet.data.Slot(name, "
                 "dtype, dense, dim) where Paddle takes a paddle.static.data variable",
-                key="use_var")
+                key="use_var",
+            )
     seen: set[str] = set()
     for slot in slots:
         if slot.name in seen:
-            raise ConfigError(f"slot name {slot.name!r} appears twice; names must be unique",
-                              key="use_var")
+            raise ConfigError(
+                f"slot name {slot.name!r} appears twice; names must be unique", key="use_var"
+            )
         seen.add(slot.name)
     return slots
 

@@ -77,8 +77,9 @@ def _fsspec(url: str, cfg: SourceConfig) -> tuple[Any, str]:
     try:
         from fsspec.core import url_to_fs
     except ImportError:  # pragma: no cover - fsspec is a dependency
-        raise ConfigError(f"{url!r} is a URL: install fsspec to read it (pip install fsspec)",
-                          key="filelist") from None
+        raise ConfigError(
+            f"{url!r} is a URL: install fsspec to read it (pip install fsspec)", key="filelist"
+        ) from None
     options: dict[str, Any] = {}
     if cfg.fs_ugi and url.split("://", 1)[0] in ("hdfs", "viewfs", "webhdfs"):
         options["user"] = cfg.fs_ugi.split(",", 1)[0]
@@ -95,11 +96,16 @@ def expand_filelist(filelist: Sequence[str], cfg: SourceConfig) -> list[str]:
     file. With a custom ``download_cmd`` names are passed to it unchecked.
     """
     if isinstance(filelist, (str, bytes)) or not isinstance(filelist, Sequence):
-        raise ConfigError(f"got {type(filelist).__name__} {filelist!r}; set_filelist takes a list "
-                          "of file names, globs or URLs", key="filelist")
+        raise ConfigError(
+            f"got {type(filelist).__name__} {filelist!r}; set_filelist takes a list "
+            "of file names, globs or URLs",
+            key="filelist",
+        )
     if not filelist:
-        raise DataSourceError("the file list is empty: call set_filelist([...]) with at least one "
-                              "file (an empty trainer shard? check fleet.util.get_file_shard)")
+        raise DataSourceError(
+            "the file list is empty: call set_filelist([...]) with at least one "
+            "file (an empty trainer shard? check fleet.util.get_file_shard)"
+        )
     out: list[str] = []
     for entry in filelist:
         if not isinstance(entry, str) or not entry:
@@ -111,14 +117,18 @@ def expand_filelist(filelist: Sequence[str], cfg: SourceConfig) -> list[str]:
         is_glob = bool(_GLOB_CHARS & set(name))
         if _has_scheme(name):
             fs, path = _fsspec(name, cfg)
-            found = [fs.unstrip_protocol(p) for p in sorted(fs.glob(path))] if is_glob else (
-                [name] if fs.isfile(path) else [])
+            found = (
+                [fs.unstrip_protocol(p) for p in sorted(fs.glob(path))]
+                if is_glob
+                else ([name] if fs.isfile(path) else [])
+            )
         else:
             found = sorted(glob.glob(name)) if is_glob else ([name] if os.path.isfile(name) else [])
         if not found:
             what = "no file matches the glob" if is_glob else "file not found"
-            raise DataSourceError(f"{what} {name!r} (from the file list given to set_filelist)",
-                                  name)
+            raise DataSourceError(
+                f"{what} {name!r} (from the file list given to set_filelist)", name
+            )
         out.extend(found)
     return out
 
@@ -172,8 +182,14 @@ class ByteSource:
 
     def _spawn(self, what: str, command: str, stdin: Any) -> subprocess.Popen:
         try:
-            proc = subprocess.Popen(command, shell=True, stdin=stdin, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+            proc = subprocess.Popen(
+                command,
+                shell=True,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError as err:
             raise DataSourceError(f"cannot start {what} {command!r}: {err}", self.name) from None
         assert proc.stderr is not None
@@ -182,8 +198,9 @@ class ByteSource:
 
     def _open_raw(self, name: str, cfg: SourceConfig) -> BinaryIO:
         if cfg.download_cmd != "cat":
-            proc = self._spawn("download_cmd", f"{cfg.download_cmd} {shlex.quote(name)}",
-                               subprocess.DEVNULL)
+            proc = self._spawn(
+                "download_cmd", f"{cfg.download_cmd} {shlex.quote(name)}", subprocess.DEVNULL
+            )
             return proc.stdout  # type: ignore[return-value]
         try:
             if _has_scheme(name):
@@ -227,8 +244,9 @@ class ByteSource:
                 except OSError:
                     pass
 
-        self._feeder = threading.Thread(target=feed, name=f"fleet-data-feed-{self.name}",
-                                        daemon=True)
+        self._feeder = threading.Thread(
+            target=feed, name=f"fleet-data-feed-{self.name}", daemon=True
+        )
         self._feeder.start()
         return proc.stdout  # type: ignore[return-value]
 
@@ -259,8 +277,10 @@ class ByteSource:
             code = proc.wait()
             err_text = tail.text()
             if code != 0 and failure is None and not self._aborted:
-                failure = (f"{what} exited with code {code} on {self.name!r}; its stderr ends "
-                           f"with:\n{err_text or '(empty)'}")
+                failure = (
+                    f"{what} exited with code {code} on {self.name!r}; its stderr ends "
+                    f"with:\n{err_text or '(empty)'}"
+                )
         for f in reversed(self._closers):
             try:
                 f.close()
@@ -312,8 +332,9 @@ def count_lines(buf: bytearray, length: int) -> int:
     return buf.count(b"\n", 0, length)
 
 
-def iter_blocks(source: ByteSource, block_bytes: int, pool: BufferPool
-                ) -> Iterator[tuple[int, bytearray, int, int]]:
+def iter_blocks(
+    source: ByteSource, block_bytes: int, pool: BufferPool
+) -> Iterator[tuple[int, bytearray, int, int]]:
     """``(first line number, buffer, length, newlines)`` of consecutive blocks of whole lines
     (about ``block_bytes``; a longer line makes a longer block) in ``buffer[:length]``; the last
     block may lack its final ``\\n``. The consumer gives each buffer back to ``pool``."""
@@ -343,5 +364,12 @@ def iter_blocks(source: ByteSource, block_bytes: int, pool: BufferPool
         line += newlines
 
 
-__all__ = ["BufferPool", "ByteSource", "SourceConfig", "count_lines", "expand_filelist",
-           "iter_blocks", "resolve_name"]
+__all__ = [
+    "BufferPool",
+    "ByteSource",
+    "SourceConfig",
+    "count_lines",
+    "expand_filelist",
+    "iter_blocks",
+    "resolve_name",
+]

@@ -37,8 +37,8 @@ import torch
 import torch.distributed as tdist
 from torch.overrides import TorchFunctionMode
 
-from collective.errors import ConfigError, FleetError
 import fleet.telemetry as telemetry
+from collective.errors import ConfigError, FleetError
 from fleet.base.runtime import get_runtime
 from fleet.meta_optimizers.base import DelegatingOptimizer
 from fleet.meta_optimizers.sharding import ShardedOptimizer
@@ -87,8 +87,11 @@ class GradScaler:
     ) -> None:
         # AmpConfig validates every value and names the key when one is impossible.
         self.config = AmpConfig(
-            init_loss_scaling=init_loss_scaling, incr_ratio=incr_ratio, decr_ratio=decr_ratio,
-            incr_every_n_steps=incr_every_n_steps, decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
+            init_loss_scaling=init_loss_scaling,
+            incr_ratio=incr_ratio,
+            decr_ratio=decr_ratio,
+            incr_every_n_steps=incr_every_n_steps,
+            decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
             use_dynamic_loss_scaling=use_dynamic_loss_scaling,
         )
         self._enabled = bool(enable)
@@ -103,9 +106,13 @@ class GradScaler:
     def from_config(cls, config: AmpConfig, enable: bool = True) -> GradScaler:
         """A scaler with the loss-scaling settings of ``strategy.amp_configs``."""
         return cls(
-            config.init_loss_scaling, config.incr_ratio, config.decr_ratio,
-            config.incr_every_n_steps, config.decr_every_n_nan_or_inf,
-            config.use_dynamic_loss_scaling, enable,
+            config.init_loss_scaling,
+            config.incr_ratio,
+            config.decr_ratio,
+            config.incr_every_n_steps,
+            config.decr_every_n_nan_or_inf,
+            config.use_dynamic_loss_scaling,
+            enable,
         )
 
     # ---- queries -------------------------------------------------------------------------------
@@ -149,8 +156,9 @@ class GradScaler:
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
-                    raise ConfigError("sparse gradients cannot be loss-scaled; use dense ones",
-                                      key="optimizer")
+                    raise ConfigError(
+                        "sparse gradients cannot be loss-scaled; use dense ones", key="optimizer"
+                    )
                 grad = p.grad
                 if hasattr(grad, "to_local"):
                     # FSDP2 (sharding stage 3): this rank's shard, unscaled in place; the
@@ -184,8 +192,10 @@ class GradScaler:
             return optimizer.step(*args, **kwargs)
         state = self._per_opt.setdefault(id(optimizer), {"stage": _Stage.READY})
         if state["stage"] is _Stage.STEPPED:
-            raise FleetError("GradScaler.step() was already called on this optimizer since the "
-                             "last update(); call update() after each step")
+            raise FleetError(
+                "GradScaler.step() was already called on this optimizer since the "
+                "last update(); call update() after each step"
+            )
         if state["stage"] is _Stage.READY:
             self.unscale_(optimizer)
         state["stage"] = _Stage.STEPPED
@@ -236,8 +246,12 @@ class GradScaler:
 
     def state_dict(self) -> dict[str, Any]:
         """Scale and counters (plain Python values)."""
-        return {"scale": self._scale, "incr_count": self._incr_count,
-                "decr_count": self._decr_count, **self.config.to_dict()}
+        return {
+            "scale": self._scale,
+            "incr_count": self._incr_count,
+            "decr_count": self._decr_count,
+            **self.config.to_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s scale and counters."""
@@ -451,8 +465,9 @@ class MasterWeightOptimizer(DelegatingOptimizer):
         """Float32 gradients to the masters, step the wrapped optimizer, masters back into the
         model's parameters."""
         if closure is not None:
-            raise ConfigError("step(closure) is not supported with AMP O2 master weights",
-                              key="closure")
+            raise ConfigError(
+                "step(closure) is not supported with AMP O2 master weights", key="closure"
+            )
         with torch.no_grad(), self._masters_in_groups() as model_params:
             pairs = [(p, self.master(p)) for params in model_params for p in params]
             for p, m in pairs:

@@ -125,8 +125,9 @@ def eligible_weights(model: nn.Module, m: int = 4) -> list[tuple[str, nn.Paramet
     return out
 
 
-def prune_model(model: nn.Module, n: int = 2, m: int = 4, with_mask: bool = True
-                ) -> dict[str, torch.Tensor]:
+def prune_model(
+    model: nn.Module, n: int = 2, m: int = 4, with_mask: bool = True
+) -> dict[str, torch.Tensor]:
     """Prune every eligible weight of ``model`` to n:m in place; returns ``{name: mask}``.
 
     ``with_mask``: keep the masks so :func:`decorate`'s optimizer re-applies them after each step

@@ -153,8 +153,9 @@ class ClipGradByGlobalNorm:
 
     def __call__(self, params: Iterable[torch.Tensor]) -> torch.Tensor:
         """Clip ``params`` in place over the fleet topology; returns the norm before."""
-        self.last_norm = clip_grad_norm_(params, self.clip_norm,
-                                         sharded_partition=self.sharded_partition)
+        self.last_norm = clip_grad_norm_(
+            params, self.clip_norm, sharded_partition=self.sharded_partition
+        )
         return self.last_norm
 
     def install(self, optimizer: torch.optim.Optimizer) -> Any:

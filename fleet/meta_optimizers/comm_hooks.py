@@ -87,8 +87,11 @@ def build_comm_hook(strategy: DistributedStrategy, process_group: Any) -> tuple[
     if strategy.fp16_allreduce:
         low = strategy.fp16_allreduce_configs.dtype
         compress = bf16_hook if low is AmpDtype.BFLOAT16 else fp16_compress_hook
-        if low is AmpDtype.BFLOAT16 and tdist.get_backend(process_group) == "nccl" and \
-                torch.cuda.nccl.version() < (2, 10):
+        if (
+            low is AmpDtype.BFLOAT16
+            and tdist.get_backend(process_group) == "nccl"
+            and torch.cuda.nccl.version() < (2, 10)
+        ):
             raise ConfigError(
                 f"bfloat16 all-reduce needs NCCL >= 2.10, this torch has "
                 f"{torch.cuda.nccl.version()}; use 'float16'",
@@ -97,9 +100,12 @@ def build_comm_hook(strategy: DistributedStrategy, process_group: Any) -> tuple[
     if strategy.dgc:
         return DGCState(strategy.dgc_configs, process_group), dgc_hook
     if strategy.localsgd or strategy.adaptive_localsgd:
-        post = PostLocalSGDState(process_group=process_group, subgroup=None,
-                                 start_localSGD_iter=localsgd_begin_step(strategy),
-                                 post_local_gradient_allreduce=False)
+        post = PostLocalSGDState(
+            process_group=process_group,
+            subgroup=None,
+            start_localSGD_iter=localsgd_begin_step(strategy),
+            post_local_gradient_allreduce=False,
+        )
         return LocalSGDHookState(post, compress), localsgd_hook
     if strategy.fp16_allreduce:
         return process_group, compress
@@ -122,10 +128,21 @@ def register_comm_hook(ddp: Any, strategy: DistributedStrategy, process_group: A
 
 # c10d op -> index of the argument holding what this rank contributes (a tensor or a list).
 _INPUT_ARG = {
-    "allreduce_": 0, "allreduce_coalesced_": 0, "broadcast_": 0, "reduce_": 0,
-    "allgather_": 1, "_allgather_base_": 1, "allgather_into_tensor_coalesced_": 1,
-    "reduce_scatter_": 1, "_reduce_scatter_base_": 1, "reduce_scatter_tensor_coalesced_": 1,
-    "alltoall_": 1, "alltoall_base_": 1, "send": 0, "gather_": 1, "scatter_": 1,
+    "allreduce_": 0,
+    "allreduce_coalesced_": 0,
+    "broadcast_": 0,
+    "reduce_": 0,
+    "allgather_": 1,
+    "_allgather_base_": 1,
+    "allgather_into_tensor_coalesced_": 1,
+    "reduce_scatter_": 1,
+    "_reduce_scatter_base_": 1,
+    "reduce_scatter_tensor_coalesced_": 1,
+    "alltoall_": 1,
+    "alltoall_base_": 1,
+    "send": 0,
+    "gather_": 1,
+    "scatter_": 1,
 }
 
 

@@ -57,6 +57,7 @@ DGC_MIN_NUMEL = 16384
 
 # ---- the math, pure functions (unit-tested in one process) -----------------------------------
 
+
 def sparsity_at(steps_since_begin: int, rampup_step: int, schedule: Sequence[float]) -> float:
     """The sparsity of the warm-up ``schedule`` at ``steps_since_begin`` (>= 0) steps after
     ``rampup_begin_step``: ``schedule[min(t * len // rampup_step, len - 1)]``."""
@@ -70,8 +71,9 @@ def top_k_count(numel: int, sparsity: float) -> int:
     return max(1, int(numel * (1.0 - sparsity)))
 
 
-def accumulate_(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor, momentum: float,
-                nesterov: bool) -> None:
+def accumulate_(
+    u: torch.Tensor, v: torch.Tensor, g: torch.Tensor, momentum: float, nesterov: bool
+) -> None:
     """Momentum correction and local accumulation, in place: ``u = m*u + g; v += u``
     (Nesterov: ``u = m*(u + g); v += u + g``)."""
     if nesterov:
@@ -106,6 +108,7 @@ def is_compressed(p: torch.Tensor) -> bool:
 
 
 # ---- the state shared by the hook and the optimizer ------------------------------------------
+
 
 @dataclass
 class _Hyper:
@@ -146,13 +149,17 @@ class DGCState:
         buffer when it has one (Paddle reuses the velocity), ``v`` zero."""
         if p not in self.u:
             buf = (self.optimizer_state or {}).get(p, {}).get("momentum_buffer")
-            self.u[p] = (buf.detach().reshape(-1).clone() if buf is not None
-                         else torch.zeros(p.numel(), dtype=p.dtype, device=p.device))
+            self.u[p] = (
+                buf.detach().reshape(-1).clone()
+                if buf is not None
+                else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+            )
             self.v[p] = torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
         return self.u[p], self.v[p]
 
 
 # ---- the DDP communication hook --------------------------------------------------------------
+
 
 def dgc_hook(state, bucket):  # type: ignore[no-untyped-def]
     """DDP communication hook of DGC: dense all-reduce before ``rampup_begin_step``, then the
@@ -183,15 +190,16 @@ def dgc_hook(state, bucket):  # type: ignore[no-untyped-def]
         offset += n
     futures: list[torch.futures.Future[Any]] = []
     if sparse:
-        message = torch.cat([_compress(state, p, buffer[o:o + n], k, world)
-                             for p, o, n, k in sparse])
-        gathered = torch.empty(world * message.numel(), dtype=message.dtype,
-                               device=message.device)
-        futures.append(tdist.all_gather_single(gathered, message, group=group,
-                                               async_op=True).get_future())
+        message = torch.cat(
+            [_compress(state, p, buffer[o : o + n], k, world) for p, o, n, k in sparse]
+        )
+        gathered = torch.empty(world * message.numel(), dtype=message.dtype, device=message.device)
+        futures.append(
+            tdist.all_gather_single(gathered, message, group=group, async_op=True).get_future()
+        )
         state.sparse_params.extend(p for p, _, _, _ in sparse)
     if dense:
-        flat = torch.cat([buffer[o:o + n] for o, n in dense]).div_(world)
+        flat = torch.cat([buffer[o : o + n] for o, n in dense]).div_(world)
         futures.append(tdist.all_reduce(flat, group=group, async_op=True).get_future())
 
     def decode(_: Any) -> torch.Tensor:
@@ -199,21 +207,22 @@ def dgc_hook(state, bucket):  # type: ignore[no-untyped-def]
             rows = gathered.view(world, -1)
             base = 0
             for _p, o, n, k in sparse:
-                values = rows[:, base:base + k]
-                indices = rows[:, base + k:base + 2 * k].contiguous().view(torch.int32).long()
-                buffer[o:o + n].copy_(scatter_mean(values, indices, n))
+                values = rows[:, base : base + k]
+                indices = rows[:, base + k : base + 2 * k].contiguous().view(torch.int32).long()
+                buffer[o : o + n].copy_(scatter_mean(values, indices, n))
                 base += 2 * k
         if dense:
             parts = flat.split([n for _, n in dense])
             for (o, n), part in zip(dense, parts):
-                buffer[o:o + n].copy_(part)
+                buffer[o : o + n].copy_(part)
         return buffer
 
     return torch.futures.collect_all(futures).then(decode)
 
 
-def _compress(state: DGCState, p: torch.Tensor, grad: torch.Tensor, k: int, world: int
-              ) -> torch.Tensor:
+def _compress(
+    state: DGCState, p: torch.Tensor, grad: torch.Tensor, k: int, world: int
+) -> torch.Tensor:
     """Steps 1-3 for one tensor; its part of the message: ``k`` values, then ``k`` int32
     indices reinterpreted as float32."""
     hyper = state.hyper.get(p)
@@ -239,14 +248,16 @@ def _compress(state: DGCState, p: torch.Tensor, grad: torch.Tensor, k: int, worl
     return torch.cat([values, indices.to(torch.int32).view(torch.float32)])
 
 
-def _all_reduce_mean(buffer: torch.Tensor, group: Any, world: int
-                     ) -> torch.futures.Future[torch.Tensor]:
+def _all_reduce_mean(
+    buffer: torch.Tensor, group: Any, world: int
+) -> torch.futures.Future[torch.Tensor]:
     buffer.div_(world)
     work = tdist.all_reduce(buffer, group=group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
 # ---- the optimizer side ----------------------------------------------------------------------
+
 
 def check_dgc_optimizer(optimizer: torch.optim.Optimizer) -> None:
     """ConfigError naming ``dgc`` unless ``optimizer`` is a momentum SGD DGC can correct."""
@@ -290,8 +301,9 @@ class DGCMomentumOptimizer(DelegatingOptimizer):
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """One update: the wrapped SGD for dense gradients, plain SGD for the sparse ones."""
         state = self.dgc_state
-        sparse = state.sparse_params if state is not None and \
-            state.sparse_iter == state.iter - 1 else []
+        sparse = (
+            state.sparse_params if state is not None and state.sparse_iter == state.iter - 1 else []
+        )
         if not sparse:
             return self._inner.step(closure)
         loss = None

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from collective.errors import ConfigError
 import fleet.telemetry as telemetry
+from collective.errors import ConfigError
 from fleet.base.runtime import FleetRuntime
 from fleet.meta_optimizers.base import DelegatingOptimizer
 
@@ -88,9 +88,11 @@ class DistributedOptimizer(DelegatingOptimizer):
             # Every parameter's gradient, not only param_groups': under sharding stage 2 the
             # optimizer lists only its owned parameters but reduces all gradients.
             all_params = getattr(self._inner, "all_params", None)
-            params = all_params() if callable(all_params) else [
-                p for group in self._inner.param_groups for p in group["params"]
-            ]
+            params = (
+                all_params()
+                if callable(all_params)
+                else [p for group in self._inner.param_groups for p in group["params"]]
+            )
             with torch.no_grad():
                 for p in params:
                     if p.grad is not None:

@@ -53,8 +53,11 @@ def _split_named(params: Iterable[Any]) -> tuple[list[Any], dict[int, str]]:
             out.append(item[1])
         elif isinstance(item, dict) and "params" in item:
             group = dict(item)
-            plist, sub = _split_named(group["params"] if not isinstance(
-                group["params"], torch.Tensor) else [group["params"]])
+            plist, sub = _split_named(
+                group["params"]
+                if not isinstance(group["params"], torch.Tensor)
+                else [group["params"]]
+            )
             names.update(sub)
             group["params"] = plist
             out.append(group)
@@ -110,13 +113,17 @@ class LARS(_NamedOptimizer):
         if not lars_coeff > 0:
             raise ConfigError(f"must be > 0, got {lars_coeff}", key="lars_configs.lars_coeff")
         if not lars_weight_decay >= 0:
-            raise ConfigError(f"must be >= 0, got {lars_weight_decay}",
-                              key="lars_configs.lars_weight_decay")
+            raise ConfigError(
+                f"must be >= 0, got {lars_weight_decay}", key="lars_configs.lars_weight_decay"
+            )
         if not epsilon >= 0:
             raise ConfigError(f"must be >= 0, got {epsilon}", key="lars_configs.epsilon")
         defaults = {
-            "lr": lr, "momentum": momentum, "lars_coeff": lars_coeff,
-            "lars_weight_decay": lars_weight_decay, "epsilon": epsilon,
+            "lr": lr,
+            "momentum": momentum,
+            "lars_coeff": lars_coeff,
+            "lars_weight_decay": lars_weight_decay,
+            "epsilon": epsilon,
             "exclude_from_weight_decay": tuple(exclude_from_weight_decay),
         }
         super().__init__(params, defaults)
@@ -134,12 +141,14 @@ class LARS(_NamedOptimizer):
                 if p.grad is None:
                     continue
                 g = p.grad
-                wd = 0.0 if self.excluded(p, group["exclude_from_weight_decay"]) else group[
-                    "lars_weight_decay"]
+                wd = (
+                    0.0
+                    if self.excluded(p, group["exclude_from_weight_decay"])
+                    else group["lars_weight_decay"]
+                )
                 p_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
                 if wd > 0:
-                    trust = group["lars_coeff"] * p_norm / (
-                        g_norm + wd * p_norm + group["epsilon"])
+                    trust = group["lars_coeff"] * p_norm / (g_norm + wd * p_norm + group["epsilon"])
                     use = (p_norm > 0) & (g_norm > 0)
                     local_lr = torch.where(use, lr * trust, torch.full_like(trust, lr))
                 else:
@@ -178,10 +187,14 @@ class LAMB(_NamedOptimizer):
         if not eps >= 0:
             raise ConfigError(f"must be >= 0, got {eps}", key="eps")
         if not lamb_weight_decay >= 0:
-            raise ConfigError(f"must be >= 0, got {lamb_weight_decay}",
-                              key="lamb_configs.lamb_weight_decay")
+            raise ConfigError(
+                f"must be >= 0, got {lamb_weight_decay}", key="lamb_configs.lamb_weight_decay"
+            )
         defaults = {
-            "lr": lr, "betas": (b1, b2), "eps": eps, "lamb_weight_decay": lamb_weight_decay,
+            "lr": lr,
+            "betas": (b1, b2),
+            "eps": eps,
+            "lamb_weight_decay": lamb_weight_decay,
             "exclude_from_weight_decay": tuple(exclude_from_weight_decay),
         }
         super().__init__(params, defaults)
@@ -199,8 +212,11 @@ class LAMB(_NamedOptimizer):
                 if p.grad is None:
                     continue
                 g = p.grad
-                wd = 0.0 if self.excluded(p, group["exclude_from_weight_decay"]) else group[
-                    "lamb_weight_decay"]
+                wd = (
+                    0.0
+                    if self.excluded(p, group["exclude_from_weight_decay"])
+                    else group["lamb_weight_decay"]
+                )
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
@@ -217,8 +233,9 @@ class LAMB(_NamedOptimizer):
                 if wd:
                     r.add_(p, alpha=wd)
                 p_norm, r_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(r)
-                trust = torch.where((p_norm > 0) & (r_norm > 0), p_norm / r_norm,
-                                    torch.ones_like(p_norm))
+                trust = torch.where(
+                    (p_norm > 0) & (r_norm > 0), p_norm / r_norm, torch.ones_like(p_norm)
+                )
                 p.sub_(r * (lr * trust))
         return loss
 

@@ -44,8 +44,9 @@ MIN_K_STEPS = 1
 """Lower bound of the adaptive interval (Paddle's ``min_local_steps``)."""
 
 
-def next_k_steps(init_k_steps: int, lr_0: float, loss_0: float, lr_now: float,
-                 loss_now: float) -> int:
+def next_k_steps(
+    init_k_steps: int, lr_0: float, loss_0: float, lr_now: float, loss_now: float
+) -> int:
     """Paddle's adaptive local SGD interval (``AdaptiveLocalSGDOptimizer``)::
 
         k = ceil(sqrt(lr_0 * loss_now / (lr_now * loss_0) * init_k_steps)), clipped to [1, 16]
@@ -104,8 +105,9 @@ class AdaptiveModelAverager(ModelAverager):
             loss = self._take_loss().to(groups[0]["params"][0].dtype)
             tensors = [p for g in groups for p in g["params"]] + [loss]
             averaging_utils.average_parameters(iter(tensors), self.process_group)
-            self.k_steps = next_k_steps(self.init_k_steps, self.lr_0, self.loss_0 or 0.0, lr_now,
-                                        float(loss))
+            self.k_steps = next_k_steps(
+                self.init_k_steps, self.lr_0, self.loss_0 or 0.0, lr_now, float(loss)
+            )
             self.next_average = self.step + self.k_steps
             self.history.append((self.step, self.k_steps))
         self._loss = None
@@ -161,14 +163,16 @@ class LocalSGDOptimizer(DelegatingOptimizer):
         self.post_local.load_state_dict(state_dict)
 
 
-def build_localsgd_optimizer(optimizer: torch.optim.Optimizer, strategy: Any,
-                             process_group: Any = None) -> LocalSGDOptimizer:
+def build_localsgd_optimizer(
+    optimizer: torch.optim.Optimizer, strategy: Any, process_group: Any = None
+) -> LocalSGDOptimizer:
     """The :class:`LocalSGDOptimizer` of ``strategy.localsgd`` or ``adaptive_localsgd`` over
     ``process_group`` (the data-parallel group)."""
     if strategy.localsgd:
         cfg = strategy.localsgd_configs
         averager: ModelAverager = PeriodicModelAverager(
-            period=cfg.k_steps, warmup_steps=cfg.begin_step, process_group=process_group)
+            period=cfg.k_steps, warmup_steps=cfg.begin_step, process_group=process_group
+        )
     else:
         acfg = strategy.adaptive_localsgd_configs
         averager = AdaptiveModelAverager(acfg.init_k_steps, acfg.begin_step, process_group)

@@ -112,8 +112,10 @@ class ShardedOptimizer(DelegatingOptimizer):
         segment_MB: float = 32.0,
     ) -> None:
         if stage not in (1, 2):
-            raise ConfigError(f"ShardedOptimizer handles stages 1 and 2, got {stage}",
-                              key="sharding_configs.stage")
+            raise ConfigError(
+                f"ShardedOptimizer handles stages 1 and 2, got {stage}",
+                key="sharding_configs.stage",
+            )
         if optimizer.state:
             raise ConfigError(
                 "the optimizer already holds state (it has stepped); sharding partitions the "
@@ -157,8 +159,12 @@ class ShardedOptimizer(DelegatingOptimizer):
         self._sync_initial_params()
         logger.debug(
             "sharding stage %d: rank %d of %d owns %d of %d parameters (%d of %d elements)",
-            stage, self.shard_rank, self.num_shards, len(self._owned_by[self.shard_rank]),
-            len(self._params), sum(p.numel() for p in self._owned_by[self.shard_rank]),
+            stage,
+            self.shard_rank,
+            self.num_shards,
+            len(self._owned_by[self.shard_rank]),
+            len(self._params),
+            sum(p.numel() for p in self._owned_by[self.shard_rank]),
             sum(p.numel() for p in self._params),
         )
 
@@ -257,8 +263,10 @@ class ShardedOptimizer(DelegatingOptimizer):
         return optimizer_state_bytes(self._inner)
 
     def __repr__(self) -> str:
-        return (f"ShardedOptimizer(stage={self.stage}, shard {self.shard_rank} of "
-                f"{self.num_shards}, offload={self.offload}, {self._inner!r})")
+        return (
+            f"ShardedOptimizer(stage={self.stage}, shard {self.shard_rank} of "
+            f"{self.num_shards}, offload={self.offload}, {self._inner!r})"
+        )
 
     # ---- communication -----------------------------------------------------------------------
 
@@ -285,15 +293,17 @@ class ShardedOptimizer(DelegatingOptimizer):
             elif owner == self.shard_rank:
                 flat = _flatten_dense_tensors([p.detach() for p in bucket])
             else:
-                flat = torch.empty(sum(p.numel() for p in bucket), dtype=bucket[0].dtype,
-                                   device=bucket[0].device)
+                flat = torch.empty(
+                    sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=bucket[0].device
+                )
             work = tdist.broadcast(flat, src=src, group=self.group, async_op=True)
             pending.append((owner, bucket, flat, in_place, work))
         for owner, bucket, flat, in_place, work in pending:
             work.wait()
             if owner != self.shard_rank and not in_place:
-                torch._foreach_copy_([p.detach() for p in bucket],
-                                     _unflatten_dense_tensors(flat, bucket))
+                torch._foreach_copy_(
+                    [p.detach() for p in bucket], _unflatten_dense_tensors(flat, bucket)
+                )
 
     def _grad_presence(self) -> list[bool]:
         """Which parameters have a gradient on at least one sharding peer (one small
@@ -302,8 +312,9 @@ class ShardedOptimizer(DelegatingOptimizer):
         tdist.all_reduce(mine, op=tdist.ReduceOp.MAX, group=self.group)
         return [bool(v) for v in mine.tolist()]
 
-    def _filled_grads(self, params: Iterable[torch.Tensor], present: dict[int, bool]
-                      ) -> list[torch.Tensor]:
+    def _filled_grads(
+        self, params: Iterable[torch.Tensor], present: dict[int, bool]
+    ) -> list[torch.Tensor]:
         out = []
         for p in params:
             if not present[id(p)]:
@@ -338,8 +349,9 @@ class ShardedOptimizer(DelegatingOptimizer):
                 continue
             flat = _flatten_dense_tensors([p.grad for p in params])
             dst = self.group_ranks[owner]
-            pending.append((owner, params, flat,
-                            tdist.reduce(flat, dst=dst, group=self.group, async_op=True)))
+            pending.append(
+                (owner, params, flat, tdist.reduce(flat, dst=dst, group=self.group, async_op=True))
+            )
         for owner, params, flat, work in pending:
             work.wait()
             if owner == self.shard_rank:
@@ -383,9 +395,13 @@ class ShardedOptimizer(DelegatingOptimizer):
         torch.cuda.synchronize()
 
 
-def apply_fsdp(model: torch.nn.Module, mesh: Any, offload: bool,
-               param_dtype: torch.dtype | None = None, reshard_after_forward: bool = True
-               ) -> torch.nn.Module:
+def apply_fsdp(
+    model: torch.nn.Module,
+    mesh: Any,
+    offload: bool,
+    param_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+) -> torch.nn.Module:
     """Stage 3: FSDP2 ``fully_shard`` on every direct child that holds parameters (the modules
     inside a ``ModuleList`` child; see :func:`_shard_units`), then on the root (one all-gather per unit in
     forward, reshard after; the root picks up the rest).
@@ -420,15 +436,28 @@ def apply_fsdp(model: torch.nn.Module, mesh: Any, offload: bool,
         policy = CPUOffloadPolicy()
     # fully_shard replaces the parameters; keep the tensor-parallel marks (is_distributed,
     # split_axis: global-norm clipping and hybrid checkpoints read them) on the new ones.
-    marks = {name: {k: p.__dict__[k] for k in _TP_MARKS if k in p.__dict__}
-             for name, p in model.named_parameters()}
-    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32
-                                     if param_dtype is not None else None)
+    marks = {
+        name: {k: p.__dict__[k] for k in _TP_MARKS if k in p.__dict__}
+        for name, p in model.named_parameters()
+    }
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype is not None else None
+    )
     for child in _shard_units(model):
-        fully_shard(child, mesh=mesh, offload_policy=policy, mp_policy=mp_policy,
-                    reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, offload_policy=policy, mp_policy=mp_policy,
-                reshard_after_forward=reshard_after_forward)
+        fully_shard(
+            child,
+            mesh=mesh,
+            offload_policy=policy,
+            mp_policy=mp_policy,
+            reshard_after_forward=reshard_after_forward,
+        )
+    fully_shard(
+        model,
+        mesh=mesh,
+        offload_policy=policy,
+        mp_policy=mp_policy,
+        reshard_after_forward=reshard_after_forward,
+    )
     for name, p in model.named_parameters():
         for k, v in marks.get(name, {}).items():
             setattr(p, k, v)

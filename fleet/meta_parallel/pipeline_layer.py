@@ -94,8 +94,9 @@ class SharedLayerDesc(LayerDesc):
     ) -> None:
         super().__init__(layer_cls, *args, **kwargs)
         if not isinstance(key, str) or not key:
-            raise ConfigError(f"SharedLayerDesc needs a non-empty string key, got {key!r}",
-                              key="key")
+            raise ConfigError(
+                f"SharedLayerDesc needs a non-empty string key, got {key!r}", key="key"
+            )
         self.layer_name = key
         self.forward_func = forward_func
         self.shared_weight_attr = shared_weight_attr
@@ -128,12 +129,13 @@ def segment_layers(entries: Sequence[Any], num_stages: int, seg_method: str) -> 
             bounds.append(bounds[-1] + base + (1 if stage < extra else 0))
         return bounds
     if seg_method.startswith("layer:"):
-        pattern = seg_method[len("layer:"):]
+        pattern = seg_method[len("layer:") :]
         try:
             regex = re.compile(pattern, re.IGNORECASE)
         except re.error as exc:
-            raise ConfigError(f"seg_method regex {pattern!r} is invalid: {exc}",
-                              key="seg_method") from exc
+            raise ConfigError(
+                f"seg_method regex {pattern!r} is invalid: {exc}", key="seg_method"
+            ) from exc
         hits = [i for i, e in enumerate(entries) if regex.search(_entry_name(e))]
         if len(hits) < num_stages:
             names = sorted({_entry_name(e) for e in entries})
@@ -216,13 +218,17 @@ class PipelineLayer(nn.Module):
                     key="layers",
                 )
         if recompute_interval < 0:
-            raise ConfigError(f"recompute_interval must be >= 0, got {recompute_interval}",
-                              key="recompute_interval")
+            raise ConfigError(
+                f"recompute_interval must be >= 0, got {recompute_interval}",
+                key="recompute_interval",
+            )
         if stage_id is None:
             num_stages, stage_id, topology = _stage_from_context(num_stages, topology)
         elif num_stages is None or not 0 <= stage_id < num_stages:
-            raise ConfigError(f"stage_id={stage_id} needs num_stages > stage_id, got "
-                              f"num_stages={num_stages}", key="stage_id")
+            raise ConfigError(
+                f"stage_id={stage_id} needs num_stages > stage_id, got num_stages={num_stages}",
+                key="stage_id",
+            )
         self._topo = topology
         self._num_stages = num_stages
         self._stage_id = stage_id
@@ -241,8 +247,13 @@ class PipelineLayer(nn.Module):
             # Paddle's flag: False on the stages holding a copy of a tied weight after the first,
             # so norms (gradient clipping) can count each tied weight once.
             self.shared_parameter(key).is_firstly_shared = holders[key][0] == stage_id
-        logger.debug("pipeline stage %d/%d runs layers [%d, %d)", stage_id, num_stages,
-                     self._start, self._end)
+        logger.debug(
+            "pipeline stage %d/%d runs layers [%d, %d)",
+            stage_id,
+            num_stages,
+            self._start,
+            self._end,
+        )
 
     # construction ----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -325,7 +336,7 @@ class PipelineLayer(nn.Module):
             return _run(funcs, x)
         checkpoint = _checkpoint_fn()
         for lo in range(0, len(funcs), interval):
-            chunk = funcs[lo:lo + interval]
+            chunk = funcs[lo : lo + interval]
             if isinstance(x, tuple):
                 x = checkpoint(lambda *xs, c=chunk: _run(c, xs), *x)
             else:
@@ -333,8 +344,10 @@ class PipelineLayer(nn.Module):
         return x
 
     def extra_repr(self) -> str:
-        return (f"stage={self._stage_id}/{self._num_stages}, layers=[{self._start}, {self._end}), "
-                f"recompute_interval={self._recompute_interval}")
+        return (
+            f"stage={self._stage_id}/{self._num_stages}, layers=[{self._start}, {self._end}), "
+            f"recompute_interval={self._recompute_interval}"
+        )
 
 
 def _bind(func: Callable[..., Any], module: nn.Module) -> Callable[[Any], Any]:

@@ -49,8 +49,8 @@ import torch.distributed as tdist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from collective.errors import ConfigError, FleetError
 import fleet.telemetry as telemetry
+from collective.errors import ConfigError, FleetError
 from fleet.meta_parallel.pipeline_layer import PipelineLayer
 from fleet.meta_parallel.pp_schedule import P2P, Action, as_tensor_tuple, make_schedule
 from fleet.strategy.configs import PipelineSchedule
@@ -94,9 +94,11 @@ class PipelineParallel(nn.Module):
     def __init__(self, layers: PipelineLayer, hcg: Any, strategy: Any) -> None:
         super().__init__()
         if not isinstance(layers, PipelineLayer):
-            raise ConfigError(f"PipelineParallel needs a PipelineLayer, got "
-                              f"{type(layers).__name__}; describe the model as a PipelineLayer",
-                              key="layers")
+            raise ConfigError(
+                f"PipelineParallel needs a PipelineLayer, got "
+                f"{type(layers).__name__}; describe the model as a PipelineLayer",
+                key="layers",
+            )
         stages, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
         if (layers.num_stages, layers.stage_id) != (stages, stage):
             raise ConfigError(
@@ -106,8 +108,11 @@ class PipelineParallel(nn.Module):
                 key="layers",
             )
         if layers.is_last_stage() and layers.loss_fn is None:
-            raise ConfigError("the PipelineLayer has no loss_fn; pass loss_fn= so the last stage "
-                              "can compute the loss", key="loss_fn")
+            raise ConfigError(
+                "the PipelineLayer has no loss_fn; pass loss_fn= so the last stage "
+                "can compute the loss",
+                key="loss_fn",
+            )
         self._layers = layers
         self._hcg = hcg
         self.config = strategy.pipeline_configs
@@ -173,8 +178,10 @@ class PipelineParallel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Not available: a stage's forward alone is not the model's; use train_batch/eval_batch."""
-        raise FleetError("a PipelineParallel model runs by train_batch([x, y], optimizer) or "
-                         "eval_batch([x, y]); calling it directly would run only this stage")
+        raise FleetError(
+            "a PipelineParallel model runs by train_batch([x, y], optimizer) or "
+            "eval_batch([x, y]); calling it directly would run only this stage"
+        )
 
     def train_batch(
         self,
@@ -205,7 +212,9 @@ class PipelineParallel(nn.Module):
             self._p2p.wait_all()  # the loss passed on to the previous stage
         self.last_step_stats = {"step_s": time.perf_counter() - t0, "compute_s": compute_s}
         step_s = self.last_step_stats["step_s"]
-        telemetry.set_pipeline_bubble_ratio(max(0.0, 1.0 - compute_s / step_s) if step_s > 0 else 0.0)
+        telemetry.set_pipeline_bubble_ratio(
+            max(0.0, 1.0 - compute_s / step_s) if step_s > 0 else 0.0
+        )
         return loss
 
     @torch.no_grad()
@@ -232,8 +241,10 @@ class PipelineParallel(nn.Module):
     # the schedule -------------------------------------------------------------------------------
     def _unpack(self, data: Sequence[Any], need_label: bool = True) -> tuple[Any, Any]:
         if not isinstance(data, (tuple, list)) or len(data) != 2:
-            raise ConfigError("data must be [inputs, labels] (labels may be None on stages "
-                              "other than the last)", key="data")
+            raise ConfigError(
+                "data must be [inputs, labels] (labels may be None on stages other than the last)",
+                key="data",
+            )
         cfg = self.config
         m, mbs = cfg.accumulate_steps, cfg.micro_batch_size
         x = split_micro_batches(data[0] if self.is_first_stage() else None, mbs, m, "inputs")
@@ -243,7 +254,11 @@ class PipelineParallel(nn.Module):
         return x, y
 
     def _run(
-        self, x: list[Any], y: list[Any], train: bool, scaler: Any = None,
+        self,
+        x: list[Any],
+        y: list[Any],
+        train: bool,
+        scaler: Any = None,
         compute_loss: bool = True,
     ) -> tuple[list[Any], float]:
         m = self.config.accumulate_steps
@@ -263,15 +278,23 @@ class PipelineParallel(nn.Module):
         compute = 0.0
         for action in actions:
             if action.kind == "F":
-                compute += self._forward(action, x, y, inputs, outputs, results, train,
-                                         compute_loss)
+                compute += self._forward(
+                    action, x, y, inputs, outputs, results, train, compute_loss
+                )
             else:
                 compute += self._backward(action, inputs, outputs, scaler)
         return results, compute
 
     def _forward(
-        self, action: Action, x: list[Any], y: list[Any], inputs: dict[int, Any],
-        outputs: dict[int, Any], results: list[Any], train: bool, compute_loss: bool,
+        self,
+        action: Action,
+        x: list[Any],
+        y: list[Any],
+        inputs: dict[int, Any],
+        outputs: dict[int, Any],
+        results: list[Any],
+        train: bool,
+        compute_loss: bool,
     ) -> float:
         i = action.micro_batch
         if self.is_first_stage():
@@ -293,16 +316,20 @@ class PipelineParallel(nn.Module):
             else:
                 results.append(out)
             return time.perf_counter() - t0
-        outs = (out,) if isinstance(out, torch.Tensor) else as_tensor_tuple(
-            out, f"the output of stage {self.stage_id}")
+        outs = (
+            (out,)
+            if isinstance(out, torch.Tensor)
+            else as_tensor_tuple(out, f"the output of stage {self.stage_id}")
+        )
         elapsed = time.perf_counter() - t0
         if train:
             outputs[i] = outs
         self._p2p.send_forward(outs)
         return elapsed
 
-    def _backward(self, action: Action, inputs: dict[int, Any], outputs: dict[int, Any],
-                  scaler: Any) -> float:
+    def _backward(
+        self, action: Action, inputs: dict[int, Any], outputs: dict[int, Any], scaler: Any
+    ) -> float:
         i = action.micro_batch
         out = outputs.pop(i)
         self._backwards_left -= 1

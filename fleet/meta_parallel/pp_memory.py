@@ -85,7 +85,9 @@ class SavedActivationMeter:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self._hooks.__exit__(exc_type, exc, tb)

@@ -65,8 +65,16 @@ LOSS_TAG = 1
 receive, posted at the start of a step, is not matched by a gradient."""
 
 _DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32, torch.float16, torch.bfloat16, torch.float64,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
 )
 
 
@@ -86,8 +94,9 @@ def make_schedule(
     mode = PipelineSchedule(mode)
     p, m = num_stages, num_micro_batches
     if not 0 <= stage < p or m < 1:
-        raise ConfigError(f"stage {stage} of {p} with {m} micro-batches is impossible",
-                          key="pipeline_configs")
+        raise ConfigError(
+            f"stage {stage} of {p} with {m} micro-batches is impossible", key="pipeline_configs"
+        )
     forwards = [Action("F", i) for i in range(m)]
     backwards = [Action("B", i) for i in range(m)]
     if mode is PipelineSchedule.F_THEN_B:
@@ -96,7 +105,7 @@ def make_schedule(
     actions = forwards[:warmup]
     for i in range(m - warmup):
         actions += [forwards[warmup + i], backwards[i]]
-    actions += backwards[m - warmup:]
+    actions += backwards[m - warmup :]
     return actions
 
 
@@ -114,8 +123,11 @@ def encode_meta(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     ints = [len(tensors)]
     for t in tensors:
         if t.dtype not in _DTYPES:
-            raise ConfigError(f"cannot send a {t.dtype} tensor between pipeline stages; use one "
-                              f"of {[str(d) for d in _DTYPES]}", key="layers")
+            raise ConfigError(
+                f"cannot send a {t.dtype} tensor between pipeline stages; use one "
+                f"of {[str(d) for d in _DTYPES]}",
+                key="layers",
+            )
         ints += [_DTYPES.index(t.dtype), int(t.requires_grad), t.dim(), *t.shape]
     if len(ints) > META_INTS:
         raise ConfigError(
@@ -133,7 +145,7 @@ def decode_meta(meta: torch.Tensor) -> list[tuple[torch.dtype, bool, tuple[int, 
     out, pos = [], 1
     for _ in range(ints[0]):
         dtype, grad, ndim = _DTYPES[ints[pos]], bool(ints[pos + 1]), ints[pos + 2]
-        out.append((dtype, grad, tuple(ints[pos + 3:pos + 3 + ndim])))
+        out.append((dtype, grad, tuple(ints[pos + 3 : pos + 3 + ndim])))
         pos += 3 + ndim
     return out
 
@@ -186,12 +198,18 @@ class P2P:
         their gradients back; with ``with_loss``, the loss back from the last stage): post the
         receives of the description, of the first activation (guessing the previous call's
         shapes) and of the loss."""
-        if (self._fwd_ahead or self._bwd_ahead or self._bwd_todo or self._loss_ahead is not None
-                or self._meta_ahead is not None):
+        if (
+            self._fwd_ahead
+            or self._bwd_ahead
+            or self._bwd_todo
+            or self._loss_ahead is not None
+            or self._meta_ahead is not None
+        ):
             raise FleetError(
                 f"pipeline stage transport: {len(self._fwd_ahead)} activation and "
                 f"{len(self._bwd_ahead)} gradient receives of the previous call were never "
-                "consumed (it stopped part-way); rebuild PipelineParallel after a failed step")
+                "consumed (it stopped part-way); rebuild PipelineParallel after a failed step"
+            )
         self.recv_meta = None
         self.sent_meta = None
         self._num_micro = num_micro
@@ -214,8 +232,9 @@ class P2P:
         if len(self._pending) > 64:  # drop completed sends; bounded by the schedule anyway
             self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
 
-    def _irecv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int,
-               works: list[Any], tag: int = 0) -> torch.Tensor:
+    def _irecv(
+        self, shape: tuple[int, ...], dtype: torch.dtype, src: int, works: list[Any], tag: int = 0
+    ) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype)
         works.append(tdist.irecv(buf, src=src, group=self.group, tag=tag))
         return buf
@@ -223,8 +242,7 @@ class P2P:
     def _post_forward(self, meta: list[tuple[torch.dtype, bool, tuple[int, ...]]]) -> None:
         assert self.prev_rank is not None
         works: list[Any] = []
-        bufs = tuple(self._irecv(shape, dtype, self.prev_rank, works)
-                     for dtype, _, shape in meta)
+        bufs = tuple(self._irecv(shape, dtype, self.prev_rank, works) for dtype, _, shape in meta)
         self._fwd_ahead.append((works, bufs))
         self._fwd_posted += 1
 
@@ -235,8 +253,10 @@ class P2P:
         assert self.next_rank is not None
         if self._bwd_todo and len(self._bwd_ahead) < GRADS_AHEAD:
             works: list[Any] = []
-            grads = [self._irecv(shape, dtype, self.next_rank, works)
-                     for shape, dtype in self._bwd_todo.popleft()]
+            grads = [
+                self._irecv(shape, dtype, self.next_rank, works)
+                for shape, dtype in self._bwd_todo.popleft()
+            ]
             self._bwd_ahead.append((works, grads))
 
     def send_forward(self, outputs: tuple[torch.Tensor, ...]) -> None:
@@ -257,8 +277,9 @@ class P2P:
         for t in outputs:
             self._isend(t, self.next_rank)
         if self._train and any(self.sent_meta):
-            self._bwd_todo.append([(tuple(t.shape), t.dtype)
-                                   for t, grad in zip(outputs, self.sent_meta) if grad])
+            self._bwd_todo.append(
+                [(tuple(t.shape), t.dtype) for t, grad in zip(outputs, self.sent_meta) if grad]
+            )
             self._post_backward()
 
     def recv_forward(self, requires_grad: bool) -> tuple[torch.Tensor, ...]:
@@ -285,8 +306,9 @@ class P2P:
             work.wait()
         if not requires_grad:
             return bufs
-        return tuple(t.requires_grad_() if grad else t
-                     for t, (_, grad, _) in zip(bufs, self.recv_meta))
+        return tuple(
+            t.requires_grad_() if grad else t for t, (_, grad, _) in zip(bufs, self.recv_meta)
+        )
 
     def send_backward(self, inputs: tuple[torch.Tensor, ...]) -> None:
         """Send the gradients of the received inputs that need one back to the previous stage
@@ -329,9 +351,14 @@ class P2P:
     @property
     def outstanding(self) -> int:
         """Receives posted and not yet consumed plus sends not yet waited for: 0 between calls."""
-        return (len(self._fwd_ahead) + len(self._bwd_ahead) + len(self._bwd_todo)
-                + len(self._pending)
-                + (self._loss_ahead is not None) + (self._meta_ahead is not None))
+        return (
+            len(self._fwd_ahead)
+            + len(self._bwd_ahead)
+            + len(self._bwd_todo)
+            + len(self._pending)
+            + (self._loss_ahead is not None)
+            + (self._meta_ahead is not None)
+        )
 
     def wait_all(self) -> None:
         """Block until every send of this step has completed."""

@@ -57,8 +57,9 @@ def recompute(
             key="use_reentrant",
         )
     if not callable(function):
-        raise ConfigError(f"expected a callable (module or function), got {function!r}",
-                          key="function")
+        raise ConfigError(
+            f"expected a callable (module or function), got {function!r}", key="function"
+        )
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
     if preserve_rng_state:
@@ -72,8 +73,12 @@ def recompute(
             return contextlib.nullcontext(), contextlib.nullcontext()
 
     return checkpoint(
-        function, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
-        context_fn=context_fn, **kwargs,
+        function,
+        *args,
+        use_reentrant=False,
+        preserve_rng_state=preserve_rng_state,
+        context_fn=context_fn,
+        **kwargs,
     )
 
 
@@ -99,8 +104,9 @@ class OffloadSavedInputs(torch.autograd.graph.saved_tensors_hooks):
         if t.device.type == "cpu":
             self.kept_bytes += t.numel() * t.element_size()
             return t.device, t
-        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout,
-                           pin_memory=self.pin and not t.is_sparse)
+        host = torch.empty(
+            t.size(), dtype=t.dtype, layout=t.layout, pin_memory=self.pin and not t.is_sparse
+        )
         host.copy_(t)
         self.offloaded_bytes += t.numel() * t.element_size()
         return t.device, host

@@ -26,11 +26,20 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     modules (see the module docstring). Not a subclass of ``nn.SyncBatchNorm``: DDP refuses those
     on CPU. Outside training, or in a world of one, it is plain batch norm."""
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
-                 affine: bool = True, track_running_stats: bool = True,
-                 process_group: Any = None, device: Any = None, dtype: Any = None) -> None:
-        super().__init__(num_features, eps, momentum, affine, track_running_stats,
-                         device=device, dtype=dtype)
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group: Any = None,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype
+        )
         self.process_group = process_group
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
@@ -51,7 +60,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         total = funcol.all_reduce(local, "sum", group)  # differentiable: backward all-reduces
         n = total[2 * channels]
         mean = total[:channels] / n
-        var = (total[channels:2 * channels] / n - mean * mean).clamp_min(0)
+        var = (total[channels : 2 * channels] / n - mean * mean).clamp_min(0)
         shape = [1, channels] + [1] * (input.dim() - 2)
         out = (input - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
@@ -64,8 +73,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     def _update_running_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
         assert self.num_batches_tracked is not None and self.running_var is not None
         self.num_batches_tracked.add_(1)
-        factor = (self.momentum if self.momentum is not None
-                  else 1.0 / float(self.num_batches_tracked))
+        factor = (
+            self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+        )
         self.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
         self.running_var.mul_(1 - factor).add_(unbiased_var, alpha=factor)
 
@@ -80,8 +90,14 @@ def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.M
         return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)
     out = module
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
-        out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats, process_group)
+        out = SyncBatchNorm(
+            module.num_features,
+            module.eps,
+            module.momentum,
+            module.affine,
+            module.track_running_stats,
+            process_group,
+        )
         out.weight, out.bias = module.weight, module.bias
         out.running_mean, out.running_var = module.running_mean, module.running_var
         out.num_batches_tracked = module.num_batches_tracked

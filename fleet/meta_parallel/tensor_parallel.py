@@ -201,7 +201,10 @@ class ColumnParallelLinear(_ParallelLayer):
         """This rank's shard of ``linear`` (same dtype)."""
         with _keep_global_rng():
             layer = cls(
-                linear.in_features, linear.out_features, linear.bias is not None, gather_output,
+                linear.in_features,
+                linear.out_features,
+                linear.bias is not None,
+                gather_output,
                 mp_group,
             ).to(linear.weight.dtype)
         layer._load_dense(linear)
@@ -257,8 +260,11 @@ class RowParallelLinear(_ParallelLayer):
         """This rank's shard of ``linear`` (same dtype)."""
         with _keep_global_rng():
             layer = cls(
-                linear.in_features, linear.out_features, linear.bias is not None,
-                input_is_parallel, mp_group,
+                linear.in_features,
+                linear.out_features,
+                linear.bias is not None,
+                input_is_parallel,
+                mp_group,
             ).to(linear.weight.dtype)
         layer._load_dense(linear)
         return layer

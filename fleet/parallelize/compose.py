@@ -93,7 +93,8 @@ def dp_sharding_group(hcg: Any) -> tuple[list[int], Any]:
         for pipe in range(topo.get_dim("pipe")):
             for model in range(topo.get_dim("model")):
                 ranks = sorted(
-                    r for r in range(topo.world_size())
+                    r
+                    for r in range(topo.world_size())
                     if topo.get_coord(r)["pipe"] == pipe and topo.get_coord(r)["model"] == model
                 )
                 group = tdist.new_group(ranks=ranks)
@@ -114,17 +115,22 @@ def sharding_mesh(hcg: Any, device_type: str) -> Any:
         return DeviceMesh.from_group(sharding, device_type, mesh_dim_names=("sharding",))
     topo, coord = hcg.topology(), hcg.topology().get_coord(tdist.get_rank())
     mesh = [
-        [topo.get_rank(data=d, pipe=coord["pipe"], sharding=s, model=coord["model"])
-         for s in range(topo.get_dim("sharding"))]
+        [
+            topo.get_rank(data=d, pipe=coord["pipe"], sharding=s, model=coord["model"])
+            for s in range(topo.get_dim("sharding"))
+        ]
         for d in range(topo.get_dim("data"))
     ]
     return DeviceMesh.from_group(
-        [hcg.get_data_parallel_group(), sharding], device_type,
-        mesh=torch.tensor(mesh), mesh_dim_names=("dp", "sharding"),
+        [hcg.get_data_parallel_group(), sharding],
+        device_type,
+        mesh=torch.tensor(mesh),
+        mesh_dim_names=("dp", "sharding"),
     )
 
 
 # ---- the one function ------------------------------------------------------------------------
+
 
 def parallelize(
     runtime: Any,
@@ -163,9 +169,13 @@ def parallelize(
                 # FSDP2 over this stage's module, on the sharding (x dp: HSDP) mesh of this
                 # pipe coordinate; after PipelineParallel broadcast the initial parameters.
                 device_type = next(model.parameters()).device.type
-                apply_fsdp(model, sharding_mesh(hcg, device_type),
-                           strategy.sharding_configs.offload, _fsdp_param_dtype(strategy),
-                           reshard_after_forward=False)  # gathered once per train_batch
+                apply_fsdp(
+                    model,
+                    sharding_mesh(hcg, device_type),
+                    strategy.sharding_configs.offload,
+                    _fsdp_param_dtype(strategy),
+                    reshard_after_forward=False,
+                )  # gathered once per train_batch
             runtime.models.add(pipe)
             return pipe
         # 3b. sharding stage 3: FSDP2 shards the parameters (and reduce-scatters gradients);
@@ -173,8 +183,13 @@ def parallelize(
         # (torchtitan's FSDP2-on-top-of-TP order).
         if stage == 3:
             device_type = next(model.parameters()).device.type
-            model = _apply_stage3(model, hcg, device_type, strategy.sharding_configs.offload,
-                                  _fsdp_param_dtype(strategy))
+            model = _apply_stage3(
+                model,
+                hcg,
+                device_type,
+                strategy.sharding_configs.offload,
+                _fsdp_param_dtype(strategy),
+            )
             runtime.models.add(model)
             link_gradient_merge(runtime)
             return model
@@ -279,7 +294,11 @@ def _apply_ddp(model: torch.nn.Module, runtime: Any, stage: int) -> torch.nn.Mod
     _link_dgc(runtime)
     logger.debug(
         "distributed_model: DDP over %d rank(s) (%s), buckets %s, find_unused_parameters=%s, "
-        "comm hook %s", size, what, buckets, strategy.find_unused_parameters,
+        "comm hook %s",
+        size,
+        what,
+        buckets,
+        strategy.find_unused_parameters,
         type(dp.comm_hook_state).__name__,
     )
     return dp
@@ -305,8 +324,10 @@ def _apply_process_settings(strategy: DistributedStrategy) -> None:
         torch.backends.cudnn.benchmark = True
     inert = strategy.no_op_settings()
     if inert and (not tdist.is_initialized() or tdist.get_rank() == 0):
-        logger.info("strategy keys with no effect on torch (see fleet.strategy.NO_OP_KEYS): %s",
-                    ", ".join(f"{k}={v}: {NO_OP_KEYS[k]}" for k, v in inert.items()))
+        logger.info(
+            "strategy keys with no effect on torch (see fleet.strategy.NO_OP_KEYS): %s",
+            ", ".join(f"{k}={v}: {NO_OP_KEYS[k]}" for k, v in inert.items()),
+        )
 
 
 def _fsdp_param_dtype(strategy: DistributedStrategy) -> torch.dtype | None:
@@ -317,8 +338,13 @@ def _fsdp_param_dtype(strategy: DistributedStrategy) -> torch.dtype | None:
     return None
 
 
-def _apply_stage3(model: torch.nn.Module, hcg: Any, device_type: str, offload: bool,
-                  param_dtype: torch.dtype | None) -> torch.nn.Module:
+def _apply_stage3(
+    model: torch.nn.Module,
+    hcg: Any,
+    device_type: str,
+    offload: bool,
+    param_dtype: torch.dtype | None,
+) -> torch.nn.Module:
     model = apply_fsdp(model, sharding_mesh(hcg, device_type), offload, param_dtype)
 
     def _sync_hook(module: Any, args: Any) -> None:

@@ -58,8 +58,9 @@ class _WrappedForward:
         self.module, self.wrap, self.inner = module, wrap, inner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inner = self.inner if self.inner is not None else type(self.module).forward.__get__(
-            self.module)
+        inner = (
+            self.inner if self.inner is not None else type(self.module).forward.__get__(self.module)
+        )
         return self.wrap(self.module, inner, *args, **kwargs)
 
 
@@ -68,8 +69,9 @@ def _wrap_forward(module: nn.Module, wrap: Callable[..., Any]) -> None:
     module.forward = _WrappedForward(module, wrap, inner)  # type: ignore[method-assign]
 
 
-def _recompute_forward(module: nn.Module, inner: Callable[..., Any], *args: Any,
-                       **kwargs: Any) -> Any:
+def _recompute_forward(
+    module: nn.Module, inner: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
     return recompute(inner, *args, **kwargs)
 
 
@@ -83,8 +85,9 @@ class _OffloadedRecompute:
         self.offloaded_bytes = 0
         self.kept_bytes = 0
 
-    def __call__(self, module: nn.Module, inner: Callable[..., Any], *args: Any,
-                 **kwargs: Any) -> Any:
+    def __call__(
+        self, module: nn.Module, inner: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
         hooks = OffloadSavedInputs()
@@ -101,8 +104,9 @@ class _AmpForward:
     def __init__(self, config: Any) -> None:
         self.config = config
 
-    def __call__(self, module: nn.Module, inner: Callable[..., Any], *args: Any,
-                 **kwargs: Any) -> Any:
+    def __call__(
+        self, module: nn.Module, inner: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
         with autocast(self.config, _model_device_type(module)):  # where the model is now
             return inner(*args, **kwargs)
 
@@ -113,8 +117,9 @@ def _model_device_type(model: nn.Module) -> str:
     return "cpu"
 
 
-def wrap_model_features(model: nn.Module, strategy: DistributedStrategy,
-                        sync_bn_group: Any = None) -> nn.Module:
+def wrap_model_features(
+    model: nn.Module, strategy: DistributedStrategy, sync_bn_group: Any = None
+) -> nn.Module:
     """Apply the model-side features of ``strategy`` to ``model``; returns the model to use
     (``model`` itself unless it is a BatchNorm layer that sync batch norm replaces).
 
@@ -171,8 +176,12 @@ def wrap_model_features(model: nn.Module, strategy: DistributedStrategy,
 def cast_to_low_precision(model: nn.Module, dtype: torch.dtype) -> None:
     """AMP O2: floating parameters and buffers to ``dtype`` in place (the Parameter objects stay,
     so an optimizer built earlier still holds them); normalisation layers stay float32."""
-    keep = {id(t) for m in model.modules() if isinstance(m, _NORM_TYPES)
-            for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]}
+    keep = {
+        id(t)
+        for m in model.modules()
+        if isinstance(m, _NORM_TYPES)
+        for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+    }
     with torch.no_grad():
         for p in model.parameters():
             if p.is_floating_point() and id(p) not in keep:
@@ -185,8 +194,11 @@ def cast_to_low_precision(model: nn.Module, dtype: torch.dtype) -> None:
 
 def _swap_lars_lamb(optimizer: torch.optim.Optimizer, strategy: DistributedStrategy) -> Any:
     if strategy.lars and strategy.lamb:
-        raise ConfigError("strategy.lars and strategy.lamb are both on; LARS wraps a momentum "
-                          "SGD and LAMB an Adam: keep one", key="lars")
+        raise ConfigError(
+            "strategy.lars and strategy.lamb are both on; LARS wraps a momentum "
+            "SGD and LAMB an Adam: keep one",
+            key="lars",
+        )
     groups = [{k: v for k, v in g.items()} for g in optimizer.param_groups]
     if strategy.lars:
         if type(optimizer) is not torch.optim.SGD or not all(g["momentum"] > 0 for g in groups):
@@ -196,11 +208,18 @@ def _swap_lars_lamb(optimizer: torch.optim.Optimizer, strategy: DistributedStrat
                 key="lars",
             )
         c = strategy.lars_configs
-        new_groups = [{"params": g["params"], "lr": g["lr"], "momentum": g["momentum"]}
-                      for g in groups]
-        return LARS(new_groups, lr=groups[0]["lr"], momentum=groups[0]["momentum"],
-                    lars_coeff=c.lars_coeff, lars_weight_decay=c.lars_weight_decay,
-                    epsilon=c.epsilon, exclude_from_weight_decay=c.exclude_from_weight_decay)
+        new_groups = [
+            {"params": g["params"], "lr": g["lr"], "momentum": g["momentum"]} for g in groups
+        ]
+        return LARS(
+            new_groups,
+            lr=groups[0]["lr"],
+            momentum=groups[0]["momentum"],
+            lars_coeff=c.lars_coeff,
+            lars_weight_decay=c.lars_weight_decay,
+            epsilon=c.epsilon,
+            exclude_from_weight_decay=c.exclude_from_weight_decay,
+        )
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         raise ConfigError(
             f"LAMB wraps an Adam (Paddle: Adam), got {optimizer!r}; use torch.optim.Adam(params, "
@@ -208,11 +227,17 @@ def _swap_lars_lamb(optimizer: torch.optim.Optimizer, strategy: DistributedStrat
             key="lamb",
         )
     c = strategy.lamb_configs
-    new_groups = [{"params": g["params"], "lr": g["lr"], "betas": g["betas"], "eps": g["eps"]}
-                  for g in groups]
-    return LAMB(new_groups, lr=groups[0]["lr"], betas=groups[0]["betas"], eps=groups[0]["eps"],
-                lamb_weight_decay=c.lamb_weight_decay,
-                exclude_from_weight_decay=c.exclude_from_weight_decay)
+    new_groups = [
+        {"params": g["params"], "lr": g["lr"], "betas": g["betas"], "eps": g["eps"]} for g in groups
+    ]
+    return LAMB(
+        new_groups,
+        lr=groups[0]["lr"],
+        betas=groups[0]["betas"],
+        eps=groups[0]["eps"],
+        lamb_weight_decay=c.lamb_weight_decay,
+        exclude_from_weight_decay=c.exclude_from_weight_decay,
+    )
 
 
 def wrap_optimizer_features(
@@ -225,16 +250,21 @@ def wrap_optimizer_features(
     ``optimizer.grad_clip`` (a :class:`~fleet.meta_optimizers.clip.ClipGradByGlobalNorm`) is carried over.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ConfigError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}",
-                          key="optimizer")
+        raise ConfigError(
+            f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}", key="optimizer"
+        )
     if getattr(optimizer, _OPT_MARK, False):
         return optimizer
     grad_clip = getattr(optimizer, "grad_clip", None)
     opt: Any = optimizer
     if strategy.lars or strategy.lamb:
         opt = _swap_lars_lamb(opt, strategy)
-        logger.info("strategy %s: %s replaces %s", "lars" if strategy.lars else "lamb",
-                    type(opt).__name__, type(optimizer).__name__)
+        logger.info(
+            "strategy %s: %s replaces %s",
+            "lars" if strategy.lars else "lamb",
+            type(opt).__name__,
+            type(optimizer).__name__,
+        )
     stepping = opt
     if strategy.amp and strategy.amp_configs.use_pure_fp16 and sharding_stage(strategy) != 3:
         # (stage 3: the optimizer already holds FSDP2's float32 shards, the master weights)

@@ -38,8 +38,10 @@ def distributed_optimizer(
     runtime = get_runtime("distributed_optimizer()")
     if in_ps_mode():
         if strategy is not None and strategy.to_dict() != runtime.strategy.to_dict():
-            raise ConfigError("in parameter-server mode the strategy is fixed by fleet.init; "
-                              "pass it there", key="strategy")
+            raise ConfigError(
+                "in parameter-server mode the strategy is fixed by fleet.init; pass it there",
+                key="strategy",
+            )
         return PSOptimizer(optimizer)  # type: ignore[return-value]
     if strategy is None:
         strategy = runtime.strategy
@@ -59,8 +61,9 @@ def distributed_optimizer(
                 "fleet.distributed_optimizer replaced the strategy of fleet.init:\n%s", strategy
             )
     if isinstance(optimizer, DistributedOptimizer):
-        raise ConfigError("this optimizer is already wrapped by fleet.distributed_optimizer",
-                          key="optimizer")
+        raise ConfigError(
+            "this optimizer is already wrapped by fleet.distributed_optimizer", key="optimizer"
+        )
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(
             f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}", key="optimizer"

@@ -49,7 +49,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from collective.env import FLEET_PS_RESUME_POSITION, PSCheckpointEnv, TrainingRole, read_ps_checkpoint_env
+from collective.env import (
+    FLEET_PS_RESUME_POSITION,
+    PSCheckpointEnv,
+    TrainingRole,
+    read_ps_checkpoint_env,
+)
 from collective.errors import ConfigError, FleetError
 from fleet.base import coordination
 from fleet.base.data_position import DataPosition, tracker
@@ -118,16 +123,28 @@ class AutoCheckpointer:
         if chosen is not None:
             state = chosen.trainer_states.get(self.rank) or {}
             self.resumed_state = state
-            position = DataPosition.from_dict(state.get("data") if isinstance(state, dict) else None)
+            position = DataPosition.from_dict(
+                state.get("data") if isinstance(state, dict) else None
+            )
             tracker().resume(position)
-            self.resumed = {"checkpoint": chosen.name, "step": chosen.step,
-                            "position": position.to_dict(), "skipped": [list(s) for s in result.skipped],
-                            "load_s": round(time.time() - t0, 3)}
-            logger.warning("trainer %d resumed from %s (step %d, pass %d, %d steps into it)%s",
-                           self.rank, chosen.name, chosen.step, position.pass_index,
-                           position.step_in_pass,
-                           "; skipped " + "; ".join(f"{n}: {w}" for n, w in result.skipped)
-                           if result.skipped else "")
+            self.resumed = {
+                "checkpoint": chosen.name,
+                "step": chosen.step,
+                "position": position.to_dict(),
+                "skipped": [list(s) for s in result.skipped],
+                "load_s": round(time.time() - t0, 3),
+            }
+            logger.warning(
+                "trainer %d resumed from %s (step %d, pass %d, %d steps into it)%s",
+                self.rank,
+                chosen.name,
+                chosen.step,
+                position.pass_index,
+                position.step_in_pass,
+                "; skipped " + "; ".join(f"{n}: {w}" for n, w in result.skipped)
+                if result.skipped
+                else "",
+            )
         self.last_step = tracker().step
         self.next_probe = self.last_step + PROBE_STEPS
         self.last_time = time.monotonic()
@@ -139,13 +156,21 @@ class AutoCheckpointer:
         try:
             position = DataPosition.from_dict(json.loads(raw))
         except (TypeError, ValueError) as err:
-            raise ConfigError(f"{raw!r} is not a data position (pass, step_in_pass, step): {err}; "
-                              "fleetrun sets it", key=FLEET_PS_RESUME_POSITION) from None
+            raise ConfigError(
+                f"{raw!r} is not a data position (pass, step_in_pass, step): {err}; "
+                "fleetrun sets it",
+                key=FLEET_PS_RESUME_POSITION,
+            ) from None
         tracker().resume(position)
         self.resumed = {"alone": True, "step": position.step, "position": position.to_dict()}
-        logger.warning("trainer %d restarted alone: resumes at pass %d, %d steps into it (step %d); "
-                       "the other trainers went on", self.rank, position.pass_index,
-                       position.step_in_pass, position.step)
+        logger.warning(
+            "trainer %d restarted alone: resumes at pass %d, %d steps into it (step %d); "
+            "the other trainers went on",
+            self.rank,
+            position.pass_index,
+            position.step_in_pass,
+            position.step,
+        )
         self.last_step = position.step
         self._write_progress(force=True)
 
@@ -172,13 +197,22 @@ class AutoCheckpointer:
         if elapsed0 >= interval * 0.95:
             position = track.position()
             try:
-                recovery.checkpoint(self.cfg.dir, step, trainer_state={"data": position.to_dict()},
-                                    keep=self.cfg.keep)
+                recovery.checkpoint(
+                    self.cfg.dir,
+                    step,
+                    trainer_state={"data": position.to_dict()},
+                    keep=self.cfg.keep,
+                )
                 self.checkpoint_step = step
             except FleetError as err:  # every trainer gets the same error (recovery._agree)
                 self.failed += 1
-                logger.warning("trainer %d: automatic checkpoint at step %d failed, skipped to "
-                               "the next interval: %s", self.rank, step, err)
+                logger.warning(
+                    "trainer %d: automatic checkpoint at step %d failed, skipped to "
+                    "the next interval: %s",
+                    self.rank,
+                    step,
+                    err,
+                )
             self.last_time, self.last_step = time.monotonic(), step
             self.next_probe = step + max(1, round(interval * rate))
             self._write_progress(force=True)
@@ -198,8 +232,9 @@ class AutoCheckpointer:
     # -- cuts by epoch (coordinator) -------------------------------------------------------------
     def _epoch_step(self, client: coordination.CoordinationClient) -> None:
         if self._poller is None:  # this trainer takes part in checkpoints from its first step
-            self._poller = threading.Thread(target=self._poll, args=(client,), daemon=True,
-                                            name="fleet-ps-checkpoint-epochs")
+            self._poller = threading.Thread(
+                target=self._poll, args=(client,), daemon=True, name="fleet-ps-checkpoint-epochs"
+            )
             self._poller.start()
         epoch = self._epoch_seen
         if epoch > self._epoch_handled:
@@ -235,19 +270,36 @@ class AutoCheckpointer:
         previous = info.get("previous_failed")
         if previous:  # the leader's last checkpoint did not commit (every trainer counts it)
             self.failed += 1
-            logger.warning("trainer %d: automatic checkpoint at step %s failed, skipped to the next "
-                           "interval: %s", self.rank, previous[0], previous[1])
+            logger.warning(
+                "trainer %d: automatic checkpoint at step %s failed, skipped to the next "
+                "interval: %s",
+                self.rank,
+                previous[0],
+                previous[1],
+            )
         if info.get("error"):
             self.failed += 1
-            logger.warning("trainer %d: automatic checkpoint at step %d failed, skipped to the next "
-                           "interval: %s", self.rank, step, info["error"])
+            logger.warning(
+                "trainer %d: automatic checkpoint at step %d failed, skipped to the next "
+                "interval: %s",
+                self.rank,
+                step,
+                info["error"],
+            )
         elif "snapshot_s" in info:
             self.checkpoint_step = step
-            logger.info("checkpoint %s step %d (epoch %d): snapshot taken (%.3fs)", self.cfg.dir, step,
-                        epoch, info["snapshot_s"])
+            logger.info(
+                "checkpoint %s step %d (epoch %d): snapshot taken (%.3fs)",
+                self.cfg.dir,
+                step,
+                epoch,
+                info["snapshot_s"],
+            )
         self._write_progress(force=True)
 
-    def _snapshot(self, st: Any, step: int, positions: dict[int, Any], last_step: int) -> dict[str, Any]:
+    def _snapshot(
+        self, st: Any, step: int, positions: dict[int, Any], last_step: int
+    ) -> dict[str, Any]:
         """The leader of an epoch: the snapshot of every server with every trainer's position
         (what every trainer learns: ``snapshot_s`` or ``error``, and ``previous_failed``)."""
         info: dict[str, Any] = {}
@@ -259,8 +311,12 @@ class AutoCheckpointer:
             return info
         try:
             pending = get_client().begin_checkpoint(
-                self.cfg.dir, step, keep=self.cfg.keep, background=True,
-                trainer_states={r: {"data": p} for r, p in positions.items()})
+                self.cfg.dir,
+                step,
+                keep=self.cfg.keep,
+                background=True,
+                trainer_states={r: {"data": p} for r, p in positions.items()},
+            )
         except FleetError as err:
             info["error"] = f"{type(err).__name__}: {err}"
             return info
@@ -286,11 +342,23 @@ class AutoCheckpointer:
         if self.log_dir is None or (not force and now - self._written < PROGRESS_PERIOD_S):
             return
         self._written = now
-        data = {"rank": self.rank, "attempt": self.restart_count, "step": tracker().step,
-                "unix": time.time(), "resumed": self.resumed, "first_step_unix": self.first_step_unix,
-                "mode": self.mode, "checkpoints_failed": self.failed,
-                "position": tracker().position().to_dict(), "alone_ok": self.client is not None and self.restart_alone,
-                **({"checkpoint_step": self.checkpoint_step} if self.checkpoint_step is not None else {})}
+        data = {
+            "rank": self.rank,
+            "attempt": self.restart_count,
+            "step": tracker().step,
+            "unix": time.time(),
+            "resumed": self.resumed,
+            "first_step_unix": self.first_step_unix,
+            "mode": self.mode,
+            "checkpoints_failed": self.failed,
+            "position": tracker().position().to_dict(),
+            "alone_ok": self.client is not None and self.restart_alone,
+            **(
+                {"checkpoint_step": self.checkpoint_step}
+                if self.checkpoint_step is not None
+                else {}
+            ),
+        }
         path = os.path.join(self.log_dir, f"ps_progress.{self.rank}.json")
         tmp = f"{path}.tmp"
         try:

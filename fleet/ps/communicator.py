@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from collective.errors import FleetError
 import fleet.telemetry as telemetry
+from collective.errors import FleetError
 from fleet.base import coordination
 from fleet.base.data_position import tracker
 
@@ -98,7 +98,9 @@ class Communicator:
         self.steps = 0
         self._pool: ThreadPoolExecutor | None = None
         self._prefetched: dict[str, list[tuple[np.ndarray, Future[np.ndarray]]]] = {}
-        telemetry.instrument_communicator(self)  # ps_pull/ps_push time, step ends (fleet/telemetry.py)
+        telemetry.instrument_communicator(
+            self
+        )  # ps_pull/ps_push time, step ends (fleet/telemetry.py)
 
     # -- registration ---------------------------------------------------------------------------
     def add_table(self, name: str, dim: int, lr: float) -> None:
@@ -181,11 +183,17 @@ class Communicator:
         """The trainer's dense parameters as one flat float32 vector."""
         if not self.dense:
             return np.zeros(0, np.float32)
-        return torch.cat([p.detach().reshape(-1) for p in self.dense]).to(torch.float32).cpu().numpy()
+        return (
+            torch.cat([p.detach().reshape(-1) for p in self.dense]).to(torch.float32).cpu().numpy()
+        )
 
     def _dense_grad(self) -> np.ndarray:
-        parts = [p.grad.detach().reshape(-1).to(torch.float32) if p.grad is not None
-                 else torch.zeros(p.numel()) for p in self.dense]
+        parts = [
+            p.grad.detach().reshape(-1).to(torch.float32)
+            if p.grad is not None
+            else torch.zeros(p.numel())
+            for p in self.dense
+        ]
         return torch.cat(parts).cpu().numpy().copy() if parts else np.zeros(0, np.float32)
 
     def _set_dense(self, flat: np.ndarray) -> None:
@@ -194,7 +202,7 @@ class Communicator:
         with torch.no_grad():
             for p in self.dense:
                 n = p.numel()
-                p.copy_(values[offset:offset + n].view_as(p))
+                p.copy_(values[offset : offset + n].view_as(p))
                 offset += n
 
     def pull_dense(self) -> np.ndarray:
@@ -210,8 +218,13 @@ class SyncCommunicator(Communicator):
         for table, (keys, grads) in self._take_pending().items():
             self.client.push_sparse(table, keys, grads, mode="sync", sync_count=self.num_trainers)
         if self.dense:
-            self.client.push_dense(DENSE_TABLE, DENSE_BLOCK, self._dense_grad(), mode="sync",
-                                   sync_count=self.num_trainers)
+            self.client.push_dense(
+                DENSE_TABLE,
+                DENSE_BLOCK,
+                self._dense_grad(),
+                mode="sync",
+                sync_count=self.num_trainers,
+            )
         self.barrier()  # every trainer's push returned: the W-th push of each table applied
         if self.dense:
             self._set_dense(self.pull_dense())
@@ -225,8 +238,16 @@ class AsyncCommunicator(Communicator):
     mode = "async"
     prefetches = True
 
-    def __init__(self, client: Any, num_trainers: int, barrier: Callable[[], None], *,
-                 queue_size: int, max_merge: int, barrier_interval: int) -> None:
+    def __init__(
+        self,
+        client: Any,
+        num_trainers: int,
+        barrier: Callable[[], None],
+        *,
+        queue_size: int,
+        max_merge: int,
+        barrier_interval: int,
+    ) -> None:
         super().__init__(client, num_trainers, barrier)
         self.max_merge = max_merge
         self.barrier_interval = barrier_interval
@@ -273,7 +294,9 @@ class AsyncCommunicator(Communicator):
                 for _ in batch:
                     self._queue.task_done()
 
-    def _send(self, batch: list[tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]]) -> None:
+    def _send(
+        self, batch: list[tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]]
+    ) -> None:
         # merged by summation: the same total update as separate sends under SGD
         for table in self.tables:
             keys = np.concatenate([b[0][table][0] for b in batch])
@@ -281,15 +304,18 @@ class AsyncCommunicator(Communicator):
                 grads = np.concatenate([b[0][table][1] for b in batch])
                 self.client.push_sparse(table, keys, grads, mode="apply")
         if self.dense:
-            self.client.push_dense(DENSE_TABLE, DENSE_BLOCK, np.sum([b[1] for b in batch], axis=0),
-                                   mode="apply")
+            self.client.push_dense(
+                DENSE_TABLE, DENSE_BLOCK, np.sum([b[1] for b in batch], axis=0), mode="apply"
+            )
             latest = self.pull_dense()
             with self._lock:
                 self._latest_dense = latest
 
     def _check(self) -> None:
         if self._error is not None:
-            raise FleetError(f"the async communicator failed to send: {self._error}") from self._error
+            raise FleetError(
+                f"the async communicator failed to send: {self._error}"
+            ) from self._error
 
     def _prefetch_pull(self, table: str, keys: np.ndarray, steps: int) -> np.ndarray:
         """Pull once the sender has applied the ``steps`` steps queued before the prefetch, so a
@@ -344,8 +370,15 @@ class GeoCommunicator(Communicator):
 
     mode = "geo"
 
-    def __init__(self, client: Any, num_trainers: int, barrier: Callable[[], None], *, k_steps: int,
-                 dense_step: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        num_trainers: int,
+        barrier: Callable[[], None],
+        *,
+        k_steps: int,
+        dense_step: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(client, num_trainers, barrier)
         self.k_steps = k_steps
         self.dense_step = dense_step
@@ -365,7 +398,9 @@ class GeoCommunicator(Communicator):
                 index[k] = start + i
             rows = self._rows.get(table, np.zeros((0, dim), np.float32))
             self._rows[table] = np.concatenate([rows, fresh])
-            self._base[table] = np.concatenate([self._base.get(table, np.zeros((0, dim), np.float32)), fresh])
+            self._base[table] = np.concatenate(
+                [self._base.get(table, np.zeros((0, dim), np.float32)), fresh]
+            )
         idx = np.fromiter((index[k] for k in keys.tolist()), dtype=np.int64, count=len(keys))
         return self._rows[table][idx]
 
@@ -373,7 +408,9 @@ class GeoCommunicator(Communicator):
         for table, (keys, grads) in self._take_pending().items():
             if len(keys):
                 index = self._index[table]
-                idx = np.fromiter((index[k] for k in keys.tolist()), dtype=np.int64, count=len(keys))
+                idx = np.fromiter(
+                    (index[k] for k in keys.tolist()), dtype=np.int64, count=len(keys)
+                )
                 np.subtract.at(self._rows[table], idx, self.table_lr[table] * grads)
         if self.dense_step is not None:
             self.dense_step()  # the user's optimizer, locally
@@ -391,8 +428,9 @@ class GeoCommunicator(Communicator):
         self._index, self._rows, self._base = {}, {}, {}
         if self.dense:  # no barrier: GEO is asynchronous; stop_worker meets the others at the end
             if self.dense_base is not None:
-                self.client.push_dense(DENSE_TABLE, DENSE_BLOCK, self.dense_values() - self.dense_base,
-                                       mode="delta")
+                self.client.push_dense(
+                    DENSE_TABLE, DENSE_BLOCK, self.dense_values() - self.dense_base, mode="delta"
+                )
             fresh = self.pull_dense()
             self._set_dense(fresh)
             self.dense_base = np.asarray(fresh, np.float32).copy()

@@ -92,7 +92,9 @@ class DistributedEmbedding(torch.nn.Module):
         if pooling not in _POOLINGS:
             raise ConfigError(f"got {pooling!r}; allowed: None, 'sum', 'mean'", key="pooling")
         if not isinstance(embedding_dim, int) or embedding_dim < 1:
-            raise ConfigError(f"must be a positive integer, got {embedding_dim!r}", key="embedding_dim")
+            raise ConfigError(
+                f"must be a positive integer, got {embedding_dim!r}", key="embedding_dim"
+            )
         self.table = table
         self.embedding_dim = embedding_dim
         self.pooling = pooling
@@ -115,16 +117,22 @@ class DistributedEmbedding(torch.nn.Module):
             return self._forward_slots(list(ids), "list")
         if _is_slot(ids):
             if offsets is not None:
-                raise ConfigError("a sparse slot carries its own offsets; do not pass offsets=",
-                                  key=f"{self.table}.offsets")
+                raise ConfigError(
+                    "a sparse slot carries its own offsets; do not pass offsets=",
+                    key=f"{self.table}.offsets",
+                )
             return self._forward_slots([ids], "slot")[0]
         if ids.dtype not in (torch.int64, torch.int32):
             raise ConfigError(f"ids must be int64, got {ids.dtype}", key=f"{self.table}.ids")
         if offsets is not None and (ids.dim() != 1 or self.pooling is None):
-            raise ConfigError("offsets need 1-D ids and pooling='sum' or 'mean'", key=f"{self.table}.offsets")
+            raise ConfigError(
+                "offsets need 1-D ids and pooling='sum' or 'mean'", key=f"{self.table}.offsets"
+            )
         if offsets is None and ids.dim() != 2:
-            raise ConfigError(f"ids must be [batch, bag_len] (or 1-D with offsets), got shape "
-                              f"{tuple(ids.shape)}", key=f"{self.table}.ids")
+            raise ConfigError(
+                f"ids must be [batch, bag_len] (or 1-D with offsets), got shape {tuple(ids.shape)}",
+                key=f"{self.table}.ids",
+            )
         keys, inverse = _UNIQUE.get(ids)
         rows = self._pull(keys)
         if offsets is not None:
@@ -155,7 +163,9 @@ class DistributedEmbedding(torch.nn.Module):
         if self.pooling is None:
             raise ConfigError(
                 "sparse slots are bags of ids: set pooling='sum' or 'mean' on this "
-                "DistributedEmbedding", key=f"{self.table}.pooling")
+                "DistributedEmbedding",
+                key=f"{self.table}.pooling",
+            )
         if not slots:
             raise ConfigError(f"got an empty {form} of slots", key=f"{self.table}.ids")
         values, starts, counts = [], [], []
@@ -165,7 +175,8 @@ class DistributedEmbedding(torch.nn.Module):
                 raise ConfigError(
                     f"{form} item {i} is a {type(slot).__name__}; expected a sparse slot with "
                     "values and offsets [B+1] (a fleet.data batch's sparse slot)",
-                    key=f"{self.table}.ids")
+                    key=f"{self.table}.ids",
+                )
             v, off = _slot_arrays(slot, self.table, i)
             values.append(v)
             starts.append(off[:-1] + base)
@@ -196,8 +207,14 @@ class DistributedEmbedding(torch.nn.Module):
 
     def table_config(self) -> Any:
         """The :class:`ps_server.SparseTableConfig` this module's table is created with."""
-        return SparseTableConfig(self.table, dim=self.embedding_dim, optimizer=self.optimizer,
-                                 initializer=self.initializer, entry=self.entry, **self.table_options)
+        return SparseTableConfig(
+            self.table,
+            dim=self.embedding_dim,
+            optimizer=self.optimizer,
+            initializer=self.initializer,
+            entry=self.entry,
+            **self.table_options,
+        )
 
 
 def _is_slot(obj: Any) -> bool:
@@ -214,11 +231,19 @@ def _slot_arrays(slot: Any, table: str, index: int) -> tuple[torch.Tensor, torch
         offsets = offsets()
     values, offsets = torch.as_tensor(values), torch.as_tensor(offsets)
     if values.dim() != 1 or values.dtype not in (torch.int64, torch.int32):
-        raise ConfigError(f"slot {index}: values must be 1-D int64 ids, got {values.dtype} "
-                          f"{tuple(values.shape)}", key=f"{table}.ids")
-    if offsets.dim() != 1 or offsets.shape[0] < 1 or int(offsets[0]) != 0 or \
-            int(offsets[-1]) != values.shape[0]:
+        raise ConfigError(
+            f"slot {index}: values must be 1-D int64 ids, got {values.dtype} {tuple(values.shape)}",
+            key=f"{table}.ids",
+        )
+    if (
+        offsets.dim() != 1
+        or offsets.shape[0] < 1
+        or int(offsets[0]) != 0
+        or int(offsets[-1]) != values.shape[0]
+    ):
         raise ConfigError(
             f"slot {index}: offsets must be [B+1] from 0 to len(values)={values.shape[0]}, got "
-            f"{offsets.tolist()[:8]}{'...' if offsets.shape[0] > 8 else ''}", key=f"{table}.offsets")
+            f"{offsets.tolist()[:8]}{'...' if offsets.shape[0] > 8 else ''}",
+            key=f"{table}.offsets",
+        )
     return values, offsets.to(torch.int64)

@@ -36,9 +36,11 @@ def rule_from_torch(opt: torch.optim.Optimizer) -> Any:
     name = type(opt).__name__
 
     def refuse(what: str) -> ConfigError:
-        return ConfigError(f"{name} with {what} cannot run on the parameter servers; supported: "
-                           "SGD(lr), Adagrad(lr, initial_accumulator_value, eps), Adam(lr, betas, eps)",
-                           key="optimizer")
+        return ConfigError(
+            f"{name} with {what} cannot run on the parameter servers; supported: "
+            "SGD(lr), Adagrad(lr, initial_accumulator_value, eps), Adam(lr, betas, eps)",
+            key="optimizer",
+        )
 
     if isinstance(opt, torch.optim.SGD):
         for k in ("momentum", "weight_decay", "dampening"):
@@ -51,8 +53,11 @@ def rule_from_torch(opt: torch.optim.Optimizer) -> Any:
         for k in ("lr_decay", "weight_decay"):
             if g.get(k):
                 raise refuse(f"{k}={g[k]}")
-        return Adagrad(float(g["lr"]), initial_accumulator_value=float(g["initial_accumulator_value"]),
-                       eps=float(g["eps"]))
+        return Adagrad(
+            float(g["lr"]),
+            initial_accumulator_value=float(g["initial_accumulator_value"]),
+            eps=float(g["eps"]),
+        )
     if type(opt) is torch.optim.Adam:
         if g.get("weight_decay"):
             raise refuse(f"weight_decay={g['weight_decay']}")

@@ -114,8 +114,12 @@ def checkpoint(
         return {"snapshot_s": pending.snapshot_s}
 
     again = coordination.replaying()  # a restarted trainer 0 took this one before its restart
-    taken = _agree(rank, _outcome(begin) if rank == 0 and not again else None)  # nobody pushes before this
-    logger.info("checkpoint %s step %d: snapshot taken (%.3fs)", root_dir, step, taken["snapshot_s"])
+    taken = _agree(
+        rank, _outcome(begin) if rank == 0 and not again else None
+    )  # nobody pushes before this
+    logger.info(
+        "checkpoint %s step %d: snapshot taken (%.3fs)", root_dir, step, taken["snapshot_s"]
+    )
     if rank != 0 or pending is None:
         return None
     if wait:
@@ -138,7 +142,9 @@ def load_latest(root_dir: str) -> Any:
     comm = get_communicator()
     comm.flush()
     # its own channel: a trainer restarted alone resumes from its position and skips this
-    _gather(None, RESUME_CHANNEL)  # every trainer flushed: nothing reaches the servers after the load
+    _gather(
+        None, RESUME_CHANNEL
+    )  # every trainer flushed: nothing reaches the servers after the load
 
     def load() -> dict[str, Any]:
         finish_pending(st)

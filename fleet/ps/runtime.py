@@ -40,6 +40,7 @@ from typing import Any
 from collective.clean_exit import register_shutdown, unregister_shutdown
 from collective.env import TrainingRole, WorkerEnv
 from collective.errors import ConfigError, FleetError
+from fleet.base import coordination
 from fleet.ps.communicator import (
     DENSE_TABLE,
     AsyncCommunicator,
@@ -47,7 +48,6 @@ from fleet.ps.communicator import (
     GeoCommunicator,
     SyncCommunicator,
 )
-from fleet.base import coordination
 from fleet.strategy import DistributedStrategy
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,9 @@ class PSState:
     server: Any = None
     client: Any = None
     communicator: Communicator | None = None
-    tables: weakref.WeakValueDictionary[str, Any] = field(default_factory=weakref.WeakValueDictionary)
+    tables: weakref.WeakValueDictionary[str, Any] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
     created: set[str] = field(default_factory=set)
     pending_checkpoint: Any = None
     """Trainer 0: the last ``fleet.ps.checkpoint`` still being written and committed."""
@@ -89,10 +91,14 @@ def start_ps(env: WorkerEnv, strategy: DistributedStrategy) -> None:
 
 def _require(api: str, role: TrainingRole | None = None) -> PSState:
     if _state is None:
-        raise FleetError(f"fleet.{api} needs fleet.init(is_collective=False) first (parameter-server mode)")
+        raise FleetError(
+            f"fleet.{api} needs fleet.init(is_collective=False) first (parameter-server mode)"
+        )
     if role is not None and _state.env.training_role is not role:
-        raise FleetError(f"fleet.{api} is for the {role.value} role; this process is a "
-                         f"{_state.env.training_role.value} (check fleet.is_server() first)")
+        raise FleetError(
+            f"fleet.{api} is for the {role.value} role; this process is a "
+            f"{_state.env.training_role.value} (check fleet.is_server() first)"
+        )
     return _state
 
 
@@ -138,8 +144,12 @@ def init_server(dirname: str | None = None) -> None:
     st = _require("init_server()", TrainingRole.PSERVER)
     env = st.env
     host, _, port = env.current_endpoint.rpartition(":")
-    st.server = PSServer(host=host, port=int(port), server_index=env.server_index,
-                         num_servers=len(env.pserver_endpoints))
+    st.server = PSServer(
+        host=host,
+        port=int(port),
+        server_index=env.server_index,
+        num_servers=len(env.pserver_endpoints),
+    )
     if dirname:
         st.server.load_checkpoint(dirname)
     elif os.environ.get(RESTORE_LATEST_ENV):  # restarted alone by fleetrun (async/GEO recovery)
@@ -165,8 +175,10 @@ def register_table(module: Any) -> None:
     tables = st.tables if st is not None else _early_tables
     other = tables.get(module.table)
     if other is not None and other is not module:
-        raise ConfigError(f"two DistributedEmbedding modules use table {module.table!r}; give each its own name",
-                          key="table")
+        raise ConfigError(
+            f"two DistributedEmbedding modules use table {module.table!r}; give each its own name",
+            key="table",
+        )
     tables[module.table] = module
     if st is not None and st.client is not None:
         _create(st, module)
@@ -178,7 +190,9 @@ def _create(st: PSState, module: Any) -> None:
     st.client.create_table_from_config(module.table_config())
     st.created.add(module.table)
     assert st.communicator is not None
-    st.communicator.add_table(module.table, module.embedding_dim, float(getattr(module.optimizer, "lr", 0.01)))
+    st.communicator.add_table(
+        module.table, module.embedding_dim, float(getattr(module.optimizer, "lr", 0.01))
+    )
 
 
 def _barrier() -> None:
@@ -191,15 +205,23 @@ def _barrier() -> None:
     barrier()
 
 
-def make_communicator(strategy: DistributedStrategy, client: Any, num_trainers: int) -> Communicator:
+def make_communicator(
+    strategy: DistributedStrategy, client: Any, num_trainers: int
+) -> Communicator:
     """The communicator of the strategy's mode (see :mod:`fleet.ps.communicator`)."""
     cfg = strategy.a_sync_configs
     if not strategy.a_sync:
         return SyncCommunicator(client, num_trainers, _barrier)
     if cfg.k_steps > 0:
         return GeoCommunicator(client, num_trainers, _barrier, k_steps=cfg.k_steps)
-    return AsyncCommunicator(client, num_trainers, _barrier, queue_size=cfg.send_queue_size,
-                             max_merge=cfg.max_merge_var_num, barrier_interval=cfg.barrier_interval)
+    return AsyncCommunicator(
+        client,
+        num_trainers,
+        _barrier,
+        queue_size=cfg.send_queue_size,
+        max_merge=cfg.max_merge_var_num,
+        barrier_interval=cfg.barrier_interval,
+    )
 
 
 def init_worker() -> None:
@@ -217,8 +239,12 @@ def init_worker() -> None:
     register_shutdown("fleet.ps.communicator", st.communicator.close)  # closes before the client
     for module in list(st.tables.values()):
         _create(st, module)
-    logger.info("trainer %d connected to %d server(s), %s mode", st.env.rank,
-                len(st.env.pserver_endpoints), st.communicator.mode)
+    logger.info(
+        "trainer %d connected to %d server(s), %s mode",
+        st.env.rank,
+        len(st.env.pserver_endpoints),
+        st.communicator.mode,
+    )
 
 
 @contextlib.contextmanager
@@ -241,7 +267,9 @@ def get_communicator() -> Communicator:
         return source
     st = _require("DistributedEmbedding.forward()", TrainingRole.TRAINER)
     if st.communicator is None:
-        raise FleetError("call fleet.init_worker() before the first forward of a DistributedEmbedding")
+        raise FleetError(
+            "call fleet.init_worker() before the first forward of a DistributedEmbedding"
+        )
     return st.communicator
 
 

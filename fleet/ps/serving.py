@@ -82,8 +82,9 @@ def export_serving(
         return record.to_dict()
 
     again = coordination.replaying()  # a restarted trainer 0 exported this before its restart
-    return record_from_dict(_agree(st.env.rank, _outcome(export) if st.env.rank == 0 and not again
-                                   else None))
+    return record_from_dict(
+        _agree(st.env.rank, _outcome(export) if st.env.rank == 0 and not again else None)
+    )
 
 
 class _Lookups:
@@ -129,7 +130,9 @@ class ServingModel:
             self._tables, self.records = load_serving([source, *deltas])
         else:
             if deltas:
-                raise ConfigError("deltas are loaded by the serving servers (Load RPC)", key="deltas")
+                raise ConfigError(
+                    "deltas are loaded by the serving servers (Load RPC)", key="deltas"
+                )
             from ps_server import PSClient
             from ps_server.checkpoint.series import record_from_dict
 

@@ -23,9 +23,7 @@ _NOT_LANDED: dict[str, str] = {
     "tensor_parallel": "tensor parallelism",
 }
 # Hybrid axes not landed yet (all have: mp, pp and sharding degrees build fleet.base.topology groups).
-_HYBRID_AXES: dict[str, str] = {
-}
-
+_HYBRID_AXES: dict[str, str] = {}
 
 
 DEFAULT_SHARDING_CONFIG_DEGREE = ShardingConfig().sharding_degree
@@ -70,8 +68,11 @@ def check_composition(strategy: DistributedStrategy) -> None:
     # Lifted by #15 (each with a parity test, docs/strategy.md): stage 3 with tensor and with
     # pipeline parallelism, AMP O2 with stages 1/2/3, float16 loss scaling with stage 2 and with
     # stage 1 under pipeline parallelism, global-norm clipping with stages 1/2.
-    if strategy.gradient_merge and strategy.gradient_merge_configs.k_steps > 1 and \
-            hybrid.pp_degree > 1:
+    if (
+        strategy.gradient_merge
+        and strategy.gradient_merge_configs.k_steps > 1
+        and hybrid.pp_degree > 1
+    ):
         raise FleetNotImplementedError(
             "gradient_merge with pipeline parallelism (pp_degree > 1)",
             hint="the pipeline already accumulates micro-batches: set "
@@ -89,12 +90,14 @@ _ONE_EXCHANGE = "each replaces the gradient all-reduce with its own exchange; ke
 _MASTER = "the models would be averaged under the float32 master weights; use AMP O1"
 _NO_DDP = {
     "pipeline": "PipelineParallel reduces gradients itself, there is no DDP to hook",
-    "sharding_reduce": ("the sharded optimizer / FSDP2 reduce(-scatter) the gradients, not DDP; "
-                        "use sharding stage 1"),
+    "sharding_reduce": (
+        "the sharded optimizer / FSDP2 reduce(-scatter) the gradients, not DDP; "
+        "use sharding stage 1"
+    ),
 }
 _DP_ONLY = {
     "sharding": "local steps and DGC need every rank's whole optimizer state; use pure data "
-                "parallel",
+    "parallel",
     "tensor_parallel": "local SGD and DGC are built and tested for pure data parallel only so far",
 }
 
@@ -104,25 +107,55 @@ _REFUSED_PAIRS: list[tuple[str, str, bool, str]] = [
     ("localsgd", "adaptive_localsgd", True, "two model-averaging schedules; keep one"),
     ("dgc", "localsgd", True, _ONE_EXCHANGE),
     ("dgc", "adaptive_localsgd", True, _ONE_EXCHANGE),
-    ("fp16_allreduce", "dgc", True,
-     ("DGC sends float32 top-k values and indices, there is no dense all-reduce to cast "
-      "(Paddle refuses it too); keep one")),
-    ("dgc", "gradient_merge", True,
-     "DGC already accumulates the gradient it did not send (local accumulation); keep one"),
-    ("dgc", "lars", True,
-     "DGC's momentum correction needs a momentum SGD, LARS replaces it; keep one"),
-    ("dgc", "lamb", True,
-     "DGC's momentum correction needs a momentum SGD, LAMB replaces an Adam; keep one"),
+    (
+        "fp16_allreduce",
+        "dgc",
+        True,
+        (
+            "DGC sends float32 top-k values and indices, there is no dense all-reduce to cast "
+            "(Paddle refuses it too); keep one"
+        ),
+    ),
+    (
+        "dgc",
+        "gradient_merge",
+        True,
+        "DGC already accumulates the gradient it did not send (local accumulation); keep one",
+    ),
+    (
+        "dgc",
+        "lars",
+        True,
+        "DGC's momentum correction needs a momentum SGD, LARS replaces it; keep one",
+    ),
+    (
+        "dgc",
+        "lamb",
+        True,
+        "DGC's momentum correction needs a momentum SGD, LAMB replaces an Adam; keep one",
+    ),
     ("localsgd", "gradient_merge", False, "use one of them"),
     ("adaptive_localsgd", "gradient_merge", False, "use one of them"),
     ("localsgd", "amp_o2", False, _MASTER),
     ("adaptive_localsgd", "amp_o2", False, _MASTER),
-    ("dgc", "amp_o2", False,
-     "DGC compresses float32 gradients of float32 parameters (as Paddle); use AMP O1"),
-    ("asp", "amp_o2", False,
-     "the 2:4 masks would be re-applied under the float32 master weights; use AMP O1"),
-    ("asp", "sharding", False,
-     "the masks would be re-applied to this rank's partition only; use asp without sharding"),
+    (
+        "dgc",
+        "amp_o2",
+        False,
+        "DGC compresses float32 gradients of float32 parameters (as Paddle); use AMP O1",
+    ),
+    (
+        "asp",
+        "amp_o2",
+        False,
+        "the 2:4 masks would be re-applied under the float32 master weights; use AMP O1",
+    ),
+    (
+        "asp",
+        "sharding",
+        False,
+        "the masks would be re-applied to this rank's partition only; use asp without sharding",
+    ),
     *((key, other, False, why) for key in _COMM_KEYS for other, why in _NO_DDP.items()),
     *((key, other, False, why) for key in _COMM_KEYS[1:] for other, why in _DP_ONLY.items()),
 ]
@@ -157,7 +190,6 @@ def _check_communication(strategy: DistributedStrategy) -> None:
             if contradiction:
                 raise ConfigError(f"{what}: {why}", key=a)
             raise FleetNotImplementedError(what, hint=why)
-
 
 
 def require_strategy(strategy: Any) -> DistributedStrategy:

@@ -120,22 +120,43 @@ class AmpConfig(StrategySection):
 
     def __post_init__(self) -> None:
         p = self.SECTION
-        require(self.init_loss_scaling > 0, f"{p}.init_loss_scaling",
-                f"must be > 0, got {self.init_loss_scaling}")
-        require(self.incr_every_n_steps >= 1, f"{p}.incr_every_n_steps",
-                f"must be >= 1, got {self.incr_every_n_steps}")
-        require(self.decr_every_n_nan_or_inf >= 1, f"{p}.decr_every_n_nan_or_inf",
-                f"must be >= 1, got {self.decr_every_n_nan_or_inf}")
+        require(
+            self.init_loss_scaling > 0,
+            f"{p}.init_loss_scaling",
+            f"must be > 0, got {self.init_loss_scaling}",
+        )
+        require(
+            self.incr_every_n_steps >= 1,
+            f"{p}.incr_every_n_steps",
+            f"must be >= 1, got {self.incr_every_n_steps}",
+        )
+        require(
+            self.decr_every_n_nan_or_inf >= 1,
+            f"{p}.decr_every_n_nan_or_inf",
+            f"must be >= 1, got {self.decr_every_n_nan_or_inf}",
+        )
         require(self.incr_ratio > 1.0, f"{p}.incr_ratio", f"must be > 1, got {self.incr_ratio}")
-        require(0.0 < self.decr_ratio < 1.0, f"{p}.decr_ratio",
-                f"must be strictly between 0 and 1, got {self.decr_ratio}")
-        require(_is_str_list(self.custom_white_list), f"{p}.custom_white_list",
-                f"must be a list of op names, got {list(self.custom_white_list)}")
-        require(_is_str_list(self.custom_black_list), f"{p}.custom_black_list",
-                f"must be a list of op names, got {list(self.custom_black_list)}")
+        require(
+            0.0 < self.decr_ratio < 1.0,
+            f"{p}.decr_ratio",
+            f"must be strictly between 0 and 1, got {self.decr_ratio}",
+        )
+        require(
+            _is_str_list(self.custom_white_list),
+            f"{p}.custom_white_list",
+            f"must be a list of op names, got {list(self.custom_white_list)}",
+        )
+        require(
+            _is_str_list(self.custom_black_list),
+            f"{p}.custom_black_list",
+            f"must be a list of op names, got {list(self.custom_black_list)}",
+        )
         both = sorted(set(self.custom_white_list) & set(self.custom_black_list))
-        require(not both, f"{p}.custom_white_list",
-                f"ops {both} are in both custom_white_list and custom_black_list; keep each in one")
+        require(
+            not both,
+            f"{p}.custom_white_list",
+            f"ops {both} are in both custom_white_list and custom_black_list; keep each in one",
+        )
 
 
 @dataclass(frozen=True)
@@ -150,8 +171,11 @@ class RecomputeConfig(StrategySection):
     """Offload the kept checkpoints to host memory."""
 
     def __post_init__(self) -> None:
-        require(_is_str_list(self.checkpoints), f"{self.SECTION}.checkpoints",
-                f"must be a list of module names, got {list(self.checkpoints)}")
+        require(
+            _is_str_list(self.checkpoints),
+            f"{self.SECTION}.checkpoints",
+            f"must be a list of module names, got {list(self.checkpoints)}",
+        )
 
 
 @dataclass(frozen=True)
@@ -186,11 +210,17 @@ class ShardingConfig(StrategySection):
 
     def __post_init__(self) -> None:
         p = self.SECTION
-        require(self.sharding_degree >= 1, f"{p}.sharding_degree",
-                f"must be >= 1, got {self.sharding_degree}")
+        require(
+            self.sharding_degree >= 1,
+            f"{p}.sharding_degree",
+            f"must be >= 1, got {self.sharding_degree}",
+        )
         require(self.stage in (1, 2, 3), f"{p}.stage", f"must be 1, 2 or 3, got {self.stage}")
-        require(self.segment_broadcast_MB > 0, f"{p}.segment_broadcast_MB",
-                f"must be > 0, got {self.segment_broadcast_MB}")
+        require(
+            self.segment_broadcast_MB > 0,
+            f"{p}.segment_broadcast_MB",
+            f"must be > 0, got {self.segment_broadcast_MB}",
+        )
 
 
 @dataclass(frozen=True)
@@ -208,10 +238,16 @@ class PipelineConfig(StrategySection):
 
     def __post_init__(self) -> None:
         p = self.SECTION
-        require(self.micro_batch_size >= 1, f"{p}.micro_batch_size",
-                f"must be >= 1, got {self.micro_batch_size}")
-        require(self.accumulate_steps >= 1, f"{p}.accumulate_steps",
-                f"must be >= 1, got {self.accumulate_steps}")
+        require(
+            self.micro_batch_size >= 1,
+            f"{p}.micro_batch_size",
+            f"must be >= 1, got {self.micro_batch_size}",
+        )
+        require(
+            self.accumulate_steps >= 1,
+            f"{p}.accumulate_steps",
+            f"must be >= 1, got {self.accumulate_steps}",
+        )
 
 
 @dataclass(frozen=True)
@@ -227,10 +263,16 @@ class TensorParallelConfig(StrategySection):
 
     def __post_init__(self) -> None:
         p = self.SECTION
-        require(self.tensor_parallel_degree >= 1, f"{p}.tensor_parallel_degree",
-                f"must be >= 1, got {self.tensor_parallel_degree}")
-        require(self.tensor_init_seed >= -1, f"{p}.tensor_init_seed",
-                f"must be -1 or a seed >= 0, got {self.tensor_init_seed}")
+        require(
+            self.tensor_parallel_degree >= 1,
+            f"{p}.tensor_parallel_degree",
+            f"must be >= 1, got {self.tensor_parallel_degree}",
+        )
+        require(
+            self.tensor_init_seed >= -1,
+            f"{p}.tensor_init_seed",
+            f"must be -1 or a seed >= 0, got {self.tensor_init_seed}",
+        )
 
 
 @dataclass(frozen=True)
@@ -250,8 +292,11 @@ class HybridConfig(StrategySection):
 
     def __post_init__(self) -> None:
         p = self.SECTION
-        require(self.dp_degree == -1 or self.dp_degree >= 1, f"{p}.dp_degree",
-                f"must be -1 (derive from the world size) or >= 1, got {self.dp_degree}")
+        require(
+            self.dp_degree == -1 or self.dp_degree >= 1,
+            f"{p}.dp_degree",
+            f"must be -1 (derive from the world size) or >= 1, got {self.dp_degree}",
+        )
         for name in ("mp_degree", "pp_degree", "sharding_degree"):
             value = getattr(self, name)
             require(value >= 1, f"{p}.{name}", f"must be >= 1, got {value}")
@@ -296,10 +341,16 @@ class ASyncConfig(StrategySection):
 
     def __post_init__(self) -> None:
         p = self.SECTION
-        require(self.k_steps >= -1, f"{p}.k_steps",
-                f"must be -1 or 0 (async) or > 0 (GEO), got {self.k_steps}")
-        require(self.barrier_interval >= 0, f"{p}.barrier_interval",
-                f"must be >= 0, got {self.barrier_interval}")
+        require(
+            self.k_steps >= -1,
+            f"{p}.k_steps",
+            f"must be -1 or 0 (async) or > 0 (GEO), got {self.k_steps}",
+        )
+        require(
+            self.barrier_interval >= 0,
+            f"{p}.barrier_interval",
+            f"must be >= 0, got {self.barrier_interval}",
+        )
         for name in ("max_merge_var_num", "send_queue_size", "thread_pool_size"):
             value = getattr(self, name)
             require(value >= 1, f"{p}.{name}", f"must be >= 1, got {value}")
@@ -323,8 +374,11 @@ class LarsConfig(StrategySection):
     def __post_init__(self) -> None:
         p = self.SECTION
         require(self.lars_coeff > 0, f"{p}.lars_coeff", f"must be > 0, got {self.lars_coeff}")
-        require(self.lars_weight_decay >= 0, f"{p}.lars_weight_decay",
-                f"must be >= 0, got {self.lars_weight_decay}")
+        require(
+            self.lars_weight_decay >= 0,
+            f"{p}.lars_weight_decay",
+            f"must be >= 0, got {self.lars_weight_decay}",
+        )
         require(self.epsilon >= 0, f"{p}.epsilon", f"must be >= 0, got {self.epsilon}")
 
 
@@ -340,8 +394,11 @@ class LambConfig(StrategySection):
     """Parameter-name substrings exempt from weight decay."""
 
     def __post_init__(self) -> None:
-        require(self.lamb_weight_decay >= 0, f"{self.SECTION}.lamb_weight_decay",
-                f"must be >= 0, got {self.lamb_weight_decay}")
+        require(
+            self.lamb_weight_decay >= 0,
+            f"{self.SECTION}.lamb_weight_decay",
+            f"must be >= 0, got {self.lamb_weight_decay}",
+        )
 
 
 @dataclass(frozen=True)
@@ -374,10 +431,16 @@ class LocalSGDConfig(StrategySection):
 
     def __post_init__(self) -> None:
         p = self.SECTION
-        require(self.k_steps >= 1, f"{p}.k_steps",
-                f"must be >= 1 (steps between averagings), got {self.k_steps}")
-        require(self.begin_step >= 0, f"{p}.begin_step",
-                f"must be >= 0 (warm-up steps), got {self.begin_step}")
+        require(
+            self.k_steps >= 1,
+            f"{p}.k_steps",
+            f"must be >= 1 (steps between averagings), got {self.k_steps}",
+        )
+        require(
+            self.begin_step >= 0,
+            f"{p}.begin_step",
+            f"must be >= 0 (warm-up steps), got {self.begin_step}",
+        )
 
 
 ADAPTIVE_LOCALSGD_MAX_K_STEPS = 16
@@ -398,10 +461,16 @@ class AdaptiveLocalSGDConfig(StrategySection):
     def __post_init__(self) -> None:
         p = self.SECTION
         top = ADAPTIVE_LOCALSGD_MAX_K_STEPS
-        require(1 <= self.init_k_steps <= top, f"{p}.init_k_steps",
-                f"must be between 1 and {top}, got {self.init_k_steps}")
-        require(self.begin_step >= 0, f"{p}.begin_step",
-                f"must be >= 0 (warm-up steps), got {self.begin_step}")
+        require(
+            1 <= self.init_k_steps <= top,
+            f"{p}.init_k_steps",
+            f"must be between 1 and {top}, got {self.init_k_steps}",
+        )
+        require(
+            self.begin_step >= 0,
+            f"{p}.begin_step",
+            f"must be >= 0 (warm-up steps), got {self.begin_step}",
+        )
 
 
 @dataclass(frozen=True)
@@ -427,17 +496,26 @@ class DGCConfig(StrategySection):
 
     def __post_init__(self) -> None:
         p = self.SECTION
-        require(self.rampup_begin_step >= 0, f"{p}.rampup_begin_step",
-                f"must be >= 0, got {self.rampup_begin_step}")
-        require(self.rampup_step >= 1, f"{p}.rampup_step",
-                f"must be >= 1, got {self.rampup_step}")
-        require(len(self.sparsity) > 0, f"{p}.sparsity",
-                "must list at least one sparsity, e.g. [0.999]")
+        require(
+            self.rampup_begin_step >= 0,
+            f"{p}.rampup_begin_step",
+            f"must be >= 0, got {self.rampup_begin_step}",
+        )
+        require(self.rampup_step >= 1, f"{p}.rampup_step", f"must be >= 1, got {self.rampup_step}")
+        require(
+            len(self.sparsity) > 0, f"{p}.sparsity", "must list at least one sparsity, e.g. [0.999]"
+        )
         bad = [s for s in self.sparsity if not 0.0 <= s < 1.0]
-        require(not bad, f"{p}.sparsity",
-                f"every value must be in [0, 1) (the fraction not sent), got {bad}")
-        require(self.local_grad_clip_norm >= 0, f"{p}.local_grad_clip_norm",
-                f"must be >= 0 (0 = no clipping), got {self.local_grad_clip_norm}")
+        require(
+            not bad,
+            f"{p}.sparsity",
+            f"every value must be in [0, 1) (the fraction not sent), got {bad}",
+        )
+        require(
+            self.local_grad_clip_norm >= 0,
+            f"{p}.local_grad_clip_norm",
+            f"must be >= 0 (0 = no clipping), got {self.local_grad_clip_norm}",
+        )
 
 
 __all__ = [

@@ -126,7 +126,8 @@ class DistributedStrategy:
     """Local SGD whose averaging interval follows the training loss (Paddle's rule); the loss
     reaches the optimizer by ``opt.step(closure)`` or ``opt.set_loss(loss)``."""
     adaptive_localsgd_configs: AdaptiveLocalSGDConfig = field(
-        default_factory=AdaptiveLocalSGDConfig)
+        default_factory=AdaptiveLocalSGDConfig
+    )
     """Initial interval and warm-up of adaptive local SGD."""
     dgc: bool = False
     """Deep Gradient Compression: momentum-corrected top-k gradients exchanged sparsely (momentum
@@ -306,9 +307,7 @@ def _hints() -> dict[str, Any]:
     global _HINTS
     if _HINTS is None:
         names = {f.name for f in dataclasses.fields(DistributedStrategy)}
-        _HINTS = {
-            k: v for k, v in typing.get_type_hints(DistributedStrategy).items() if k in names
-        }
+        _HINTS = {k: v for k, v in typing.get_type_hints(DistributedStrategy).items() if k in names}
     return _HINTS
 
 

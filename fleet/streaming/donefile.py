@@ -49,8 +49,10 @@ def read_donefile(output_dir: str) -> list[DoneRecord]:
                 continue
             parts = line.rstrip("\n").split("\t")
             if len(parts) != 4 or parts[3] not in ("delta", "base"):
-                raise FleetError(f"{path}:{number}: expected 'day<TAB>pass<TAB>path<TAB>delta|base', "
-                                 f"got {line.rstrip()!r}")
+                raise FleetError(
+                    f"{path}:{number}: expected 'day<TAB>pass<TAB>path<TAB>delta|base', "
+                    f"got {line.rstrip()!r}"
+                )
             records.append(DoneRecord(*parts))
     return records
 
@@ -82,15 +84,23 @@ def reconcile_donefile(output_dir: str, count: int, last: list[str] | None) -> l
     records = read_donefile(output_dir)
     want = DoneRecord(*last) if last else None
     path = os.path.join(output_dir, DONEFILE)
-    if len(records) < count - 1 or (want is not None and len(records) >= count
-                                    and records[count - 1] != want):
-        raise FleetError(f"{path} does not match the job's checkpoint: it holds {len(records)} "
-                         f"record(s), the checkpoint {count} ending with {want}; was output_dir "
-                         "or the donefile changed? Use a new --ps_checkpoint_dir (or output_dir)")
+    if len(records) < count - 1 or (
+        want is not None and len(records) >= count and records[count - 1] != want
+    ):
+        raise FleetError(
+            f"{path} does not match the job's checkpoint: it holds {len(records)} "
+            f"record(s), the checkpoint {count} ending with {want}; was output_dir "
+            "or the donefile changed? Use a new --ps_checkpoint_dir (or output_dir)"
+        )
     if len(records) > count:
-        logger.warning("%s: dropping %d record(s) after the checkpoint's last (%s); their "
-                       "passes are trained again: %s", path, len(records) - count, want,
-                       [(r.day, r.pass_id, r.kind) for r in records[count:]])
+        logger.warning(
+            "%s: dropping %d record(s) after the checkpoint's last (%s); their "
+            "passes are trained again: %s",
+            path,
+            len(records) - count,
+            want,
+            [(r.day, r.pass_id, r.kind) for r in records[count:]],
+        )
         write_donefile(output_dir, records[:count])
     elif want is not None and len(records) == count - 1:
         append_donefile(output_dir, want)
@@ -98,5 +108,12 @@ def reconcile_donefile(output_dir: str, count: int, last: list[str] | None) -> l
     return records[:count]
 
 
-__all__ = ["BASE_PASS", "DONEFILE", "DoneRecord", "append_donefile", "read_donefile",
-           "reconcile_donefile", "write_donefile"]
+__all__ = [
+    "BASE_PASS",
+    "DONEFILE",
+    "DoneRecord",
+    "append_donefile",
+    "read_donefile",
+    "reconcile_donefile",
+    "write_donefile",
+]

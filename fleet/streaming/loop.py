@@ -70,7 +70,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -91,6 +91,7 @@ from fleet.streaming.donefile import (
 from fleet.train_loop import train_from_dataset
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class StreamingConfig:
@@ -131,8 +132,9 @@ class StreamingConfig:
         if not self.data_root or not self.output_dir:
             raise ConfigError("data_root and output_dir must be set", key="data_root/output_dir")
         if self.shrink_unseen_days is not None and self.shrink_unseen_days < 0:
-            raise ConfigError(f"must be None or >= 0, got {self.shrink_unseen_days!r}",
-                              key="shrink_unseen_days")
+            raise ConfigError(
+                f"must be None or >= 0, got {self.shrink_unseen_days!r}", key="shrink_unseen_days"
+            )
         if self.max_passes is not None and self.max_passes < 0:
             raise ConfigError(f"must be None or >= 0, got {self.max_passes!r}", key="max_passes")
         if self.checkpoint_keep < 0:
@@ -175,10 +177,14 @@ def list_passes(config: StreamingConfig) -> list[tuple[str, list[str]]]:
     """``[(day, [pass, ...]), ...]`` under ``data_root`` (folders, sorted by name)."""
     root = config.data_root
     if not os.path.isdir(root):
-        raise ConfigError(f"{root!r} is not a directory: write day/pass folders of slot files "
-                          "there (examples/ctr/gen_slot_files.py --days ... --passes ...)",
-                          key="data_root")
-    days = list(config.days) or sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        raise ConfigError(
+            f"{root!r} is not a directory: write day/pass folders of slot files "
+            "there (examples/ctr/gen_slot_files.py --days ... --passes ...)",
+            key="data_root",
+        )
+    days = list(config.days) or sorted(
+        d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))
+    )
     out = []
     for day in days:
         folder = os.path.join(root, day)
@@ -228,8 +234,10 @@ def load_model(dirname: str, mode: int = 0) -> dict[str, int]:
         info = read_checkpoint(dirname)
         want = "all" if mode == 0 else "delta"
         if info.mode != want:
-            raise FleetError(f"{dirname} holds a {info.mode!r} save; load it with mode="
-                             f"{0 if info.mode == 'all' else 1}")
+            raise FleetError(
+                f"{dirname} holds a {info.mode!r} save; load it with mode="
+                f"{0 if info.mode == 'all' else 1}"
+            )
         return ps_runtime.get_client().load(dirname)
 
     rows = _from_rank0(load)
@@ -237,19 +245,22 @@ def load_model(dirname: str, mode: int = 0) -> dict[str, int]:
     return rows
 
 
-def save_cache_model(dirname: str, mode: int = 0, *, min_show: int = 1,
-                     model: torch.nn.Module | None = None) -> Any:
+def save_cache_model(
+    dirname: str, mode: int = 0, *, min_show: int = 1, model: torch.nn.Module | None = None
+) -> Any:
     """Paddle's ``fleet.save_cache_model(dirname, mode=...)``: the rows shown at least
     ``min_show`` times as a read-only serving copy (:func:`fleet.ps.export_serving`; mode 0 all,
     1 only what changed since the previous one). Returns the export's record."""
     if mode not in (0, 1):
         raise ConfigError(f"got {mode!r}; allowed: 0 (all), 1 (delta)", key="mode")
-    return serving.export_serving(dirname, min_show=min_show, mode="all" if mode == 0 else "delta",
-                                  model=model)
+    return serving.export_serving(
+        dirname, min_show=min_show, mode="all" if mode == 0 else "delta", model=model
+    )
 
 
-def _lookahead(dataset: Iterable[Mapping[str, Any]],
-               prefetch: Callable[[Mapping[str, Any]], None]) -> Iterable[Mapping[str, Any]]:
+def _lookahead(
+    dataset: Iterable[Mapping[str, Any]], prefetch: Callable[[Mapping[str, Any]], None]
+) -> Iterable[Mapping[str, Any]]:
     """``dataset``'s batches, each yielded after ``prefetch`` saw the one after it."""
     it = iter(dataset)
     current = next(it, None)
@@ -287,13 +298,16 @@ class StreamingTrainer:
         self.prefetch = prefetch
         self.out = out if out is not None else (sys.stderr if _is_rank0() else None)
         self.checkpoint_dir = config.checkpoint_dir
-        self.auto = ps_runtime._require("train_days()").auto_checkpoint  # None: no --ps_checkpoint_dir
+        self.auto = ps_runtime._require(
+            "train_days()"
+        ).auto_checkpoint  # None: no --ps_checkpoint_dir
         if self.auto is not None and config.checkpoint_dir:
             raise ConfigError(
                 f"checkpoint_dir={config.checkpoint_dir!r} and fleetrun's --ps_checkpoint_dir "
                 f"({self.auto.cfg.dir}) would both restore the servers: under fleetrun leave "
                 "checkpoint_dir empty (the loop cuts the job's checkpoints at its pass boundaries)",
-                key="checkpoint_dir")
+                key="checkpoint_dir",
+            )
         self.cut_step = -1  # step of the last automatic checkpoint (cuts get increasing steps)
         self._publisher: threading.Thread | None = None  # trainer 0: record after its cut commits
         self._publish_error: BaseException | None = None
@@ -304,13 +318,18 @@ class StreamingTrainer:
     def run(self) -> list[PassResult]:
         """Train every pass not yet in the donefile; returns this run's passes."""
         cfg = self.config
-        plan = _Plan(list_passes(cfg), _from_rank0(lambda: [r.__dict__ for r in read_donefile(cfg.output_dir)]))
+        plan = _Plan(
+            list_passes(cfg),
+            _from_rank0(lambda: [r.__dict__ for r in read_donefile(cfg.output_dir)]),
+        )
         plan.records = [DoneRecord(**r) for r in plan.records]  # type: ignore[arg-type]
         resumed = self._resume_cut(plan)
         if plan.records and not cfg.resume and not resumed:
-            raise ConfigError(f"{cfg.output_dir} already has a donefile with {len(plan.records)} "
-                              "record(s): pass resume=True to continue, or a new output_dir",
-                              key="resume")
+            raise ConfigError(
+                f"{cfg.output_dir} already has a donefile with {len(plan.records)} "
+                "record(s): pass resume=True to continue, or a new output_dir",
+                key="resume",
+            )
         if plan.records and not resumed:
             self._restore(plan.records)
         if self.auto is not None and not resumed:
@@ -319,7 +338,7 @@ class StreamingTrainer:
         if self.resumed_at is not None:  # a cut after a pass with no save (save_delta=False)
             order = [(d, p) for d, passes in plan.days for p in passes]
             if self.resumed_at in order:
-                done.update(order[:order.index(self.resumed_at) + 1])
+                done.update(order[: order.index(self.resumed_at) + 1])
         results: list[PassResult] = []
         for day, passes in plan.days:
             for pass_id in passes:
@@ -342,23 +361,38 @@ class StreamingTrainer:
         t0 = time.perf_counter()
         files = sorted(glob.glob(os.path.join(cfg.data_root, day, pass_id, cfg.file_pattern)))
         if not files:
-            raise ConfigError(f"pass folder {os.path.join(cfg.data_root, day, pass_id)!r} has no "
-                              f"files matching {cfg.file_pattern!r}", key="file_pattern")
+            raise ConfigError(
+                f"pass folder {os.path.join(cfg.data_root, day, pass_id)!r} has no "
+                f"files matching {cfg.file_pattern!r}",
+                key="file_pattern",
+            )
         from fleet.util import get_file_shard
 
         mine = get_file_shard(files)
         dataset: Iterable[Mapping[str, Any]] = self.make_dataset(mine) if mine else []
         pv_auc = self.evaluate(dataset) if cfg.progressive_validation else math.nan
         batches = dataset if self.prefetch is None else _lookahead(dataset, self.prefetch)
-        stats = train_from_dataset(self.model, self.optimizer, batches, self.loss_fn,
-                                   label=cfg.label, print_period=cfg.print_period, out=self.out)
+        stats = train_from_dataset(
+            self.model,
+            self.optimizer,
+            batches,
+            self.loss_fn,
+            label=cfg.label,
+            print_period=cfg.print_period,
+            out=self.out,
+        )
         release = getattr(dataset, "release_memory", None)
         if release is not None:
             release()
         examples = int(metrics.sum(stats.examples))
         train_s = float(metrics.max(stats.seconds))
-        self.last_pass = {"day": day, "pass": pass_id, "examples": examples,
-                          "progressive_auc": pv_auc, "train_auc": stats.auc}
+        self.last_pass = {
+            "day": day,
+            "pass": pass_id,
+            "examples": examples,
+            "progressive_auc": pv_auc,
+            "train_auc": stats.auc,
+        }
         path = ""
         if cfg.save_delta:
             path = os.path.join(cfg.output_dir, day, f"delta-{pass_id}")
@@ -366,14 +400,24 @@ class StreamingTrainer:
             self._record(DoneRecord(day, pass_id, path, "delta"), records)
         elif self.auto is not None:
             self._cut(records, "pass", day, pass_id)
-        result = PassResult(day, pass_id, examples, pv_auc, stats.auc, train_s,
-                            float(metrics.max(time.perf_counter() - t0)), path)
+        result = PassResult(
+            day,
+            pass_id,
+            examples,
+            pv_auc,
+            stats.auc,
+            train_s,
+            float(metrics.max(time.perf_counter() - t0)),
+            path,
+        )
         if self.out is not None:
             self.out.write(
                 f"[online] day {day} pass {pass_id}: progressive auc {result.progressive_auc:.5f} "
                 f"(before training), train auc {result.train_auc:.5f}, {examples} examples, "
                 f"{result.examples_per_second:.0f} ex/s, pass {result.pass_seconds:.1f} s"
-                + (f", delta {path}" if path else "") + "\n")
+                + (f", delta {path}" if path else "")
+                + "\n"
+            )
             self.out.flush()
         return result
 
@@ -387,8 +431,9 @@ class StreamingTrainer:
         ps_runtime.save_persistables(path, mode=0)
         self._record(DoneRecord(day, BASE_PASS, path, "base"), records)
         if self.out is not None:
-            self.out.write(f"[online] day {day} done: end_day, shrink removed {removed} rows, "
-                           f"base {path}\n")
+            self.out.write(
+                f"[online] day {day} done: end_day, shrink removed {removed} rows, base {path}\n"
+            )
             self.out.flush()
 
     def evaluate(self, dataset: Iterable[Mapping[str, Any]]) -> float:
@@ -401,8 +446,9 @@ class StreamingTrainer:
             with torch.no_grad():
                 for batch in dataset:
                     if label not in batch:
-                        raise ConfigError(f"the batch has no slot {label!r} (slots: {sorted(batch)})",
-                                          key="label")
+                        raise ConfigError(
+                            f"the batch has no slot {label!r} (slots: {sorted(batch)})", key="label"
+                        )
                     output = self.model({k: v for k, v in batch.items() if k != label})
                     state.update(torch.sigmoid(output).reshape(-1), batch[label].reshape(-1))
         finally:
@@ -419,20 +465,35 @@ class StreamingTrainer:
         naming it follows when ``checkpoint_dir`` is set."""
         records.append(record)
         if self.auto is not None:  # trainer 0 appends the record once the cut is committed
-            self._cut(records, "day" if record.pass_id == BASE_PASS else "pass", record.day,
-                      record.pass_id, publish=record)
+            self._cut(
+                records,
+                "day" if record.pass_id == BASE_PASS else "pass",
+                record.day,
+                record.pass_id,
+                publish=record,
+            )
         elif _is_rank0():
             append_donefile(self.config.output_dir, record)
         ps_runtime._barrier()
         if self.checkpoint_dir:
             from fleet.ps.recovery import checkpoint
 
-            checkpoint(self.checkpoint_dir, len(records), keep=self.config.checkpoint_keep,
-                       trainer_state={"records": len(records), "day": record.day,
-                                      "pass": record.pass_id}, wait=True)
+            checkpoint(
+                self.checkpoint_dir,
+                len(records),
+                keep=self.config.checkpoint_keep,
+                trainer_state={"records": len(records), "day": record.day, "pass": record.pass_id},
+                wait=True,
+            )
 
-    def _cut(self, records: list[DoneRecord], phase: str, day: str = "", pass_id: str = "",
-             publish: DoneRecord | None = None) -> None:
+    def _cut(
+        self,
+        records: list[DoneRecord],
+        phase: str,
+        day: str = "",
+        pass_id: str = "",
+        publish: DoneRecord | None = None,
+    ) -> None:
         """One automatic checkpoint of the job at this boundary (every trainer); trainer 0
         appends ``publish`` (the save it follows, None for none) to the donefile once it is
         committed. Raises FleetError when it fails: the caller's trainer exits and fleetrun
@@ -443,21 +504,36 @@ class StreamingTrainer:
         # alone replaying this round gets the same one)
         step = _from_rank0(lambda: max(tracker().step, self.cut_step + 1))
         last = records[-1] if records else None
-        state = {"data": tracker().position().to_dict(),
-                 "stream": {"records": len(records), "record": list(last.__dict__.values()) if last else None,
-                            "phase": phase, "day": day, "pass": pass_id, "last_pass": self.last_pass}}
+        state = {
+            "data": tracker().position().to_dict(),
+            "stream": {
+                "records": len(records),
+                "record": list(last.__dict__.values()) if last else None,
+                "phase": phase,
+                "day": day,
+                "pass": pass_id,
+                "last_pass": self.last_pass,
+            },
+        }
         try:  # training waits for the snapshot only; the files are written in the background
-            pending = recovery.checkpoint(self.auto.cfg.dir, step, trainer_state=state,
-                                          keep=self.auto.cfg.keep)
+            pending = recovery.checkpoint(
+                self.auto.cfg.dir, step, trainer_state=state, keep=self.auto.cfg.keep
+            )
         except FleetError as err:
             self.auto.record_cut(None)
-            raise FleetError(f"train_days: the automatic checkpoint after {phase} {day} {pass_id} "
-                             f"failed ({err}); fleetrun recovers the job from the previous one") from err
+            raise FleetError(
+                f"train_days: the automatic checkpoint after {phase} {day} {pass_id} "
+                f"failed ({err}); fleetrun recovers the job from the previous one"
+            ) from err
         self.cut_step = step
         self.auto.record_cut(step)
         if pending is not None:  # trainer 0: publish the record once the cut is committed
-            self._publisher = threading.Thread(target=self._publish, args=(pending, publish),
-                                               name="fleet-streaming-donefile", daemon=True)
+            self._publisher = threading.Thread(
+                target=self._publish,
+                args=(pending, publish),
+                name="fleet-streaming-donefile",
+                daemon=True,
+            )
             self._publisher.start()
 
     def _publish(self, pending: Any, record: DoneRecord | None) -> None:
@@ -478,9 +554,11 @@ class StreamingTrainer:
         if err is not None:
             if self.auto is not None:
                 self.auto.record_cut(None)
-            raise FleetError(f"train_days: an automatic checkpoint was not committed ({err}); its "
-                             "donefile record is not written and fleetrun recovers the job from "
-                             "the previous one") from err
+            raise FleetError(
+                f"train_days: an automatic checkpoint was not committed ({err}); its "
+                "donefile record is not written and fleetrun recovers the job from "
+                "the previous one"
+            ) from err
 
     def _resume_cut(self, plan: _Plan) -> bool:
         """Under fleetrun's automatic checkpoints: True when the servers were restored from a
@@ -505,22 +583,28 @@ class StreamingTrainer:
         stream = state.get("stream") if isinstance(state, dict) else None
         name = auto.resumed.get("checkpoint")
         if not isinstance(stream, dict):
-            raise FleetError(f"checkpoint {name} of {auto.cfg.dir} was not taken by train_days "
-                             "(its trainer state has no 'stream'): give this stream its own "
-                             "--ps_checkpoint_dir")
+            raise FleetError(
+                f"checkpoint {name} of {auto.cfg.dir} was not taken by train_days "
+                "(its trainer state has no 'stream'): give this stream its own "
+                "--ps_checkpoint_dir"
+            )
         self.cut_step = int(auto.resumed.get("step", 0))
         self.last_pass = dict(stream.get("last_pass") or {})
         if stream.get("phase") == "pass":
             self.resumed_at = (str(stream.get("day")), str(stream.get("pass")))
         count, last = int(stream["records"]), stream.get("record")
         output_dir = self.config.output_dir
-        kept = _from_rank0(lambda: [r.__dict__ for r in reconcile_donefile(output_dir, count, last)])
+        kept = _from_rank0(
+            lambda: [r.__dict__ for r in reconcile_donefile(output_dir, count, last)]
+        )
         plan.records = [DoneRecord(**r) for r in kept]
         if self.out is not None:
             at = self.resumed_at or ((last[0], last[1]) if last else None)
             where = f"after day {at[0]} pass {at[1]}" if at else "at the start"
-            self.out.write(f"[online] resumed {where} from the job's checkpoint {name} "
-                           f"({count} record(s), phase {stream.get('phase')})\n")
+            self.out.write(
+                f"[online] resumed {where} from the job's checkpoint {name} "
+                f"({count} record(s), phase {stream.get('phase')})\n"
+            )
             self.out.flush()
         return True
 
@@ -545,8 +629,10 @@ class StreamingTrainer:
             load_model(r.path, mode=1)
         last = records[-1]
         if self.out is not None:
-            self.out.write(f"[online] resumed after day {last.day} pass {last.pass_id}: from "
-                           f"{source}, {len(records) - start} delta(s) replayed\n")
+            self.out.write(
+                f"[online] resumed after day {last.day} pass {last.pass_id}: from "
+                f"{source}, {len(records) - start} delta(s) replayed\n"
+            )
             self.out.flush()
 
 
@@ -564,8 +650,9 @@ def train_days(
     if config is None:
         config = StreamingConfig(**options)
     elif options:
-        raise ConfigError(f"give either config or its fields, not both (got {sorted(options)})",
-                          key="config")
+        raise ConfigError(
+            f"give either config or its fields, not both (got {sorted(options)})", key="config"
+        )
     return StreamingTrainer(model, optimizer, loss_fn, make_dataset, config).run()
 
 

@@ -13,7 +13,13 @@ import logging
 from launcher.dashboard.config import DEFAULT_PORT, DashboardConfig
 from launcher.dashboard.server import Dashboard
 
-__all__ = ["DEFAULT_PORT", "Dashboard", "DashboardConfig", "start_dashboard", "start_dashboard_thread"]
+__all__ = [
+    "DEFAULT_PORT",
+    "Dashboard",
+    "DashboardConfig",
+    "start_dashboard",
+    "start_dashboard_thread",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -40,14 +40,23 @@ class DashboardConfig:
 
     def __post_init__(self) -> None:
         if self.port is not None and not 0 <= self.port <= 65535:
-            raise ConfigError(f"port {self.port} is not a TCP port; give 0..65535 (0 = any free)",
-                              key="dashboard.port")
+            raise ConfigError(
+                f"port {self.port} is not a TCP port; give 0..65535 (0 = any free)",
+                key="dashboard.port",
+            )
         for name in ("poll_interval_s", "scrape_timeout_s", "rate_window_s"):
             value = getattr(self, name)
             if not value > 0:
-                raise ConfigError(f"{name} must be > 0 seconds, got {value}", key=f"dashboard.{name}")
-        for name in ("max_points", "max_points_out", "max_points_per_chart", "history_scrapes",
-                     "max_log_bytes"):
+                raise ConfigError(
+                    f"{name} must be > 0 seconds, got {value}", key=f"dashboard.{name}"
+                )
+        for name in (
+            "max_points",
+            "max_points_out",
+            "max_points_per_chart",
+            "history_scrapes",
+            "max_log_bytes",
+        ):
             value = getattr(self, name)
             if value < 2:
                 raise ConfigError(f"{name} must be >= 2, got {value}", key=f"dashboard.{name}")

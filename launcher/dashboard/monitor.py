@@ -74,8 +74,13 @@ def targets_from(job: dict[str, Any] | None, sd: Any) -> list[Target]:
     out: dict[tuple[str, int], Target] = {}
     for p in (job or {}).get("processes") or []:
         if isinstance(p, dict):
-            t = Target(str(p.get("role", "?")), _as_int(p.get("rank")), str(p.get("host", "")),
-                       p.get("metrics") or None, p)
+            t = Target(
+                str(p.get("role", "?")),
+                _as_int(p.get("rank")),
+                str(p.get("host", "")),
+                p.get("metrics") or None,
+                p,
+            )
             out[(t.role, t.rank)] = t
     for group in sd if isinstance(sd, list) else []:
         labels = group.get("labels", {}) if isinstance(group, dict) else {}
@@ -147,6 +152,7 @@ def rate(a: float | None, b: float | None, dt: float) -> float | None:
 
 def breakdown(older: TrainerStats | None, latest: TrainerStats) -> dict[str, float] | None:
     """Mean seconds per step: total, each comm op, and compute (the rest), over the window."""
+
     def per_step(o: TrainerStats | None) -> tuple[float, float, dict[str, float]] | None:
         if latest.step_count is None or latest.step_sum is None:
             return None
@@ -218,7 +224,9 @@ class Monitor:
             # between here and the end of the scrape must not pair a new attempt with old pids)
             targets = self.targets = targets_from(job, sd)
         finished = bool(job) and job.get("state") in TERMINAL_STATES
-        wanted = [t for t in targets if t.address and t.info.get("state", "up") == "up" and not finished]
+        wanted = [
+            t for t in targets if t.address and t.info.get("state", "up") == "up" and not finished
+        ]
         launcher_addr = None if finished else (job or {}).get("launcher_metrics")
         jobs = [(t.key, t.address) for t in wanted]
         if launcher_addr:
@@ -267,8 +275,12 @@ class Monitor:
                 if pair:
                     (t0, a), (t1, b) = pair
                     old = a.tables.get(table)
-                    self._append("ps_qps", f"{table} @ {key}", now,
-                                 rate(old.requests if old else 0.0, ts.requests, t1 - t0))
+                    self._append(
+                        "ps_qps",
+                        f"{table} @ {key}",
+                        now,
+                        rate(old.requests if old else 0.0, ts.requests, t1 - t0),
+                    )
 
     def run(self) -> None:
         """Poll every ``poll_interval_s`` until :meth:`stop` (the caller took the first poll;
@@ -293,26 +305,32 @@ class Monitor:
         """Everything the page shows, as plain JSON-able data."""
         with self._lock:
             job = dict(self.job) if self.job else None
-            out = clean({
-                "log_dir": self.log_dir,
-                "now": time.time(),
-                "polls": self.polls,
-                "last_poll": self.last_poll,
-                "job": {k: v for k, v in job.items() if k != "processes"} if job else None,
-                "job_error": self.job_error,
-                "failure_summary": (job or {}).get("failure_summary"),
-                "processes": [self._process_view(t, job) for t in self.targets],
-                "launcher": self._launcher_view(),
-                "breakdown": self._breakdown_view(),
-                "tables": self._tables_view(),
-                "scrape_errors": dict(self.scrape_errors),
-            })
+            out = clean(
+                {
+                    "log_dir": self.log_dir,
+                    "now": time.time(),
+                    "polls": self.polls,
+                    "last_poll": self.last_poll,
+                    "job": {k: v for k, v in job.items() if k != "processes"} if job else None,
+                    "job_error": self.job_error,
+                    "failure_summary": (job or {}).get("failure_summary"),
+                    "processes": [self._process_view(t, job) for t in self.targets],
+                    "launcher": self._launcher_view(),
+                    "breakdown": self._breakdown_view(),
+                    "tables": self._tables_view(),
+                    "scrape_errors": dict(self.scrape_errors),
+                }
+            )
             # points are finite by construction (_append): no clean() walk over the bulk
             cfg = self.config
             out["series"] = {}
             for chart, lines in self.series.items():
-                limit = max(2, min(cfg.max_points_out, cfg.max_points_per_chart // max(1, len(lines))))
-                out["series"][chart] = {label: thin(pts, limit) for label, pts in sorted(lines.items())}
+                limit = max(
+                    2, min(cfg.max_points_out, cfg.max_points_per_chart // max(1, len(lines)))
+                )
+                out["series"][chart] = {
+                    label: thin(pts, limit) for label, pts in sorted(lines.items())
+                }
             return out
 
     def _process_view(self, t: Target, job: dict[str, Any] | None) -> dict[str, Any]:
@@ -320,9 +338,15 @@ class Monitor:
         latest = hist.items[-1][1] if hist and hist.items else None
         info = t.info
         view = {
-            "key": t.key, "role": t.role, "rank": t.rank, "host": t.host, "metrics": t.address,
-            "pid": info.get("pid"), "state": info.get("state", "unknown"),
-            "exit_code": info.get("exit_code"), "signal": info.get("signal"),
+            "key": t.key,
+            "role": t.role,
+            "rank": t.rank,
+            "host": t.host,
+            "metrics": t.address,
+            "pid": info.get("pid"),
+            "state": info.get("state", "unknown"),
+            "exit_code": info.get("exit_code"),
+            "signal": info.get("signal"),
             "restarts": (job or {}).get("restarts"),
             "log_url": f"/logs/{t.role}/{t.rank}" if info.get("log") else None,
             "log": info.get("log"),
@@ -337,8 +361,12 @@ class Monitor:
         s = self.launcher
         if s is None:
             return None
-        return {"state": s.state, "processes_up": s.processes_up, "restarts": s.restarts,
-                "failures": s.failures}
+        return {
+            "state": s.state,
+            "processes_up": s.processes_up,
+            "restarts": s.restarts,
+            "failures": s.failures,
+        }
 
     def _breakdown_view(self) -> list[dict[str, Any]]:
         out = []
@@ -359,9 +387,19 @@ class Monitor:
             latest: ServerStats = hist.items[-1][1]
             pair = hist.pair(self.config.rate_window_s)
             for table, ts in latest.tables.items():
-                row = agg.setdefault(table, {"table": table, "servers": 0, "rows": 0.0, "bytes": 0.0,
-                                             "qps": 0.0, "requests": 0.0, "errors": 0.0,
-                                             **{r: 0.0 for r in ENTRY_RESULTS}})
+                row = agg.setdefault(
+                    table,
+                    {
+                        "table": table,
+                        "servers": 0,
+                        "rows": 0.0,
+                        "bytes": 0.0,
+                        "qps": 0.0,
+                        "requests": 0.0,
+                        "errors": 0.0,
+                        **{r: 0.0 for r in ENTRY_RESULTS},
+                    },
+                )
                 row["servers"] += 1
                 row["rows"] += ts.rows or 0.0
                 row["bytes"] += ts.bytes or 0.0
@@ -373,5 +411,7 @@ class Monitor:
                     (t0, a), (t1, _) = pair
                     old = a.tables.get(table)
                     row["qps"] += rate(old.requests if old else 0.0, ts.requests, t1 - t0) or 0.0
-        return [{k: _round(v) if isinstance(v, float) else v for k, v in row.items()}
-                for _, row in sorted(agg.items())]
+        return [
+            {k: _round(v) if isinstance(v, float) else v for k, v in row.items()}
+            for _, row in sorted(agg.items())
+        ]

@@ -56,7 +56,9 @@ def fetch_metrics(address: str, timeout_s: float) -> str:
 
 def _one(samples: Samples, name: str, **labels: str) -> float | None:
     """Sum of the samples of ``name`` whose labels include ``labels`` (None when none)."""
-    rows = [v for lab, v in samples.get(name, ()) if all(lab.get(k) == x for k, x in labels.items())]
+    rows = [
+        v for lab, v in samples.get(name, ()) if all(lab.get(k) == x for k, x in labels.items())
+    ]
     return sum(rows) if rows else None
 
 
@@ -135,7 +137,9 @@ def trainer_stats(s: Samples) -> TrainerStats:
 
 def server_stats(s: Samples) -> ServerStats:
     """Summarise a PS server's page (per table)."""
-    tables: dict[str, dict] = defaultdict(lambda: {"requests": 0.0, "errors": 0.0, "keys": {}, "entry": {}})
+    tables: dict[str, dict] = defaultdict(
+        lambda: {"requests": 0.0, "errors": 0.0, "keys": {}, "entry": {}}
+    )
     untabled = 0.0
     for lab, v in s.get("fleet_ps_requests_total", ()):
         table = lab.get("table", "")
@@ -154,16 +158,22 @@ def server_stats(s: Samples) -> ServerStats:
         for lab, v in s.get(name, ()):
             tables[lab.get("table", "")][key] = v
     tables.pop("", None)
-    return ServerStats({t: TableStats(**d) for t, d in sorted(tables.items())},
-                       untabled + sum(d["requests"] for d in tables.values()))
+    return ServerStats(
+        {t: TableStats(**d) for t, d in sorted(tables.items())},
+        untabled + sum(d["requests"] for d in tables.values()),
+    )
 
 
 def launcher_stats(s: Samples) -> LauncherStats:
     """Summarise the launcher's page."""
-    state = next((lab.get("state") for lab, v in s.get("fleet_launcher_job_state", ()) if v >= 1), None)
+    state = next(
+        (lab.get("state") for lab, v in s.get("fleet_launcher_job_state", ()) if v >= 1), None
+    )
     return LauncherStats(
         state=state,
-        processes_up={lab.get("role", ""): v for lab, v in s.get("fleet_launcher_processes_up", ())},
+        processes_up={
+            lab.get("role", ""): v for lab, v in s.get("fleet_launcher_processes_up", ())
+        },
         restarts=_one(s, "fleet_launcher_restarts_total"),
         failures={lab.get("cause", ""): v for lab, v in s.get("fleet_launcher_failures_total", ())},
     )

@@ -41,7 +41,10 @@ def read_tail(path: str, max_bytes: int) -> bytes:
         f.seek(max(0, size - max_bytes))
         data = f.read()
     if size > max_bytes:
-        data = f"[fleetrun dashboard: showing the last {max_bytes} of {size} bytes of {path}]\n".encode() + data
+        data = (
+            f"[fleetrun dashboard: showing the last {max_bytes} of {size} bytes of {path}]\n".encode()
+            + data
+        )
     return data
 
 
@@ -65,8 +68,9 @@ def make_handler(monitor: Monitor) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(body)
 
         def _json(self, status: int, data: Any) -> None:
-            self._send(status, json.dumps(data, allow_nan=False, default=str).encode(),
-                       "application/json")
+            self._send(
+                status, json.dumps(data, allow_nan=False, default=str).encode(), "application/json"
+            )
 
         def _text(self, status: int, text: str) -> None:
             self._send(status, text.encode(), "text/plain; charset=utf-8")
@@ -81,9 +85,16 @@ def make_handler(monitor: Monitor) -> type[BaseHTTPRequestHandler]:
             elif path == "/api/state":
                 self._json(HTTPStatus.OK, monitor.snapshot())
             elif path == "/healthz":
-                self._json(HTTPStatus.OK, {"status": "ok", "log_dir": monitor.log_dir,
-                                           "polls": monitor.polls, "last_poll": monitor.last_poll,
-                                           "job_state_found": monitor.job is not None})
+                self._json(
+                    HTTPStatus.OK,
+                    {
+                        "status": "ok",
+                        "log_dir": monitor.log_dir,
+                        "polls": monitor.polls,
+                        "last_poll": monitor.last_poll,
+                        "job_state_found": monitor.job is not None,
+                    },
+                )
             elif path.startswith("/logs/"):
                 self._log(path)
             else:
@@ -95,11 +106,15 @@ def make_handler(monitor: Monitor) -> type[BaseHTTPRequestHandler]:
                 self._text(HTTPStatus.NOT_FOUND, "log links are /logs/<role>/<rank>\n")
                 return
             role, rank = parts[0], int(parts[1])
-            listed = [t.info.get("log") for t in monitor.targets if t.role == role and t.rank == rank]
+            listed = [
+                t.info.get("log") for t in monitor.targets if t.role == role and t.rank == rank
+            ]
             log = next((p for p in listed if isinstance(p, str) and p), None)
             if log is None:
-                self._text(HTTPStatus.NOT_FOUND,
-                           f"job_state.json lists no log for {role} {rank} in {monitor.log_dir}\n")
+                self._text(
+                    HTTPStatus.NOT_FOUND,
+                    f"job_state.json lists no log for {role} {rank} in {monitor.log_dir}\n",
+                )
                 return
             try:
                 data = read_tail(log, monitor.config.max_log_bytes)
@@ -125,7 +140,8 @@ def bind(config: DashboardConfig, handler: type[BaseHTTPRequestHandler]) -> Thre
                 continue
             raise LaunchError(
                 f"the dashboard cannot listen on {config.host}:{port} ({err.strerror}); "
-                "pass another --port, or --port 0 for any free one") from None
+                "pass another --port, or --port 0 for any free one"
+            ) from None
     raise AssertionError("unreachable")
 
 
@@ -143,8 +159,10 @@ class Dashboard:
     def start(self) -> Dashboard:
         """Start polling and serving in daemon threads; returns self."""
         self.monitor.poll_once()  # the first page load already has the job state
-        for name, target in (("dashboard-poll", self.monitor.run),
-                             ("dashboard-http", self.server.serve_forever)):
+        for name, target in (
+            ("dashboard-poll", self.monitor.run),
+            ("dashboard-http", self.server.serve_forever),
+        ):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)

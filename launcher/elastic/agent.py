@@ -61,9 +61,18 @@ class JobEndedWhileWaiting(Exception):
 class ElasticAgent:
     """Runs this node's share of an elastic job to the end; :meth:`run` returns the exit code."""
 
-    def __init__(self, spec: JobSpec, handler: Any, *, run_id: str, node_ip: str, where: str,
-                 hosts_store: bool, strategy_file: str | None,
-                 console: ConsoleWriter | None = None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        handler: Any,
+        *,
+        run_id: str,
+        node_ip: str,
+        where: str,
+        hosts_store: bool,
+        strategy_file: str | None,
+        console: ConsoleWriter | None = None,
+    ) -> None:
         self.spec, self.handler, self.run_id = spec, handler, run_id
         self.node_ip, self.where, self.hosts_store = node_ip, where, hosts_store
         self.strategy_file = strategy_file
@@ -102,18 +111,21 @@ class ElasticAgent:
             raise RendezvousError(
                 f"the rendezvous {self.run_id!r} at {self.where} is closed: another agent of this "
                 "job failed for good (see its summary) or the job already finished. A new job "
-                "needs a new --rdzv_id") from None
+                "needs a new --rdzv_id"
+            ) from None
         except RendezvousTimeoutError:
             raise RendezvousError(
                 f"no round of {e.min_nodes}..{e.max_nodes} node(s) formed at {self.where} within "
                 f"{timeout_s:g} s (--rdzv_timeout): fewer than MIN={e.min_nodes} agents joined "
                 f"rendezvous {self.run_id!r}. Start more agents with the same --rdzv_id, or lower "
-                "MIN in --nnodes MIN:MAX") from None
+                "MIN in --nnodes MIN:MAX"
+            ) from None
         except RendezvousConnectionError as err:
             raise RendezvousError(self._lost_store_text(err)) from None
         except TorchRendezvousError as err:
-            raise RendezvousError(f"rendezvous {self.run_id!r} at {self.where} failed: "
-                                  f"{type(err).__name__}: {err}") from None
+            raise RendezvousError(
+                f"rendezvous {self.run_id!r} at {self.where} failed: {type(err).__name__}: {err}"
+            ) from None
         if isinstance(info, tuple):  # torch < 2.4: (store, rank, world_size)
             store, group_rank, group_world_size = info
         else:
@@ -124,32 +136,52 @@ class ElasticAgent:
         self._dropped = False
         nproc = self.spec.sizes.nproc_per_node
         mine = NodeRecord(
-            node_id=self.node_id, host=socket.gethostname(), ip=self.node_ip, nproc=nproc,
+            node_id=self.node_id,
+            host=socket.gethostname(),
+            ip=self.node_ip,
+            nproc=nproc,
             ports=tuple(find_free_port(self.node_ip) for _ in range(nproc)),
-            fingerprint=self.fingerprint, job=self.job, hosts_store=self.hosts_store,
+            fingerprint=self.fingerprint,
+            job=self.job,
+            hosts_store=self.hosts_store,
             master_port=find_free_port(self.node_ip) if group_rank == 0 else 0,
         )
-        members = exchange(store, group_rank, group_world_size, mine, timeout_s, round_no, self.where)
-        logger.info("round %d formed in %.2f s: node %d of %d, world size %d (%s)", round_no,
-                    time.monotonic() - t0, group_rank, group_world_size, members.world_size,
-                    ", ".join(n.node_id for n in members.nodes))
+        members = exchange(
+            store, group_rank, group_world_size, mine, timeout_s, round_no, self.where
+        )
+        logger.info(
+            "round %d formed in %.2f s: node %d of %d, world size %d (%s)",
+            round_no,
+            time.monotonic() - t0,
+            group_rank,
+            group_world_size,
+            members.world_size,
+            ", ".join(n.node_id for n in members.nodes),
+        )
         return members
 
     def _lost_store_text(self, err: BaseException) -> str:
         if self.members is None:
-            return (f"lost the c10d rendezvous store at {self.where} before this agent joined a "
-                    f"round: the agent hosting it exited ({err}). The job may have ended while "
-                    f"this agent waited (it waits as a spare when the job already has MAX="
-                    f"{self.spec.elastic.max_nodes} nodes); --rdzv_backend etcd keeps the "
-                    "rendezvous beyond any agent")
+            return (
+                f"lost the c10d rendezvous store at {self.where} before this agent joined a "
+                f"round: the agent hosting it exited ({err}). The job may have ended while "
+                f"this agent waited (it waits as a spare when the job already has MAX="
+                f"{self.spec.elastic.max_nodes} nodes); --rdzv_backend etcd keeps the "
+                "rendezvous beyond any agent"
+            )
         host = self.members.store_host() if self.members else None
-        who = (f"hosted by the agent {host}" if host and host != self.node_id
-               else "hosted by the first agent on the endpoint's host")
-        return (f"lost the c10d rendezvous store at {self.where} ({who}): {err}"
-                f"{f' ({err.__cause__})' if err.__cause__ else ''}. With --rdzv_backend c10d the "
-                "store lives in that agent, so the job cannot re-form without it; use "
-                "--rdzv_backend etcd (or etcd-v2) with scripts/etcd.sh for a rendezvous that "
-                "outlives any agent")
+        who = (
+            f"hosted by the agent {host}"
+            if host and host != self.node_id
+            else "hosted by the first agent on the endpoint's host"
+        )
+        return (
+            f"lost the c10d rendezvous store at {self.where} ({who}): {err}"
+            f"{f' ({err.__cause__})' if err.__cause__ else ''}. With --rdzv_backend c10d the "
+            "store lives in that agent, so the job cannot re-form without it; use "
+            "--rdzv_backend etcd (or etcd-v2) with scripts/etcd.sh for a rendezvous that "
+            "outlives any agent"
+        )
 
     def _torch_round(self) -> tuple[int, bool] | None:
         """(torch's round number, whether this node is a participant) from the dynamic
@@ -180,15 +212,26 @@ class ElasticAgent:
         return None
 
     # -- workers ----------------------------------------------------------------------------------
-    def _specs(self, members: Membership, restarts: int, round_no: int, monitor: JobMonitor) -> list[ProcSpec]:
+    def _specs(
+        self, members: Membership, restarts: int, round_no: int, monitor: JobMonitor
+    ) -> list[ProcSpec]:
         spec, me, master = self.spec, members.me, members.nodes[0]
         log_dir = spec.log_dir
         layout = NodeLayout(
-            run_id=self.run_id, num_nodes=members.group_world_size, nproc_per_node=me.nproc,
-            node_rank=members.group_rank, master_addr=master.ip, master_port=master.master_port,
-            trainer_endpoints=members.endpoints(), node_ip=me.ip, restart_count=restarts,
-            max_restarts=spec.max_restarts, backend=spec.backend, log_dir=log_dir,
-            error_dir=os.path.join(log_dir, "errors", f"round{round_no}"), job_name=spec.name,
+            run_id=self.run_id,
+            num_nodes=members.group_world_size,
+            nproc_per_node=me.nproc,
+            node_rank=members.group_rank,
+            master_addr=master.ip,
+            master_port=master.master_port,
+            trainer_endpoints=members.endpoints(),
+            node_ip=me.ip,
+            restart_count=restarts,
+            max_restarts=spec.max_restarts,
+            backend=spec.backend,
+            log_dir=log_dir,
+            error_dir=os.path.join(log_dir, "errors", f"round{round_no}"),
+            job_name=spec.name,
             strategy_file=self.strategy_file,
         )
         base = _base_env(spec, me.nproc)
@@ -200,9 +243,20 @@ class ElasticAgent:
             port = monitor.metrics_port()
             if port:
                 env.update(metrics_env(port, monitor.metrics_host))
-            out.append(ProcSpec(TRAINER, rank, local_rank, layout.node_rank, env,
-                                os.path.join(log_dir, f"workerlog.{rank}"), layout.error_file(local_rank),
-                                show, prefix, metrics_port=port))
+            out.append(
+                ProcSpec(
+                    TRAINER,
+                    rank,
+                    local_rank,
+                    layout.node_rank,
+                    env,
+                    os.path.join(log_dir, f"workerlog.{rank}"),
+                    layout.error_file(local_rank),
+                    show,
+                    prefix,
+                    metrics_port=port,
+                )
+            )
         return out
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -210,16 +264,27 @@ class ElasticAgent:
         """Run rounds until the job succeeds or fails; return fleetrun's exit code."""
         spec = self.spec
         local = self.node_ip.startswith("127.")
-        monitor = JobMonitor(spec.name, self.run_id, spec.max_restarts, spec.log_dir, self.node_ip,
-                             0, metrics=spec.metrics, metrics_host="127.0.0.1" if local else self.node_ip)
+        monitor = JobMonitor(
+            spec.name,
+            self.run_id,
+            spec.max_restarts,
+            spec.log_dir,
+            self.node_ip,
+            0,
+            metrics=spec.metrics,
+            metrics_host="127.0.0.1" if local else self.node_ip,
+        )
         # leaving by a signal keeps the rendezvous open (as torchrun)
         with monitored(monitor, "this node's processes were stopped"):
             try:
                 return self._run(monitor)
             except JobEndedWhileWaiting:
-                logger.info("job '%s' ended while this agent waited to join (it already had %d "
-                            "node(s), the maximum); nothing ran here", spec.name,
-                            spec.elastic.max_nodes)
+                logger.info(
+                    "job '%s' ended while this agent waited to join (it already had %d "
+                    "node(s), the maximum); nothing ran here",
+                    spec.name,
+                    spec.elastic.max_nodes,
+                )
                 monitor.finished(JobState.SUCCEEDED)
                 return 0
 
@@ -239,12 +304,20 @@ class ElasticAgent:
             members = self._next_round(round_no)
             self._record(diff(self.members, members, cause), monitor)
             self.members = members
-            running = start_all(self._specs(members, restarts, round_no, monitor), argv, round_no, self.console)
+            running = start_all(
+                self._specs(members, restarts, round_no, monitor), argv, round_no, self.console
+            )
             monitor.attempt_started(round_no, running)
             stopped: list[tuple[str, int]] = []
             try:
-                failures, remote = watch(running, round_no, spec.elastic.monitor_interval_s,
-                                         self._remote_check, 0.0, monitor.refresh)
+                failures, remote = watch(
+                    running,
+                    round_no,
+                    spec.elastic.monitor_interval_s,
+                    self._remote_check,
+                    0.0,
+                    monitor.refresh,
+                )
                 stopped = [(r.spec.role, r.spec.rank) for r in running if r.proc.exit is None]
             finally:
                 terminate_all([r.proc for r in running], spec.grace_period_s)
@@ -253,33 +326,58 @@ class ElasticAgent:
                 raise RendezvousError(self._store_lost)
             if not failures and remote is None:
                 self._exit_barrier(members)
-                logger.info("job '%s' succeeded (%d restart(s) used, %d membership change(s))%s",
-                            spec.name, restarts, len(self.changes),
-                            "\n" + format_membership(self.changes) if self.changes else "")
+                logger.info(
+                    "job '%s' succeeded (%d restart(s) used, %d membership change(s))%s",
+                    spec.name,
+                    restarts,
+                    len(self.changes),
+                    "\n" + format_membership(self.changes) if self.changes else "",
+                )
                 monitor.finished(JobState.SUCCEEDED)
                 return 0
             if not failures:  # a node waits to join (or we were dropped): re-form, no restart spent
                 cause = "rejoin" if self._dropped else "join"
-                logger.info("round %d: %s; stopping this node's workers to re-form", round_no - 1, remote)
+                logger.info(
+                    "round %d: %s; stopping this node's workers to re-form", round_no - 1, remote
+                )
                 continue
             monitor.attempt_failed([cause_of(f.exit_desc) for f in failures])
-            what = ", ".join(f"rank {f.rank} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
+            what = ", ".join(
+                f"rank {f.rank} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time)
+            )
             history.append(f"round {round_no - 1}: {what}")
             if restarts < spec.max_restarts:
                 restarts += 1
                 cause = "failure"
                 monitor.restarting(restarts)
                 monitor.refresh([(f.role, f.rank) for f in failures])
-                logger.warning("round %d failed (%s); re-forming with the nodes left (restart %d of %d)",
-                               round_no - 1, what, restarts, spec.max_restarts)
+                logger.warning(
+                    "round %d failed (%s); re-forming with the nodes left (restart %d of %d)",
+                    round_no - 1,
+                    what,
+                    restarts,
+                    spec.max_restarts,
+                )
                 continue
             self._close()
-            note = "\n".join(filter(None, [
-                "Earlier rounds: " + "; ".join(history[:-1]) if len(history) > 1 else "",
-                format_membership(self.changes)]))
-            text = format_summary(spec.name, failures, stopped, spec.log_dir, restarts,
-                                  spec.max_restarts, note) + "\n"
-            monitor.finished(JobState.FAILED, text.rstrip("\n"), [(f.role, f.rank) for f in failures])
+            note = "\n".join(
+                filter(
+                    None,
+                    [
+                        "Earlier rounds: " + "; ".join(history[:-1]) if len(history) > 1 else "",
+                        format_membership(self.changes),
+                    ],
+                )
+            )
+            text = (
+                format_summary(
+                    spec.name, failures, stopped, spec.log_dir, restarts, spec.max_restarts, note
+                )
+                + "\n"
+            )
+            monitor.finished(
+                JobState.FAILED, text.rstrip("\n"), [(f.role, f.rank) for f in failures]
+            )
             sys.stderr.write(text)
             sys.stderr.flush()
             return 1
@@ -300,15 +398,21 @@ class ElasticAgent:
             store.add("fleet/finished", 1)
             while int(store.add("fleet/finished", 0)) < n:
                 if time.monotonic() > deadline or self.handler.num_nodes_waiting() > 0:
-                    logger.warning("not every node of round %d finished; leaving anyway (this "
-                                   "node's workers succeeded)", members.round)
+                    logger.warning(
+                        "not every node of round %d finished; leaving anyway (this "
+                        "node's workers succeeded)",
+                        members.round,
+                    )
                     break
                 time.sleep(EXIT_BARRIER_POLL_S)
             self.handler.shutdown()
             store.add("fleet/left", 1)
             linger = time.monotonic() + STORE_HOST_LINGER_S
-            while self.hosts_store and int(store.add("fleet/left", 0)) < n and time.monotonic() < linger:
+            while (
+                self.hosts_store
+                and int(store.add("fleet/left", 0)) < n
+                and time.monotonic() < linger
+            ):
                 time.sleep(EXIT_BARRIER_POLL_S)
         except Exception as err:  # the store host left first: our workers succeeded all the same
             logger.debug("exit barrier: %s", err)
-

@@ -56,10 +56,25 @@ faster but drop live nodes on an overloaded machine (seen at load 14 on 2 cores)
 notices and re-joins (launcher.elastic.agent), at the cost of a re-formed round."""
 
 KNOWN_RDZV_CONF = (
-    "join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",
-    "keep_alive_interval", "keep_alive_max_attempt", "read_timeout", "is_host", "store_type",
-    "timeout", "etcd_prefix", "protocol", "ssl_cert", "ssl_cert_key", "ca_cert", "cacert",
-    "cert", "key", "use_libuv",
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "read_timeout",
+    "is_host",
+    "store_type",
+    "timeout",
+    "etcd_prefix",
+    "protocol",
+    "ssl_cert",
+    "ssl_cert_key",
+    "ca_cert",
+    "cacert",
+    "cert",
+    "key",
+    "use_libuv",
 )
 """``rdzv_conf`` keys torch's c10d / etcd / etcd-v2 handlers read (torch 2.x); others are typos."""
 
@@ -88,8 +103,11 @@ def parse_rdzv_conf(value: Any, path: str) -> dict[str, str]:
                 continue
             k, sep, v = item.partition("=")
             if not sep or not k.strip():
-                raise ConfigError(f"{item!r} is not of the form key=value (e.g. "
-                                  "last_call_timeout=1,join_timeout=60)", key=path)
+                raise ConfigError(
+                    f"{item!r} is not of the form key=value (e.g. "
+                    "last_call_timeout=1,join_timeout=60)",
+                    key=path,
+                )
             out[k.strip()] = v.strip()
     elif isinstance(value, Mapping):
         out = {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
@@ -99,8 +117,11 @@ def parse_rdzv_conf(value: Any, path: str) -> dict[str, str]:
         if k not in KNOWN_RDZV_CONF:
             close = difflib.get_close_matches(k, KNOWN_RDZV_CONF, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"unknown rendezvous option {k!r}{hint}; torch's handlers read: "
-                              f"{', '.join(KNOWN_RDZV_CONF)}", key=f"{path}.{k}")
+            raise ConfigError(
+                f"unknown rendezvous option {k!r}{hint}; torch's handlers read: "
+                f"{', '.join(KNOWN_RDZV_CONF)}",
+                key=f"{path}.{k}",
+            )
     return out
 
 
@@ -111,12 +132,17 @@ def parse_node_range(value: Any, path: str) -> tuple[int, int]:
     try:
         low, high = (int(lo), int(hi)) if sep else (int(text), int(text))
     except ValueError:
-        raise ConfigError(f"expected N or MIN:MAX (e.g. 2 or 1:4), got {value!r}", key=path) from None
+        raise ConfigError(
+            f"expected N or MIN:MAX (e.g. 2 or 1:4), got {value!r}", key=path
+        ) from None
     if low < 1:
         raise ConfigError(f"MIN must be >= 1, got {text!r} (e.g. 1:{max(high, 1)})", key=path)
     if low > high:
-        raise ConfigError(f"MIN {low} > MAX {high} in {text!r}; write MIN:MAX with MIN <= MAX "
-                          f"(e.g. {high}:{low})", key=path)
+        raise ConfigError(
+            f"MIN {low} > MAX {high} in {text!r}; write MIN:MAX with MIN <= MAX "
+            f"(e.g. {high}:{low})",
+            key=path,
+        )
     return low, high
 
 
@@ -135,7 +161,9 @@ def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
     if not port_text:
         return host, default_port
     if not port_text.isdigit() or not 0 <= int(port_text) < 65536:
-        raise ConfigError(f"{endpoint!r}: port {port_text!r} is not 0..65535", key="elastic.rdzv_endpoint")
+        raise ConfigError(
+            f"{endpoint!r}: port {port_text!r} is not 0..65535", key="elastic.rdzv_endpoint"
+        )
     return host, int(port_text)
 
 
@@ -162,18 +190,27 @@ class ElasticConfig:
     """Seconds between the agent's checks for waiting nodes (torchrun's --monitor_interval)."""
 
     def __post_init__(self) -> None:
-        require(self.monitor_interval_s > 0, "monitor_interval_s",
-                f"must be > 0 seconds, got {self.monitor_interval_s}")
+        require(
+            self.monitor_interval_s > 0,
+            "monitor_interval_s",
+            f"must be > 0 seconds, got {self.monitor_interval_s}",
+        )
         for name in ("min_nodes", "max_nodes"):
             n = getattr(self, name)
             require(n is None or n >= 1, name, f"must be >= 1, got {n}")
         if self.min_nodes is not None and self.max_nodes is not None:
-            require(self.min_nodes <= self.max_nodes, "min_nodes",
-                    f"min_nodes {self.min_nodes} > max_nodes {self.max_nodes}; MIN must be <= MAX")
+            require(
+                self.min_nodes <= self.max_nodes,
+                "min_nodes",
+                f"min_nodes {self.min_nodes} > max_nodes {self.max_nodes}; MIN must be <= MAX",
+            )
         if self.enabled and not self.standalone:
-            require(bool(self.rdzv_endpoint), "rdzv_endpoint",
-                    f"rdzv_backend {self.rdzv_backend} needs an endpoint: --rdzv_endpoint HOST:PORT "
-                    "(or --standalone for one machine, or Paddle's --elastic_server etcd://HOST:PORT)")
+            require(
+                bool(self.rdzv_endpoint),
+                "rdzv_endpoint",
+                f"rdzv_backend {self.rdzv_backend} needs an endpoint: --rdzv_endpoint HOST:PORT "
+                "(or --standalone for one machine, or Paddle's --elastic_server etcd://HOST:PORT)",
+            )
         if self.rdzv_endpoint:
             split_endpoint(self.rdzv_endpoint, 0)
 
@@ -217,31 +254,45 @@ def normalize_elastic(data: Mapping[str, Any]) -> dict[str, Any]:
         low, high = parse_node_range(nnodes, "sizes.nnodes")
         for key, n in (("min_nodes", low), ("max_nodes", high)):
             if elastic.get(key) not in (None, n):
-                raise ConfigError(f"sizes.nnodes {nnodes!r} disagrees with elastic.{key} "
-                                  f"{elastic[key]!r}; give the node range once", key="sizes.nnodes")
+                raise ConfigError(
+                    f"sizes.nnodes {nnodes!r} disagrees with elastic.{key} "
+                    f"{elastic[key]!r}; give the node range once",
+                    key="sizes.nnodes",
+                )
             elastic[key] = n
         sizes["nnodes"] = high
     elif isinstance(nnodes, str) and not nnodes.strip().lstrip("-").isdigit():
-        raise ConfigError(f"expected N or MIN:MAX (e.g. 2 or 1:4), got {nnodes!r}", key="sizes.nnodes")
+        raise ConfigError(
+            f"expected N or MIN:MAX (e.g. 2 or 1:4), got {nnodes!r}", key="sizes.nnodes"
+        )
     endpoint = elastic.get("rdzv_endpoint")
     if isinstance(endpoint, str) and "://" in endpoint:
         scheme, _, rest = endpoint.partition("://")
         if scheme.lower() != "etcd":
-            raise ConfigError(f"{endpoint!r}: only etcd://HOST:PORT has a scheme (Paddle's "
-                              "--elastic_server); for c10d give HOST:PORT", key="elastic.rdzv_endpoint")
+            raise ConfigError(
+                f"{endpoint!r}: only etcd://HOST:PORT has a scheme (Paddle's "
+                "--elastic_server); for c10d give HOST:PORT",
+                key="elastic.rdzv_endpoint",
+            )
         backend = str(elastic.get("rdzv_backend") or "etcd").lower()
         if backend not in ("etcd", "etcd-v2"):
-            raise ConfigError(f"{endpoint!r} is an etcd server but rdzv_backend is {backend!r}; "
-                              "use --rdzv_backend etcd (or etcd-v2), or drop the etcd:// scheme",
-                              key="elastic.rdzv_backend")
+            raise ConfigError(
+                f"{endpoint!r} is an etcd server but rdzv_backend is {backend!r}; "
+                "use --rdzv_backend etcd (or etcd-v2), or drop the etcd:// scheme",
+                key="elastic.rdzv_backend",
+            )
         elastic["rdzv_backend"], elastic["rdzv_endpoint"] = backend, rest.rstrip("/")
     if str(elastic.get("standalone", "")).lower() in ("true", "1", "yes"):
         if elastic.get("rdzv_endpoint"):
-            raise ConfigError("--standalone hosts its own rendezvous on 127.0.0.1; drop "
-                              "--rdzv_endpoint (or drop --standalone)", key="elastic.standalone")
+            raise ConfigError(
+                "--standalone hosts its own rendezvous on 127.0.0.1; drop "
+                "--rdzv_endpoint (or drop --standalone)",
+                key="elastic.standalone",
+            )
         if str(elastic.get("rdzv_backend") or "c10d").lower() != "c10d":
-            raise ConfigError("--standalone uses the c10d backend; drop --rdzv_backend",
-                              key="elastic.standalone")
+            raise ConfigError(
+                "--standalone uses the c10d backend; drop --rdzv_backend", key="elastic.standalone"
+            )
         elastic["rdzv_backend"], elastic["rdzv_endpoint"] = "c10d", "127.0.0.1:0"
     backend = str(elastic.get("rdzv_backend") or "static").lower()
     if backend != "static":
@@ -260,24 +311,42 @@ def check_elastic_spec(spec: JobSpec) -> None:
     """Checks of an elastic job that need the whole spec (ConfigError naming the key)."""
     e = spec.elastic
     if not e.enabled:
-        require(e.min_nodes is None or e.min_nodes == e.max_nodes, "sizes.nnodes",
-                f"a node range {e.min_nodes}:{e.max_nodes} needs an elastic rendezvous: add "
-                "--rdzv_backend c10d --rdzv_endpoint HOST:PORT (or --standalone, or Paddle's "
-                "--elastic_server etcd://HOST:PORT)")
+        require(
+            e.min_nodes is None or e.min_nodes == e.max_nodes,
+            "sizes.nnodes",
+            f"a node range {e.min_nodes}:{e.max_nodes} needs an elastic rendezvous: add "
+            "--rdzv_backend c10d --rdzv_endpoint HOST:PORT (or --standalone, or Paddle's "
+            "--elastic_server etcd://HOST:PORT)",
+        )
         return
-    require(e.max_nodes == spec.sizes.nnodes, "sizes.nnodes",
-            f"is {spec.sizes.nnodes} but elastic.max_nodes is {e.max_nodes}; give the node range once")
+    require(
+        e.max_nodes == spec.sizes.nnodes,
+        "sizes.nnodes",
+        f"is {spec.sizes.nnodes} but elastic.max_nodes is {e.max_nodes}; give the node range once",
+    )
     r = spec.rendezvous
-    require(r.node_rank is None, "rendezvous.node_rank",
-            f"an elastic job (rdzv_backend {e.rdzv_backend}) gets node ranks from the rendezvous; "
-            "drop --node_rank")
-    require(not r.ips, "rendezvous.ips",
-            "--ips is a static node list; an elastic job finds its nodes through --rdzv_endpoint")
-    require(r.master_addr is None and r.master_port is None, "rendezvous.master_addr",
-            "an elastic job's workers get MASTER_ADDR/PORT from the rendezvous; drop "
-            "--master_addr/--master_port and give --rdzv_endpoint HOST:PORT")
-    require(str(spec.mode) == "collective", "mode",
-            "elastic jobs are collective only; a parameter-server job has a fixed layout")
+    require(
+        r.node_rank is None,
+        "rendezvous.node_rank",
+        f"an elastic job (rdzv_backend {e.rdzv_backend}) gets node ranks from the rendezvous; "
+        "drop --node_rank",
+    )
+    require(
+        not r.ips,
+        "rendezvous.ips",
+        "--ips is a static node list; an elastic job finds its nodes through --rdzv_endpoint",
+    )
+    require(
+        r.master_addr is None and r.master_port is None,
+        "rendezvous.master_addr",
+        "an elastic job's workers get MASTER_ADDR/PORT from the rendezvous; drop "
+        "--master_addr/--master_port and give --rdzv_endpoint HOST:PORT",
+    )
+    require(
+        str(spec.mode) == "collective",
+        "mode",
+        "elastic jobs are collective only; a parameter-server job has a fixed layout",
+    )
 
 
 def job_fingerprint(spec: JobSpec) -> str:

@@ -37,8 +37,10 @@ def launch_elastic(spec: JobSpec) -> int:
     e = spec.elastic
     entry = spec.entrypoint
     if entry.script and not os.path.exists(entry.script):
-        raise ConfigError(f"script {entry.script!r} not found (working directory {os.getcwd()})",
-                          key="entrypoint.script")
+        raise ConfigError(
+            f"script {entry.script!r} not found (working directory {os.getcwd()})",
+            key="entrypoint.script",
+        )
     host, port = e.endpoint()
     run_id = spec.run_id or (uuid.uuid4().hex[:12] if e.standalone else spec.name)
     if e.standalone or port == 0:
@@ -57,27 +59,57 @@ def launch_elastic(spec: JobSpec) -> int:
     try:
         may_host = e.rdzv_backend is RdzvBackend.C10D and is_local_host(host)
         if not may_host:
-            what = "c10d store" if e.rdzv_backend is RdzvBackend.C10D else f"etcd for rdzv_backend {e.rdzv_backend}"
+            what = (
+                "c10d store"
+                if e.rdzv_backend is RdzvBackend.C10D
+                else f"etcd for rdzv_backend {e.rdzv_backend}"
+            )
             probe_endpoint(host, port, timeout_s, what)
         conf = dict(e.handler_conf())
-        conf.setdefault("timeout" if e.rdzv_backend is RdzvBackend.ETCD else "join_timeout",
-                        str(max(1, math.ceil(timeout_s))))
+        conf.setdefault(
+            "timeout" if e.rdzv_backend is RdzvBackend.ETCD else "join_timeout",
+            str(max(1, math.ceil(timeout_s))),
+        )
         assert e.min_nodes is not None and e.max_nodes is not None
-        handler = make_handler(e.rdzv_backend, where, run_id, e.min_nodes, e.max_nodes, node_ip, conf)
+        handler = make_handler(
+            e.rdzv_backend, where, run_id, e.min_nodes, e.max_nodes, node_ip, conf
+        )
         hosts_store = may_host and hosts_port(port)
-        claim_run_id(job_store(handler, e.rdzv_backend, run_id), run_id, job_fingerprint(spec),
-                     describe_job(spec))
+        claim_run_id(
+            job_store(handler, e.rdzv_backend, run_id),
+            run_id,
+            job_fingerprint(spec),
+            describe_job(spec),
+        )
         write_job_file(spec, "job.yaml")
         strategy_file = write_strategy(spec)
-        logger.info("elastic job '%s': rendezvous %s at %s (run id %s%s), nodes %d..%d x %d "
-                    "trainer(s), max_restarts %d, log_dir %s", spec.name, e.rdzv_backend, where,
-                    run_id, ", this agent hosts the store" if hosts_store else "", e.min_nodes,
-                    e.max_nodes, spec.sizes.nproc_per_node, spec.max_restarts,
-                    os.path.abspath(spec.log_dir))
-        agent = ElasticAgent(spec, handler, run_id=run_id, node_ip=node_ip, where=where,
-                             hosts_store=hosts_store, strategy_file=strategy_file)
+        logger.info(
+            "elastic job '%s': rendezvous %s at %s (run id %s%s), nodes %d..%d x %d "
+            "trainer(s), max_restarts %d, log_dir %s",
+            spec.name,
+            e.rdzv_backend,
+            where,
+            run_id,
+            ", this agent hosts the store" if hosts_store else "",
+            e.min_nodes,
+            e.max_nodes,
+            spec.sizes.nproc_per_node,
+            spec.max_restarts,
+            os.path.abspath(spec.log_dir),
+        )
+        agent = ElasticAgent(
+            spec,
+            handler,
+            run_id=run_id,
+            node_ip=node_ip,
+            where=where,
+            hosts_store=hosts_store,
+            strategy_file=strategy_file,
+        )
         return agent.run()
     except Interrupted as sig:
-        sys.stderr.write(f"fleetrun: got {sig}; stopped this node's processes of job '{spec.name}' "
-                         "(the other nodes of the elastic job carry on)\n")
+        sys.stderr.write(
+            f"fleetrun: got {sig}; stopped this node's processes of job '{spec.name}' "
+            "(the other nodes of the elastic job carry on)\n"
+        )
         return 128 + sig.signum

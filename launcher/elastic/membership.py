@@ -113,12 +113,21 @@ def diff(before: Membership | None, after: Membership, cause: str) -> Membership
         round=after.round,
         left=tuple(n.node_id for n in before.nodes if n.node_id not in new),
         joined=tuple(n.node_id for n in after.nodes if n.node_id not in old),
-        old_world_size=before.world_size, new_world_size=after.world_size, cause=cause,
+        old_world_size=before.world_size,
+        new_world_size=after.world_size,
+        cause=cause,
     )
 
 
-def exchange(store: Any, group_rank: int, group_world_size: int, mine: NodeRecord,
-             timeout_s: float, round_no: int, where: str) -> Membership:
+def exchange(
+    store: Any,
+    group_rank: int,
+    group_world_size: int,
+    mine: NodeRecord,
+    timeout_s: float,
+    round_no: int,
+    where: str,
+) -> Membership:
     """Publish ``mine`` in the round's store and read every node's record."""
     try:
         store.set(NODE_KEY.format(group_rank), json.dumps(asdict(mine)))
@@ -141,7 +150,8 @@ def exchange(store: Any, group_rank: int, group_world_size: int, mine: NodeRecor
             raise ConfigError(
                 f"two different jobs share one rendezvous id: agent {n.node_id} runs {n.job!r} "
                 f"but agent {first.node_id} runs {first.job!r}; give each job its own --rdzv_id",
-                key="run_id")
+                key="run_id",
+            )
     return Membership(round_no, group_rank, tuple(nodes))
 
 

@@ -75,7 +75,8 @@ def probe_endpoint(host: str, port: int, timeout_s: float, what: str) -> None:
                 f"cannot reach the rendezvous endpoint {host}:{port} ({what}, --rdzv_endpoint) "
                 f"within {timeout_s:g} s (--rdzv_timeout): {last}. Start it first "
                 f"({'scripts/etcd.sh' if 'etcd' in what else 'the agent on that host hosts it'}), "
-                "check the address, or raise --rdzv_timeout")
+                "check the address, or raise --rdzv_timeout"
+            )
         time.sleep(PROBE_POLL_S)
 
 
@@ -104,28 +105,46 @@ def hosts_port(port: int) -> bool:
     return False
 
 
-def make_handler(backend: RdzvBackend, endpoint: str, run_id: str, min_nodes: int, max_nodes: int,
-                 local_addr: str, conf: dict[str, str]) -> Any:
+def make_handler(
+    backend: RdzvBackend,
+    endpoint: str,
+    run_id: str,
+    min_nodes: int,
+    max_nodes: int,
+    local_addr: str,
+    conf: dict[str, str],
+) -> Any:
     """torch's handler for ``backend`` (imports torch)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     if backend is RdzvBackend.ETCD:
         conf = dict(conf)
-        set_etcd_keep_alive(conf.pop("keep_alive_interval", None), conf.pop("keep_alive_max_attempt", None))
-    params = RendezvousParameters(backend=str(backend), endpoint=endpoint, run_id=run_id,
-                                  min_nodes=min_nodes, max_nodes=max_nodes, local_addr=local_addr,
-                                  **conf)
+        set_etcd_keep_alive(
+            conf.pop("keep_alive_interval", None), conf.pop("keep_alive_max_attempt", None)
+        )
+    params = RendezvousParameters(
+        backend=str(backend),
+        endpoint=endpoint,
+        run_id=run_id,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        local_addr=local_addr,
+        **conf,
+    )
     try:
         return get_rendezvous_handler(params)
     except ImportError as err:
         raise ConfigError(
             f"rdzv_backend {backend} needs the python-etcd client (torch's etcd handlers use "
-            f"etcd's v2 API): pip install python-etcd ({err})", key="elastic.rdzv_backend") from None
+            f"etcd's v2 API): pip install python-etcd ({err})",
+            key="elastic.rdzv_backend",
+        ) from None
     except Exception as err:  # torch raises RendezvousConnectionError / ValueError / RuntimeError
         raise RendezvousError(
             f"could not open the {backend} rendezvous at {endpoint} (--rdzv_endpoint): "
-            f"{type(err).__name__}: {err}{_cause(err)}") from None
+            f"{type(err).__name__}: {err}{_cause(err)}"
+        ) from None
 
 
 def set_etcd_keep_alive(interval: str | None, attempts: str | None) -> None:
@@ -141,7 +160,9 @@ def set_etcd_keep_alive(interval: str | None, attempts: str | None) -> None:
     from torch.distributed.elastic.rendezvous import etcd_rendezvous
 
     ttl = float(interval or 5) * int(attempts or 3)
-    etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL = max(2, round(ttl))  # etcd v2 TTLs are whole seconds
+    etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL = max(
+        2, round(ttl)
+    )  # etcd v2 TTLs are whole seconds
 
 
 def leave_round(handler: Any, backend: RdzvBackend, group_rank: int | None) -> None:
@@ -206,14 +227,27 @@ def claim_run_id(store: Any, run_id: str, fingerprint: str, job: str) -> None:
             held = fingerprint
         other = bytes(store.get(job_key)).decode() if held != fingerprint else ""
     except (RuntimeError, ValueError, TimeoutError) as err:
-        raise RendezvousError(f"could not read the rendezvous store for run id {run_id!r}: {err}") from None
+        raise RendezvousError(
+            f"could not read the rendezvous store for run id {run_id!r}: {err}"
+        ) from None
     if held != fingerprint:
         raise ConfigError(
             f"rendezvous id {run_id!r} is taken by another job ({other}); this agent runs {job}. "
             "Two jobs must not share one --rdzv_id: pick another --rdzv_id (--job_id), or run "
             "the same script, arguments and --nproc_per_node as that job (an id kept in etcd "
-            "stays taken after its job ended)", key="run_id")
+            "stays taken after its job ended)",
+            key="run_id",
+        )
 
 
-__all__ = ["claim_run_id", "hosts_port", "is_local_host", "job_store", "leave_round", "make_handler",
-           "probe_endpoint", "route_ip", "set_etcd_keep_alive"]
+__all__ = [
+    "claim_run_id",
+    "hosts_port",
+    "is_local_host",
+    "job_store",
+    "leave_round",
+    "make_handler",
+    "probe_endpoint",
+    "route_ip",
+    "set_etcd_keep_alive",
+]

@@ -200,7 +200,9 @@ def _pods(client: Any, job: str, ns: str) -> list[Any]:
 def _pod_line(pod: Any) -> str:
     role = (pod.metadata.labels or {}).get(ROLE_LABEL, "?")
     restarts = sum(c.restart_count for c in _containers(pod))
-    line = f"{pod.metadata.name:<40} {role:<11} {_phase(pod):<10} restarts {restarts}"  # coordinator
+    line = (
+        f"{pod.metadata.name:<40} {role:<11} {_phase(pod):<10} restarts {restarts}"  # coordinator
+    )
     for c in _containers(pod):
         term = c.state.terminated if c.state else None
         if term is not None and term.exit_code:
@@ -331,12 +333,16 @@ def job_logs(
     try:
         every = _pods(client, job_name, namespace)
         trainers = [p for p in every if (p.metadata.labels or {}).get(ROLE_LABEL) == "trainer"]
-        if rank is not None and trainers and not any(
-                INDEX_ANNOTATION in (p.metadata.annotations or {}) for p in trainers):
+        if (
+            rank is not None
+            and trainers
+            and not any(INDEX_ANNOTATION in (p.metadata.annotations or {}) for p in trainers)
+        ):
             raise LaunchError(
                 f"job '{job_name}' is elastic: its pods take new ranks in every round, so no pod "
                 f"is rank {rank}'s. Read every pod's log (fleetrun logs {job_name} -n {namespace}, "
-                "without --rank) or one pod's (kubectl logs POD)")
+                "without --rank) or one pod's (kubectl logs POD)"
+            )
         pods = _select(every, rank, server)
         if not pods:
             which = (
@@ -444,8 +450,10 @@ def scale_job(job_name: str, namespace: str, replicas: int) -> str:
         job = batch.read_namespaced_job(name, namespace)
     except ApiException as err:
         if getattr(err, "status", None) == 404:
-            raise LaunchError(f"no job '{job_name}' in namespace {namespace} (no Job {name}); "
-                              f"kubectl get jobs -n {namespace}") from None
+            raise LaunchError(
+                f"no job '{job_name}' in namespace {namespace} (no Job {name}); "
+                f"kubectl get jobs -n {namespace}"
+            ) from None
         raise _api_error(err, f"reading Job {name}") from None
     low, high = check_scale(job_name, job.metadata.annotations, replicas)
     before = job.spec.parallelism
@@ -453,10 +461,13 @@ def scale_job(job_name: str, namespace: str, replicas: int) -> str:
         batch.patch_namespaced_job(name, namespace, {"spec": {"parallelism": replicas}})
     except ApiException as err:
         raise _api_error(err, f"scaling Job {name}") from None
-    logger.info("scaled job '%s' from %s to %d pod(s) (nodes %d..%d)", job_name, before,
-                replicas, low, high)
-    return (f"job '{job_name}': {before} -> {replicas} trainer pod(s) (node range {low}..{high}); "
-            "the agents re-form at the next rendezvous round")
+    logger.info(
+        "scaled job '%s' from %s to %d pod(s) (nodes %d..%d)", job_name, before, replicas, low, high
+    )
+    return (
+        f"job '{job_name}': {before} -> {replicas} trainer pod(s) (node range {low}..{high}); "
+        "the agents re-form at the next rendezvous round"
+    )
 
 
 __all__ = ["apply", "delete_job", "job_logs", "job_status", "scale_job", "stream_status"]

@@ -64,26 +64,40 @@ def wanted(spec: JobSpec) -> bool:
 
 def coordinator_args(spec: JobSpec, trainers: int, servers: int) -> list[str]:
     """The coordinator container's command and arguments."""
-    return ["python", "-m", "launcher.schedulers.k8s_coordinator",
-            "--run_id", spec.run_id or spec.name, "--trainers", str(trainers),
-            "--servers", str(servers), "--port", str(PORT)]
+    return [
+        "python",
+        "-m",
+        "launcher.schedulers.k8s_coordinator",
+        "--run_id",
+        spec.run_id or spec.name,
+        "--trainers",
+        str(trainers),
+        "--servers",
+        str(servers),
+        "--port",
+        str(PORT),
+    ]
 
 
 def coordinator_env(spec: JobSpec, token_ref: dict[str, Any]) -> list[dict[str, Any]]:
     """The coordinator's env: the job's env, its token from its Secret (``token_ref``:
     secretKeyRef), FLEET_PS_CHECKPOINT_* and FLEET_PS_MAX_RESTARTS (its generation files, the
     interval of the checkpoint epochs), its pod's IP (what it listens on)."""
-    env: list[dict[str, Any]] = [{"name": k, "value": str(v)} for k, v in spec.env.items()
-                                 if k != TOKEN_ENV]
+    env: list[dict[str, Any]] = [
+        {"name": k, "value": str(v)} for k, v in spec.env.items() if k != TOKEN_ENV
+    ]
     env.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": token_ref}})
     env += k8s_ps_recovery.checkpoint_env(spec, ROLE)
-    env += [{"name": "FLEET_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    env += [
+        {"name": "FLEET_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
     return env
 
 
-def coordinator_container(spec: JobSpec, trainers: int, servers: int,
-                          token_ref: dict[str, Any]) -> dict[str, Any]:
+def coordinator_container(
+    spec: JobSpec, trainers: int, servers: int, token_ref: dict[str, Any]
+) -> dict[str, Any]:
     """The coordinator pod's one container (the job's image, its volume mounts)."""
     k = spec.k8s
     args = coordinator_args(spec, trainers, servers)
@@ -95,8 +109,10 @@ def coordinator_container(spec: JobSpec, trainers: int, servers: int,
         "args": args[1:],
         "env": coordinator_env(spec, token_ref),
         "ports": [{"name": ROLE, "containerPort": PORT}],
-        "resources": {"requests": {"cpu": CPU, "memory": MEMORY},
-                      "limits": {"memory": MEMORY_LIMIT}},
+        "resources": {
+            "requests": {"cpu": CPU, "memory": MEMORY},
+            "limits": {"memory": MEMORY_LIMIT},
+        },
         "volumeMounts": list(k.volume_mounts),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {"allowPrivilegeEscalation": False},
@@ -104,14 +120,19 @@ def coordinator_container(spec: JobSpec, trainers: int, servers: int,
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m launcher.schedulers.k8s_coordinator",
-                                description="The PS trainers' coordinator pod of a Kubernetes job.")
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.schedulers.k8s_coordinator",
+        description="The PS trainers' coordinator pod of a Kubernetes job.",
+    )
     p.add_argument("--run_id", required=True, help="The job's run id (its files on the volume).")
     p.add_argument("--trainers", type=int, required=True, help="Trainer pods of the job.")
     p.add_argument("--servers", type=int, required=True, help="Server pods of the job.")
     p.add_argument("--port", type=int, default=PORT, help="Port to listen on.")
-    p.add_argument("--host", default=os.environ.get("FLEET_POD_IP", ""),
-                   help="Address to listen on (default: FLEET_POD_IP, the pod's IP).")
+    p.add_argument(
+        "--host",
+        default=os.environ.get("FLEET_POD_IP", ""),
+        help="Address to listen on (default: FLEET_POD_IP, the pod's IP).",
+    )
     return p.parse_args(argv)
 
 
@@ -119,28 +140,36 @@ def run(args: argparse.Namespace) -> int:
     """Serve the job's trainers until the pod is deleted (0) or the job cannot recover (3)."""
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
-        raise ConfigError("is not set: the coordinator admits the job's trainers by the job's "
-                          "token (the rendered pod reads it from the Secret N-ps-token)",
-                          key=TOKEN_ENV)
+        raise ConfigError(
+            "is not set: the coordinator admits the job's trainers by the job's "
+            "token (the rendered pod reads it from the Secret N-ps-token)",
+            key=TOKEN_ENV,
+        )
     if not args.host:
-        raise ConfigError("no address to listen on: pass --host or set FLEET_POD_IP (the rendered "
-                          "pod sets it from status.podIP)", key="--host")
+        raise ConfigError(
+            "no address to listen on: pass --host or set FLEET_POD_IP (the rendered "
+            "pod sets it from status.podIP)",
+            key="--host",
+        )
     if args.trainers < 1:
         raise ConfigError(f"must be >= 1, got {args.trainers}", key="--trainers")
     cfg = read_ps_checkpoint_env()
     gen = k8s_ps_recovery.make_generation(ROLE, 0, args.run_id, args.servers, args.trainers)
     if cfg is None or gen is None:
-        raise ConfigError("is not set: the coordinator pod belongs to a PS job with ps_checkpoint "
-                          "(its files are on the checkpoint volume)",
-                          key=k8s_ps_recovery.CHECKPOINT_DIR_ENV)
+        raise ConfigError(
+            "is not set: the coordinator pod belongs to a PS job with ps_checkpoint "
+            "(its files are on the checkpoint volume)",
+            key=k8s_ps_recovery.CHECKPOINT_DIR_ENV,
+        )
     coord: Coordinator | None = None
 
     def serve(generation: int) -> None:  # before the marker: its trainers find it serving
         nonlocal coord
         if coord is None:
             coord = Coordinator(token, args.trainers, cfg.interval_s, args.host, args.port)
-            logger.info("coordinator of %d trainer(s) listening on %s", args.trainers,
-                        coord.endpoint)
+            logger.info(
+                "coordinator of %d trainer(s) listening on %s", args.trainers, coord.endpoint
+            )
         coord.reset(generation)
 
     install_signal_handlers()
@@ -160,8 +189,11 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m launcher.schedulers.k8s_coordinator``: the coordinator pod's process."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s fleetrun coordinator: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s fleetrun coordinator: %(message)s",
+    )
     try:
         return run(_parse(sys.argv[1:] if argv is None else argv))
     except FleetError as err:

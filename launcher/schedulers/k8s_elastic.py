@@ -77,30 +77,46 @@ def check_elastic_renderable(spec: JobSpec) -> None:
         raise ConfigError(
             f"{what} this machine, not a place the pods can reach; on "
             f"Kubernetes give --rdzv_endpoint {etcd_name(spec)} (the etcd fleetrun renders with "
-            "the job) or an etcd / c10d store the pods can reach", key="elastic.rdzv_endpoint")
+            "the job) or an etcd / c10d store the pods can reach",
+            key="elastic.rdzv_endpoint",
+        )
     if renders_etcd(spec) and e.rdzv_backend not in (RdzvBackend.ETCD, RdzvBackend.ETCD_V2):
         raise ConfigError(
             f"{e.rdzv_endpoint!r} is the job's etcd, which serves rdzv_backend etcd and etcd-v2, "
             f"not {e.rdzv_backend}; use --rdzv_backend etcd-v2 (or point --rdzv_endpoint at your "
-            "c10d store)", key="elastic.rdzv_backend")
+            "c10d store)",
+            key="elastic.rdzv_backend",
+        )
 
 
 def agent_args(spec: JobSpec, strategy_path: str | None) -> list[str]:
     """``fleetrun`` arguments of a trainer pod: the elastic agent of one node."""
     e = spec.elastic
     args = [
-        "--nnodes", f"{e.min_nodes}:{e.max_nodes}",
-        "--nproc_per_node", str(spec.sizes.nproc_per_node),
-        "--rdzv_backend", str(e.rdzv_backend),
-        "--rdzv_endpoint", rdzv_endpoint(spec),
-        "--rdzv_id", spec.run_id or spec.name,
-        "--rdzv_timeout", f"{spec.rendezvous.timeout_s:g}",
-        "--monitor_interval", f"{e.monitor_interval_s:g}",
-        "--max_restarts", str(spec.max_restarts),
-        "--job_name", spec.name,
-        "--backend", str(spec.backend),
-        "--log_dir", spec.log_dir,
-        "--grace_period", f"{spec.grace_period_s:g}",
+        "--nnodes",
+        f"{e.min_nodes}:{e.max_nodes}",
+        "--nproc_per_node",
+        str(spec.sizes.nproc_per_node),
+        "--rdzv_backend",
+        str(e.rdzv_backend),
+        "--rdzv_endpoint",
+        rdzv_endpoint(spec),
+        "--rdzv_id",
+        spec.run_id or spec.name,
+        "--rdzv_timeout",
+        f"{spec.rendezvous.timeout_s:g}",
+        "--monitor_interval",
+        f"{e.monitor_interval_s:g}",
+        "--max_restarts",
+        str(spec.max_restarts),
+        "--job_name",
+        spec.name,
+        "--backend",
+        str(spec.backend),
+        "--log_dir",
+        spec.log_dir,
+        "--grace_period",
+        f"{spec.grace_period_s:g}",
     ]
     if e.rdzv_conf:
         args += ["--rdzv_conf", ",".join(f"{k}={v}" for k, v in sorted(e.rdzv_conf.items()))]
@@ -122,22 +138,35 @@ def elastic_job_spec(spec: JobSpec, template: dict[str, Any]) -> dict[str, Any]:
         "completionMode": "NonIndexed",
         "parallelism": spec.elastic.max_nodes,
         "backoffLimit": spec.max_restarts,
-        "podFailurePolicy": {"rules": [
-            # (an empty onPodConditions: the 1.28 schema requires the field; the API server
-            # takes an empty list as "not set")
-            {"action": "FailJob", "onPodConditions": [], "onExitCodes": {
-                "containerName": "trainer", "operator": "In", "values": [CONFIG_ERROR_EXIT]}},
-            {"action": "Ignore",
-             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        ]},
+        "podFailurePolicy": {
+            "rules": [
+                # (an empty onPodConditions: the 1.28 schema requires the field; the API server
+                # takes an empty list as "not set")
+                {
+                    "action": "FailJob",
+                    "onPodConditions": [],
+                    "onExitCodes": {
+                        "containerName": "trainer",
+                        "operator": "In",
+                        "values": [CONFIG_ERROR_EXIT],
+                    },
+                },
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                },
+            ]
+        },
         "template": template,
     }
 
 
 def node_range_annotations(spec: JobSpec) -> dict[str, str]:
     """The Job's annotations naming its node range."""
-    return {MIN_NODES_ANNOTATION: str(spec.elastic.min_nodes),
-            MAX_NODES_ANNOTATION: str(spec.elastic.max_nodes)}
+    return {
+        MIN_NODES_ANNOTATION: str(spec.elastic.min_nodes),
+        MAX_NODES_ANNOTATION: str(spec.elastic.max_nodes),
+    }
 
 
 def render_etcd(spec: JobSpec, role: dict[str, str]) -> list[dict[str, Any]]:
@@ -145,43 +174,56 @@ def render_etcd(spec: JobSpec, role: dict[str, str]) -> list[dict[str, Any]]:
     labels of its objects and pod (the job's, with role etcd)."""
     name, ns = etcd_name(spec), spec.k8s.namespace
     _, port = spec.elastic.endpoint()
+
     def meta() -> dict[str, Any]:
         return {"name": name, "namespace": ns, "labels": dict(role)}
 
     url = f"http://{name}.{ns}.svc:{port}"
     service = {
-        "apiVersion": "v1", "kind": "Service", "metadata": meta(),
-        "spec": {"selector": dict(role),
-                 "ports": [{"name": "client", "port": port, "targetPort": DEFAULT_ETCD_PORT,
-                            "protocol": "TCP"}]},
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(),
+        "spec": {
+            "selector": dict(role),
+            "ports": [
+                {"name": "client", "port": port, "targetPort": DEFAULT_ETCD_PORT, "protocol": "TCP"}
+            ],
+        },
     }
     container = {
         "name": ETCD,
         "image": ETCD_IMAGE,
         "command": [
             # one member under etcd's default name, so its default --initial-cluster fits
-            "etcd", "--data-dir", "/var/lib/etcd",
-            "--listen-client-urls", f"http://0.0.0.0:{DEFAULT_ETCD_PORT}",
-            "--advertise-client-urls", url,
+            "etcd",
+            "--data-dir",
+            "/var/lib/etcd",
+            "--listen-client-urls",
+            f"http://0.0.0.0:{DEFAULT_ETCD_PORT}",
+            "--advertise-client-urls",
+            url,
             "--enable-v2=true",  # torch's etcd handlers speak the v2 API (python-etcd)
         ],
         "ports": [{"name": "client", "containerPort": DEFAULT_ETCD_PORT}],
         "readinessProbe": {"tcpSocket": {"port": DEFAULT_ETCD_PORT}, "periodSeconds": 2},
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
-                      "limits": {"memory": "512Mi"}},
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "512Mi"},
+        },
         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
         "securityContext": {"allowPrivilegeEscalation": False},
     }
     statefulset = {
-        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta(),
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta(),
         "spec": {
             "serviceName": name,
             "replicas": 1,
             "selector": {"matchLabels": dict(role)},
             "template": {
                 "metadata": {"labels": dict(role)},
-                "spec": {"containers": [container],
-                         "volumes": [{"name": "data", "emptyDir": {}}]},
+                "spec": {"containers": [container], "volumes": [{"name": "data", "emptyDir": {}}]},
             },
         },
     }
@@ -196,12 +238,16 @@ def check_scale(job: str, annotations: dict[str, str] | None, replicas: int) -> 
         raise ConfigError(
             f"job '{job}' is not an elastic job (its Job has no {MIN_NODES_ANNOTATION} / "
             f"{MAX_NODES_ANNOTATION} annotations): only a job launched with --nnodes MIN:MAX "
-            "can be scaled", key="JOB")
+            "can be scaled",
+            key="JOB",
+        )
     low, high = int(ann[MIN_NODES_ANNOTATION]), int(ann[MAX_NODES_ANNOTATION])
     if not low <= replicas <= high:
         raise ConfigError(
             f"{replicas} is outside job '{job}''s node range {low}..{high} (--nnodes "
-            f"{low}:{high}); give N between {low} and {high}", key="N")
+            f"{low}:{high}); give N between {low} and {high}",
+            key="N",
+        )
     return low, high
 
 

@@ -68,8 +68,8 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from typing import Any
 
@@ -119,21 +119,31 @@ def check_checkpoint_volume(spec: JobSpec) -> None:
     if not directory:
         return
     claims = {v.get("name") for v in spec.k8s.volumes if "persistentVolumeClaim" in v}
-    example = ("e.g. k8s: {volumes: [{name: ckpt, persistentVolumeClaim: {claimName: ps-ckpt}}], "
-               "volume_mounts: [{name: ckpt, mountPath: /ckpt}]} and ps_checkpoint.dir: /ckpt/JOB; "
-               "the claim must be ReadWriteMany (NFS, CephFS, a cloud file store) and exist before "
-               "the job is applied")
+    example = (
+        "e.g. k8s: {volumes: [{name: ckpt, persistentVolumeClaim: {claimName: ps-ckpt}}], "
+        "volume_mounts: [{name: ckpt, mountPath: /ckpt}]} and ps_checkpoint.dir: /ckpt/JOB; "
+        "the claim must be ReadWriteMany (NFS, CephFS, a cloud file store) and exist before "
+        "the job is applied"
+    )
     if not os.path.isabs(directory):
-        raise ConfigError(f"{directory!r} must be an absolute path inside the pods on a mounted "
-                          f"PersistentVolumeClaim shared by every pod; {example}", key="ps_checkpoint.dir")
+        raise ConfigError(
+            f"{directory!r} must be an absolute path inside the pods on a mounted "
+            f"PersistentVolumeClaim shared by every pod; {example}",
+            key="ps_checkpoint.dir",
+        )
     for mount in spec.k8s.volume_mounts:
         path = str(mount.get("mountPath", "")).rstrip("/")
-        if (mount.get("name") in claims and not mount.get("readOnly")
-                and (directory == path or directory.startswith(path + "/"))):
+        if (
+            mount.get("name") in claims
+            and not mount.get("readOnly")
+            and (directory == path or directory.startswith(path + "/"))
+        ):
             return
-    raise ConfigError(f"{directory!r} is on no writable k8s.volume_mounts entry of a "
-                      f"persistentVolumeClaim volume: servers and trainers must share it; {example}",
-                      key="ps_checkpoint.dir")
+    raise ConfigError(
+        f"{directory!r} is on no writable k8s.volume_mounts entry of a "
+        f"persistentVolumeClaim volume: servers and trainers must share it; {example}",
+        key="ps_checkpoint.dir",
+    )
 
 
 def checkpoint_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
@@ -157,8 +167,19 @@ def pod_failure_policy(spec: JobSpec) -> dict[str, Any] | None:
         return None
     # (an empty onPodConditions: the 1.28 schema requires the field; the API server takes an
     # empty list as "not set", as k8s_elastic does)
-    return {"rules": [{"action": "FailJob", "onPodConditions": [], "onExitCodes": {
-        "containerName": "trainer", "operator": "In", "values": [REFUSED_EXIT]}}]}
+    return {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onPodConditions": [],
+                "onExitCodes": {
+                    "containerName": "trainer",
+                    "operator": "In",
+                    "values": [REFUSED_EXIT],
+                },
+            }
+        ]
+    }
 
 
 class RecoveryRefused(LaunchError):
@@ -176,8 +197,9 @@ def _numbered(directory: str, prefix: str) -> list[int]:
         names = os.listdir(directory)
     except OSError:
         return []
-    return [int(n[len(prefix):]) for n in names
-            if n.startswith(prefix) and n[len(prefix):].isdigit()]
+    return [
+        int(n[len(prefix) :]) for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit()
+    ]
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -219,8 +241,9 @@ def _create(path: str, text: str) -> bool:
     return True
 
 
-def ask_restart_alone(endpoint: str, token: str, rank: int, generation: int,
-                      position: dict[str, Any]) -> tuple[bool, str]:
+def ask_restart_alone(
+    endpoint: str, token: str, rank: int, generation: int, position: dict[str, Any]
+) -> tuple[bool, str]:
     """Ask the coordinator at ``endpoint`` whether trainer ``rank`` of ``generation`` may restart
     alone at ``position`` (``restart_alone``; granted: the coordinator counts it as dead until it
     greets again). (False, why) when it says no or cannot be asked within :data:`ASK_TIMEOUT_S`."""
@@ -229,8 +252,9 @@ def ask_restart_alone(endpoint: str, token: str, rank: int, generation: int,
     except (OSError, EOFError, AuthenticationError) as err:
         return False, f"the coordinator at {endpoint} cannot be reached ({err})"
     try:
-        wire.send(conn, {"op": "restart_alone", "rank": rank, "attempt": generation,
-                         "position": position})
+        wire.send(
+            conn, {"op": "restart_alone", "rank": rank, "attempt": generation, "position": position}
+        )
         if not conn.poll(ASK_TIMEOUT_S):
             return False, f"the coordinator at {endpoint} did not answer within {ASK_TIMEOUT_S:g} s"
         reply, _ = wire.recv(conn)
@@ -328,24 +352,41 @@ class PodGeneration:
                 return
         latest = latest_committed(self.checkpoint_dir)
         if latest is None:
-            raise self.refuse(f"no PS recovery: {role} {index} was restarted by Kubernetes but "
-                              f"there is no committed checkpoint in {self.checkpoint_dir} yet (as "
-                              "locally, the job fails; the first is taken after "
-                              "ps_checkpoint.interval_s of training)")
+            raise self.refuse(
+                f"no PS recovery: {role} {index} was restarted by Kubernetes but "
+                f"there is no committed checkpoint in {self.checkpoint_dir} yet (as "
+                "locally, the job fails; the first is taken after "
+                "ps_checkpoint.interval_s of training)"
+            )
         used = self.used()
         if used >= self.max_restarts:
-            raise self.refuse(f"no PS recovery: {role} {index} was restarted by Kubernetes but "
-                              f"the restart budget is spent ({used} of max_restarts "
-                              f"{self.max_restarts} used); raise --max_restarts to allow more")
+            raise self.refuse(
+                f"no PS recovery: {role} {index} was restarted by Kubernetes but "
+                f"the restart budget is spent ({used} of max_restarts "
+                f"{self.max_restarts} used); raise --max_restarts to allow more"
+            )
         progress = self.progress(current)
         steps = [int(p["step"]) for p in progress if isinstance(p.get("step"), int)]
         step = max(steps) if steps else None
         num_trainers = sum(m.startswith("trainer-") for m in self.members)
-        alone = (role == "server" and len(progress) == num_trainers
-                 and all(p.get("mode") in ALONE_MODES for p in progress))
+        alone = (
+            role == "server"
+            and len(progress) == num_trainers
+            and all(p.get("mode") in ALONE_MODES for p in progress)
+        )
         if alone:
-            self._record_alone(Recovery(used + 1, current, died, role, latest[0], latest[1], step,
-                                        alone=f"{role} {index}"))
+            self._record_alone(
+                Recovery(
+                    used + 1,
+                    current,
+                    died,
+                    role,
+                    latest[0],
+                    latest[1],
+                    step,
+                    alone=f"{role} {index}",
+                )
+            )
             return
         rec = Recovery(used + 1, current, died, role, latest[0], latest[1], step)
         if _create(os.path.join(self.directory, f"gen-{current + 1}"), rec.text()):
@@ -372,8 +413,17 @@ class PodGeneration:
             logger.warning("PS recovery: trainer %d cannot restart alone: %s", rank, why)
             return None
         latest = latest_committed(self.checkpoint_dir) or ("", 0)
-        return Recovery(self.used() + 1, current, died, "trainer", latest[0], latest[1],
-                        int(position.get("step", 0)), alone=f"trainer {rank}", position=position)
+        return Recovery(
+            self.used() + 1,
+            current,
+            died,
+            "trainer",
+            latest[0],
+            latest[1],
+            int(position.get("step", 0)),
+            alone=f"trainer {rank}",
+            position=position,
+        )
 
     def _record_alone(self, rec: Recovery) -> None:
         """An in-place recovery: ``alone-K`` on the volume (a unit of the budget), logged."""
@@ -384,11 +434,14 @@ class PodGeneration:
         logger.warning("PS %s", rec.text())
 
     def _mark(self) -> None:
-        _write_json(os.path.join(self.directory, self.who),
-                    {"generation": self.generation, "pid": os.getpid(), "unix": time.time()})
+        _write_json(
+            os.path.join(self.directory, self.who),
+            {"generation": self.generation, "pid": os.getpid(), "unix": time.time()},
+        )
 
-    def join(self, timeout_s: float, wait: bool = True,
-             ready: Callable[[int], None] | None = None) -> None:
+    def join(
+        self, timeout_s: float, wait: bool = True, ready: Callable[[int], None] | None = None
+    ) -> None:
         """Recover (or refuse) if this pod is a restart; join the newest generation; wait until
         every pod joined it (``wait``). ``ready(generation)`` runs before this pod's marker says
         it joined (the coordinator pod: serve that generation first)."""
@@ -415,7 +468,8 @@ class PodGeneration:
                 raise LaunchError(
                     f"PS recovery: pods {', '.join(missing)} did not join generation "
                     f"{self.generation} within {timeout_s:g} s ({self.directory}); a pod that "
-                    "finished or cannot be scheduled holds the job back")
+                    "finished or cannot be scheduled holds the job back"
+                )
             time.sleep(0.2)
 
     def follow(self, ready: Callable[[int], None]) -> str:
@@ -433,8 +487,9 @@ class PodGeneration:
                 ready(newest)
                 self.generation = newest
                 self._mark()
-                logger.info("PS recovery: generation %d started; the coordinator serves it afresh",
-                            newest)
+                logger.info(
+                    "PS recovery: generation %d started; the coordinator serves it afresh", newest
+                )
 
     def copy_progress(self) -> None:
         """A trainer pod: copy its process's progress file to the volume, with the generation
@@ -445,8 +500,10 @@ class PodGeneration:
         data = _read_json(os.path.join(self.log_dir, f"ps_progress.{index}.json"))
         if data is not None:
             try:
-                _write_json(os.path.join(self.directory, f"progress.{self.who}"),
-                            {**data, "generation": self.generation})
+                _write_json(
+                    os.path.join(self.directory, f"progress.{self.who}"),
+                    {**data, "generation": self.generation},
+                )
             except OSError as err:  # progress is for the recovery's report and mode only
                 logger.debug("progress of %s not copied: %s", self.who, err)
 
@@ -467,8 +524,11 @@ class PodGeneration:
                     return
                 newer = _generation(self.directory)
                 if newer > self.generation:
-                    logger.warning("PS recovery: generation %d started (%s); restarting this pod",
-                                   newer, self.who)
+                    logger.warning(
+                        "PS recovery: generation %d started (%s); restarting this pod",
+                        newer,
+                        self.who,
+                    )
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
 
@@ -481,8 +541,9 @@ class PodGeneration:
         self.copy_progress()
 
 
-def make_generation(role: str, index: int, run_id: str, servers: int, trainers: int,
-                    log_dir: str = "") -> PodGeneration | None:
+def make_generation(
+    role: str, index: int, run_id: str, servers: int, trainers: int, log_dir: str = ""
+) -> PodGeneration | None:
     """This pod's :class:`PodGeneration` from its env (FLEET_PS_CHECKPOINT_DIR,
     FLEET_PS_MAX_RESTARTS, FLEET_PS_COORDINATOR — its pod is then a member too — and
     FLEET_PS_TOKEN); None without automatic checkpoints."""
@@ -493,16 +554,32 @@ def make_generation(role: str, index: int, run_id: str, servers: int, trainers: 
     if not raw.isdigit():
         raise ConfigError(f"must be a whole number >= 0, got {raw!r}", key=MAX_RESTARTS_ENV)
     coordinator = os.environ.get(FLEET_PS_COORDINATOR, "")
-    members = tuple([f"server-{i}" for i in range(servers)]
-                    + [f"trainer-{i}" for i in range(trainers)]
-                    + ([COORDINATOR_POD] if coordinator else []))
-    return PodGeneration(os.path.join(checkpoint_dir, PODS_DIR, run_id), checkpoint_dir,
-                         f"{role}-{index}", members, int(raw), log_dir, coordinator,
-                         os.environ.get(TOKEN_ENV, ""))
+    members = tuple(
+        [f"server-{i}" for i in range(servers)]
+        + [f"trainer-{i}" for i in range(trainers)]
+        + ([COORDINATOR_POD] if coordinator else [])
+    )
+    return PodGeneration(
+        os.path.join(checkpoint_dir, PODS_DIR, run_id),
+        checkpoint_dir,
+        f"{role}-{index}",
+        members,
+        int(raw),
+        log_dir,
+        coordinator,
+        os.environ.get(TOKEN_ENV, ""),
+    )
 
 
-def enter(role: str, index: int, run_id: str, servers: int, trainers: int,
-          timeout_s: float, log_dir: str = "") -> PodGeneration | None:
+def enter(
+    role: str,
+    index: int,
+    run_id: str,
+    servers: int,
+    trainers: int,
+    timeout_s: float,
+    log_dir: str = "",
+) -> PodGeneration | None:
     """For a PS pod with FLEET_PS_CHECKPOINT_DIR: recover or refuse if this pod is a restart,
     join the job's newest generation and watch it; None without automatic checkpoints.
     :class:`RecoveryRefused` when the job cannot recover."""
@@ -514,6 +591,18 @@ def enter(role: str, index: int, run_id: str, servers: int, trainers: int,
     return gen
 
 
-__all__ = ["COORDINATOR_POD", "MAX_RESTARTS_ENV", "PODS_DIR", "REFUSED_EXIT", "PodGeneration",
-           "RecoveryRefused", "ask_restart_alone", "check_checkpoint_volume", "checkpoint_env",
-           "enter", "make_generation", "pod_failure_policy", "read_refusal"]
+__all__ = [
+    "COORDINATOR_POD",
+    "MAX_RESTARTS_ENV",
+    "PODS_DIR",
+    "REFUSED_EXIT",
+    "PodGeneration",
+    "RecoveryRefused",
+    "ask_restart_alone",
+    "check_checkpoint_volume",
+    "checkpoint_env",
+    "enter",
+    "make_generation",
+    "pod_failure_policy",
+    "read_refusal",
+]

@@ -41,9 +41,9 @@ from typing import Any
 
 import yaml
 
+from collective.env import FLEET_PS_COORDINATOR
 from collective.errors import ConfigError
 from launcher.agent import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN, job_ps_token
-from collective.env import FLEET_PS_COORDINATOR
 from launcher.schedulers import k8s_coordinator, k8s_elastic, k8s_ps_recovery
 from launcher.spec import JobSpec, Mode, RoleResources
 
@@ -75,8 +75,14 @@ def object_names(spec: JobSpec) -> dict[str, str]:
     StatefulSet), group (PodGroup), token (the PS job's Secret), coordinator (Service +
     StatefulSet)."""
     n = spec.name
-    return {"config": f"{n}-config", TRAINER: f"{n}-{TRAINER}", SERVER: f"{n}-{SERVER}", "group": n,
-            "token": f"{n}-ps-token", COORDINATOR: f"{n}-coord"}
+    return {
+        "config": f"{n}-config",
+        TRAINER: f"{n}-{TRAINER}",
+        SERVER: f"{n}-{SERVER}",
+        "group": n,
+        "token": f"{n}-ps-token",
+        COORDINATOR: f"{n}-coord",
+    }
 
 
 def pod_host_pattern(spec: JobSpec, role: str) -> str:
@@ -220,8 +226,11 @@ def render_token_secret(spec: JobSpec, token: str) -> dict[str, Any]:
 
 def render_service(spec: JobSpec, role: str) -> dict[str, Any]:
     """Headless Service giving each pod of ``role`` a stable DNS name (ready or not)."""
-    port = {TRAINER: spec.k8s.master_port, SERVER: spec.k8s.server_port,
-            COORDINATOR: k8s_coordinator.PORT}[role]
+    port = {
+        TRAINER: spec.k8s.master_port,
+        SERVER: spec.k8s.server_port,
+        COORDINATOR: k8s_coordinator.PORT,
+    }[role]
     port_name = {TRAINER: "rendezvous", SERVER: "ps", COORDINATOR: COORDINATOR}[role]
     return {
         "apiVersion": "v1",
@@ -342,8 +351,11 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
             {"name": "FLEET_METRICS_HOST", "value": "$(FLEET_POD_IP)"},
         ]
     own_port = k.master_port if role == TRAINER else k.server_port
-    ports = [] if elastic else [
-        {"name": "rendezvous" if role == TRAINER else "ps", "containerPort": own_port}]
+    ports = (
+        []
+        if elastic
+        else [{"name": "rendezvous" if role == TRAINER else "ps", "containerPort": own_port}]
+    )
     ports += [
         {"name": f"metrics-{r}" if r else "metrics", "containerPort": k.metrics_port + r}
         for r in range(nproc if metrics else 0)
@@ -353,9 +365,13 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         "image": k.image,
         "imagePullPolicy": str(k.image_pull_policy),
         "command": ["fleetrun"],
-        "args": (k8s_elastic.agent_args(spec, f"{CONFIG_MOUNT}/strategy.yaml"
-                                        if spec.strategy is not None else None)
-                 if elastic else pod_args(spec, role)),
+        "args": (
+            k8s_elastic.agent_args(
+                spec, f"{CONFIG_MOUNT}/strategy.yaml" if spec.strategy is not None else None
+            )
+            if elastic
+            else pod_args(spec, role)
+        ),
         "env": env,
         "ports": ports,
         "resources": _resources(getattr(spec.resources, role), nproc, role),
@@ -420,7 +436,8 @@ def render_coordinator_statefulset(spec: JobSpec) -> dict[str, Any]:
     names = object_names(spec)
     token_ref = {"name": names["token"], "key": TOKEN_KEY}
     container = k8s_coordinator.coordinator_container(
-        spec, num_pods(spec, TRAINER), num_pods(spec, SERVER), token_ref)
+        spec, num_pods(spec, TRAINER), num_pods(spec, SERVER), token_ref
+    )
     pod: dict[str, Any] = {
         "restartPolicy": "Always",
         "containers": [container],
@@ -437,8 +454,10 @@ def render_coordinator_statefulset(spec: JobSpec) -> dict[str, Any]:
             "serviceName": names[COORDINATOR],
             "replicas": 1,
             "selector": {"matchLabels": labels(spec, COORDINATOR)},
-            "template": {"metadata": {"labels": labels(spec, COORDINATOR),
-                                      "annotations": annotations}, "spec": pod},
+            "template": {
+                "metadata": {"labels": labels(spec, COORDINATOR), "annotations": annotations},
+                "spec": pod,
+            },
         },
     }
 

@@ -100,8 +100,13 @@ class ProcessActor:
 
         ctx = ray.get_runtime_context()
         gpus = tuple(str(g) for g in ctx.get_accelerator_ids().get("GPU", []))
-        return ActorInfo(ray.util.get_node_ip_address(), ctx.get_node_id(), socket.gethostname(), gpus,
-                         os.getpid())
+        return ActorInfo(
+            ray.util.get_node_ip_address(),
+            ctx.get_node_id(),
+            socket.gethostname(),
+            gpus,
+            os.getpid(),
+        )
 
     def free_port(self, host: str) -> int:
         """A TCP port free on ``host`` (this node's address) a moment ago."""
@@ -137,7 +142,9 @@ class ProcessActor:
                         return False
             time.sleep(0.2)
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: str | None, driver_python: str) -> int:
+    def start(
+        self, argv: list[str], env: dict[str, str], cwd: str | None, driver_python: str
+    ) -> int:
         """Start the child; return its pid. ``env`` holds the job's variables (spec env and the
         contract), laid over this actor's own environment."""
         if argv and argv[0] == driver_python:
@@ -170,8 +177,14 @@ class ProcessActor:
             more = bool(self._buf.chunks)
         if exit_info is None or more:
             return PollReply(data, None, "", 0.0, proc.pid, None)
-        return PollReply(data, exit_info.returncode, exit_info.describe(), exit_info.time, proc.pid,
-                         self._read_error_file())
+        return PollReply(
+            data,
+            exit_info.returncode,
+            exit_info.describe(),
+            exit_info.time,
+            proc.pid,
+            self._read_error_file(),
+        )
 
     def _read_error_file(self) -> str | None:
         if not self._error_file or not os.path.exists(self._error_file):

@@ -58,7 +58,9 @@ class ClusterHandle:
 def _token_available() -> bool:
     if os.environ.get("RAY_AUTH_TOKEN"):
         return True
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(
+        os.path.expanduser("~"), ".ray", "auth_token"
+    )
     return os.path.isfile(path)
 
 
@@ -79,7 +81,9 @@ def local_num_cpus(cfg: RayConfig, requested: float) -> int:
     return max(os.cpu_count() or 1, need)
 
 
-def connect(cfg: RayConfig, requested_cpus: float, runtime_env: dict[str, Any] | None) -> ClusterHandle:
+def connect(
+    cfg: RayConfig, requested_cpus: float, runtime_env: dict[str, Any] | None
+) -> ClusterHandle:
     """``ray.init`` for this job: join ``cfg.address`` or start a local cluster on 127.0.0.1."""
     address = cfg.address or os.environ.get("RAY_ADDRESS") or None  # Ray's own convention
     prepare_ray_env(joining=address is not None)
@@ -88,7 +92,8 @@ def connect(cfg: RayConfig, requested_cpus: float, runtime_env: dict[str, Any] |
     except ImportError as err:
         raise LaunchError(
             f"--scheduler ray needs the ray package ({err}); install it: "
-            "`pip install -c constraints.txt 'ray[train]'`") from None
+            "`pip install -c constraints.txt 'ray[train]'`"
+        ) from None
     if ray.is_initialized():  # a caller (tests, notebooks) already connected this process
         return ClusterHandle(address="existing", started_here=False)
     common: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
@@ -96,12 +101,20 @@ def connect(cfg: RayConfig, requested_cpus: float, runtime_env: dict[str, Any] |
         common["runtime_env"] = runtime_env
     if address is None:
         num_cpus = local_num_cpus(cfg, requested_cpus)
-        logger.info("starting a local Ray cluster on %s (%d CPUs, no dashboard, usage stats off)",
-                    LOOPBACK, num_cpus)
+        logger.info(
+            "starting a local Ray cluster on %s (%d CPUs, no dashboard, usage stats off)",
+            LOOPBACK,
+            num_cpus,
+        )
         try:
             # "local": always a new cluster (plain ray.init() would join one `ray start` left behind)
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                     _node_ip_address=LOOPBACK, **common)
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                _node_ip_address=LOOPBACK,
+                **common,
+            )
         except (RuntimeError, ConnectionError, ValueError) as err:
             raise LaunchError(f"could not start a local Ray cluster: {err}") from None
         return ClusterHandle(address="local", started_here=True)
@@ -112,7 +125,8 @@ def connect(cfg: RayConfig, requested_cpus: float, runtime_env: dict[str, Any] |
         raise ConfigError(
             f"could not connect to the Ray cluster at {address!r}: {str(err).splitlines()[0]}; "
             "check that it is running (`ray status`), or leave ray.address out to start a local one",
-            key="ray.address") from None
+            key="ray.address",
+        ) from None
     return ClusterHandle(address=address, started_here=False)
 
 

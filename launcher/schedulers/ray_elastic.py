@@ -63,34 +63,47 @@ def place_round(ray: Any, spec: JobSpec, run_id: str, attempt: int) -> tuple[Any
     assert e.min_nodes is not None and e.max_nodes is not None
     for nodes in range(e.max_nodes, e.min_nodes - 1, -1):
         slots = _slots(spec, nodes)
-        pg = placement_group([s.bundle for s in slots], strategy=str(spec.ray.placement_strategy),
-                             name=f"fleetrun-{spec.name}-{run_id}-{attempt}")
+        pg = placement_group(
+            [s.bundle for s in slots],
+            strategy=str(spec.ray.placement_strategy),
+            name=f"fleetrun-{spec.name}-{run_id}-{attempt}",
+        )
         wait_s = spec.ray.placement_timeout_s if nodes == e.min_nodes else PLACE_PROBE_S
         ready, _ = ray.wait([pg.ready()], timeout=wait_s)
         if ready:
             return pg, slots
         _remove(pg)
-        logger.info("round %d: %d node(s) of %d trainer(s) cannot be placed now; trying %d",
-                    attempt, nodes, spec.sizes.nproc_per_node, nodes - 1)
+        logger.info(
+            "round %d: %d node(s) of %d trainer(s) cannot be placed now; trying %d",
+            attempt,
+            nodes,
+            spec.sizes.nproc_per_node,
+            nodes - 1,
+        )
     bundle = make_bundle(spec.resources.trainer, "resources.trainer")
     raise LaunchError(
         f"the Ray cluster could not place even MIN={e.min_nodes} node(s) of "
         f"{spec.sizes.nproc_per_node} trainer bundle(s) ({bundle}) within "
         f"{spec.ray.placement_timeout_s:g} s (ray.placement_timeout_s); available: "
         f"{ray.available_resources()}. Lower MIN in --nnodes MIN:MAX or resources.trainer, or "
-        "add nodes")
+        "add nodes"
+    )
 
 
-def arm_growth_probe(ray: Any, spec: JobSpec, run_id: str, attempt: int,
-                     nodes: int) -> tuple[Any, Any] | None:
+def arm_growth_probe(
+    ray: Any, spec: JobSpec, run_id: str, attempt: int, nodes: int
+) -> tuple[Any, Any] | None:
     """``(placement group, its ready ref)`` for one more node's bundles, queued in Ray until it
     fits; None when the round already has MAX nodes."""
     from ray.util.placement_group import placement_group
 
     if nodes >= int(spec.elastic.max_nodes or nodes):
         return None
-    pg = placement_group([s.bundle for s in _slots(spec, 1)], strategy="PACK",
-                         name=f"fleetrun-{spec.name}-{run_id}-{attempt}-growth")
+    pg = placement_group(
+        [s.bundle for s in _slots(spec, 1)],
+        strategy="PACK",
+        name=f"fleetrun-{spec.name}-{run_id}-{attempt}-growth",
+    )
     return pg, pg.ready()
 
 
@@ -115,5 +128,11 @@ def change_text(round_no: int, cause: str, left: list[str], old: int, new: int) 
     return f"round {round_no} ({cause}): {who}; world {old} -> {new}"
 
 
-__all__ = ["PLACE_PROBE_S", "arm_growth_probe", "change_text", "disarm_growth_probe",
-           "place_round", "probe_placed"]
+__all__ = [
+    "PLACE_PROBE_S",
+    "arm_growth_probe",
+    "change_text",
+    "disarm_growth_probe",
+    "place_round",
+    "probe_placed",
+]

@@ -56,7 +56,6 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
-
 from collective.env import metrics_env
 from collective.errors import ConfigError, LaunchError
 from launcher.agent import (
@@ -71,13 +70,13 @@ from launcher.agent import (
 )
 from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.console import StatusConsole
+from launcher.job_files import write_job_file, write_strategy
 from launcher.process import ConsoleWriter, ExitInfo
 from launcher.ps_recovery import make_recovery
 from launcher.schedulers import ray_elastic, ray_ps_recovery
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
 from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect
 from launcher.schedulers.ray_plan import AttemptPaths, Placed, Slot, make_proc_specs, make_slots
-from launcher.job_files import write_job_file, write_strategy
 from launcher.spec import JobSpec, Mode
 from launcher.summary import Failure, format_summary, read_error_file
 from launcher.telemetry import FailureCause, JobMonitor, JobState, MemberView, cause_of
@@ -95,23 +94,33 @@ ACTOR_CONCURRENCY = 4
 def run_ray(spec: JobSpec) -> int:
     """Run ``spec`` on a Ray cluster; return fleetrun's exit code."""
     entry = spec.entrypoint
-    if entry.script and not os.path.exists(entry.script) and "working_dir" not in spec.ray.runtime_env:
-        raise ConfigError(f"script {entry.script!r} not found (working directory {os.getcwd()})",
-                          key="entrypoint.script")
+    if (
+        entry.script
+        and not os.path.exists(entry.script)
+        and "working_dir" not in spec.ray.runtime_env
+    ):
+        raise ConfigError(
+            f"script {entry.script!r} not found (working directory {os.getcwd()})",
+            key="entrypoint.script",
+        )
     slots = make_slots(spec)  # ConfigError before any cluster is touched
     write_job_file(spec)
     strategy_file = write_strategy(spec)
     handle: ClusterHandle | None = None
     install_signal_handlers()  # Ctrl-C during ray.init also tears down what started
     try:
-        handle = connect(spec.ray, sum(s.bundle["CPU"] for s in slots), spec.ray.runtime_env or None)
+        handle = connect(
+            spec.ray, sum(s.bundle["CPU"] for s in slots), spec.ray.runtime_env or None
+        )
         install_signal_handlers()  # again: ray.init installs its own SIGTERM handler
         return RayJob(spec, slots, strategy_file).run()
     except (Interrupted, SystemError) as err:
         sig = _interruption(err)
         if sig is None:
             raise
-        sys.stderr.write(f"fleetrun: got {sig}; stopped every actor and process of job '{spec.name}'\n")
+        sys.stderr.write(
+            f"fleetrun: got {sig}; stopped every actor and process of job '{spec.name}'\n"
+        )
         return 128 + sig.signum
     finally:
         disconnect(handle)
@@ -148,8 +157,17 @@ class _Member:
         exit_info = ExitInfo(self.reply.returncode, self.reply.exit_time) if self.reply else None
         gone = self.reply is None and (self.failure is not None or self.torn_down)
         ip = self.info.node_ip
-        return MemberView(self.proc.role, self.proc.rank, self.proc.log_path, self.proc.metrics_port,
-                          self.pid or None, exit_info, ip, ip, gone)
+        return MemberView(
+            self.proc.role,
+            self.proc.rank,
+            self.proc.log_path,
+            self.proc.metrics_port,
+            self.pid or None,
+            exit_info,
+            ip,
+            ip,
+            gone,
+        )
 
 
 @dataclass
@@ -192,15 +210,25 @@ class RayJob:
         self.grow = False
         """The growth probe was placed: the round ends and the next forms bigger."""
         if self.elastic and not spec.elastic.standalone:
-            logger.info("elastic job on Ray: the driver forms each round from the actors it "
-                        "places; --rdzv_backend/--rdzv_endpoint are not used")
+            logger.info(
+                "elastic job on Ray: the driver forms each round from the actors it "
+                "places; --rdzv_backend/--rdzv_endpoint are not used"
+            )
 
     def run(self) -> int:
         """Run all attempts; return fleetrun's exit code (keeps ``job_state.json`` current)."""
         spec = self.spec
         host = self.ray.util.get_node_ip_address()  # the driver's node: serves fleet_launcher_*
-        monitor = JobMonitor(spec.name, self.run_id, spec.max_restarts, self.log_dir, host,
-                             metrics=spec.metrics, metrics_host=host, view=_Member.view)
+        monitor = JobMonitor(
+            spec.name,
+            self.run_id,
+            spec.max_restarts,
+            self.log_dir,
+            host,
+            metrics=spec.metrics,
+            metrics_host=host,
+            view=_Member.view,
+        )
         self.monitor = monitor
         if self.recovery is not None and not self.elastic:  # async/GEO trainers meet through it
             self.recovery.start_coordinator(self.ps_token, host)  # and one can restart alone;
@@ -212,7 +240,9 @@ class RayJob:
         except BaseException as err:
             sig = _interruption(err)
             if sig is not None:
-                monitor.finished(JobState.STOPPED, f"fleetrun got {sig}; every actor and process was stopped")
+                monitor.finished(
+                    JobState.STOPPED, f"fleetrun got {sig}; every actor and process was stopped"
+                )
             else:
                 monitor.finished(JobState.FAILED, f"fleetrun failed: {err}")
             raise
@@ -241,11 +271,18 @@ class RayJob:
                 if self.elastic:
                     world = self._membership(monitor, attempt, world, len(group.members), change)
                     self.probe = ray_elastic.arm_growth_probe(
-                        self.ray, spec, self.run_id, attempt,
-                        len(group.members) // spec.sizes.nproc_per_node)
+                        self.ray,
+                        spec,
+                        self.run_id,
+                        attempt,
+                        len(group.members) // spec.sizes.nproc_per_node,
+                    )
                 failures = self._watch(group, attempt)
-                stopped = [(m.proc.role, m.proc.rank) for m in group.members
-                           if m.reply is None and m.failure is None and m.proc.role == TRAINER]
+                stopped = [
+                    (m.proc.role, m.proc.rank)
+                    for m in group.members
+                    if m.reply is None and m.failure is None and m.proc.role == TRAINER
+                ]
             finally:
                 ray_elastic.disarm_growth_probe(self.probe)
                 self.probe = None
@@ -256,14 +293,24 @@ class RayJob:
                 continue
             failed_ids = [(f.role, f.rank) for f in failures]
             change = ("failure", [f"{_label(f)} ({f.exit_desc})" for f in failures])
-            monitor.attempt_failed([FailureCause.NODE if f.exit_desc.startswith("Ray actor died")
-                                    else cause_of(f.exit_desc) for f in failures])
+            monitor.attempt_failed(
+                [
+                    FailureCause.NODE
+                    if f.exit_desc.startswith("Ray actor died")
+                    else cause_of(f.exit_desc)
+                    for f in failures
+                ]
+            )
             decision = decide(bool(failures), self.restarts, spec.max_restarts)
             no_recovery = ""
             if self.recovery is not None and failures and decision is not Decision.SUCCEED:
                 first = min(failures, key=lambda f: f.time)
-                got = self.recovery.recover(attempt, f"{_label(first)} {first.exit_desc}",
-                                            first.role, decision is Decision.RESTART)
+                got = self.recovery.recover(
+                    attempt,
+                    f"{_label(first)} {first.exit_desc}",
+                    first.role,
+                    decision is Decision.RESTART,
+                )
                 if isinstance(got, str):
                     decision, no_recovery = Decision.FAIL, got
                 else:
@@ -271,35 +318,46 @@ class RayJob:
                     logger.warning("%s", got.text())
             recovered = self.recovery.finish(attempt) if self.recovery is not None else ""
             if decision is Decision.SUCCEED:
-                logger.info("job '%s' succeeded on Ray (%d restart(s) used)", spec.name,
-                            self.restarts)
+                logger.info(
+                    "job '%s' succeeded on Ray (%d restart(s) used)", spec.name, self.restarts
+                )
                 if recovered:
                     sys.stderr.write(f"fleetrun: job '{spec.name}' succeeded; {recovered}\n")
                 monitor.finished(JobState.SUCCEEDED)
                 return 0
-            what = ", ".join(f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time))
+            what = ", ".join(
+                f"{_label(f)} {f.exit_desc}" for f in sorted(failures, key=lambda f: f.time)
+            )
             history.append(f"attempt {attempt}: {what}")
             if decision is Decision.RESTART:
                 attempt, self.restarts = attempt + 1, self.restarts + 1
                 monitor.restarting(self.restarts)
                 monitor.refresh(failed_ids)
-                logger.warning("attempt %d failed (%s); restarting the whole group (restart %d of %d)",
-                               attempt - 1, what, self.restarts, spec.max_restarts)
+                logger.warning(
+                    "attempt %d failed (%s); restarting the whole group (restart %d of %d)",
+                    attempt - 1,
+                    what,
+                    self.restarts,
+                    spec.max_restarts,
+                )
                 continue
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
             if monitor.membership_changes:
-                note = "; ".join([note, "Membership changes: " + "; ".join(
-                    monitor.membership_changes)]).lstrip("; ")
-            text = format_summary(spec.name, failures, stopped, spec.log_dir, self.restarts,
-                                  spec.max_restarts, note)
+                note = "; ".join(
+                    [note, "Membership changes: " + "; ".join(monitor.membership_changes)]
+                ).lstrip("; ")
+            text = format_summary(
+                spec.name, failures, stopped, spec.log_dir, self.restarts, spec.max_restarts, note
+            )
             text += "".join(f"\n{t}" for t in (no_recovery, recovered) if t)
             monitor.finished(JobState.FAILED, text, failed_ids)
             sys.stderr.write(text + "\n")
             sys.stderr.flush()
             return 1
 
-    def _membership(self, monitor: JobMonitor, attempt: int, old: int, new: int,
-                    change: tuple[str, list[str]]) -> int:
+    def _membership(
+        self, monitor: JobMonitor, attempt: int, old: int, new: int, change: tuple[str, list[str]]
+    ) -> int:
         """Record an elastic round whose world size differs from the previous round's."""
         if attempt and old != new:
             cause, left = change
@@ -320,9 +378,11 @@ class RayJob:
         elif self.kept_pg is not None:  # a recovery: the same bundles, so the same nodes
             group.pg = self.kept_pg
         else:
-            group.pg = placement_group([s.bundle for s in self.slots],
-                                       strategy=str(spec.ray.placement_strategy),
-                                       name=f"fleetrun-{spec.name}-{self.run_id}-{attempt}")
+            group.pg = placement_group(
+                [s.bundle for s in self.slots],
+                strategy=str(spec.ray.placement_strategy),
+                name=f"fleetrun-{spec.name}-{self.run_id}-{attempt}",
+            )
         if self.recovery is not None:
             self.kept_pg = group.pg
         bundles = [s.bundle for s in self.slots]
@@ -332,53 +392,105 @@ class RayJob:
                 f"the Ray cluster could not place the job's {len(bundles)} bundles "
                 f"({_bundles_text(bundles)}, strategy {spec.ray.placement_strategy}) within "
                 f"{spec.ray.placement_timeout_s:g} s; available: {_resources_text(ray.available_resources())}. "
-                "Lower resources.trainer/server, add nodes, or pick another ray.placement_strategy")
+                "Lower resources.trainer/server, add nodes, or pick another ray.placement_strategy"
+            )
         for i, slot in enumerate(self.slots):
             b = slot.bundle
-            group.actors.append(self.actor_cls.options(
-                num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), memory=b["memory"], max_restarts=0,
-                name=f"fleetrun-{self.run_id}-{attempt}-{slot.role}-{slot.index}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group.pg, placement_group_bundle_index=i),
-            ).remote())
-        infos: list[ActorInfo] = self._get([a.info.remote() for a in group.actors], "start the actors")
+            group.actors.append(
+                self.actor_cls.options(
+                    num_cpus=b["CPU"],
+                    num_gpus=b.get("GPU", 0),
+                    memory=b["memory"],
+                    max_restarts=0,
+                    name=f"fleetrun-{self.run_id}-{attempt}-{slot.role}-{slot.index}",
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        group.pg, placement_group_bundle_index=i
+                    ),
+                ).remote()
+            )
+        infos: list[ActorInfo] = self._get(
+            [a.info.remote() for a in group.actors], "start the actors"
+        )
         # per actor, on its node: its endpoint port, its /metrics port (metrics on), and for
         # actor 0 of a collective job the master port (rank 0 is slot 0's trainer: ray_plan
         # numbers node by node)
         metrics = self.monitor.metrics_enabled
         collective = spec.mode is Mode.COLLECTIVE
-        ports = self._get([a.free_ports.remote(info.node_ip, 1 + int(metrics) + int(collective and i == 0))
-                           for i, (a, info) in enumerate(zip(group.actors, infos, strict=True))],
-                          "find free ports")
-        placed = [Placed(slot, info.node_ip, info.node_id, info.gpu_ids, self._port(slot, got[0]))
-                  for slot, info, got in zip(self.slots, infos, ports, strict=True)]
+        ports = self._get(
+            [
+                a.free_ports.remote(info.node_ip, 1 + int(metrics) + int(collective and i == 0))
+                for i, (a, info) in enumerate(zip(group.actors, infos, strict=True))
+            ],
+            "find free ports",
+        )
+        placed = [
+            Placed(slot, info.node_ip, info.node_id, info.gpu_ids, self._port(slot, got[0]))
+            for slot, info, got in zip(self.slots, infos, ports, strict=True)
+        ]
         master_port = ports[0][-1] if collective else 0
-        paths = AttemptPaths(self.run_id, attempt, spec.max_restarts, self.log_dir,
-                             self.strategy_file, ps_token=self.ps_token, cwd=self.cwd or ".")
+        paths = AttemptPaths(
+            self.run_id,
+            attempt,
+            spec.max_restarts,
+            self.log_dir,
+            self.strategy_file,
+            ps_token=self.ps_token,
+            cwd=self.cwd or ".",
+        )
         procs, head = make_proc_specs(spec, placed, master_port, paths)
-        if self.recovery is not None:  # as the local agent: checkpoints on, the servers may load them
+        if (
+            self.recovery is not None
+        ):  # as the local agent: checkpoints on, the servers may load them
             rec = self.recovery
             rec.begin_attempt(attempt)  # the coordinator forgets the rounds of earlier attempts
-            procs = [replace(p, env={**p.env, **rec.trainer_env()}) if p.role == TRAINER else
-                     replace(p, env={**p.env, FLEET_PS_CHECKPOINT_ROOT: rec.server_roots(
-                         p.env.get(FLEET_PS_CHECKPOINT_ROOT, ""))}) for p in procs]
+            procs = [
+                replace(p, env={**p.env, **rec.trainer_env()})
+                if p.role == TRAINER
+                else replace(
+                    p,
+                    env={
+                        **p.env,
+                        FLEET_PS_CHECKPOINT_ROOT: rec.server_roots(
+                            p.env.get(FLEET_PS_CHECKPOINT_ROOT, "")
+                        ),
+                    },
+                )
+                for p in procs
+            ]
         if metrics:  # bound to the node IP the actor runs on
-            procs = [replace(p, metrics_port=got[1], env={**p.env, **metrics_env(got[1], info.node_ip)})
-                     for p, got, info in zip(procs, ports, infos, strict=True)]
+            procs = [
+                replace(p, metrics_port=got[1], env={**p.env, **metrics_env(got[1], info.node_ip)})
+                for p, got, info in zip(procs, ports, infos, strict=True)
+            ]
         servers = [f"{p.env['POD_IP']}:{p.env['PADDLE_PORT']}" for p in procs if p.role == SERVER]
-        trainers = next(p.env["PADDLE_TRAINER_ENDPOINTS"] for p in procs if p.role == TRAINER).split(",")
+        trainers = next(
+            p.env["PADDLE_TRAINER_ENDPOINTS"] for p in procs if p.role == TRAINER
+        ).split(",")
         write_endpoints(self.log_dir, attempt, head, servers, tuple(trainers))
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         for actor, info, proc in zip(group.actors, infos, procs, strict=True):
             log = open(proc.log_path, "ab" if attempt else "wb", buffering=0)  # noqa: SIM115 - closed in teardown
-            log.write(f"==== fleetrun: attempt {attempt}, {proc.label}, {stamp}, ray node {info.node_ip} "
-                      f"({info.hostname}) ====\n".encode())
+            log.write(
+                f"==== fleetrun: attempt {attempt}, {proc.label}, {stamp}, ray node {info.node_ip} "
+                f"({info.hostname}) ====\n".encode()
+            )
             group.members.append(_Member(actor, info, proc, log))
-        pids = self._get([m.actor.start.remote(self.argv, m.proc.env, self.cwd, sys.executable)
-                          for m in group.members], "start the processes")
+        pids = self._get(
+            [
+                m.actor.start.remote(self.argv, m.proc.env, self.cwd, sys.executable)
+                for m in group.members
+            ],
+            "start the processes",
+        )
         for m, pid in zip(group.members, pids, strict=True):
             m.pid = pid
-        logger.info("attempt %d: %d process(es) running on %d Ray node(s) (run_id %s)", attempt,
-                    len(group.members), len({i.node_id for i in infos}), self.run_id)
+        logger.info(
+            "attempt %d: %d process(es) running on %d Ray node(s) (run_id %s)",
+            attempt,
+            len(group.members),
+            len({i.node_id for i in infos}),
+            self.run_id,
+        )
 
     def _port(self, slot: Slot, found: int) -> int:
         """A slot's endpoint port: a server of a recovered job keeps its first one."""
@@ -416,11 +528,14 @@ class RayJob:
                 pending[member.actor.poll.remote(POLL_S)] = member
                 continue
             if not any(m.reply for m in group.members) and ray_elastic.probe_placed(
-                    self.ray, self.probe):  # an elastic job can grow (none has finished yet)
+                self.ray, self.probe
+            ):  # an elastic job can grow (none has finished yet)
                 logger.info("resources for one more node are free: re-forming the job bigger")
                 self.grow = True
                 return []
-            trainers_done = all(m.reply is not None for m in group.members if m.proc.role == TRAINER)
+            trainers_done = all(
+                m.reply is not None for m in group.members if m.proc.role == TRAINER
+            )
             if trainers_done:
                 # as the local scheduler: servers get server_grace_s to stop on their own
                 server_deadline = server_deadline or time.monotonic() + self.spec.ps.server_grace_s
@@ -428,8 +543,9 @@ class RayJob:
                     return []
         return []
 
-    def _restart_alone(self, group: _Group, failures: list[Failure],
-                       attempt: int) -> _Member | None:
+    def _restart_alone(
+        self, group: _Group, failures: list[Failure], attempt: int
+    ) -> _Member | None:
         """A PS job in async/GEO mode whose one failure is a server or a trainer: re-create its
         actor alone in its bundle — a server on its port, restoring its shards; a trainer from
         its data position, meeting the others through the coordinator — (:mod:`ray_ps_recovery`);
@@ -439,12 +555,33 @@ class RayJob:
         i = next(i for i, m in enumerate(group.members) if m.failure is failures[0])
         old = group.members[i]
         ctx = ray_ps_recovery.RespawnContext(
-            self.ray, self.actor_cls, group.pg, self.run_id, self.argv,
-            self.spec.entrypoint.no_python, self.cwd, self.monitor.metrics_enabled, self._get)
-        respawn = (ray_ps_recovery.respawn_trainer if old.proc.role == TRAINER
-                   else ray_ps_recovery.respawn_server)
-        got = respawn(ctx, self.recovery, failures, old.actor, old.proc, i, self.slots[i].bundle,
-                      old.log, attempt, self.restarts < self.spec.max_restarts)
+            self.ray,
+            self.actor_cls,
+            group.pg,
+            self.run_id,
+            self.argv,
+            self.spec.entrypoint.no_python,
+            self.cwd,
+            self.monitor.metrics_enabled,
+            self._get,
+        )
+        respawn = (
+            ray_ps_recovery.respawn_trainer
+            if old.proc.role == TRAINER
+            else ray_ps_recovery.respawn_server
+        )
+        got = respawn(
+            ctx,
+            self.recovery,
+            failures,
+            old.actor,
+            old.proc,
+            i,
+            self.slots[i].bundle,
+            old.log,
+            attempt,
+            self.restarts < self.spec.max_restarts,
+        )
         if not isinstance(got, ray_ps_recovery.Respawned):
             if got == ray_ps_recovery.PORT_TAKEN:  # the restart-all recovery finds it a new port
                 self.server_ports.pop(old.proc.rank, None)
@@ -467,9 +604,18 @@ class RayJob:
             reply: PollReply = self.ray.get(ref)
         except RayError as err:  # actor or node died
             m.failure = Failure(
-                role=m.proc.role, rank=m.proc.rank, local_rank=m.proc.local_rank, node_rank=m.proc.node_rank,
-                host=_host(m.info), pid=m.info.pid, exit_desc=f"Ray actor died ({type(err).__name__})",
-                time=time.time(), attempt=attempt, log_path=m.proc.log_path, message=_first_line(err))
+                role=m.proc.role,
+                rank=m.proc.rank,
+                local_rank=m.proc.local_rank,
+                node_rank=m.proc.node_rank,
+                host=_host(m.info),
+                pid=m.info.pid,
+                exit_desc=f"Ray actor died ({type(err).__name__})",
+                time=time.time(),
+                attempt=attempt,
+                log_path=m.proc.log_path,
+                message=_first_line(err),
+            )
             return False
         if reply.output:
             m.log.write(reply.output)
@@ -492,11 +638,20 @@ class RayJob:
                     f.write(reply.error_text)
             parsed = read_error_file(m.proc.error_file)
         return Failure(
-            role=m.proc.role, rank=m.proc.rank, local_rank=m.proc.local_rank, node_rank=m.proc.node_rank,
-            host=_host(m.info), pid=reply.pid, exit_desc=reply.exit_desc, time=reply.exit_time,
-            attempt=attempt, log_path=m.proc.log_path,
+            role=m.proc.role,
+            rank=m.proc.rank,
+            local_rank=m.proc.local_rank,
+            node_rank=m.proc.node_rank,
+            host=_host(m.info),
+            pid=reply.pid,
+            exit_desc=reply.exit_desc,
+            time=reply.exit_time,
+            attempt=attempt,
+            log_path=m.proc.log_path,
             error_file=m.proc.error_file if parsed else None,
-            message=parsed[0] if parsed else "", traceback=parsed[1] if parsed else "")
+            message=parsed[0] if parsed else "",
+            traceback=parsed[1] if parsed else "",
+        )
 
     def _teardown(self, group: _Group) -> None:
         """Stop every process, flush the last output, kill the actors, remove the placement group."""
@@ -569,14 +724,21 @@ def _same_file_written(path: str, text: str) -> bool:
 
 def _bundles_text(bundles: list[dict[str, float]]) -> str:
     first = bundles[0]
-    each = ", ".join(f"{k} {v / 2**20:.0f}Mi" if k == "memory" else f"{k} {v:g}" for k, v in first.items())
+    each = ", ".join(
+        f"{k} {v / 2**20:.0f}Mi" if k == "memory" else f"{k} {v:g}" for k, v in first.items()
+    )
     same = all(b == first for b in bundles)
     return f"each {each}" if same else "; ".join(str(b) for b in bundles)
 
 
 def _resources_text(res: dict[str, float]) -> str:
     keys = [k for k in ("CPU", "GPU", "memory") if k in res]
-    return ", ".join(f"{k} {res[k] / 2**20:.0f}Mi" if k == "memory" else f"{k} {res[k]:g}" for k in keys) or "none"
+    return (
+        ", ".join(
+            f"{k} {res[k] / 2**20:.0f}Mi" if k == "memory" else f"{k} {res[k]:g}" for k in keys
+        )
+        or "none"
+    )
 
 
 __all__ = ["RayJob", "run_ray"]

@@ -39,8 +39,15 @@ from launcher.spec import JobSpec, Mode, RoleResources
 logger = logging.getLogger(__name__)
 
 _UNITS = {
-    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
 }
 _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(Ki|Mi|Gi|Ti|k|M|G|T)?\s*$")
 
@@ -79,13 +86,19 @@ def make_slots(spec: JobSpec) -> list[Slot]:
         if spec.ps.servers:
             raise ConfigError(
                 "static ps.servers/ps.workers lists pin processes to IPs; on Ray the placement group "
-                "places them: use sizes.server_num and sizes.worker_num", key="ps.servers")
+                "places them: use sizes.server_num and sizes.worker_num",
+                key="ps.servers",
+            )
         server = make_bundle(spec.resources.server, "resources.server")
-        return ([Slot(SERVER, i, dict(server)) for i in range(spec.sizes.server_num)]
-                + [Slot(TRAINER, i, dict(trainer)) for i in range(spec.sizes.worker_num)])
+        return [Slot(SERVER, i, dict(server)) for i in range(spec.sizes.server_num)] + [
+            Slot(TRAINER, i, dict(trainer)) for i in range(spec.sizes.worker_num)
+        ]
     if spec.rendezvous.ips or spec.rendezvous.node_rank is not None:
-        raise ConfigError("rendezvous.ips / node_rank describe hand-started nodes; on Ray the "
-                          "placement group picks the nodes: drop them", key="rendezvous")
+        raise ConfigError(
+            "rendezvous.ips / node_rank describe hand-started nodes; on Ray the "
+            "placement group picks the nodes: drop them",
+            key="rendezvous",
+        )
     return [Slot(TRAINER, i, dict(trainer)) for i in range(spec.world_size)]
 
 
@@ -125,7 +138,9 @@ def _error_dir(paths: AttemptPaths) -> str:
 def _base_env(spec: JobSpec, local_count: int) -> dict[str, str]:
     env = dict(spec.env)
     if local_count > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = "1"  # as torchrun: N processes of a node must not each take all cores
+        env["OMP_NUM_THREADS"] = (
+            "1"  # as torchrun: N processes of a node must not each take all cores
+        )
     return env
 
 
@@ -150,12 +165,29 @@ def _gpu_env(members: Sequence[Placed]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(ids)} if ids else {}
 
 
-def _spec(spec: JobSpec, role: str, rank: int, local_rank: int, node_rank: int, env: dict[str, str],
-          paths: AttemptPaths, error_file: str) -> ProcSpec:
+def _spec(
+    spec: JobSpec,
+    role: str,
+    rank: int,
+    local_rank: int,
+    node_rank: int,
+    env: dict[str, str],
+    paths: AttemptPaths,
+    error_file: str,
+) -> ProcSpec:
     show, prefix = console_prefix(spec, role, rank)
     name = f"workerlog.{rank}" if role == TRAINER else f"serverlog.{rank}"
-    return ProcSpec(role, rank, local_rank, node_rank, env, os.path.join(paths.log_dir, name), error_file,
-                    show, prefix)
+    return ProcSpec(
+        role,
+        rank,
+        local_rank,
+        node_rank,
+        env,
+        os.path.join(paths.log_dir, name),
+        error_file,
+        show,
+        prefix,
+    )
 
 
 def make_proc_specs(
@@ -167,8 +199,9 @@ def make_proc_specs(
     return _collective_specs(spec, placed, master_port, paths)
 
 
-def _collective_specs(spec: JobSpec, placed: Sequence[Placed], master_port: int,
-                      paths: AttemptPaths) -> tuple[list[ProcSpec], str]:
+def _collective_specs(
+    spec: JobSpec, placed: Sequence[Placed], master_port: int, paths: AttemptPaths
+) -> tuple[list[ProcSpec], str]:
     nodes = _by_node(placed)
     counts = {len(m) for m in nodes.values()}
     uniform = len(counts) == 1
@@ -177,7 +210,9 @@ def _collective_specs(spec: JobSpec, placed: Sequence[Placed], master_port: int,
             "the placement group put %s trainers on its %d nodes (uneven): every trainer gets "
             "LOCAL_RANK 0 / LOCAL_WORLD_SIZE 1 and only its own GPUs; use STRICT_SPREAD or "
             "STRICT_PACK for a torchrun-like layout",
-            "/".join(str(len(m)) for m in nodes.values()), len(nodes))
+            "/".join(str(len(m)) for m in nodes.values()),
+            len(nodes),
+        )
     ordered = [p for members in nodes.values() for p in members]  # ranks node by node
     endpoints = tuple(f"{p.node_ip}:{p.port}" for p in ordered)
     master_addr = ordered[0].node_ip
@@ -190,33 +225,62 @@ def _collective_specs(spec: JobSpec, placed: Sequence[Placed], master_port: int,
             rank = rank_of[id(p)]
             node_rank, local_rank = (node_rank_u, local_u) if uniform else (rank, 0)
             layout = NodeLayout(
-                run_id=paths.run_id, num_nodes=num_nodes, nproc_per_node=nproc, node_rank=node_rank,
-                master_addr=master_addr, master_port=master_port, trainer_endpoints=endpoints,
-                node_ip=p.node_ip, restart_count=paths.attempt, max_restarts=paths.max_restarts,
-                backend=spec.backend, log_dir=paths.log_dir, error_dir=_error_dir(paths),
-                job_name=spec.name, strategy_file=paths.strategy_file,
+                run_id=paths.run_id,
+                num_nodes=num_nodes,
+                nproc_per_node=nproc,
+                node_rank=node_rank,
+                master_addr=master_addr,
+                master_port=master_port,
+                trainer_endpoints=endpoints,
+                node_ip=p.node_ip,
+                restart_count=paths.attempt,
+                max_restarts=paths.max_restarts,
+                backend=spec.backend,
+                log_dir=paths.log_dir,
+                error_dir=_error_dir(paths),
+                job_name=spec.name,
+                strategy_file=paths.strategy_file,
             )
-            env = {**_base_env(spec, len(members)), **(_gpu_env(members) if uniform else {}),
-                   **make_worker_env(layout, local_rank)}
-            out[id(p)] = _spec(spec, TRAINER, rank, local_rank, node_rank, env, paths,
-                               layout.error_file(local_rank))
+            env = {
+                **_base_env(spec, len(members)),
+                **(_gpu_env(members) if uniform else {}),
+                **make_worker_env(layout, local_rank),
+            }
+            out[id(p)] = _spec(
+                spec,
+                TRAINER,
+                rank,
+                local_rank,
+                node_rank,
+                env,
+                paths,
+                layout.error_file(local_rank),
+            )
     head = f"run_id {paths.run_id} master {master_addr}:{master_port} (ray)"
     return [out[id(p)] for p in placed], head
 
 
-def _ps_specs(spec: JobSpec, placed: Sequence[Placed], paths: AttemptPaths) -> tuple[list[ProcSpec], str]:
+def _ps_specs(
+    spec: JobSpec, placed: Sequence[Placed], paths: AttemptPaths
+) -> tuple[list[ProcSpec], str]:
     servers = [p for p in placed if p.slot.role == SERVER]
     trainers = [p for p in placed if p.slot.role == TRAINER]
     layout = PSLayout(
         run_id=paths.run_id,
         server_endpoints=tuple(f"{p.node_ip}:{p.port}" for p in servers),
         trainer_endpoints=tuple(f"{p.node_ip}:{p.port}" for p in trainers),
-        restart_count=paths.attempt, max_restarts=paths.max_restarts, backend=spec.backend,
-        log_dir=paths.log_dir, error_dir=_error_dir(paths), job_name=spec.name,
+        restart_count=paths.attempt,
+        max_restarts=paths.max_restarts,
+        backend=spec.backend,
+        log_dir=paths.log_dir,
+        error_dir=_error_dir(paths),
+        job_name=spec.name,
         strategy_file=paths.strategy_file,
     )
     per_node = _by_node(placed)
-    trainers_on = {node: [p for p in members if p.slot.role == TRAINER] for node, members in per_node.items()}
+    trainers_on = {
+        node: [p for p in members if p.slot.role == TRAINER] for node, members in per_node.items()
+    }
     node_rank = {node: i for i, node in enumerate(per_node)}
     out = []
     for p in placed:
@@ -225,14 +289,39 @@ def _ps_specs(spec: JobSpec, placed: Sequence[Placed], paths: AttemptPaths) -> t
             base[FLEET_PS_TOKEN] = paths.ps_token
         if p.slot.role == SERVER:
             i = p.slot.index
-            env = {**base, **_table_threads_env(base, p.slot.bundle),
-                   **ps_checkpoint_root_env(base, paths.log_dir, paths.cwd),
-                   **make_ps_server_env(layout, i)}
-            out.append(_spec(spec, SERVER, i, i, node_rank[p.node_id], env, paths, layout.server_error_file(i)))
+            env = {
+                **base,
+                **_table_threads_env(base, p.slot.bundle),
+                **ps_checkpoint_root_env(base, paths.log_dir, paths.cwd),
+                **make_ps_server_env(layout, i),
+            }
+            out.append(
+                _spec(
+                    spec,
+                    SERVER,
+                    i,
+                    i,
+                    node_rank[p.node_id],
+                    env,
+                    paths,
+                    layout.server_error_file(i),
+                )
+            )
         else:
             t = p.slot.index
             mates = trainers_on[p.node_id]
             local = mates.index(p)
             env = {**base, **_gpu_env(mates), **make_ps_trainer_env(layout, t, local, len(mates))}
-            out.append(_spec(spec, TRAINER, t, local, node_rank[p.node_id], env, paths, layout.trainer_error_file(t)))
+            out.append(
+                _spec(
+                    spec,
+                    TRAINER,
+                    t,
+                    local,
+                    node_rank[p.node_id],
+                    env,
+                    paths,
+                    layout.trainer_error_file(t),
+                )
+            )
     return out, f"run_id {paths.run_id} (ray)"

@@ -102,9 +102,18 @@ def server_argv(ctx: RespawnContext) -> list[str]:
     return [sys.executable, "-u", "-m", "collective.bootstrap", "-m", "ps_server", "--from_env"]
 
 
-def respawn_server(ctx: RespawnContext, recovery: PSRecovery, failures: list[Failure],
-                   old_actor: Any, old_proc: ProcSpec, bundle_index: int, bundle: dict[str, float],
-                   log: IO[bytes], attempt: int, budget_left: bool) -> Respawned | str | None:
+def respawn_server(
+    ctx: RespawnContext,
+    recovery: PSRecovery,
+    failures: list[Failure],
+    old_actor: Any,
+    old_proc: ProcSpec,
+    bundle_index: int,
+    bundle: dict[str, float],
+    log: IO[bytes],
+    attempt: int,
+    budget_left: bool,
+) -> Respawned | str | None:
     """Re-create the actor of the one dead server of ``failures`` alone (see the module
     docstring). When the attempt must end instead: :data:`PORT_TAKEN` (its port is taken on its
     node: the restart-all recovery must give it a new one), else None (not a lone server death,
@@ -114,28 +123,56 @@ def respawn_server(ctx: RespawnContext, recovery: PSRecovery, failures: list[Fai
     (failed,) = failures
     if not recovery.alone_possible(attempt, failed.role, budget_left):
         return None
-    actor, info = _recreate(ctx, old_actor, bundle_index, bundle, failed, attempt, len(recovery.recoveries) + 1)
+    actor, info = _recreate(
+        ctx, old_actor, bundle_index, bundle, failed, attempt, len(recovery.recoveries) + 1
+    )
     port = int(old_proc.env["PADDLE_PORT"])
     ip = old_proc.env["POD_IP"]
-    if info.node_ip != ip or not ctx.get([actor.port_free.remote(ip, port, PORT_WAIT_S)],
-                                         "check a port")[0]:
-        logger.warning("server %d cannot come back on %s:%d (its bundle's node is %s, or the port "
-                       "is taken): every process restarts instead, the server on a new port",
-                       failed.rank, ip, port, info.node_ip)
+    if (
+        info.node_ip != ip
+        or not ctx.get([actor.port_free.remote(ip, port, PORT_WAIT_S)], "check a port")[0]
+    ):
+        logger.warning(
+            "server %d cannot come back on %s:%d (its bundle's node is %s, or the port "
+            "is taken): every process restarts instead, the server on a new port",
+            failed.rank,
+            ip,
+            port,
+            info.node_ip,
+        )
         _kill(ctx, actor)
         return PORT_TAKEN
-    rec = recovery.recover_alone(attempt, f"{SERVER} {failed.rank} {failed.exit_desc}", failed.role,
-                                 failed.rank, budget_left)
+    rec = recovery.recover_alone(
+        attempt, f"{SERVER} {failed.rank} {failed.exit_desc}", failed.role, failed.rank, budget_left
+    )
     if rec is None:  # the progress files changed in between (a trainer finished the attempt)
         _kill(ctx, actor)
         return None
-    return _launch(ctx, actor, info, replace(old_proc, env={**old_proc.env, **recovery.restore_env()}),
-                   old_proc, log, attempt, server_argv(ctx), rec)
+    return _launch(
+        ctx,
+        actor,
+        info,
+        replace(old_proc, env={**old_proc.env, **recovery.restore_env()}),
+        old_proc,
+        log,
+        attempt,
+        server_argv(ctx),
+        rec,
+    )
 
 
-def respawn_trainer(ctx: RespawnContext, recovery: PSRecovery, failures: list[Failure],
-                    old_actor: Any, old_proc: ProcSpec, bundle_index: int, bundle: dict[str, float],
-                    log: IO[bytes], attempt: int, budget_left: bool) -> Respawned | None:
+def respawn_trainer(
+    ctx: RespawnContext,
+    recovery: PSRecovery,
+    failures: list[Failure],
+    old_actor: Any,
+    old_proc: ProcSpec,
+    bundle_index: int,
+    bundle: dict[str, float],
+    log: IO[bytes],
+    attempt: int,
+    budget_left: bool,
+) -> Respawned | None:
     """Re-create the actor of the one dead trainer of ``failures`` alone, running the user's
     script from its data position (see the module docstring); None when the attempt must end
     instead (not a lone trainer death, the trainers do not meet through the coordinator, no
@@ -145,19 +182,35 @@ def respawn_trainer(ctx: RespawnContext, recovery: PSRecovery, failures: list[Fa
     (failed,) = failures
     if not recovery.alone_possible(attempt, TRAINER, budget_left, failed.rank):
         return None
-    actor, info = _recreate(ctx, old_actor, bundle_index, bundle, failed, attempt, len(recovery.recoveries) + 1)
+    actor, info = _recreate(
+        ctx, old_actor, bundle_index, bundle, failed, attempt, len(recovery.recoveries) + 1
+    )
     if info.node_ip != old_proc.env["POD_IP"]:
-        logger.warning("trainer %d's bundle is now on node %s, not %s: every process restarts "
-                       "instead", failed.rank, info.node_ip, old_proc.env["POD_IP"])
+        logger.warning(
+            "trainer %d's bundle is now on node %s, not %s: every process restarts instead",
+            failed.rank,
+            info.node_ip,
+            old_proc.env["POD_IP"],
+        )
         _kill(ctx, actor)
         return None
-    rec = recovery.recover_alone(attempt, f"rank {failed.rank} {failed.exit_desc}", failed.role,
-                                 failed.rank, budget_left)
+    rec = recovery.recover_alone(
+        attempt, f"rank {failed.rank} {failed.exit_desc}", failed.role, failed.rank, budget_left
+    )
     if rec is None:  # its progress file changed in between
         _kill(ctx, actor)
         return None
-    return _launch(ctx, actor, info, replace(old_proc, env={**old_proc.env, **recovery.resume_env(rec)}),
-                   old_proc, log, attempt, ctx.argv, rec)
+    return _launch(
+        ctx,
+        actor,
+        info,
+        replace(old_proc, env={**old_proc.env, **recovery.resume_env(rec)}),
+        old_proc,
+        log,
+        attempt,
+        ctx.argv,
+        rec,
+    )
 
 
 def _kill(ctx: RespawnContext, actor: Any) -> None:
@@ -169,26 +222,46 @@ def _kill(ctx: RespawnContext, actor: Any) -> None:
         pass  # already gone with its node or process
 
 
-def _recreate(ctx: RespawnContext, old_actor: Any, bundle_index: int, bundle: dict[str, float],
-              failed: Failure, attempt: int, number: int) -> tuple[Any, ActorInfo]:
+def _recreate(
+    ctx: RespawnContext,
+    old_actor: Any,
+    bundle_index: int,
+    bundle: dict[str, float],
+    failed: Failure,
+    attempt: int,
+    number: int,
+) -> tuple[Any, ActorInfo]:
     """Kill the dead process's actor; a new one in the same bundle, and where it landed."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     _kill(ctx, old_actor)
     actor = ctx.actor_cls.options(
-        num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), memory=bundle["memory"],
+        num_cpus=bundle["CPU"],
+        num_gpus=bundle.get("GPU", 0),
+        memory=bundle["memory"],
         max_restarts=0,
         name=f"fleetrun-{ctx.run_id}-{attempt}-{failed.role}-{failed.rank}-r{number}",
         scheduling_strategy=PlacementGroupSchedulingStrategy(
-            ctx.pg, placement_group_bundle_index=bundle_index),
+            ctx.pg, placement_group_bundle_index=bundle_index
+        ),
     ).remote()
-    info: ActorInfo = ctx.get([actor.info.remote()],
-                              f"re-create the actor of {failed.role} {failed.rank}")[0]
+    info: ActorInfo = ctx.get(
+        [actor.info.remote()], f"re-create the actor of {failed.role} {failed.rank}"
+    )[0]
     return actor, info
 
 
-def _launch(ctx: RespawnContext, actor: Any, info: ActorInfo, proc: ProcSpec, old_proc: ProcSpec,
-            log: IO[bytes], attempt: int, argv: list[str], rec: Recovery) -> Respawned:
+def _launch(
+    ctx: RespawnContext,
+    actor: Any,
+    info: ActorInfo,
+    proc: ProcSpec,
+    old_proc: ProcSpec,
+    log: IO[bytes],
+    attempt: int,
+    argv: list[str],
+    rec: Recovery,
+) -> Respawned:
     """Start ``proc`` (a fresh /metrics port when the old one had one) in the new actor, its
     output appended to the process's log."""
     ip = info.node_ip
@@ -196,11 +269,21 @@ def _launch(ctx: RespawnContext, actor: Any, info: ActorInfo, proc: ProcSpec, ol
         (mport,) = ctx.get([actor.free_ports.remote(ip, 1)], "find a free port")[0]
         proc = replace(proc, metrics_port=mport, env={**proc.env, **metrics_env(mport, ip)})
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    log.write(f"==== fleetrun: attempt {attempt}, {proc.label} restarted alone, {stamp}, "
-              f"ray node {info.node_ip} ({info.hostname}) ====\n".encode())
-    pid = ctx.get([actor.start.remote(argv, proc.env, ctx.cwd, sys.executable)],
-                  f"restart {proc.label}")[0]
+    log.write(
+        f"==== fleetrun: attempt {attempt}, {proc.label} restarted alone, {stamp}, "
+        f"ray node {info.node_ip} ({info.hostname}) ====\n".encode()
+    )
+    pid = ctx.get(
+        [actor.start.remote(argv, proc.env, ctx.cwd, sys.executable)], f"restart {proc.label}"
+    )[0]
     return Respawned(actor, info, proc, int(pid), rec)
 
 
-__all__ = ["PORT_TAKEN", "RespawnContext", "Respawned", "respawn_server", "respawn_trainer", "server_argv"]
+__all__ = [
+    "PORT_TAKEN",
+    "RespawnContext",
+    "Respawned",
+    "respawn_server",
+    "respawn_trainer",
+    "server_argv",
+]

@@ -126,4 +126,3 @@ __all__ = [
     "sum_duplicates",
     "take_rows",
 ]
-

@@ -35,8 +35,10 @@ if _c is not None and getattr(_c, "CHANGED_FLAGS", None) != int(CHANGED):
     # the next delta export; the numpy path is right, only slower
     logging.getLogger(__name__).warning(
         "ps_server.core._kernels is an older build (push flags %s, expected %d); using the "
-        "numpy path: rebuild with `pip install -e .`", getattr(_c, "CHANGED_FLAGS", "?"),
-        int(CHANGED))
+        "numpy path: rebuild with `pip install -e .`",
+        getattr(_c, "CHANGED_FLAGS", "?"),
+        int(CHANGED),
+    )
     _c = None
 
 ENABLED = _c is not None and os.environ.get("FLEET_PS_KERNELS", "c").lower() != "numpy"
@@ -84,7 +86,11 @@ def gather(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
 def scatter(src: np.ndarray, positions: np.ndarray, dst: np.ndarray) -> None:
     """``dst[positions] = src`` (rows, the first axis; positions distinct and in range)."""
     assert _c is not None
-    if src.shape[1:] != dst.shape[1:] or src.shape[0] != positions.shape[0] or src.dtype != dst.dtype:
+    if (
+        src.shape[1:] != dst.shape[1:]
+        or src.shape[0] != positions.shape[0]
+        or src.dtype != dst.dtype
+    ):
         raise ValueError(
             f"scatter: src must be [len(positions), ...] = [{positions.shape[0]}, "
             f"{dst.shape[1:]}] of {dst.dtype} like dst, got {src.shape} of {src.dtype}"

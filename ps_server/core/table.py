@@ -235,5 +235,10 @@ class Table(abc.ABC):
 
 
 __all__ = [
-    "ChangeLog", "PayloadSnapshot", "PushStats", "SnapshotMeta", "Table", "TableSnapshot",
+    "ChangeLog",
+    "PayloadSnapshot",
+    "PushStats",
+    "SnapshotMeta",
+    "Table",
+    "TableSnapshot",
 ]

@@ -143,15 +143,23 @@ class _RefusalLog:
             count, self._since, self._next = self._since, 0, now + LOG_EVERY_S
         logger.warning(
             "server %d refused %d call(s) without the job's token (latest: %s from %s, %s)",
-            self.server_index, count, op, peer or "?", cause.replace("_", " "),
+            self.server_index,
+            count,
+            op,
+            peer or "?",
+            cause.replace("_", " "),
         )
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
     """Admit a call only with the job's token in its metadata (health checks: always)."""
 
-    def __init__(self, token: str, server_index: int = 0,
-                 on_refused: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        token: str,
+        server_index: int = 0,
+        on_refused: Callable[[str, str], None] | None = None,
+    ) -> None:
         """``on_refused(op, cause)`` is called for each refusal (the server counts it)."""
         self._token = check_token(token, "token").encode("ascii")
         self._on_refused = on_refused

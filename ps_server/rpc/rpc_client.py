@@ -160,9 +160,13 @@ class RpcClient:
             try:
                 reconnect_s = float(raw)
             except ValueError:
-                raise ConfigError(f"must be a number of seconds >= 0, got {raw!r}", key=RECONNECT_ENV) from None
+                raise ConfigError(
+                    f"must be a number of seconds >= 0, got {raw!r}", key=RECONNECT_ENV
+                ) from None
         if not reconnect_s >= 0:
-            raise ConfigError(f"must be a number of seconds >= 0, got {reconnect_s!r}", key="reconnect_s")
+            raise ConfigError(
+                f"must be a number of seconds >= 0, got {reconnect_s!r}", key="reconnect_s"
+            )
         self.reconnect_s = float(reconnect_s)
         options = grpc_message_options(max_message_mb) + [
             ("grpc.initial_reconnect_backoff_ms", 200),
@@ -202,8 +206,12 @@ class RpcClient:
 
     # -- plumbing ---------------------------------------------------------------------------
     def _invoke(
-        self, calls: list[Call], idempotent: bool, timeout_s: float | None = None,
-        reconnect: bool = False, keep_errors: bool = False,
+        self,
+        calls: list[Call],
+        idempotent: bool,
+        timeout_s: float | None = None,
+        reconnect: bool = False,
+        keep_errors: bool = False,
     ) -> list[Any]:
         """Send ``calls`` at once, wait for every reply; raise the first failure. ``reconnect``
         (a call that is not idempotent, e.g. an async/GEO push): no retries, but with
@@ -230,11 +238,16 @@ class RpcClient:
             try:
                 results[i] = fut.result()
             except grpc.RpcError as err:
-                again = (idempotent and err.code() in RETRYABLE and (self.retries or self.reconnect_s)) or (
-                    reconnect and err.code() is grpc.StatusCode.UNAVAILABLE and self.reconnect_s > 0)
+                again = (
+                    idempotent and err.code() in RETRYABLE and (self.retries or self.reconnect_s)
+                ) or (
+                    reconnect and err.code() is grpc.StatusCode.UNAVAILABLE and self.reconnect_s > 0
+                )
                 if again:
                     try:
-                        results[i] = self._retry(call, timeout, err, self.retries if idempotent else 0)
+                        results[i] = self._retry(
+                            call, timeout, err, self.retries if idempotent else 0
+                        )
                         continue
                     except grpc.RpcError as last:
                         err = last
@@ -266,7 +279,8 @@ class RpcClient:
                 call.method,
                 self.endpoints[call.server],
                 err.code().name,
-                f"waiting for it to return ({left:.0f}s left)" if reconnecting
+                f"waiting for it to return ({left:.0f}s left)"
+                if reconnecting
                 else f"retry {attempt}/{retries}",
                 delay,
             )
@@ -279,9 +293,7 @@ class RpcClient:
                 err = again
 
     def _all(self, method: str, request: Message, idempotent: bool) -> list[Any]:
-        return self._invoke(
-            [Call(s, method, request) for s in range(self.num_servers)], idempotent
-        )
+        return self._invoke([Call(s, method, request) for s in range(self.num_servers)], idempotent)
 
     def _chunks(self, keys: np.ndarray, row_bytes: int, keep_keys_together: bool) -> list[Any]:
         """Slices (or position arrays) of ``keys`` that each fit one message."""
@@ -304,8 +316,11 @@ class RpcClient:
         except PSRpcError as err:
             if err.code not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED):
                 raise
-            logger.info("%s: no shared memory with this client, using TCP: %s",
-                        self.endpoints[server], err.details)
+            logger.info(
+                "%s: no shared memory with this client, using TCP: %s",
+                self.endpoints[server],
+                err.details,
+            )
             return False
         return True
 

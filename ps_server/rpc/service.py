@@ -37,8 +37,7 @@ from ps_server.core.dense_table import DenseTable
 from ps_server.core.factory import make_table
 from ps_server.core.serving_table import ServingTable
 from ps_server.core.sparse_table import SparseTable
-from ps_server.core.table import PushStats
-from ps_server.core.table import Table
+from ps_server.core.table import PushStats, Table
 from ps_server.errors import (
     CheckpointError,
     NonFiniteGradientError,

@@ -27,8 +27,13 @@ from fleet.meta_optimizers.amp import GradScaler
 from fleet.meta_optimizers.sharding import ShardedOptimizer, apply_fsdp
 from fleet.parallelize.features import wrap_model_features, wrap_optimizer_features
 
-O2_FP16 = {"dtype": "float16", "use_pure_fp16": True, "init_loss_scaling": 1024.0,
-           "decr_ratio": 0.5, "decr_every_n_nan_or_inf": 1}
+O2_FP16 = {
+    "dtype": "float16",
+    "use_pure_fp16": True,
+    "init_loss_scaling": 1024.0,
+    "decr_ratio": 0.5,
+    "decr_every_n_nan_or_inf": 1,
+}
 
 
 def batch(step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,8 +54,9 @@ def train_o2(device: torch.device, sharded: bool) -> dict[str, Any]:
     opt: Any = wrap_optimizer_features(user, strategy)
     if sharded:
         opt.grad_clip.sharded_partition = True
-        opt = ShardedOptimizer(opt, stage=2, group=tdist.group.WORLD, group_ranks=[0],
-                               reduce_grads=False)
+        opt = ShardedOptimizer(
+            opt, stage=2, group=tdist.group.WORLD, group_ranks=[0], reduce_grads=False
+        )
     scaler = GradScaler.from_config(strategy.amp_configs)
     skipped, scales = [], []
     for step in range(3):
@@ -63,8 +69,12 @@ def train_o2(device: torch.device, sharded: bool) -> dict[str, Any]:
         scaler.update()
         scales.append(scaler.get_scale())
         opt.zero_grad()
-    return {"params": [p.detach().float().cpu() for p in model.parameters()],
-            "dtype": str(next(model.parameters()).dtype), "skipped": skipped, "scales": scales}
+    return {
+        "params": [p.detach().float().cpu() for p in model.parameters()],
+        "dtype": str(next(model.parameters()).dtype),
+        "skipped": skipped,
+        "scales": scales,
+    }
 
 
 def train_fsdp_fp16(device: torch.device) -> dict[str, Any]:
@@ -82,8 +92,11 @@ def train_fsdp_fp16(device: torch.device) -> dict[str, Any]:
         opt.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
-    return {"out_dtype": str(out.dtype), "param_dtype": str(next(model.parameters()).dtype),
-            "finite": all(math.isfinite(v) for v in losses)}
+    return {
+        "out_dtype": str(out.dtype),
+        "param_dtype": str(next(model.parameters()).dtype),
+        "finite": all(math.isfinite(v) for v in losses),
+    }
 
 
 def main() -> None:
@@ -99,10 +112,13 @@ def main() -> None:
     rec: dict[str, Any] = {
         "backend": tdist.get_backend(),
         "o2_dtype": sharded["dtype"],
-        "o2_vs_unsharded": max(float((a - b).abs().max())
-                               for a, b in zip(sharded["params"], plain["params"])),
-        "skipped": sharded["skipped"], "ref_skipped": plain["skipped"],
-        "scales": sharded["scales"], "ref_scales": plain["scales"],
+        "o2_vs_unsharded": max(
+            float((a - b).abs().max()) for a, b in zip(sharded["params"], plain["params"])
+        ),
+        "skipped": sharded["skipped"],
+        "ref_skipped": plain["skipped"],
+        "scales": sharded["scales"],
+        "ref_scales": plain["scales"],
         "fsdp_fp16": train_fsdp_fp16(device),
     }
     os.makedirs(args.out, exist_ok=True)

@@ -40,13 +40,19 @@ from fleet.strategy.configs import AmpConfig
 
 IN, HIDDEN, OUT, STEPS, PER, VOCAB = 8, 16, 8, 3, 4, 12
 CLIP = 0.05
-FP16_AMP = {"dtype": "float16", "init_loss_scaling": 1024.0, "decr_ratio": 0.5,
-            "decr_every_n_nan_or_inf": 1, "incr_every_n_steps": 2}
+FP16_AMP = {
+    "dtype": "float16",
+    "init_loss_scaling": 1024.0,
+    "decr_ratio": 0.5,
+    "decr_every_n_nan_or_inf": 1,
+    "incr_every_n_steps": 2,
+}
 OVERFLOW_STEP = 1
 
 
-def batch(step: int, size: int, overflow_rows: slice | None = None
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    step: int, size: int, overflow_rows: slice | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(500 + step)
     x, y = torch.randn(size, IN, generator=g), torch.randn(size, OUT, generator=g)
     if overflow_rows is not None and step == OVERFLOW_STEP:
@@ -92,8 +98,10 @@ def make_optimizer(case: str, params: Any) -> torch.optim.Optimizer:
 def replica(hcg: Any) -> tuple[int, int]:
     """(index, count) of this rank among the data replicas (dp x sharding)."""
     sh = hcg.get_sharding_parallel_world_size()
-    return hcg.get_data_parallel_rank() * sh + hcg.get_sharding_parallel_rank(), \
-        hcg.get_data_parallel_world_size() * sh
+    return (
+        hcg.get_data_parallel_rank() * sh + hcg.get_sharding_parallel_rank(),
+        hcg.get_data_parallel_world_size() * sh,
+    )
 
 
 def master_bytes(opt: Any) -> int:
@@ -113,8 +121,9 @@ class Reference:
         self.case, self.model = case, model
         self.opt = make_optimizer(case, model.parameters())
         self.opt.grad_clip = None
-        self.scaler = GradScaler.from_config(AmpConfig(**FP16_AMP)) if case.startswith(
-            "fp16") else None
+        self.scaler = (
+            GradScaler.from_config(AmpConfig(**FP16_AMP)) if case.startswith("fp16") else None
+        )
         self.norms: list[float] = []
         self.skipped: list[bool] = []
         self.scales: list[float] = []
@@ -154,7 +163,8 @@ def case_tp(args: argparse.Namespace, case: str) -> dict[str, Any]:
     torch.manual_seed(3)
     dense = nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT))
     model = nn.Sequential(
-        ColumnParallelLinear.from_dense(dense[0], gather_output=False), nn.Tanh(),
+        ColumnParallelLinear.from_dense(dense[0], gather_output=False),
+        nn.Tanh(),
         RowParallelLinear.from_dense(dense[2], input_is_parallel=True),
     )
     ref = Reference(case, dense)
@@ -164,8 +174,12 @@ def case_tp(args: argparse.Namespace, case: str) -> dict[str, Any]:
     idx, count = replica(hcg)
     rows = slice(idx * PER, (idx + 1) * PER)
     overflow = slice(PER, 2 * PER) if scaler is not None else None  # replica 1's rows
-    rec: dict[str, Any] = {"model_type": type(model).__name__, "norms": [], "skipped": [],
-                           "scales": []}
+    rec: dict[str, Any] = {
+        "model_type": type(model).__name__,
+        "norms": [],
+        "skipped": [],
+        "scales": [],
+    }
     for step in range(STEPS):
         x, y = batch(step, PER * count, overflow)
         out = model(x[rows])
@@ -190,8 +204,9 @@ def case_tp(args: argparse.Namespace, case: str) -> dict[str, Any]:
     module = model.module if hasattr(model, "module") else model
     if args.ckpt and case == "s3_clip":
         try:
-            rec["ckpt_err"] = checkpoint_round_trip(os.path.join(args.out, "ckpt_tp"), model,
-                                                    opt, list(module.parameters()))
+            rec["ckpt_err"] = checkpoint_round_trip(
+                os.path.join(args.out, "ckpt_tp"), model, opt, list(module.parameters())
+            )
         except FleetNotImplementedError as e:
             rec["ckpt_err"] = f"{type(e).__name__}: {e}"[:300]
     h = HIDDEN // mp
@@ -202,8 +217,9 @@ def case_tp(args: argparse.Namespace, case: str) -> dict[str, Any]:
         "row.w": (module[2].weight, dense[2].weight[:, sl]),
         "row.b": (module[2].bias, dense[2].bias),
     }
-    rec["errs"] = {k: float((local(p).float() - r.detach()).abs().max())
-                   for k, (p, r) in pairs.items()}
+    rec["errs"] = {
+        k: float((local(p).float() - r.detach()).abs().max()) for k, (p, r) in pairs.items()
+    }
     rec["param_dtype"] = str(module[0].weight.dtype)
     inner = getattr(opt, "inner_optimizer", opt)
     if isinstance(inner, ShardedOptimizer):
@@ -211,12 +227,16 @@ def case_tp(args: argparse.Namespace, case: str) -> dict[str, Any]:
         owned = {id(p) for p in inner.owned_params()}
         mw: Any = inner.inner_optimizer
         masters = mw._masters if isinstance(mw, MasterWeightOptimizer) else {}
-        rec["master_errs"] = {k: float((masters[id(p)] - r.detach()).abs().max())
-                              for k, (p, r) in pairs.items() if id(p) in masters}
+        rec["master_errs"] = {
+            k: float((masters[id(p)] - r.detach()).abs().max())
+            for k, (p, r) in pairs.items()
+            if id(p) in masters
+        }
         rec["masters_only_owned"] = set(masters) <= owned
     rec["master_bytes"] = master_bytes(opt)
     rec["local_param_bytes"] = sum(
-        (p.to_local() if hasattr(p, "to_local") else p).numel() * 4 for p in module.parameters())
+        (p.to_local() if hasattr(p, "to_local") else p).numel() * 4 for p in module.parameters()
+    )
     rec["dense_param_bytes"] = sum(p.numel() * 4 for p in dense.parameters())
     return rec
 
@@ -231,15 +251,23 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def pp_model(case: str) -> tuple[list[Any], Any]:
     if case == "s3_tied":  # a tied embedding on the first and the last stage
-        return [SharedLayerDesc("embed", nn.Embedding, None, "weight", VOCAB, HIDDEN),
-                LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
-                LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
-                SharedLayerDesc("embed", nn.Embedding, unembed, "weight", VOCAB, HIDDEN)
-                ], token_loss
-    return [LayerDesc(nn.Linear, IN, HIDDEN), LayerDesc(nn.Tanh),
-            LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
-            LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
-            LayerDesc(nn.Linear, HIDDEN, OUT)], nn.functional.mse_loss
+        return [
+            SharedLayerDesc("embed", nn.Embedding, None, "weight", VOCAB, HIDDEN),
+            LayerDesc(nn.Linear, HIDDEN, HIDDEN),
+            LayerDesc(nn.Tanh),
+            LayerDesc(nn.Linear, HIDDEN, HIDDEN),
+            LayerDesc(nn.Tanh),
+            SharedLayerDesc("embed", nn.Embedding, unembed, "weight", VOCAB, HIDDEN),
+        ], token_loss
+    return [
+        LayerDesc(nn.Linear, IN, HIDDEN),
+        LayerDesc(nn.Tanh),
+        LayerDesc(nn.Linear, HIDDEN, HIDDEN),
+        LayerDesc(nn.Tanh),
+        LayerDesc(nn.Linear, HIDDEN, HIDDEN),
+        LayerDesc(nn.Tanh),
+        LayerDesc(nn.Linear, HIDDEN, OUT),
+    ], nn.functional.mse_loss
 
 
 def case_pp(args: argparse.Namespace, case: str) -> dict[str, Any]:
@@ -260,8 +288,12 @@ def case_pp(args: argparse.Namespace, case: str) -> dict[str, Any]:
     n = 2 * 2  # micro_batch_size * accumulate_steps
     rows = slice(idx * n, (idx + 1) * n)
     overflow = slice(n, 2 * n) if scaler is not None else None
-    rec: dict[str, Any] = {"model_type": type(model).__name__, "norms": [], "scales": [],
-                           "stage_type": type(pipe).__name__}
+    rec: dict[str, Any] = {
+        "model_type": type(model).__name__,
+        "norms": [],
+        "scales": [],
+        "stage_type": type(pipe).__name__,
+    }
     for step in range(STEPS):
         x, y = batch(step, n * count, overflow)
         if case == "s3_tied":  # token ids and next-token labels
@@ -276,14 +308,17 @@ def case_pp(args: argparse.Namespace, case: str) -> dict[str, Any]:
     rec["ref_norms"], rec["ref_skipped"], rec["ref_scales"] = ref.norms, ref.skipped, ref.scales
     ref_state = dense.state_dict()
     if args.ckpt and case == "s3":
-        rec["ckpt_err"] = checkpoint_round_trip(os.path.join(args.out, "ckpt_pp"), model, opt,
-                                                list(pipe.parameters()))
-    rec["errs"] = {k: float((local(p).float() - ref_state[k]).abs().max())
-                   for k, p in pipe.named_parameters()}
+        rec["ckpt_err"] = checkpoint_round_trip(
+            os.path.join(args.out, "ckpt_pp"), model, opt, list(pipe.parameters())
+        )
+    rec["errs"] = {
+        k: float((local(p).float() - ref_state[k]).abs().max()) for k, p in pipe.named_parameters()
+    }
     rec["names"] = sorted(names)
     rec["master_bytes"] = master_bytes(opt)
     rec["local_param_bytes"] = sum(
-        (p.to_local() if hasattr(p, "to_local") else p).numel() * 4 for p in pipe.parameters())
+        (p.to_local() if hasattr(p, "to_local") else p).numel() * 4 for p in pipe.parameters()
+    )
     rec["stage_param_bytes"] = sum(p.numel() * 4 for p in names.values())
     return rec
 
@@ -293,8 +328,11 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--layout", choices=["tp", "pp"], required=True)
     ap.add_argument("--cases", required=True, help="comma-separated case names")
-    ap.add_argument("--ckpt", action="store_true",
-                    help="checkpoint round trip of the s3 cases (s3_clip: refused clearly)")
+    ap.add_argument(
+        "--ckpt",
+        action="store_true",
+        help="checkpoint round trip of the s3 cases (s3_clip: refused clearly)",
+    )
     args = ap.parse_args()
     args.mp, args.pp = (2, 1) if args.layout == "tp" else (1, 2)
     recs: dict[str, Any] = {}

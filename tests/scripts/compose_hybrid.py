@@ -21,9 +21,9 @@ from torch import nn
 import fleet
 from fleet.base.runtime import get_runtime
 from fleet.checkpoint import load_checkpoint, save_checkpoint
+from fleet.meta_optimizers.sharding import ShardedOptimizer
 from fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear
 from fleet.meta_parallel.pipeline_layer import LayerDesc, PipelineLayer
-from fleet.meta_optimizers.sharding import ShardedOptimizer
 
 IN, HIDDEN, OUT, STEPS = 8, 16, 4, 3
 
@@ -45,7 +45,8 @@ def case_tp(hcg, rec: dict, ckpt: str) -> None:
     torch.manual_seed(3)
     dense = nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT))
     model = nn.Sequential(
-        ColumnParallelLinear.from_dense(dense[0], gather_output=False), nn.Tanh(),
+        ColumnParallelLinear.from_dense(dense[0], gather_output=False),
+        nn.Tanh(),
         RowParallelLinear.from_dense(dense[2], input_is_parallel=True),
     )
     ref_opt = torch.optim.Adam(dense.parameters(), lr=1e-2)
@@ -57,7 +58,7 @@ def case_tp(hcg, rec: dict, ckpt: str) -> None:
     per = 4
     for step in range(STEPS):
         x, y = batch(step, per * count)
-        xs, ys = x[idx * per:(idx + 1) * per], y[idx * per:(idx + 1) * per]
+        xs, ys = x[idx * per : (idx + 1) * per], y[idx * per : (idx + 1) * per]
         nn.functional.mse_loss(model(xs), ys).backward()
         opt.step()
         opt.zero_grad()
@@ -85,17 +86,23 @@ def case_tp(hcg, rec: dict, ckpt: str) -> None:
         for v in st.values():
             v.mul_(-3.0) if isinstance(v, torch.Tensor) else None
     load_checkpoint(ckpt, model, opt)
-    rec["ckpt_param_err"] = max(float((p.detach() - b).abs().max())
-                                for p, b in zip(module.parameters(), before))
+    rec["ckpt_param_err"] = max(
+        float((p.detach() - b).abs().max()) for p, b in zip(module.parameters(), before)
+    )
     after = opt.state[opt.param_groups[0]["params"][0]]
     rec["ckpt_state_err"] = max(float((after[k] - v).abs().max()) for k, v in state_before.items())
 
 
 def case_pp(hcg, rec: dict, args) -> None:
-    descs = [LayerDesc(nn.Linear, IN, HIDDEN), LayerDesc(nn.Tanh),
-             LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
-             LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh),
-             LayerDesc(nn.Linear, HIDDEN, OUT)]
+    descs = [
+        LayerDesc(nn.Linear, IN, HIDDEN),
+        LayerDesc(nn.Tanh),
+        LayerDesc(nn.Linear, HIDDEN, HIDDEN),
+        LayerDesc(nn.Tanh),
+        LayerDesc(nn.Linear, HIDDEN, HIDDEN),
+        LayerDesc(nn.Tanh),
+        LayerDesc(nn.Linear, HIDDEN, OUT),
+    ]
     torch.manual_seed(7)
     ref = PipelineLayer(descs, num_stages=1, stage_id=0, loss_fn=nn.MSELoss())
     pipe = PipelineLayer(descs, topology=hcg.topology(), loss_fn=nn.MSELoss())
@@ -109,8 +116,9 @@ def case_pp(hcg, rec: dict, args) -> None:
     local = 2 * 2  # micro_batch_size * accumulate_steps
     for step in range(STEPS):
         x, y = batch(step, local * count)
-        model.train_batch([x[idx * local:(idx + 1) * local], y[idx * local:(idx + 1) * local]],
-                          opt)
+        model.train_batch(
+            [x[idx * local : (idx + 1) * local], y[idx * local : (idx + 1) * local]], opt
+        )
         ref_opt.zero_grad()
         nn.functional.mse_loss(ref(x), y).backward()
         ref_opt.step()
@@ -130,8 +138,12 @@ def main() -> None:
     ap.add_argument("--stage", type=int, default=1)
     args = ap.parse_args()
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": args.dp, "mp_degree": args.mp,
-                               "pp_degree": args.pp, "sharding_degree": args.sharding}
+    strategy.hybrid_configs = {
+        "dp_degree": args.dp,
+        "mp_degree": args.mp,
+        "pp_degree": args.pp,
+        "sharding_degree": args.sharding,
+    }
     if args.sharding > 1:
         strategy.sharding = True
         strategy.sharding_configs = {"stage": args.stage}
@@ -139,8 +151,10 @@ def main() -> None:
         strategy.pipeline_configs = {"micro_batch_size": 2, "accumulate_steps": 2}
     fleet.init(is_collective=True, strategy=strategy)
     hcg = get_runtime("test").hcg
-    rec: dict = {"rank": fleet.worker_index(), "coord": hcg.topology().get_coord(
-        fleet.worker_index())}
+    rec: dict = {
+        "rank": fleet.worker_index(),
+        "coord": hcg.topology().get_coord(fleet.worker_index()),
+    }
     if args.case == "tp":
         case_tp(hcg, rec, os.path.join(args.out, "ckpt"))
     else:

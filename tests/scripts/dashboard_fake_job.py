@@ -22,7 +22,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 p = argparse.ArgumentParser()
 p.add_argument("--log_dir", required=True)
 p.add_argument("--trainers", type=int, default=2)
-p.add_argument("--fail_after", type=float, default=0.0, help="seconds until rank 1 dies (0 = never)")
+p.add_argument(
+    "--fail_after", type=float, default=0.0, help="seconds until rank 1 dies (0 = never)"
+)
 p.add_argument("--fail_when", default="", help="rank 1 dies when this file exists")
 p.add_argument("--duration", type=float, default=120.0, help="seconds to run at most")
 args = p.parse_args()
@@ -85,25 +87,51 @@ def write_json(name: str, data: object) -> None:
     os.replace(tmp, os.path.join(log_dir, name))
 
 
-write_json("metrics_targets.json", [
-    {"targets": [a], "labels": {"job": "fake", "role": role, "rank": str(rank), "host": host}}
-    for role, rank, _, _, a in procs
-] + [{"targets": [launcher_addr], "labels": {"job": "fake", "role": "launcher", "rank": "0", "host": host}}])
+write_json(
+    "metrics_targets.json",
+    [
+        {"targets": [a], "labels": {"job": "fake", "role": role, "rank": str(rank), "host": host}}
+        for role, rank, _, _, a in procs
+    ]
+    + [
+        {
+            "targets": [launcher_addr],
+            "labels": {"job": "fake", "role": "launcher", "rank": "0", "host": host},
+        }
+    ],
+)
 
 
 def job_state(state: str, failed: bool, summary: str | None) -> dict:
     records = []
     for role, rank, _, _, a in procs:
         dead = failed and role == "trainer" and rank == 1
-        records.append({
-            "role": role, "rank": rank, "host": host, "pid": os.getpid() * 10 + rank,
-            "state": "failed" if dead else ("up" if not failed else "exited"),
-            "exit_code": None if not dead else -9, "signal": "SIGKILL" if dead else None,
-            "metrics": a, "log": log_path(role, rank),
-        })
-    return {"name": "fake", "run_id": "fake-run", "state": state, "attempt": 0, "restarts": 0,
-            "max_restarts": 0, "started_at": start, "updated_at": time.time(),
-            "launcher_metrics": launcher_addr, "processes": records, "failure_summary": summary}
+        records.append(
+            {
+                "role": role,
+                "rank": rank,
+                "host": host,
+                "pid": os.getpid() * 10 + rank,
+                "state": "failed" if dead else ("up" if not failed else "exited"),
+                "exit_code": None if not dead else -9,
+                "signal": "SIGKILL" if dead else None,
+                "metrics": a,
+                "log": log_path(role, rank),
+            }
+        )
+    return {
+        "name": "fake",
+        "run_id": "fake-run",
+        "state": state,
+        "attempt": 0,
+        "restarts": 0,
+        "max_restarts": 0,
+        "started_at": start,
+        "updated_at": time.time(),
+        "launcher_metrics": launcher_addr,
+        "processes": records,
+        "failure_summary": summary,
+    }
 
 
 job_state_g.labels("running").set(1)

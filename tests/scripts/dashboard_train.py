@@ -66,8 +66,9 @@ def main() -> None:
     rank = fleet.worker_index()
     own = None if hasattr(fleet, "report") else OwnMetrics()
     torch.manual_seed(0)
-    model = fleet.distributed_model(torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    model = fleet.distributed_model(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    )
     opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(256, 16, generator=g)
@@ -76,8 +77,10 @@ def main() -> None:
     t_start = time.monotonic()
     step = 0
     while time.monotonic() - t_start < args.seconds:
-        if rank == args.kill_rank and (time.monotonic() - t_start > args.kill_after
-                                       or (args.kill_when and os.path.exists(args.kill_when))):
+        if rank == args.kill_rank and (
+            time.monotonic() - t_start > args.kill_after
+            or (args.kill_when and os.path.exists(args.kill_when))
+        ):
             print(f"rank {rank}: about to SIGKILL myself at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = time.perf_counter()

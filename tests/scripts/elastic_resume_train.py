@@ -31,8 +31,13 @@ def make_dataset() -> TensorDataset:
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(11)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 1),
+    )
 
 
 def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
@@ -109,17 +114,22 @@ def main() -> None:
 
     dataset = make_dataset()
     sampler = ElasticSampler(dataset, seed=3, drop_last=True)
-    loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world, sampler=sampler,
-                        drop_last=True)
+    loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world, sampler=sampler, drop_last=True)
     model = fleet.distributed_model(make_model())
     kind = "sgd" if args.mode == "dp" else "adam"
     opt = fleet.distributed_optimizer(make_optimizer(kind, model.parameters()))
     ckpt = Checkpointer(model, opt, args.ckpt, every_steps=args.every, keep=2)
     start = ckpt.restore()
     trained = train(model, opt, loader, sampler, ckpt, start, args.steps, args.stop_at, world)
-    rec = {"rank": rank, "world": world, "resumed": [start.step, start.epoch, start.offset],
-           "saved_world_size": start.saved_world_size, "extra": start.extra,
-           "trained": trained, "state_params": len(opt.state)}
+    rec = {
+        "rank": rank,
+        "world": world,
+        "resumed": [start.step, start.epoch, start.offset],
+        "saved_world_size": start.saved_world_size,
+        "extra": start.extra,
+        "trained": trained,
+        "state_params": len(opt.state),
+    }
     if trained and trained[-1][0] == args.steps and rank == 0:
         torch.save(flat(model), os.path.join(args.out, f"final_{args.mode}.pt"))
     with open(os.path.join(args.out, f"{args.tag}_rank{rank}.json"), "w") as f:

@@ -21,10 +21,23 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-            "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-            "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "PADDLE_TRAINERS_NUM",
-            "PADDLE_TRAINER_ID", "PADDLE_TRAINER_ENDPOINTS")
+ENV_KEYS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PADDLE_TRAINERS_NUM",
+    "PADDLE_TRAINER_ID",
+    "PADDLE_TRAINER_ENDPOINTS",
+)
 
 
 def append(path: str, record: dict) -> None:
@@ -58,9 +71,18 @@ def main() -> None:
         step = state["step"]
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if rank == 0:
-        append(progress, {"event": "start", "step": step, "world": world, "restart": restart,
-                          "time": time.time(), "pid": os.getpid(),
-                          "env": {k: os.environ.get(k) for k in ENV_KEYS}})
+        append(
+            progress,
+            {
+                "event": "start",
+                "step": step,
+                "world": world,
+                "restart": restart,
+                "time": time.time(),
+                "pid": os.getpid(),
+                "env": {k: os.environ.get(k) for k in ENV_KEYS},
+            },
+        )
     g = torch.Generator().manual_seed(1234)
     while True:
         done = step >= args.steps and (args.stop_file is None or os.path.exists(args.stop_file))
@@ -78,11 +100,22 @@ def main() -> None:
         opt.step()
         step += 1
         if rank == 0:
-            append(progress, {"event": "step", "step": step, "world": world, "restart": restart,
-                              "time": time.time(), "loss": float(loss.detach())})
+            append(
+                progress,
+                {
+                    "event": "step",
+                    "step": step,
+                    "world": world,
+                    "restart": restart,
+                    "time": time.time(),
+                    "loss": float(loss.detach()),
+                },
+            )
             if step % args.every == 0:
                 tmp = ckpt + ".tmp"
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+                torch.save(
+                    {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp
+                )
                 os.replace(tmp, ckpt)
         time.sleep(args.step_time)
     dist.barrier()

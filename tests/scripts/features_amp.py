@@ -28,10 +28,16 @@ IN, HIDDEN, OUT = 8, 16, 4
 
 def make_scaler(kind: str):
     if kind == "fleet":
-        return GradScaler(init_loss_scaling=1024.0, incr_ratio=2.0, decr_ratio=0.5,
-                          incr_every_n_steps=3, decr_every_n_nan_or_inf=1)
-    return torch.amp.GradScaler("cpu", init_scale=1024.0, growth_factor=2.0, backoff_factor=0.5,
-                                growth_interval=3)
+        return GradScaler(
+            init_loss_scaling=1024.0,
+            incr_ratio=2.0,
+            decr_ratio=0.5,
+            incr_every_n_steps=3,
+            decr_every_n_nan_or_inf=1,
+        )
+    return torch.amp.GradScaler(
+        "cpu", init_scale=1024.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=3
+    )
 
 
 def train(kind: str, rank: int, dp_rank: int) -> list[dict]:
@@ -61,8 +67,9 @@ def train(kind: str, rank: int, dp_rank: int) -> list[dict]:
         scaler.step(opt)
         scaler.update()
         skipped = all(torch.equal(a, p.detach()) for a, p in zip(before, params))
-        steps.append({"local_inf": local_inf, "skipped": skipped,
-                      "scale": float(scaler.get_scale())})
+        steps.append(
+            {"local_inf": local_inf, "skipped": skipped, "scale": float(scaler.get_scale())}
+        )
         opt.zero_grad()
     return steps
 

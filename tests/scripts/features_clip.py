@@ -28,16 +28,22 @@ VOCAB, DIM, HIDDEN, BATCH = 16, 8, 12, 6
 
 def build(mp_rank: int, mp: int):
     torch.manual_seed(5)
-    dense = nn.ModuleDict({
-        "emb": nn.Embedding(VOCAB, DIM), "fc1": nn.Linear(DIM, HIDDEN),
-        "fc2": nn.Linear(HIDDEN, DIM), "norm": nn.LayerNorm(DIM),
-    })
-    tp = nn.ModuleDict({
-        "emb": VocabParallelEmbedding.from_dense(dense["emb"]),
-        "fc1": ColumnParallelLinear.from_dense(dense["fc1"], gather_output=False),
-        "fc2": RowParallelLinear.from_dense(dense["fc2"], input_is_parallel=True),
-        "norm": nn.LayerNorm(DIM),
-    })
+    dense = nn.ModuleDict(
+        {
+            "emb": nn.Embedding(VOCAB, DIM),
+            "fc1": nn.Linear(DIM, HIDDEN),
+            "fc2": nn.Linear(HIDDEN, DIM),
+            "norm": nn.LayerNorm(DIM),
+        }
+    )
+    tp = nn.ModuleDict(
+        {
+            "emb": VocabParallelEmbedding.from_dense(dense["emb"]),
+            "fc1": ColumnParallelLinear.from_dense(dense["fc1"], gather_output=False),
+            "fc2": RowParallelLinear.from_dense(dense["fc2"], input_is_parallel=True),
+            "norm": nn.LayerNorm(DIM),
+        }
+    )
     tp["norm"].load_state_dict(dense["norm"].state_dict())
     with torch.no_grad():  # a non-trivial LayerNorm
         dense["norm"].weight.uniform_(0.5, 1.5)
@@ -46,9 +52,13 @@ def build(mp_rank: int, mp: int):
     h = slice(mp_rank * HIDDEN // mp, (mp_rank + 1) * HIDDEN // mp)
     # shard of each TP parameter as a function of the dense parameter
     slices = {
-        "emb.weight": lambda t: t[v], "fc1.weight": lambda t: t[h], "fc1.bias": lambda t: t[h],
-        "fc2.weight": lambda t: t[:, h], "fc2.bias": lambda t: t,
-        "norm.weight": lambda t: t, "norm.bias": lambda t: t,
+        "emb.weight": lambda t: t[v],
+        "fc1.weight": lambda t: t[h],
+        "fc1.bias": lambda t: t[h],
+        "fc2.weight": lambda t: t[:, h],
+        "fc2.bias": lambda t: t,
+        "norm.weight": lambda t: t,
+        "norm.bias": lambda t: t,
     }
     return dense, tp, slices
 
@@ -66,14 +76,17 @@ def backward_both(dense, tp, scale: float) -> None:
 
 def grad_errs(dense, tp, slices) -> float:
     dp = dict(dense.named_parameters())
-    return max(float((p.grad - slices[n](dp[n].grad)).abs().max())
-               for n, p in tp.named_parameters())
+    return max(
+        float((p.grad - slices[n](dp[n].grad)).abs().max()) for n, p in tp.named_parameters()
+    )
 
 
 def param_errs(dense, tp, slices) -> float:
     dp = dict(dense.named_parameters())
-    return max(float((p.detach() - slices[n](dp[n].detach())).abs().max())
-               for n, p in tp.named_parameters())
+    return max(
+        float((p.detach() - slices[n](dp[n].detach())).abs().max())
+        for n, p in tp.named_parameters()
+    )
 
 
 def main() -> None:
@@ -94,12 +107,14 @@ def main() -> None:
         dense, tp, slices = build(mp_rank, args.mp)
         backward_both(dense, tp, scale=3.0)
         # what torch's clip_grad_norm_ would see on this rank's shards alone
-        naive = float(torch.nn.utils.get_total_norm([p.grad for p in tp.parameters()],
-                                                    norm_type))
+        naive = float(torch.nn.utils.get_total_norm([p.grad for p in tp.parameters()], norm_type))
         ref = float(torch.nn.utils.clip_grad_norm_(dense.parameters(), 0.5, norm_type))
         ours = float(fleet.clip_grad_norm_(tp.parameters(), 0.5, norm_type))
         rec["cases"][str(norm_type)] = {
-            "ours": ours, "ref": ref, "naive": naive, "grad_err": grad_errs(dense, tp, slices),
+            "ours": ours,
+            "ref": ref,
+            "naive": naive,
+            "grad_err": grad_errs(dense, tp, slices),
         }
 
     # the optimizer hook: clipping before every SGD step, vs clip_grad_norm_ + SGD on dense

@@ -56,8 +56,10 @@ def make_strategy(world: int) -> fleet.DistributedStrategy:
 def batches(world: int):
     gen = torch.Generator().manual_seed(42)
     for _ in range(UPDATES * K):
-        yield torch.randn(MICRO * world, DIM, generator=gen), torch.randn(MICRO * world, 1,
-                                                                          generator=gen)
+        yield (
+            torch.randn(MICRO * world, DIM, generator=gen),
+            torch.randn(MICRO * world, 1, generator=gen),
+        )
 
 
 def flat(model: nn.Module) -> torch.Tensor:
@@ -112,8 +114,7 @@ def main() -> None:
         "rank": rank,
         "out_dtypes": sorted(dtypes),
         "updates": updates,
-        "recompute_wrapped": [type(layer.__dict__.get("forward")).__name__
-                              for layer in net.layers],
+        "recompute_wrapped": [type(layer.__dict__.get("forward")).__name__ for layer in net.layers],
         "spread": max(float((g - params).abs().max()) for g in gathered),
         "scale": scaler.get_scale(),
         "is_ddp": isinstance(model, torch.nn.parallel.DistributedDataParallel),

@@ -58,7 +58,8 @@ def run(block: Block, mode: str) -> dict:
     w = torch.randn(BATCH, IN, generator=torch.Generator().manual_seed(10))
     (y * w).sum().backward()
     return {
-        "y": y.detach(), "grads": [x.grad.clone()] + [p.grad.clone() for p in block.parameters()],
+        "y": y.detach(),
+        "grads": [x.grad.clone()] + [p.grad.clone() for p in block.parameters()],
         "tracker": get_rng_state_tracker().get_states_tracker(),
         "after": torch.rand(4),  # the global stream continues identically
         "saved_bytes": saved.bytes,
@@ -66,8 +67,9 @@ def run(block: Block, mode: str) -> dict:
 
 
 def same(a: dict, b: dict) -> bool:
-    return (torch.equal(a["y"], b["y"])
-            and all(torch.equal(g, h) for g, h in zip(a["grads"], b["grads"])))
+    return torch.equal(a["y"], b["y"]) and all(
+        torch.equal(g, h) for g, h in zip(a["grads"], b["grads"])
+    )
 
 
 def main() -> None:
@@ -82,13 +84,17 @@ def main() -> None:
     rank = fleet.worker_index()
     torch.manual_seed(3)
     block = Block()
-    plain, recomputed, unreplayed = run(block, "plain"), run(block, "recompute"), run(
-        block, "torch")
+    plain, recomputed, unreplayed = (
+        run(block, "plain"),
+        run(block, "recompute"),
+        run(block, "torch"),
+    )
     rec = {
         "rank": rank,
         "recompute_equal": same(plain, recomputed),
-        "tracker_equal": all(torch.equal(plain["tracker"][k], recomputed["tracker"][k])
-                             for k in plain["tracker"]),
+        "tracker_equal": all(
+            torch.equal(plain["tracker"][k], recomputed["tracker"][k]) for k in plain["tracker"]
+        ),
         "global_equal": torch.equal(plain["after"], recomputed["after"]),
         "torch_checkpoint_equal": same(plain, unreplayed),
         "saved_bytes": {"plain": plain["saved_bytes"], "recompute": recomputed["saved_bytes"]},

@@ -72,7 +72,7 @@ def check_data_parallel(rank: int, world: int, rec: dict) -> None:
     per = batch // world
     for step in range(steps):
         x, y = global_batch(step, batch)
-        xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+        xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
         opt.zero_grad()
         torch.nn.functional.mse_loss(dp(xs), ys).backward()
         opt.step()
@@ -114,7 +114,7 @@ def check_gradient_merge(rank: int, world: int, rec: dict) -> None:
         for j in range(k):
             # micro-step j of this update: rank r reads its slice of chunk j
             lo = j * micro * world + rank * micro
-            xs, ys = x[lo:lo + micro], y[lo:lo + micro]
+            xs, ys = x[lo : lo + micro], y[lo : lo + micro]
             torch.nn.functional.mse_loss(dp(xs), ys).backward()
             opt.step()
             opt.zero_grad()

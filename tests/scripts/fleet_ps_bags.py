@@ -11,8 +11,12 @@ import fleet
 from ps_server import SGD, Uniform
 
 fleet.init(is_collective=False)
-emb = fleet.DistributedEmbedding("bags", 3, optimizer=SGD(0.5), initializer=Uniform(-1, 1), pooling="sum")
-mean = fleet.DistributedEmbedding("bags_mean", 3, optimizer=SGD(0.5), initializer=Uniform(-1, 1), pooling="mean")
+emb = fleet.DistributedEmbedding(
+    "bags", 3, optimizer=SGD(0.5), initializer=Uniform(-1, 1), pooling="sum"
+)
+mean = fleet.DistributedEmbedding(
+    "bags_mean", 3, optimizer=SGD(0.5), initializer=Uniform(-1, 1), pooling="mean"
+)
 if fleet.is_server():
     fleet.init_server()
     fleet.run_server()
@@ -21,7 +25,10 @@ else:
     from fleet.ps.runtime import get_client, get_communicator
 
     ids2d = torch.tensor([[5, -7, 5], [2**62, 3, -(2**63)]], dtype=torch.int64)
-    rows = {k: get_client().pull_sparse("bags", np.array([k], np.int64))[0] for k in ids2d.reshape(-1).tolist()}
+    rows = {
+        k: get_client().pull_sparse("bags", np.array([k], np.int64))[0]
+        for k in ids2d.reshape(-1).tolist()
+    }
     out2d = emb(ids2d)
     expect = torch.tensor(np.array([sum(rows[k] for k in r) for r in ids2d.tolist()]))
     assert torch.allclose(out2d, expect, atol=1e-6), (out2d, expect)
@@ -41,8 +48,9 @@ else:
 
     # Jagged slots (the layout of a fleet.data batch's sparse slot): values + offsets [B+1].
     slot_a = SimpleNamespace(values=flat, offsets=torch.tensor([0, 3, 6, 7]))
-    slot_b = SimpleNamespace(values=torch.tensor([9, 2**62, 11], dtype=torch.int64),
-                             offsets=torch.tensor([0, 0, 2, 3]))  # an empty bag first
+    slot_b = SimpleNamespace(
+        values=torch.tensor([9, 2**62, 11], dtype=torch.int64), offsets=torch.tensor([0, 0, 2, 3])
+    )  # an empty bag first
     emb.eval()
     assert torch.allclose(emb(slot_a), emb(flat, offsets), atol=1e-6)
     comm = get_communicator()
@@ -65,8 +73,10 @@ else:
     opt.step()
     after11 = get_client().pull_sparse("bags", np.array([11], np.int64))[0]
     assert np.allclose(after11, before - 0.5, atol=1e-6), (after11, before)
-    for bad_slot, words in ((SimpleNamespace(values=flat, offsets=torch.tensor([0, 3])), "offsets"),
-                            ("not a slot", "expected a sparse slot")):
+    for bad_slot, words in (
+        (SimpleNamespace(values=flat, offsets=torch.tensor([0, 3])), "offsets"),
+        ("not a slot", "expected a sparse slot"),
+    ):
         try:
             emb([slot_a, bad_slot])
         except Exception as err:  # noqa: BLE001 - checking the message

@@ -31,8 +31,9 @@ fleet.init(is_collective=False, strategy=fleet.DistributedStrategy())
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.emb = fleet.DistributedEmbedding("emb", 4, optimizer=Adagrad(0.1),
-                                              initializer=Uniform(-0.5, 0.5), pooling="sum")
+        self.emb = fleet.DistributedEmbedding(
+            "emb", 4, optimizer=Adagrad(0.1), initializer=Uniform(-0.5, 0.5), pooling="sum"
+        )
         torch.manual_seed(0)
         self.fc = torch.nn.Linear(4, 1)
 
@@ -49,8 +50,10 @@ if fleet.is_server():
 fleet.init_worker()
 rank, world = fleet.worker_index(), fleet.worker_num()
 gen = torch.Generator().manual_seed(1234)
-batches = [(torch.randint(-40, 40, (16, 3), generator=gen) * 1_000_003, torch.randn(16, generator=gen))
-           for _ in range(args.steps)]
+batches = [
+    (torch.randint(-40, 40, (16, 3), generator=gen) * 1_000_003, torch.randn(16, generator=gen))
+    for _ in range(args.steps)
+]
 keys = np.unique(torch.cat([ids.reshape(-1) for ids, _ in batches]).numpy())
 
 out: dict = {"rank": rank}

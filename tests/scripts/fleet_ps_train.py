@@ -23,7 +23,9 @@ p.add_argument("--vocab", type=int, default=40)
 p.add_argument("--save", default="")
 p.add_argument("--geo_k", type=int, default=2)
 p.add_argument("--load", default="", help="servers start from this checkpoint")
-p.add_argument("--key_steps", type=int, default=-1, help="report keys of this many steps (default: --steps)")
+p.add_argument(
+    "--key_steps", type=int, default=-1, help="report keys of this many steps (default: --steps)"
+)
 args = p.parse_args()
 
 strategy = fleet.DistributedStrategy()
@@ -39,8 +41,9 @@ fleet.init(is_collective=False, strategy=strategy)
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.emb = fleet.DistributedEmbedding("emb", 4, optimizer=SGD(args.lr),
-                                              initializer=Uniform(-0.5, 0.5), pooling="sum")
+        self.emb = fleet.DistributedEmbedding(
+            "emb", 4, optimizer=SGD(args.lr), initializer=Uniform(-0.5, 0.5), pooling="sum"
+        )
         torch.manual_seed(0)
         self.fc = torch.nn.Linear(4, 1)
 
@@ -60,7 +63,10 @@ else:
     gen = torch.Generator().manual_seed(1234)
     keys_seen = set()
     for step in range(max(args.steps, args.key_steps)):
-        ids = torch.randint(-args.vocab, args.vocab, (args.global_batch, 3), generator=gen) * 1_000_003
+        ids = (
+            torch.randint(-args.vocab, args.vocab, (args.global_batch, 3), generator=gen)
+            * 1_000_003
+        )
         y = torch.randn(args.global_batch, generator=gen)
         mine = slice(rank * b, (rank + 1) * b)
         keys_seen.update(ids.reshape(-1).tolist())
@@ -78,8 +84,11 @@ else:
 
         keys = np.array(sorted(keys_seen), dtype=np.int64)
         rows = get_client().pull_sparse("emb", keys)
-        out = {"keys": keys.tolist(), "rows": rows.tolist(),
-               "fc": [p.detach().reshape(-1).tolist() for p in model.fc.parameters()]}
+        out = {
+            "keys": keys.tolist(),
+            "rows": rows.tolist(),
+            "fc": [p.detach().reshape(-1).tolist() for p in model.fc.parameters()],
+        }
         with open(args.out, "w") as f:
             json.dump(out, f)
     fleet.stop_worker()

@@ -190,8 +190,11 @@ def _pod(
     for item in container.get("env", []):
         if "value" in item:
             # $(NAME) of a variable listed earlier expands, as the kubelet does
-            value = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                           lambda m: env.get(m.group(1), m.group(0)), str(item["value"]))
+            value = re.sub(
+                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                lambda m: env.get(m.group(1), m.group(0)),
+                str(item["value"]),
+            )
             env[item["name"]] = local(value)
         elif "fieldRef" in item.get("valueFrom", {}):
             env[item["name"]] = _field(item["valueFrom"]["fieldRef"]["fieldPath"], pod)

@@ -16,6 +16,9 @@ if "--fail_rank" in sys.argv and rank == int(sys.argv[sys.argv.index("--fail_ran
 dist.barrier()
 eps = os.environ["PADDLE_TRAINER_ENDPOINTS"].split(",")
 assert len(eps) == world
-print(f"MULTINODE_OK rank={rank} world={world} node={os.environ['GROUP_RANK']} "
-      f"attempt={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
+print(
+    f"MULTINODE_OK rank={rank} world={world} node={os.environ['GROUP_RANK']} "
+    f"attempt={os.environ['TORCHELASTIC_RESTART_COUNT']}",
+    flush=True,
+)
 dist.destroy_process_group()

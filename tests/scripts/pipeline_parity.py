@@ -24,6 +24,7 @@ from torch import nn
 import fleet
 from collective.errors import ConfigError
 from fleet.base.runtime import get_runtime
+from fleet.base.topology import HybridCommunicateGroup, build_topology
 from fleet.meta_parallel import (
     ColumnParallelLinear,
     LayerDesc,
@@ -33,7 +34,6 @@ from fleet.meta_parallel import (
     SharedLayerDesc,
 )
 from fleet.meta_parallel.pp_memory import SavedActivationMeter
-from fleet.base.topology import HybridCommunicateGroup, build_topology
 
 VOCAB, HIDDEN, SEQ = 32, 16, 5
 
@@ -64,22 +64,31 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def make_model(kind: str) -> tuple[list[Any], Any]:
     if kind == "mlp":
         return [
-            LayerDesc(nn.Linear, 8, HIDDEN), LayerDesc(nn.Tanh),
-            LayerDesc(nn.Linear, HIDDEN, HIDDEN), LayerDesc(nn.Tanh), double,
-            LayerDesc(nn.Linear, HIDDEN, HIDDEN), nn.Tanh(), LayerDesc(nn.Linear, HIDDEN, 4),
+            LayerDesc(nn.Linear, 8, HIDDEN),
+            LayerDesc(nn.Tanh),
+            LayerDesc(nn.Linear, HIDDEN, HIDDEN),
+            LayerDesc(nn.Tanh),
+            double,
+            LayerDesc(nn.Linear, HIDDEN, HIDDEN),
+            nn.Tanh(),
+            LayerDesc(nn.Linear, HIDDEN, 4),
         ], nn.MSELoss()
     if kind == "tied":
         return [
             SharedLayerDesc("embed", nn.Embedding, None, "weight", VOCAB, HIDDEN),
-            LayerDesc(Block, HIDDEN), LayerDesc(Block, HIDDEN), LayerDesc(Block, HIDDEN),
+            LayerDesc(Block, HIDDEN),
+            LayerDesc(Block, HIDDEN),
+            LayerDesc(Block, HIDDEN),
             SharedLayerDesc("embed", nn.Embedding, unembed, "weight", VOCAB, HIDDEN),
         ], token_loss
     if kind == "tp":
         return [
             LayerDesc(nn.Linear, 8, HIDDEN),
-            LayerDesc(ColumnParallelLinear, HIDDEN, 32, gather_output=False), LayerDesc(nn.GELU),
+            LayerDesc(ColumnParallelLinear, HIDDEN, 32, gather_output=False),
+            LayerDesc(nn.GELU),
             LayerDesc(RowParallelLinear, 32, HIDDEN, input_is_parallel=True),
-            LayerDesc(ColumnParallelLinear, HIDDEN, 32, gather_output=False), LayerDesc(nn.GELU),
+            LayerDesc(ColumnParallelLinear, HIDDEN, 32, gather_output=False),
+            LayerDesc(nn.GELU),
             LayerDesc(RowParallelLinear, 32, HIDDEN, input_is_parallel=True),
             LayerDesc(nn.Linear, HIDDEN, 4),
         ], nn.MSELoss()
@@ -96,19 +105,35 @@ def make_batch(kind: str, batch: int, step: int) -> tuple[torch.Tensor, torch.Te
 
 def strategy_for(mbs: int, acc: int, schedule: str) -> fleet.DistributedStrategy:
     s = fleet.DistributedStrategy()
-    s.pipeline_configs = {"micro_batch_size": mbs, "accumulate_steps": acc,
-                          "schedule_mode": schedule}
+    s.pipeline_configs = {
+        "micro_batch_size": mbs,
+        "accumulate_steps": acc,
+        "schedule_mode": schedule,
+    }
     return s
 
 
-def parity(hcg: Any, kind: str, schedule: str, seg: str = "uniform", recompute: int = 0,
-           mbs: int = 2, acc: int = 4, steps: int = 3) -> dict[str, Any]:
+def parity(
+    hcg: Any,
+    kind: str,
+    schedule: str,
+    seg: str = "uniform",
+    recompute: int = 0,
+    mbs: int = 2,
+    acc: int = 4,
+    steps: int = 3,
+) -> dict[str, Any]:
     """Train pipeline and reference side by side; the largest differences."""
     descs, loss_fn = make_model(kind)
     torch.manual_seed(7)
     ref = PipelineLayer(descs, num_stages=1, stage_id=0, loss_fn=loss_fn)
-    pipe = PipelineLayer(descs, topology=hcg.topology(), loss_fn=loss_fn, seg_method=seg,
-                         recompute_interval=recompute)
+    pipe = PipelineLayer(
+        descs,
+        topology=hcg.topology(),
+        loss_fn=loss_fn,
+        seg_method=seg,
+        recompute_interval=recompute,
+    )
     ref_state = ref.state_dict()
     init = {k: v.clone() for k, v in ref_state.items()}
     pipe.load_state_dict({k: ref_state[k] for k in pipe.state_dict()})
@@ -122,7 +147,10 @@ def parity(hcg: Any, kind: str, schedule: str, seg: str = "uniform", recompute: 
     loss_err, losses = 0.0, []
     for step in range(steps):
         x, y = make_batch(kind, local * dp, step)
-        xl, yl = x[dp_rank * local:(dp_rank + 1) * local], y[dp_rank * local:(dp_rank + 1) * local]
+        xl, yl = (
+            x[dp_rank * local : (dp_rank + 1) * local],
+            y[dp_rank * local : (dp_rank + 1) * local],
+        )
         loss = model.train_batch([xl, yl], opt, sched)
         with torch.no_grad():
             ref_local = loss_fn(ref(xl), yl)
@@ -143,17 +171,26 @@ def parity(hcg: Any, kind: str, schedule: str, seg: str = "uniform", recompute: 
         outs = model.eval_batch([xe, None], compute_loss=False)
         out_err = float((outs - ref(xe)).abs().max()) if outs is not None else 0.0
     return {
-        "out_err": out_err, "has_out": outs is not None,
-        "loss_err": loss_err, "param_err": param_err, "eval_err": abs(float(ev) - float(ref_ev)),
-        "losses": losses, "moved": moved, "range": list(pipe.stage_layer_range()),
-        "shared": sorted(pipe.shared_layers.keys()), "n_params": len(pipe.state_dict()),
+        "out_err": out_err,
+        "has_out": outs is not None,
+        "loss_err": loss_err,
+        "param_err": param_err,
+        "eval_err": abs(float(ev) - float(ref_ev)),
+        "losses": losses,
+        "moved": moved,
+        "range": list(pipe.stage_layer_range()),
+        "shared": sorted(pipe.shared_layers.keys()),
+        "n_params": len(pipe.state_dict()),
     }
 
 
 def memory(hcg: Any, schedule: str, acc: int) -> int:
     """Peak bytes of saved activations on this stage during one train_batch."""
-    descs = [LayerDesc(nn.Linear, 8, 64)] + [LayerDesc(Block, 64) for _ in range(6)] + [
-        LayerDesc(nn.Linear, 64, 4)]
+    descs = (
+        [LayerDesc(nn.Linear, 8, 64)]
+        + [LayerDesc(Block, 64) for _ in range(6)]
+        + [LayerDesc(nn.Linear, 64, 4)]
+    )
     torch.manual_seed(3)
     pipe = PipelineLayer(descs, topology=hcg.topology(), loss_fn=nn.MSELoss())
     model = PipelineParallel(pipe, hcg, strategy_for(4, acc, schedule))
@@ -177,8 +214,9 @@ def main() -> None:
     fleet.init(is_collective=True, strategy=strategy)
     hcg = get_runtime("test").hcg
     if hcg is None:  # fleet.init builds the groups only for tensor parallelism so far
-        hcg = HybridCommunicateGroup(build_topology(strategy.hybrid_configs,
-                                                    tdist.get_world_size()))
+        hcg = HybridCommunicateGroup(
+            build_topology(strategy.hybrid_configs, tdist.get_world_size())
+        )
     rec: dict[str, Any] = {"rank": tdist.get_rank(), "stage": hcg.get_stage_id(), "runs": {}}
     for name in args.scenarios.split(","):
         if name == "badbatch":
@@ -186,8 +224,9 @@ def main() -> None:
             pipe = PipelineLayer(descs, topology=hcg.topology(), loss_fn=loss_fn)
             model = PipelineParallel(pipe, hcg, strategy_for(2, 4, "1F1B"))
             try:
-                model.train_batch(list(make_batch("mlp", 6, 0)), torch.optim.SGD(
-                    pipe.parameters(), lr=0.1))
+                model.train_batch(
+                    list(make_batch("mlp", 6, 0)), torch.optim.SGD(pipe.parameters(), lr=0.1)
+                )
                 rec["badbatch"] = "no error"
             except ConfigError as exc:
                 rec["badbatch"] = str(exc)
@@ -195,12 +234,14 @@ def main() -> None:
             descs, loss_fn = make_model("mlp")
             pipe = PipelineLayer(descs, topology=hcg.topology(), loss_fn=loss_fn)
             model = fleet.distributed_model(pipe)
-            loss = model.train_batch(list(make_batch("mlp", 1, 0)), torch.optim.SGD(
-                pipe.parameters(), lr=0.1))
+            loss = model.train_batch(
+                list(make_batch("mlp", 1, 0)), torch.optim.SGD(pipe.parameters(), lr=0.1)
+            )
             rec["distmodel"] = [type(model).__name__, float(loss)]
         elif name == "memory":
-            rec["memory"] = {f"{s}/{m}": memory(hcg, s, m) for s in ("1F1B", "FThenB")
-                             for m in (4, 16)}
+            rec["memory"] = {
+                f"{s}/{m}": memory(hcg, s, m) for s in ("1F1B", "FThenB") for m in (4, 16)
+            }
         else:  # kind:schedule[:seg[:recompute]]
             kind, schedule, *rest = name.split(":")
             seg = {"regex": "layer:Block", "uniform": "uniform"}[rest[0]] if rest else "uniform"

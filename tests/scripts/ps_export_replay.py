@@ -26,8 +26,9 @@ fleet.init(is_collective=False, strategy=strategy)
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.emb = fleet.DistributedEmbedding("emb", 4, optimizer=Adagrad(0.1),
-                                              initializer=Uniform(-0.5, 0.5), pooling="sum")
+        self.emb = fleet.DistributedEmbedding(
+            "emb", 4, optimizer=Adagrad(0.1), initializer=Uniform(-0.5, 0.5), pooling="sum"
+        )
         self.fc = torch.nn.Linear(4, 1)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -14,11 +14,17 @@ import ray
 
 ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
 try:
-    actors = [a.get("Name") or a.get("name") for a in ray._private.state.actors().values()
-              if (a.get("State") or a.get("state")) not in ("DEAD", 4)
-              and str(a.get("Name") or a.get("name") or "").startswith("fleetrun-")]
-    pgs = [pg["name"] for pg in ray.util.placement_group_table().values()
-           if str(pg.get("name", "")).startswith("fleetrun-") and pg.get("state") != "REMOVED"]
+    actors = [
+        a.get("Name") or a.get("name")
+        for a in ray._private.state.actors().values()
+        if (a.get("State") or a.get("state")) not in ("DEAD", 4)
+        and str(a.get("Name") or a.get("name") or "").startswith("fleetrun-")
+    ]
+    pgs = [
+        pg["name"]
+        for pg in ray.util.placement_group_table().values()
+        if str(pg.get("name", "")).startswith("fleetrun-") and pg.get("state") != "REMOVED"
+    ]
     print(json.dumps({"actors": actors, "placement_groups": pgs}))
 finally:
     ray.shutdown()

@@ -31,7 +31,7 @@ def train(model, opt, first: int, steps: int, rank: int, world: int) -> None:
     per = batch // world
     for step in range(first, first + steps):
         x, y = global_batch(step, batch)
-        xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+        xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
         torch.nn.functional.mse_loss(model(xs), ys).backward()
         opt.step()
         opt.zero_grad()

@@ -92,7 +92,7 @@ def main() -> None:
     for step in range(STEPS):
         for micro in range(args.k_steps):
             x, y = global_batch(step * args.k_steps + micro, batch)
-            xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+            xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
             torch.nn.functional.mse_loss(model(xs), ys).backward()
             opt.step()
             if rec["sharded"] and args.stage == 2 and micro == args.k_steps - 1:
@@ -112,9 +112,11 @@ def main() -> None:
     rec["stage2_grads_only_on_owner"] = stage2_dropped
     hcg = get_runtime("test").hcg
     rec["sharding_group"] = hcg.get_group_ranks("sharding")
-    print(f"rank {rank}: stage {args.stage} {args.opt}: optimizer state {rec['state_bytes']} B "
-          f"vs unsharded {ref_bytes} B (ratio {rec['state_bytes'] / ref_bytes:.3f}, "
-          f"1/N = {1 / args.sharding:.3f}); max |param - reference| = {rec['err']:.2e}")
+    print(
+        f"rank {rank}: stage {args.stage} {args.opt}: optimizer state {rec['state_bytes']} B "
+        f"vs unsharded {ref_bytes} B (ratio {rec['state_bytes'] / ref_bytes:.3f}, "
+        f"1/N = {1 / args.sharding:.3f}); max |param - reference| = {rec['err']:.2e}"
+    )
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(rec, f)

@@ -14,8 +14,9 @@ import torch.distributed as tdist
 import fleet
 
 
-def global_batch(step: int, size: int, features: int, dtype: torch.dtype = torch.float32
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def global_batch(
+    step: int, size: int, features: int, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed regression batch of ``size`` samples for ``step`` (same on every rank)."""
     g = torch.Generator().manual_seed(1000 + step)
     x = torch.randn(size, features, generator=g, dtype=dtype)
@@ -26,7 +27,7 @@ def global_batch(step: int, size: int, features: int, dtype: torch.dtype = torch
 def my_slice(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """This rank's contiguous share of ``t``."""
     per = t.shape[0] // world
-    return t[rank * per:(rank + 1) * per]
+    return t[rank * per : (rank + 1) * per]
 
 
 def mlp(*widths: int, seed: int = 1234, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

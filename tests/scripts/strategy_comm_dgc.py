@@ -45,8 +45,9 @@ def loss_of(model: Any, step: int, rank: int, world: int) -> torch.Tensor:
     return torch.nn.functional.mse_loss(model(my_slice(x, rank, world)), my_slice(y, rank, world))
 
 
-def reference_grads(model: torch.nn.Module, state: Any, opt: Any, step: int, rank: int,
-                    world: int) -> dict[int, torch.Tensor]:
+def reference_grads(
+    model: torch.nn.Module, state: Any, opt: Any, step: int, rank: int, world: int
+) -> dict[int, torch.Tensor]:
     """What the sparse exchange must give each parameter at ``step``, computed from scratch."""
     params = list(model.parameters())
     local = torch.autograd.grad(loss_of(model, step, rank, world), params)
@@ -76,8 +77,10 @@ def reference_grads(model: torch.nn.Module, state: Any, opt: Any, step: int, ran
 
 def case_dgc(rank: int, world: int, rec: dict[str, Any]) -> None:
     steps = 12
-    s = fleet.DistributedStrategy(dgc=True, dgc_configs={
-        "rampup_begin_step": BEGIN, "rampup_step": RAMPUP, "sparsity": SCHEDULE})
+    s = fleet.DistributedStrategy(
+        dgc=True,
+        dgc_configs={"rampup_begin_step": BEGIN, "rampup_step": RAMPUP, "sparsity": SCHEDULE},
+    )
     model = make_model()
     sgd = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     # the model first this time (the other fixtures wrap the optimizer first): the DGC hook and
@@ -98,12 +101,18 @@ def case_dgc(rank: int, world: int, rec: dict[str, Any]) -> None:
             loss = loss_of(dp, step, rank, world)
             loss.backward()
         if expected is not None:
-            exchange_err.append(max(max_diff(p.grad.reshape(-1), expected[id(p)])
-                                    for p in model.parameters()))
+            exchange_err.append(
+                max(max_diff(p.grad.reshape(-1), expected[id(p)]) for p in model.parameters())
+            )
             if sparsity_at(step - BEGIN, RAMPUP, SCHEDULE) == 0.999:
                 sparse_bytes.append(counter.total_bytes)
-                density.append(max(float((p.grad != 0).float().mean())
-                                   for p in model.parameters() if is_compressed(p)))
+                density.append(
+                    max(
+                        float((p.grad != 0).float().mean())
+                        for p in model.parameters()
+                        if is_compressed(p)
+                    )
+                )
         opt.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
@@ -116,8 +125,14 @@ def case_dgc(rank: int, world: int, rec: dict[str, Any]) -> None:
             dense_bytes.append(ddp_counter.total_bytes)
             if step < BEGIN:
                 dense_vs_ddp.append(max_diff(flat_params(model), flat_params(ref_model)))
-    rec.update(dense_vs_ddp=dense_vs_ddp, exchange_err=exchange_err, sparse_bytes=sparse_bytes,
-               dense_bytes=dense_bytes[-1], spreads=spreads, grad_density=density)
+    rec.update(
+        dense_vs_ddp=dense_vs_ddp,
+        exchange_err=exchange_err,
+        sparse_bytes=sparse_bytes,
+        dense_bytes=dense_bytes[-1],
+        spreads=spreads,
+        grad_density=density,
+    )
     # the loss falls over more sparse steps
     for step in range(steps, 80):
         loss = loss_of(dp, step % 8, rank, world)

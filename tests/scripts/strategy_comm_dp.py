@@ -44,8 +44,9 @@ def make_model() -> torch.nn.Module:
     return mlp(IN, 32, 1)
 
 
-def train(dp: Any, opt: Any, steps: int, rank: int, world: int, *, lr_at: Any = None,
-          set_loss: Any = None) -> dict[str, Any]:
+def train(
+    dp: Any, opt: Any, steps: int, rank: int, world: int, *, lr_at: Any = None, set_loss: Any = None
+) -> dict[str, Any]:
     """``steps`` SGD steps on this rank's slice; per step: local loss, all-reduce calls and
     bytes (CommCounter), and the cross-rank spread of the parameters after the step."""
     out: dict[str, list[Any]] = {"loss": [], "allreduce": [], "bytes": [], "spread": []}
@@ -56,8 +57,9 @@ def train(dp: Any, opt: Any, steps: int, rank: int, world: int, *, lr_at: Any = 
                 g["lr"] = lr_at(step)
         x, y = global_batch(step, 8 * world, IN)
         with CommCounter() as counter:
-            loss = torch.nn.functional.mse_loss(dp(my_slice(x, rank, world)),
-                                                my_slice(y, rank, world))
+            loss = torch.nn.functional.mse_loss(
+                dp(my_slice(x, rank, world)), my_slice(y, rank, world)
+            )
             loss.backward()
             if set_loss is not None:
                 set_loss(step, loss)
@@ -73,7 +75,8 @@ def train(dp: Any, opt: Any, steps: int, rank: int, world: int, *, lr_at: Any = 
 def _fleet(strategy: fleet.DistributedStrategy, momentum: float = 0.0) -> tuple[Any, Any, Any]:
     model = make_model()
     opt = fleet.distributed_optimizer(
-        torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum), strategy=strategy)
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum), strategy=strategy
+    )
     return model, fleet.distributed_model(model), opt
 
 
@@ -92,9 +95,12 @@ def case_fp16(rank: int, world: int, rec: dict[str, Any]) -> None:
         ref = DistributedDataParallel(ref_model)
         ref.register_comm_hook(None, ref_hook)
         theirs = train(ref, torch.optim.SGD(ref_model.parameters(), lr=0.05), steps, rank, world)
-        rec[dtype] = {"vs_torch": max_diff(flat_params(model), flat_params(ref_model)),
-                      "bytes": ours["bytes"], "torch_bytes": theirs["bytes"],
-                      "spread": ours["spread"][-1]}
+        rec[dtype] = {
+            "vs_torch": max_diff(flat_params(model), flat_params(ref_model)),
+            "bytes": ours["bytes"],
+            "torch_bytes": theirs["bytes"],
+            "spread": ours["spread"][-1],
+        }
     model, dp, opt = _fleet(fleet.DistributedStrategy())
     plain = train(dp, opt, steps, rank, world)
     rec["fp32_bytes"] = plain["bytes"]
@@ -106,18 +112,23 @@ def case_fp16(rank: int, world: int, rec: dict[str, Any]) -> None:
 
 def case_localsgd(rank: int, world: int, rec: dict[str, Any]) -> None:
     k, begin, steps = 4, 2, 15
-    s = fleet.DistributedStrategy(localsgd=True, localsgd_configs={"k_steps": k,
-                                                                   "begin_step": begin})
+    s = fleet.DistributedStrategy(
+        localsgd=True, localsgd_configs={"k_steps": k, "begin_step": begin}
+    )
     model, dp, opt = _fleet(s, momentum=0.9)
     ours = train(dp, opt, steps, rank, world)
     ref_model = make_model()
     ref = DistributedDataParallel(ref_model)
-    ref.register_comm_hook(PostLocalSGDState(None, None, start_localSGD_iter=begin,
-                                             post_local_gradient_allreduce=False),
-                           post_localSGD_hook)
+    ref.register_comm_hook(
+        PostLocalSGDState(
+            None, None, start_localSGD_iter=begin, post_local_gradient_allreduce=False
+        ),
+        post_localSGD_hook,
+    )
     ref_opt = PostLocalSGDOptimizer(
         torch.optim.SGD(ref_model.parameters(), lr=0.05, momentum=0.9),
-        PeriodicModelAverager(period=k, warmup_steps=begin))
+        PeriodicModelAverager(period=k, warmup_steps=begin),
+    )
     theirs = train(ref, ref_opt, steps, rank, world)
     rec["loss_vs_torch"] = max(abs(a - b) for a, b in zip(ours["loss"], theirs["loss"]))
     rec["params_vs_torch"] = max_diff(flat_params(model), flat_params(ref_model))
@@ -125,8 +136,9 @@ def case_localsgd(rank: int, world: int, rec: dict[str, Any]) -> None:
     rec["spread"] = ours["spread"]
     rec["state_dict_step"] = opt.state_dict()["step"]  # the averager's step, torch's format
     # fp16_allreduce with local SGD: the warm-up all-reduce travels in float16.
-    s16 = fleet.DistributedStrategy(localsgd=True, fp16_allreduce=True,
-                                    localsgd_configs={"k_steps": k, "begin_step": begin})
+    s16 = fleet.DistributedStrategy(
+        localsgd=True, fp16_allreduce=True, localsgd_configs={"k_steps": k, "begin_step": begin}
+    )
     _, dp16, opt16 = _fleet(s16, momentum=0.9)
     with_fp16 = train(dp16, opt16, begin + k, rank, world)
     rec["fp16_warmup_bytes"] = with_fp16["bytes"][:begin]
@@ -136,15 +148,24 @@ def case_localsgd(rank: int, world: int, rec: dict[str, Any]) -> None:
 
 def case_adaptive(rank: int, world: int, rec: dict[str, Any]) -> None:
     init_k, begin = 2, 2
-    s = fleet.DistributedStrategy(adaptive_localsgd=True, adaptive_localsgd_configs={
-        "init_k_steps": init_k, "begin_step": begin})
+    s = fleet.DistributedStrategy(
+        adaptive_localsgd=True,
+        adaptive_localsgd_configs={"init_k_steps": init_k, "begin_step": begin},
+    )
     # 1. a scripted loss sequence and learning-rate schedule, the same on every rank: the
     #    intervals must follow the rule.
     scripted = [4.0 / (1 + 0.3 * t) for t in range(40)]
     lrs = [0.05 if t < 20 else 0.01 for t in range(40)]
     _, dp, opt = _fleet(s, momentum=0.9)
-    train(dp, opt, 40, rank, world, lr_at=lambda t: lrs[t],
-          set_loss=lambda t, loss: opt.set_loss(scripted[t]))
+    train(
+        dp,
+        opt,
+        40,
+        rank,
+        world,
+        lr_at=lambda t: lrs[t],
+        set_loss=lambda t, loss: opt.set_loss(scripted[t]),
+    )
     history = opt.averager.history
     expected, step, k = [], begin, None
     while step < 40:
@@ -164,8 +185,9 @@ def case_adaptive(rank: int, world: int, rec: dict[str, Any]) -> None:
 
         def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
             opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(dp(my_slice(x, rank, world)),
-                                                my_slice(y, rank, world))
+            loss = torch.nn.functional.mse_loss(
+                dp(my_slice(x, rank, world)), my_slice(y, rank, world)
+            )
             loss.backward()
             return loss
 

@@ -31,8 +31,13 @@ def bn_model() -> torch.nn.Module:
 
 def state_vector(model: torch.nn.Module) -> torch.Tensor:
     """Parameters and floating buffers (running statistics)."""
-    return torch.cat([t.detach().reshape(-1).double() for t in model.state_dict().values()
-                      if t.is_floating_point()])
+    return torch.cat(
+        [
+            t.detach().reshape(-1).double()
+            for t in model.state_dict().values()
+            if t.is_floating_point()
+        ]
+    )
 
 
 def train_bn(model: Any, opt: Any, steps: int, rank: int, world: int, whole: bool) -> None:
@@ -52,10 +57,12 @@ def case_sync_bn(rank: int, world: int, rec: dict[str, Any]) -> None:
     for sync in (True, False):
         model = bn_model()
         # with two more keys: one with a process-wide effect, one accepted without effect
-        strategy = fleet.DistributedStrategy(sync_batch_norm=sync, cudnn_exhaustive_search=sync,
-                                             nccl_comm_num=2 if sync else 1)
-        opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                          strategy=strategy)
+        strategy = fleet.DistributedStrategy(
+            sync_batch_norm=sync, cudnn_exhaustive_search=sync, nccl_comm_num=2 if sync else 1
+        )
+        opt = fleet.distributed_optimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), strategy=strategy
+        )
         dp = fleet.distributed_model(model)
         if sync:
             rec["cudnn_benchmark"] = torch.backends.cudnn.benchmark
@@ -71,14 +78,20 @@ def case_sync_bn(rank: int, world: int, rec: dict[str, Any]) -> None:
 def case_asp(rank: int, world: int, rec: dict[str, Any]) -> None:
     torch.manual_seed(3)
     model = torch.nn.Sequential(
-        torch.nn.Conv1d(4, 8, 3), torch.nn.Tanh(), torch.nn.Flatten(),
-        torch.nn.Linear(8 * 6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4), torch.nn.Tanh(),
+        torch.nn.Conv1d(4, 8, 3),
+        torch.nn.Tanh(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 6, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 4),
+        torch.nn.Tanh(),
         torch.nn.Linear(4, 3),
     )
     asp.set_excluded_layers(model, ["5.weight"])
     opt = fleet.distributed_optimizer(
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-        strategy=fleet.DistributedStrategy(asp=True))
+        strategy=fleet.DistributedStrategy(asp=True),
+    )
     dp = fleet.distributed_model(model)
     weights = {n: p for n, p in model.named_parameters() if n.endswith("weight")}
     rec["after_prune"] = {n: asp.check_sparsity(p) for n, p in weights.items()}
@@ -87,8 +100,9 @@ def case_asp(rank: int, world: int, rec: dict[str, Any]) -> None:
         x = torch.randn(4 * world, 4, 8, generator=g)
         y = torch.randn(4 * world, 3, generator=g)
         opt.zero_grad()
-        torch.nn.functional.mse_loss(dp(my_slice(x, rank, world)), my_slice(y, rank, world)
-                                     ).backward()
+        torch.nn.functional.mse_loss(
+            dp(my_slice(x, rank, world)), my_slice(y, rank, world)
+        ).backward()
         opt.step()
     rec["after_steps"] = {n: asp.check_sparsity(p) for n, p in weights.items()}
     rec["density"] = {n: asp.calculate_density(p) for n, p in weights.items()}

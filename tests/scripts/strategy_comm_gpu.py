@@ -22,11 +22,13 @@ import fleet
 from fleet.meta_optimizers.comm_hooks import CommCounter
 
 
-def train(strategy: fleet.DistributedStrategy, model: torch.nn.Module, device: torch.device,
-          features: int) -> dict[str, Any]:
+def train(
+    strategy: fleet.DistributedStrategy, model: torch.nn.Module, device: torch.device, features: int
+) -> dict[str, Any]:
     model = model.to(device)
-    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                      strategy=strategy)
+    opt = fleet.distributed_optimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), strategy=strategy
+    )
     dp = fleet.distributed_model(model)
     losses, nbytes = [], 0
     for step in range(4):
@@ -38,8 +40,12 @@ def train(strategy: fleet.DistributedStrategy, model: torch.nn.Module, device: t
             opt.zero_grad()
         losses.append(float(loss.detach()))
         nbytes = counter.bytes["allreduce"]
-    return {"finite": all(math.isfinite(v) for v in losses), "bytes": nbytes,
-            "device": str(next(model.parameters()).device), "dp": dp}
+    return {
+        "finite": all(math.isfinite(v) for v in losses),
+        "bytes": nbytes,
+        "device": str(next(model.parameters()).device),
+        "dp": dp,
+    }
 
 
 def main() -> None:
@@ -53,12 +59,19 @@ def main() -> None:
     plain = train(fleet.DistributedStrategy(), mlp(16, 32, 1), device, 16)
     rec["fp32_bytes"] = plain["bytes"]
     for key, dtype in (("fp16", "float16"), ("bf16", "bfloat16")):
-        out = train(fleet.DistributedStrategy(fp16_allreduce=True,
-                                              fp16_allreduce_configs={"dtype": dtype}),
-                    mlp(16, 32, 1), device, 16)
+        out = train(
+            fleet.DistributedStrategy(fp16_allreduce=True, fp16_allreduce_configs={"dtype": dtype}),
+            mlp(16, 32, 1),
+            device,
+            16,
+        )
         rec[key] = {k: v for k, v in out.items() if k != "dp"}
-    out = train(fleet.DistributedStrategy(dgc=True, dgc_configs={"rampup_begin_step": 1}),
-                mlp(64, 256, 1), device, 64)
+    out = train(
+        fleet.DistributedStrategy(dgc=True, dgc_configs={"rampup_begin_step": 1}),
+        mlp(64, 256, 1),
+        device,
+        64,
+    )
     rec["dgc"] = {k: v for k, v in out.items() if k != "dp"}
     torch.manual_seed(0)
     bn = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))

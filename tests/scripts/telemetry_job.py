@@ -25,8 +25,9 @@ def hold() -> None:
 torch.manual_seed(0)
 if args.mode == "dp":
     fleet.init(is_collective=True)
-    model = fleet.distributed_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
-                                                        torch.nn.Linear(16, 1)))
+    model = fleet.distributed_model(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    )
     opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
     for _ in range(args.steps):
         x = torch.randn(32, 8)
@@ -45,8 +46,9 @@ else:
     class Net(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.emb = fleet.DistributedEmbedding("emb", 4, optimizer=SGD(0.1),
-                                                  initializer=Uniform(-0.5, 0.5), pooling="sum")
+            self.emb = fleet.DistributedEmbedding(
+                "emb", 4, optimizer=SGD(0.1), initializer=Uniform(-0.5, 0.5), pooling="sum"
+            )
             self.fc = torch.nn.Linear(4, 1)
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:

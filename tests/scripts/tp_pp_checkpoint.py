@@ -45,12 +45,24 @@ def tied_head(linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
 def build(dense: bool, hcg, h: int = H) -> PipelineLayer:
     # one process: no hybrid group to default to, the TP layers run on the world (of one)
     group = {"mp_group": tdist.group.WORLD} if hcg is None else {}
-    col = (LayerDesc(nn.Linear, h, 2 * h) if dense
-           else LayerDesc(ColumnParallelLinear, h, 2 * h, gather_output=False, **group))
-    row = (LayerDesc(nn.Linear, 2 * h, h) if dense
-           else LayerDesc(RowParallelLinear, 2 * h, h, input_is_parallel=True, **group))
-    descs = [SharedLayerDesc("tied", nn.Linear, None, "weight", h, h), col, LayerDesc(nn.Tanh),
-             row, LayerDesc(nn.Tanh), SharedLayerDesc("tied", nn.Linear, tied_head, "weight", h, h)]
+    col = (
+        LayerDesc(nn.Linear, h, 2 * h)
+        if dense
+        else LayerDesc(ColumnParallelLinear, h, 2 * h, gather_output=False, **group)
+    )
+    row = (
+        LayerDesc(nn.Linear, 2 * h, h)
+        if dense
+        else LayerDesc(RowParallelLinear, 2 * h, h, input_is_parallel=True, **group)
+    )
+    descs = [
+        SharedLayerDesc("tied", nn.Linear, None, "weight", h, h),
+        col,
+        LayerDesc(nn.Tanh),
+        row,
+        LayerDesc(nn.Tanh),
+        SharedLayerDesc("tied", nn.Linear, tied_head, "weight", h, h),
+    ]
     if hcg is None:  # one process, every degree 1
         return PipelineLayer(descs, num_stages=1, stage_id=0, loss_fn=nn.MSELoss())
     return PipelineLayer(descs, topology=hcg.topology(), loss_fn=nn.MSELoss())
@@ -75,7 +87,7 @@ def train(model, opt, hcg, first: int, steps: int) -> None:
     per = BATCH // count
     for step in range(first, first + steps):
         x, y = batch(step)
-        xs, ys = x[idx * per:(idx + 1) * per], y[idx * per:(idx + 1) * per]
+        xs, ys = x[idx * per : (idx + 1) * per], y[idx * per : (idx + 1) * per]
         if hcg.get_pipe_parallel_world_size() > 1:
             model.train_batch([xs, ys], opt)
         else:
@@ -98,8 +110,11 @@ def full_state(model, opt, hcg) -> tuple[dict, dict]:
     for p, st in opt.state.items():
         for key in ("exp_avg", "exp_avg_sq"):
             if id(p) in names and key in st:
-                mine[(key, names[id(p)])] = (mp_rank, getattr(p, "split_axis", None),
-                                             st[key].detach().clone())
+                mine[(key, names[id(p)])] = (
+                    mp_rank,
+                    getattr(p, "split_axis", None),
+                    st[key].detach().clone(),
+                )
     parts: list = [None] * tdist.get_world_size()
     tdist.all_gather_object(parts, mine)
     shards: dict = {}
@@ -134,8 +149,11 @@ def main() -> None:
     args = ap.parse_args()
 
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"mp_degree": args.mp, "pp_degree": args.pp,
-                               "sharding_degree": args.sharding}
+    strategy.hybrid_configs = {
+        "mp_degree": args.mp,
+        "pp_degree": args.pp,
+        "sharding_degree": args.sharding,
+    }
     if args.sharding > 1:
         strategy.sharding = True
         strategy.sharding_configs = {"stage": 1}
@@ -165,9 +183,13 @@ def main() -> None:
     load_checkpoint(args.ckpt, model, opt)
     params, state = full_state(model, opt, hcg)
     saved_params, saved_state = torch.load(os.path.join(args.out, "saved.pt"))
-    rec: dict = {"rank": rank, "names": sorted(params), "state_names": sorted(state),
-                 "param_err": max_err(params, saved_params),
-                 "state_err": max_err(state, saved_state)}
+    rec: dict = {
+        "rank": rank,
+        "names": sorted(params),
+        "state_names": sorted(state),
+        "param_err": max_err(params, saved_params),
+        "state_err": max_err(state, saved_state),
+    }
     train(model, opt, hcg, args.steps, CONTINUE)
     expected = torch.load(os.path.join(args.out, "expected.pt"))
     rec["continue_err"] = max_err(full_state(model, opt, hcg)[0], expected)

@@ -18,6 +18,13 @@ strategy = DistributedStrategy()
 strategy.a_sync = True
 fleet.init(is_collective=False, strategy=strategy)
 model = _Model()
-fleet.train_from_dataset(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(10),
-                         torch.nn.BCEWithLogitsLoss(), label="click", print_period=5, auc=False)
+fleet.train_from_dataset(
+    model,
+    torch.optim.SGD(model.parameters(), lr=0.1),
+    _batches(10),
+    torch.nn.BCEWithLogitsLoss(),
+    label="click",
+    print_period=5,
+    auc=False,
+)
 print(f"trainer {fleet.worker_index()} done", flush=True)

@@ -65,7 +65,7 @@ def check_composition(strategy: DistributedStrategy) -> None:
             "strategy.hybrid_configs = {'pp_degree': N} with N > 1",
             key="hybrid_configs.pp_degree",
         )
-    # Lifted by #15 (each with a parity test, docs/strategy.md): stage 3 with tensor and with
+    # Allowed, each with a parity test (docs/collective/strategy.md): stage 3 with tensor and with
     # pipeline parallelism, AMP O2 with stages 1/2/3, float16 loss scaling with stage 2 and with
     # stage 1 under pipeline parallelism, global-norm clipping with stages 1/2.
     if (

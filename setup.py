@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 
-log = logging.getLogger("fleetrun.setup")
-
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+log = logging.getLogger("fleetrun.setup")
 
 
 class OptionalBuildExt(build_ext):

@@ -74,7 +74,9 @@ def _as_array(value: MetricInput, name: str) -> np.ndarray:
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"cannot convert {type(value).__name__} to an array: {exc}", key=name)
+        raise ConfigError(
+            f"cannot convert {type(value).__name__} to an array: {exc}", key=name
+        ) from exc
     if arr.dtype.kind in "biu":
         return arr.astype(np.int64)
     if arr.dtype.kind == "f":

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite: installs the test extras into .venv, then runs pytest (every test has a timeout).
+# The test suite: installs the test extras into .venv, checks the import contracts and ruff, then
+# runs pytest (every test has a timeout).
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/test_launcher_env.py -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,10 @@ if ! contracts=$(.venv/bin/lint-imports --no-cache 2>&1); then
     exit 1
 fi
 echo "$contracts" | sed -n '/^Contracts:/,$p'
+# Lint (rules in pyproject.toml [tool.ruff]): findings or unformatted files fail the run.
+echo "[test] ruff check, ruff format --check"
+.venv/bin/ruff check --quiet . || { echo "[test] ruff check failed (fix, or ruff check --fix)" >&2; exit 1; }
+.venv/bin/ruff format --check --quiet . || { echo "[test] unformatted files (run .venv/bin/ruff format)" >&2; exit 1; }
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?

@@ -152,7 +152,9 @@ def run_fleetrun(
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
-        raise AssertionError(f"fleetrun timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
+        raise AssertionError(
+            f"fleetrun timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}"
+        ) from None
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 

@@ -1,4 +1,4 @@
-"""The CTR example trained from slot files (issue #16 item 9): 2 servers + 2 trainers, each
+"""The CTR example trained from slot files: 2 servers + 2 trainers, each
 trainer reading its ``fleet.util.get_file_shard`` of the files through ``fleet.data``. The files
 hold exactly the examples the in-memory run generates, so the sync run from files reaches the
 in-memory run's AUC; a QueueDataset fed PaddleRec lines through the MultiSlotDataGenerator reader

@@ -1,4 +1,4 @@
-"""Elastic collective jobs on Kubernetes (issue #14 item 6): the rendered manifests (one elastic
+"""Elastic collective jobs on Kubernetes: the rendered manifests (one elastic
 agent per pod, up to MAX pods of a NonIndexed Job that replaces lost pods, the job's own etcd
 as the stable rendezvous endpoint, or a given one) validate against the Kubernetes schemas;
 ``fleetrun k8s scale JOB N`` sends the Job's new parallelism through the official client (to

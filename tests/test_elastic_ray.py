@@ -1,4 +1,4 @@
-"""Elastic collective jobs on Ray (issue #14 item 6), on a real loopback Ray cluster
+"""Elastic collective jobs on Ray, on a real loopback Ray cluster
 (``ray start --head`` on 127.0.0.1, 2 CPUs, private temp dir, usage stats off).
 
 ``fleetrun --scheduler ray --nnodes 1:2`` while another driver holds one of the two CPUs: the

@@ -1,4 +1,4 @@
-"""Resuming at another world size (fleet.elastic, issue #14 item 4), on real gloo processes.
+"""Resuming at another world size (fleet.elastic), on real gloo processes.
 
 A job trains through ``Checkpointer`` + ``ElasticSampler`` (the README's loop), is cut off after
 its last save (the steps after it are lost), and the next job resumes at another world size:

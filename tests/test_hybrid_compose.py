@@ -76,7 +76,7 @@ def test_pipeline2_x_sharding2_equals_single_process(tmp_path: Path, stage: int)
             ConfigError,
             r"sharding_configs.sharding_degree=4 but hybrid_configs.sharding_degree=2",
         ),
-        # (stage 3 with pp/mp, AMP O2 and float16 scaling with sharding: lifted by #15,
+        # (stage 3 with pp/mp, AMP O2 and float16 scaling with sharding are supported:
         # tests/test_strategy_hybrid_combos.py)
         (
             {"pipeline": True},

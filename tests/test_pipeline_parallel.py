@@ -96,7 +96,9 @@ def test_a_stage_builds_only_its_own_layers() -> None:
 
 
 def test_layer_regex_segmentation_mixed_entries_and_shared_layers() -> None:
-    double = lambda x: x * 2  # a plain callable entry
+    def double(x: torch.Tensor) -> torch.Tensor:  # a plain callable entry
+        return x * 2
+
     descs = [
         SharedLayerDesc("emb", nn.Embedding, None, "weight", 10, 2),
         LayerDesc(Block, 2, 2),

@@ -1,4 +1,4 @@
-"""Online day/pass training (issue #17 item 1): ``fleet.train_days`` through
+"""Online day/pass training: ``fleet.train_days`` through
 ``examples/ctr/online.py`` in real fleetrun PS jobs (2 servers + 2 trainers, async) over 2 days x
 2 passes of slot files.
 

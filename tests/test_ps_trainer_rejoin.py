@@ -1,4 +1,4 @@
-"""A dead async/GEO trainer is restarted alone while the other trainer goes on (issue #17 item 3).
+"""A dead async/GEO trainer is restarted alone while the other trainer goes on.
 
 - the coordinator itself, over real sockets: a round replayed from the record to a restarted
   trainer (its own new contribution in place of its old one), a live round waiting for every
@@ -150,8 +150,10 @@ def _trainer_pids(job: Job) -> dict[int, set[int]]:
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("mode", ["async", "geo"])
 def test_trainer_killed_mid_pass_is_restarted_alone(
-    tmp_path: Path, slot_dir: Path, mode: str
-) -> None:  # noqa: F811
+    tmp_path: Path,
+    slot_dir: Path,  # noqa: F811  (the fixture imported from test_ps_recovery)
+    mode: str,
+) -> None:
     final = tmp_path / "log" / "final"
     # the restarted trainer skips what it trained: async trains from the examples generated in
     # memory (the files' examples), GEO reads the files through a QueueDataset

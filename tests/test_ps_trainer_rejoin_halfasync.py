@@ -1,4 +1,4 @@
-"""A dead half-async trainer is restarted alone while the other trainer goes on (issue #17 item 3).
+"""A dead half-async trainer is restarted alone while the other trainer goes on.
 
 Half-async trainers meet every ``barrier_interval`` steps; under fleetrun's coordinator those
 barriers are rounds numbered by the trainer's global step (``fleet.base.coordination``), so a
@@ -75,8 +75,9 @@ def test_interval_barriers_replay_by_step_and_outlive_a_restart_of_every_process
 
 @pytest.mark.timeout(200)
 def test_half_async_trainer_killed_mid_pass_is_restarted_alone(
-    tmp_path: Path, slot_dir: Path
-) -> None:  # noqa: F811
+    tmp_path: Path,
+    slot_dir: Path,  # noqa: F811  (the fixture imported from test_ps_recovery)
+) -> None:
     final = tmp_path / "log" / "final"
     job = Job(
         tmp_path, slot_dir, "half_async", max_restarts=1, interval=0.5, extra=("--save", str(final))

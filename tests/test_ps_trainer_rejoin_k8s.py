@@ -1,4 +1,4 @@
-"""A dead async/GEO trainer pod restarts alone on Kubernetes (issue #17 item 3), through the
+"""A dead async/GEO trainer pod restarts alone on Kubernetes, through the
 trainers' coordinator pod the job renders (launcher/schedulers/k8s_coordinator.py).
 
 - the manifest: the coordinator's headless Service and 1-replica StatefulSet, FLEET_PS_COORDINATOR

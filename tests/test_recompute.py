@@ -107,7 +107,7 @@ def test_recompute_errors_and_no_grad() -> None:
     s.recompute_configs = {"checkpoints": ["layers.9"]}
     with pytest.raises(ConfigError, match="no sub-module 'layers.9'.*'layers', 'head'"):
         wrap_model_features(_Net(), s)
-    # enable_offload works since #15: tests/test_strategy_hybrid_combos.py
+    # enable_offload works: tests/test_strategy_hybrid_combos.py
     layer = _Layer(4)
     with pytest.raises(ConfigError, match="use_reentrant"):
         recompute(layer, torch.randn(2, 4), use_reentrant=True)

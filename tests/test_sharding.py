@@ -123,7 +123,7 @@ def test_offload_keeps_optimizer_state_in_pinned_host_memory(tmp_path: Path) -> 
             offload=True,
         )
         ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
-        for step in range(3):
+        for _step in range(3):
             x = torch.randn(8, 16, device="cuda", generator=None)
             for m, o in ((model, opt), (ref, ref_opt)):
                 m(x).pow(2).mean().backward()

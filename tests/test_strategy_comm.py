@@ -1,4 +1,4 @@
-"""Communication-efficient data parallel (issue #15, part 1): fp16/bf16 all-reduce, local SGD,
+"""Communication-efficient data parallel: fp16/bf16 all-reduce, local SGD,
 adaptive local SGD, DGC, sync batch norm, ASP, DDP bucket keys and the no-op Paddle keys.
 
 Pure tests (one process): the strategy sections, their validation and YAML, the refused

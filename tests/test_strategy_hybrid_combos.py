@@ -1,4 +1,4 @@
-"""Hybrid combinations lifted by issue #15, each against a single-process reference on the full
+"""Hybrid combinations that the strategy supports, each against a single-process reference on the full
 batch (real 4-rank gloo jobs, tests/scripts/combo_hybrid.py, several cases per job):
 
 * sharding stage 3 (FSDP2) x tensor parallel (sharding 2 x mp 2) and x pipeline (pp 2 x

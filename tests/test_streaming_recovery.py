@@ -1,4 +1,4 @@
-"""``fleet.train_days`` under fleetrun's automatic checkpoints (issue #17): the online CTR example
+"""``fleet.train_days`` under fleetrun's automatic checkpoints: the online CTR example
 (``examples/ctr/online.py``, unchanged) over 2 days x 2 passes, 1 server + 2 trainers, async,
 ``--ps_checkpoint_dir``; a process is SIGKILLed mid-stream once the first pass is recorded.
 

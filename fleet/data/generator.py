@@ -129,7 +129,7 @@ class MultiSlotStringDataGenerator(DataGenerator):
     def _gen_str(self, line: Sample) -> str:
         line = _as_pairs(line, "Examples: [('words', ['1926', '08', '17']), ('label', ['1'])]")
         parts = []
-        for name, elements in line:
+        for _name, elements in line:
             parts.append(" ".join([str(len(elements)), *elements]))
         return " ".join(parts) + "\n"
 

@@ -163,7 +163,7 @@ def parse_line(
     what was expected, for the error message.
     """
     pos, n = 0, len(tokens)
-    for h in range(spec.header_fields):
+    for _ in range(spec.header_fields):
         if pos >= n or tokens[pos] != b"1":
             return E_HEADER, -1, tokens[pos] if pos < n else b"", "expected '1 <token>'"
         if pos + 1 >= n:

@@ -308,7 +308,7 @@ def latest_good(root: str | os.PathLike, level: Verify = Verify.FULL) -> LatestG
     with its reason (logged as a warning and kept in the result). ``chosen`` is None when
     ``root`` holds no good checkpoint."""
     skipped: list[tuple[str, str]] = []
-    for step, path in _numbered(Path(root)):
+    for _step, path in _numbered(Path(root)):
         try:
             record = verify(path, level)
         except CheckpointError as err:

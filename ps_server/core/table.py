@@ -210,6 +210,7 @@ class Table(abc.ABC):
     def requeue_changes(self, log: ChangeLog, snapshot: TableSnapshot) -> None:
         """``snapshot`` (which reset ``log``) was never written: make the next delta of ``log``
         carry its changes again (takes the lock). Tables without change logs: nothing."""
+        return None  # a table without change logs has nothing to requeue
 
     @abc.abstractmethod
     def import_shard(self, payload: Any, delta: bool) -> int:

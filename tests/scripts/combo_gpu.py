@@ -1,5 +1,5 @@
 """Fixture of the GPU test in tests/test_strategy_hybrid_combos.py (world 1, NCCL): the float16
-paths of the combinations #15 lifted, on CUDA tensors — AMP O2 float16 master weights under a
+paths of the hybrid combinations, on CUDA tensors — AMP O2 float16 master weights under a
 stage-2 sharded optimizer (a sharding group of one: the reduce and broadcast run on NCCL), the
 float16 loss scaler reducing through it and skipping an overflowing step, the global-norm clip
 over a sharded partition, and FSDP2 stage 3 with a float16 ``MixedPrecisionPolicy``. The sharded

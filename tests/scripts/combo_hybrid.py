@@ -1,4 +1,4 @@
-"""Fixture for tests/test_strategy_hybrid_combos.py: the hybrid combinations #15 lifted, each
+"""Fixture for tests/test_strategy_hybrid_combos.py: the hybrid combinations, each
 trained through fleet.init / fleet.distributed_model / fleet.distributed_optimizer against a
 single-process reference on the full batch; one job runs several cases (``fleet.init`` again
 with the next strategy: same hybrid degrees, the process group stays up). Writes

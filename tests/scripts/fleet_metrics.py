@@ -108,7 +108,10 @@ def check_auc(data: dict[str, np.ndarray]) -> None:
 def check_ratio_metrics(data: dict[str, np.ndarray]) -> None:
     mine = my_slice(NUM_EXAMPLES, RANK, WORLD)
     p, y, t = data["preds"], data["labels"], data["y"]
-    correct = lambda s: int(((p[s] > 0.5) == (y[s] == 1)).sum())
+
+    def correct(s: slice) -> int:
+        return int(((p[s] > 0.5) == (y[s] == 1)).sum())
+
     err = p - t
     everything = slice(0, NUM_EXAMPLES)
     n_mine = mine.stop - mine.start

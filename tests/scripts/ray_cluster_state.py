@@ -10,7 +10,7 @@ from launcher.schedulers.ray_cluster import prepare_ray_env
 
 prepare_ray_env(joining=True)
 
-import ray
+import ray  # noqa: E402  (after prepare_ray_env, which sets Ray's env before it loads)
 
 ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
 try:

@@ -89,10 +89,10 @@ def _worker(args: argparse.Namespace) -> None:
         got = {}
         for impl in order:
             if impl == "fleet":
-                got["fleet_save"] = slowest(lambda: ckpt.save(rep + 1))
+                got["fleet_save"] = slowest(lambda step=rep + 1: ckpt.save(step))
                 got["fleet_restore"] = slowest(ckpt.restore)
             else:
-                got["peer_save"] = slowest(lambda: peer_save(rep + 1))
+                got["peer_save"] = slowest(lambda step=rep + 1: peer_save(step))
                 got["peer_restore"] = slowest(peer_restore)
         if rep:
             for k, v in got.items():

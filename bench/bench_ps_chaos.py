@@ -363,7 +363,7 @@ def main() -> int:
             results[name] = run_job(Path(tmp) / name, data, args, victim)
             print(json.dumps({k: v for k, v in results[name].items() if k != "kills"}), flush=True)
     base = (results.get("undisturbed") or {}).get("test_auc")
-    for name, r in results.items():
+    for r in results.values():
         if base is not None and r.get("test_auc") is not None:
             r["auc_minus_undisturbed"] = round(r["test_auc"] - base, 5)
     out = {"args": vars(args), "uptime": os.popen("uptime").read().strip(), "results": results}

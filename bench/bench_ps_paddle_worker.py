@@ -38,7 +38,7 @@ paddle.enable_static()
 import paddle.distributed.fleet as fleet  # noqa: E402
 from paddle.distributed.fleet.base.distributed_strategy import DistributedStrategy  # noqa: E402
 
-DistributedStrategy.__repr__ = lambda self: "DistributedStrategy(a_sync=%s)" % self.a_sync
+DistributedStrategy.__repr__ = lambda self: f"DistributedStrategy(a_sync={self.a_sync})"
 
 NUM_SPARSE = 26
 NUM_DENSE = 13

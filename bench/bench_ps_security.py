@@ -158,8 +158,8 @@ def run_attacks(attack: Attack, job: Any, args: argparse.Namespace) -> tuple[lis
     for rep in range(args.reps):
         for kind in kinds:
 
-            def one(i: int, kind: str = kind) -> None:
-                codes[kind][attack.send(kind, rep * per_rep + i)] += 1
+            def one(i: int, kind: str = kind, first: int = rep * per_rep) -> None:
+                codes[kind][attack.send(kind, first + i)] += 1
 
             rates[kind].append(_rate(one, per_rep))
             try:  # the server still serves the job

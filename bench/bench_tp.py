@@ -127,7 +127,7 @@ def _worker(args: argparse.Namespace) -> None:
             out = run_stack(stack, x.clone(), flag)
         out.sum().backward()
         mem[key] = saved.bytes
-    for rep in range(args.reps):
+    for _ in range(args.reps):
         for flag, key in ((False, "plain"), (True, "recompute")):
             rc_times[key].append(
                 step_time(stack, lambda m, inp, f=flag: run_stack(m, inp.clone(), f))

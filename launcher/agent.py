@@ -43,7 +43,7 @@ from collective.errors import ConfigError, LaunchError, RendezvousError
 from launcher.attempt import SERVER, TRAINER, ProcSpec, Running, start_all, watch
 from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all
-from launcher.ps_recovery import make_recovery
+from launcher.recovery.ps_policy import make_recovery
 from launcher.rendezvous import NodeInfo, NodeRendezvous
 from launcher.spec import JobSpec, Tee
 from launcher.summary import Failure, format_summary

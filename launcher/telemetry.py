@@ -9,7 +9,7 @@ Metrics (``fleet_launcher_*``, served by the launcher itself on a free 127.0.0.1
 * ``fleet_launcher_membership_changes_total{cause}`` — elastic jobs: rounds whose nodes differ from the
   previous round's, by cause (``failure`` or ``join``; :mod:`launcher.elastic.agent`).
 * ``fleet_ps_recoveries_total{role}`` — PS recoveries from a checkpoint, by the role of the
-  process that died (:mod:`launcher.ps_recovery`).
+  process that died (:mod:`launcher.recovery.ps_policy`).
 
 Files (formats documented in README "Metrics"; the dashboard reads them):
 

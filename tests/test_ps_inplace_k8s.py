@@ -240,7 +240,7 @@ def test_async_server_pod_killed_restarts_alone(tmp_path: Path) -> None:
     try:
         for name in [coordinator, server, *trainers]:  # the trainers' coordinator pod too
             start(name, 1)
-        from launcher.ps_recovery import latest_committed
+        from launcher.recovery.ps_policy import latest_committed
 
         wait_for(
             lambda: latest_committed(str(ckpt)) and copied_async(),

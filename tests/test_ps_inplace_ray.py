@@ -60,7 +60,7 @@ def test_trainer_alone_falls_back_where_the_local_path_does(tmp_path: Path) -> N
     agent's own, :meth:`PSRecovery.trainer_position`): every trainer's progress must say it
     meets through the coordinator, the dead one's must hold its data position, a restart must
     be left; two deaths at once restart every process. No cluster needed."""
-    from launcher.ps_recovery import PSRecovery
+    from launcher.recovery.ps_policy import PSRecovery
     from launcher.schedulers.ray_ps_recovery import respawn_trainer
     from launcher.spec import build_spec
     from launcher.summary import Failure
@@ -201,7 +201,7 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
             if p["role"] == role and p["state"] == "up"
         }
 
-    from launcher.ps_recovery import latest_committed
+    from launcher.recovery.ps_policy import latest_committed
 
     holder: socket.socket | None = None
     p = start_fleetrun("-c", str(job), cwd=REPO)

@@ -134,7 +134,7 @@ class Job:
     def checkpointed(self, attempt: int) -> bool:
         """A checkpoint taken by ``attempt`` is committed (and the attempt's processes are
         known)."""
-        from launcher.ps_recovery import latest_committed
+        from launcher.recovery.ps_policy import latest_committed
 
         self.state()
         p = self.progress(0)
@@ -202,7 +202,7 @@ def test_sync_server_kill_mid_pass_then_trainer_kill(tmp_path: Path, slot_dir: P
     )
     try:
         wait_for(lambda: job.checkpointed(0), 120, "a checkpoint of attempt 0")
-        from launcher.ps_recovery import latest_committed
+        from launcher.recovery.ps_policy import latest_committed
 
         _, step = latest_committed(str(job.ckpt)) or ("", 0)
         partial = job.ckpt / f"ckpt-{step + 10**6:06d}"  # as a kill during its write leaves it:

@@ -117,6 +117,6 @@ def test_failed_automatic_checkpoints_are_skipped(tmp_path: Path, slot_dir: Path
         assert re.search(
             rf"trainer {rank}: automatic checkpoint at step \d+ failed, skipped", log
         ), log[-3000:]
-    from launcher.ps_recovery import latest_committed
+    from launcher.recovery.ps_policy import latest_committed
 
     assert latest_committed(str(job.ckpt)) is None

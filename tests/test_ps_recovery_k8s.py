@@ -152,7 +152,7 @@ def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Pa
     try:
         for name in [coordinator, server, *trainers]:  # the trainers' coordinator pod too
             start(name)
-        from launcher.ps_recovery import latest_committed
+        from launcher.recovery.ps_policy import latest_committed
 
         wait_for(lambda: latest_committed(str(ckpt)), 150, "a committed checkpoint")
         all_pids.update(_children(procs[server].pid))

@@ -97,7 +97,7 @@ def test_server_actor_killed_job_recovers(cluster: str, tmp_path: Path) -> None:
             None,
         )
 
-    from launcher.ps_recovery import latest_committed
+    from launcher.recovery.ps_policy import latest_committed
 
     p = start_fleetrun("-c", str(job), cwd=REPO)
     try:

@@ -11,7 +11,7 @@ import pytest
 from collective.env import PSCheckpointEnv, ps_checkpoint_env, read_ps_checkpoint_env
 from collective.errors import ConfigError, EnvContractError
 from fleet.base.data_position import DataPosition, PositionTracker
-from launcher.ps_recovery import PSRecovery, latest_committed, make_recovery
+from launcher.recovery.ps_policy import PSRecovery, latest_committed, make_recovery
 from launcher.spec import build_spec
 
 PS = {"mode": "ps", "sizes": {"server_num": 1, "worker_num": 2}}

@@ -24,7 +24,7 @@ from test_ps_recovery import GLOBAL_BATCH, LINES, TEST, Job, ids_in, saved_rows,
 
 from collective.errors import FleetError
 from fleet.base.coordination import CoordinationClient
-from launcher.ps_coordinator import Coordinator
+from launcher.recovery.coordinator import Coordinator
 
 
 def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:

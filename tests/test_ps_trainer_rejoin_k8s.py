@@ -32,7 +32,7 @@ from conftest import REPO, SCRIPTS, base_env, wait_for
 
 from collective.errors import FleetError
 from fleet.base.coordination import CoordinationClient
-from launcher.ps_coordinator import Coordinator
+from launcher.recovery.coordinator import Coordinator
 from launcher.schedulers import k8s_ps_recovery as kr
 from launcher.schedulers.k8s_render import render_job
 from launcher.spec import build_spec

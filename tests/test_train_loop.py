@@ -106,7 +106,7 @@ def test_only_trainer_0_prints_without_a_process_group() -> None:
 
     from conftest import REPO, base_env
 
-    from launcher.ps_coordinator import Coordinator
+    from launcher.recovery.coordinator import Coordinator
 
     tests = Path(__file__).parent
     coord = Coordinator("secret", world=2, interval_s=3600.0)

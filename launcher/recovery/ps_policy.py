@@ -33,7 +33,7 @@ checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its 
   the agent (on Ray the driver, which re-creates the trainer's actor alone:
   :mod:`launcher.schedulers.ray_ps_recovery`; on Kubernetes a pod of its own:
   :mod:`launcher.schedulers.k8s_coordinator`) hosts the trainers' coordinator
-  (:mod:`launcher.ps_coordinator`); async, half-async and GEO trainers meet through it instead
+  (:mod:`launcher.recovery.coordinator`); async, half-async and GEO trainers meet through it instead
   of a gloo group (every progress file says so: ``alone_ok``). A dead trainer is started again
   alone, same rank and attempt, with FLEET_PS_RESUME_POSITION = its data position from its
   progress file: it loads no checkpoint, replays its prologue's rounds from the
@@ -73,7 +73,7 @@ from collective.env import (
     PSCheckpointEnv,
     ps_checkpoint_env,
 )
-from launcher.ps_coordinator import Coordinator
+from launcher.recovery.coordinator import Coordinator
 from launcher.spec import JobSpec, Mode
 
 logger = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class PSRecovery:
         return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S), **coord}
 
     def start_coordinator(self, token: str, host: str = "127.0.0.1") -> None:
-        """Host the trainers' coordinator (:mod:`launcher.ps_coordinator`) in this process:
+        """Host the trainers' coordinator (:mod:`launcher.recovery.coordinator`) in this process:
         async/half-async/GEO trainers then meet through it and a dead one is restarted alone
         (:meth:`recover_alone`). ``host``: the address it listens on, which every trainer must reach (the local agent:
         127.0.0.1; the Ray driver: its node's IP)."""

@@ -1,6 +1,6 @@
 """The PS trainers' coordinator of a Kubernetes job: its pod (rendered) and its process.
 
-Locally fleetrun's agent hosts the trainers' coordinator (:mod:`launcher.ps_coordinator`): it
+Locally fleetrun's agent hosts the trainers' coordinator (:mod:`launcher.recovery.coordinator`): it
 outlives every trainer, so a dead async/half-async/GEO trainer can be restarted alone and replay
 its prologue's rounds from the coordinator's record. On Kubernetes no fleetrun process outlives the
 pods, so a PS job with ``ps_checkpoint`` gets one more pod running only the coordinator::
@@ -41,7 +41,7 @@ from typing import Any
 from collective.env import read_ps_checkpoint_env
 from collective.errors import ConfigError, FleetError
 from launcher.agent import Interrupted, install_signal_handlers
-from launcher.ps_coordinator import Coordinator
+from launcher.recovery.coordinator import Coordinator
 from launcher.schedulers import k8s_ps_recovery
 from launcher.spec import JobSpec, Mode
 

@@ -16,7 +16,7 @@ volume every pod mounts (``FLEET_PS_CHECKPOINT_DIR``, a ReadWriteMany Persistent
 
 A pod starting finds its own marker at the current generation: it is a restart of a pod that
 died (a SIGKILL, an OOM kill, a node loss; the pod cannot tell which). Then, as the local agent
-(:mod:`launcher.ps_recovery`) decides:
+(:mod:`launcher.recovery.ps_policy`) decides:
 
 * **no committed checkpoint yet, or the budget spent** (restarts used = generations + in-place
   recoveries, against FLEET_PS_MAX_RESTARTS = ``max_restarts``) → the job fails: the pod writes
@@ -29,7 +29,7 @@ died (a SIGKILL, an OOM kill, a node loss; the pod cannot tell which). Then, as 
   trainer in this generation, so it holds its rounds; a coordinator that was itself restarted
   does not) → in place: only this trainer restarts (``alone-K``), its process gets
   FLEET_PS_RESUME_POSITION from its progress copy and replays its prologue's rounds from the
-  coordinator's record, as locally (:mod:`launcher.ps_recovery`); the servers and the other
+  coordinator's record, as locally (:mod:`launcher.recovery.ps_policy`); the servers and the other
   trainers keep running. Logged as locally: ``recovery 1 (attempt 0, in place): trainer 1
   restarted by Kubernetes at step ~119; restarted: trainer 1 only, resumed at its data position
   (pass 0, step 119 of it; step 119); 0 steps redone by the others``. No committed checkpoint is
@@ -81,7 +81,7 @@ from collective.env import (
     ps_checkpoint_env,
 )
 from collective.errors import ConfigError, LaunchError
-from launcher.ps_recovery import ALONE_MODES, RESTORE_LATEST_ENV, Recovery, latest_committed
+from launcher.recovery.ps_policy import ALONE_MODES, RESTORE_LATEST_ENV, Recovery, latest_committed
 from launcher.spec import JobSpec
 
 logger = logging.getLogger(__name__)

@@ -29,14 +29,14 @@ root-cause-first summary (:func:`launcher.summary.format_summary`) is printed an
 Ctrl-C / SIGTERM does the same teardown and also shuts down a local cluster fleetrun started.
 
 A PS job with automatic checkpoints (``ps_checkpoint``) recovers as on the local scheduler
-(:mod:`launcher.ps_recovery`): the failure of a server or trainer (its process, its actor, its
+(:mod:`launcher.recovery.ps_policy`): the failure of a server or trainer (its process, its actor, its
 node) spends one restart, and every actor is re-created in the job's placement group, which is
 kept across the attempts (the same bundles, so the same nodes; each server on its first port, so
 on its endpoint); trainer 0 loads the newest good checkpoint and the trainers skip what they had
 trained. In async/GEO mode a dead server alone is re-created in its bundle on its port and
 restores its own shards while the trainers go on, and a dead trainer alone is re-created in its
 bundle and resumes at its data position while the others go on: the driver hosts the trainers'
-coordinator (:mod:`launcher.ps_coordinator`, on its node's IP), as the local agent does
+coordinator (:mod:`launcher.recovery.coordinator`, on its node's IP), as the local agent does
 (:mod:`launcher.schedulers.ray_ps_recovery`).
 Each recovery goes to the console, ``job_state.json`` (``recoveries``; ``restarts`` counts
 in-place ones too), the final summary and ``fleet_ps_recoveries_total``; no checkpoint yet or no
@@ -72,7 +72,7 @@ from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.console import StatusConsole
 from launcher.job_files import write_job_file, write_strategy
 from launcher.process import ConsoleWriter, ExitInfo
-from launcher.ps_recovery import make_recovery
+from launcher.recovery.ps_policy import make_recovery
 from launcher.schedulers import ray_elastic, ray_ps_recovery
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
 from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect

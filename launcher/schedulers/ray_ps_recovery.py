@@ -1,7 +1,7 @@
 """A dead PS server or trainer on Ray restarted alone, in place (async/GEO mode), as the local
 agent does.
 
-:mod:`launcher.ps_recovery` decides (:meth:`~launcher.ps_recovery.PSRecovery.alone_possible`:
+:mod:`launcher.recovery.ps_policy` decides (:meth:`~launcher.recovery.ps_policy.PSRecovery.alone_possible`:
 a server died, every trainer's progress file says async or GEO, a committed checkpoint exists, a
 unit of ``max_restarts`` is left); this module does it on the cluster
 (:func:`respawn_server`, called by :class:`launcher.schedulers.ray_job.RayJob` while it watches
@@ -28,9 +28,9 @@ for it (FLEET_PS_RECONNECT_S). The recovery is one unit of ``max_restarts``, lis
 final summary, ``fleet_ps_recoveries_total``).
 
 **A dead trainer** (:func:`respawn_trainer`): the driver hosts the trainers' coordinator
-(:mod:`launcher.ps_coordinator`, on the driver node's IP; ``RayJob.run``), so async/GEO trainers
+(:mod:`launcher.recovery.coordinator`, on the driver node's IP; ``RayJob.run``), so async/GEO trainers
 meet through it instead of a gloo group, as locally. When one trainer's process or actor dies,
-:meth:`~launcher.ps_recovery.PSRecovery.trainer_position` says whether it can restart alone
+:meth:`~launcher.recovery.ps_policy.PSRecovery.trainer_position` says whether it can restart alone
 (every trainer's progress file says it meets through the coordinator, the dead one's file has
 its data position, a restart is left). Its actor is re-created in its bundle as a server's,
 and it runs the user's script again with its previous env plus FLEET_PS_RESUME_POSITION (its
@@ -50,7 +50,7 @@ from typing import IO, Any
 
 from collective.env import metrics_env
 from launcher.attempt import SERVER, TRAINER, ProcSpec
-from launcher.ps_recovery import PSRecovery, Recovery
+from launcher.recovery.ps_policy import PSRecovery, Recovery
 from launcher.schedulers.ray_actor import ActorInfo
 from launcher.summary import Failure
 

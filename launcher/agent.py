@@ -9,7 +9,7 @@ An explicit loop over attempts (0 = first run, then one per restart)::
     teardown (always): SIGTERM → grace → SIGKILL, reap, kill stray descendants
     success → exit 0;  failure and budget left → next attempt;  else → summary, exit 1
 
-The decision after a failure is :func:`decide` (plain data in, plain data out), unit-tested
+The decision after a failure is :func:`~launcher.attempt.decide` (plain data in, plain data out), unit-tested
 without processes.
 """
 
@@ -18,14 +18,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
-import signal
 import socket
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from enum import Enum
 from typing import Protocol
 
 from collective.env import (
@@ -40,24 +37,37 @@ from collective.env import (
     usable_cpus,
 )
 from collective.errors import ConfigError, LaunchError, RendezvousError
-from launcher.attempt import SERVER, TRAINER, ProcSpec, Running, start_all, watch
+from launcher.attempt import (
+    SERVER,
+    TRAINER,
+    Decision,
+    Interrupted,
+    ProcSpec,
+    Running,
+    base_env,
+    console_prefix,
+    decide,
+    start_all,
+    watch,
+    worker_argv,
+    write_endpoints,
+)
 from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all
+from launcher.ps_env import (
+    FLEET_PS_CHECKPOINT_ROOT,
+    FLEET_PS_TOKEN,
+    job_ps_token,
+    ps_checkpoint_root_env,
+    user_ps_token,
+)
 from launcher.recovery.ps_policy import make_recovery
 from launcher.rendezvous import NodeInfo, NodeRendezvous
-from launcher.spec import JobSpec, Tee
+from launcher.spec import JobSpec
 from launcher.summary import Failure, format_summary
 from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of, node_file
 
 logger = logging.getLogger(__name__)
-
-
-class Interrupted(Exception):
-    """fleetrun itself got SIGINT/SIGTERM/SIGHUP."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 @contextlib.contextmanager
@@ -84,36 +94,6 @@ def monitored(monitor: JobMonitor, stopped: str) -> Iterator[None]:
         monitor.close()
 
 
-def install_signal_handlers() -> None:
-    """SIGINT/SIGTERM/SIGHUP raise Interrupted once; later ones are ignored while we tear down
-    (teardown is bounded: SIGTERM, grace period, SIGKILL)."""
-    fired = False
-
-    def handler(signum: int, _frame: object) -> None:
-        nonlocal fired
-        if not fired:
-            fired = True
-            raise Interrupted(signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
-
-
-class Decision(Enum):
-    """What the agent does after an attempt ended."""
-
-    SUCCEED = "succeed"
-    RESTART = "restart"
-    FAIL = "fail"
-
-
-def decide(failed: bool, attempt: int, max_restarts: int) -> Decision:
-    """Restart while the job-global budget lasts (attempt N means N restarts used)."""
-    if not failed:
-        return Decision.SUCCEED
-    return Decision.RESTART if attempt < max_restarts else Decision.FAIL
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where this node sits in the job, resolved once from the spec."""
@@ -124,18 +104,6 @@ class Placement:
     master_port: int | None
     node_ip: str
     run_id: str
-
-
-def worker_argv(spec: JobSpec) -> list[str]:
-    """The command every process runs (Python scripts go through collective.bootstrap so an
-    uncaught exception is written to the error file)."""
-    entry = spec.entrypoint
-    if entry.module:
-        return [sys.executable, "-u", "-m", "collective.bootstrap", "-m", entry.module, *entry.args]
-    assert entry.script
-    if entry.no_python:
-        return [entry.script, *entry.args]
-    return [sys.executable, "-u", "-m", "collective.bootstrap", entry.script, *entry.args]
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
@@ -152,53 +120,12 @@ def check_port_free(host: str, port: int, what: str) -> None:
             ) from None
 
 
-def _base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(spec.env)
-    if nproc_here > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = "1"  # as torchrun: N processes must not each take all cores
-    return env
-
-
 def _table_threads_env(env: dict[str, str], nproc_here: int) -> dict[str, str]:
     """FLEET_PS_TABLE_THREADS for the servers of a node running ``nproc_here`` processes: the
     node's CPUs split between them, unless the user set it."""
     if FLEET_PS_TABLE_THREADS in env:
         return {}
     return {FLEET_PS_TABLE_THREADS: str(max(1, usable_cpus() // max(1, nproc_here)))}
-
-
-FLEET_PS_TOKEN = "FLEET_PS_TOKEN"
-"""The PS job's shared secret, in every server's and trainer's environment (the name
-``ps_server.rpc.auth.TOKEN_ENV`` reads; the launcher does not import ps_server: numpy)."""
-FLEET_PS_CHECKPOINT_ROOT = "FLEET_PS_CHECKPOINT_ROOT"
-"""Directories a server's Save / Load requests may name (``ps_server.checkpoint.roots``)."""
-
-
-def user_ps_token(spec: JobSpec) -> str | None:
-    """FLEET_PS_TOKEN from the job's env or fleetrun's own, if the user set one."""
-    return spec.env.get(FLEET_PS_TOKEN) or os.environ.get(FLEET_PS_TOKEN) or None
-
-
-def job_ps_token(spec: JobSpec) -> str:
-    """The token of a PS job: the user's (:func:`user_ps_token`), else a new random one
-    (``secrets.token_urlsafe(32)``). Never logged."""
-    return user_ps_token(spec) or secrets.token_urlsafe(32)
-
-
-def ps_checkpoint_root_env(env: dict[str, str], log_dir: str, cwd: str) -> dict[str, str]:
-    """FLEET_PS_CHECKPOINT_ROOT for a server: the directory fleetrun runs in (where relative
-    save paths land) and the job's log directory, unless the job's env sets it."""
-    if FLEET_PS_CHECKPOINT_ROOT in env:
-        return {}
-    roots = dict.fromkeys([cwd, os.path.abspath(log_dir)])
-    return {FLEET_PS_CHECKPOINT_ROOT: os.pathsep.join(roots)}
-
-
-def console_prefix(spec: JobSpec, role: str, rank: int) -> tuple[bool, bytes]:
-    tag = f"[rank {rank}] " if role == TRAINER else f"[server {rank}] "
-    show = spec.tee is Tee.ALL or (spec.tee is Tee.RANK0 and role == TRAINER and rank == 0)
-    return show, (tag.encode() if spec.tee is Tee.ALL else b"")
 
 
 class Plan(Protocol):
@@ -275,7 +202,7 @@ class CollectivePlan:
             layout.trainer_endpoints,
             node_file("endpoints.log", self.place.node_rank, self.place.num_nodes),
         )
-        base = _base_env(self.spec, layout.nproc_per_node)
+        base = base_env(self.spec, layout.nproc_per_node)
         out = []
         for local_rank in range(layout.nproc_per_node):
             rank = layout.global_rank(local_rank)
@@ -321,8 +248,8 @@ class PSPlan:
     or static ``ps.servers``/``ps.workers`` lists of which this node runs the entries with its
     IP. Nodes do not coordinate: a multi-node PS job cannot restart (ConfigError), and its nodes
     must share a FLEET_PS_TOKEN given by the user; on one node fleetrun makes the job's token
-    (:func:`job_ps_token`). Servers also get their checkpoint roots
-    (:func:`ps_checkpoint_root_env`)."""
+    (:func:`~launcher.ps_env.job_ps_token`). Servers also get their checkpoint roots
+    (:func:`~launcher.ps_env.ps_checkpoint_root_env`)."""
 
     def __init__(self, spec: JobSpec, place: Placement, strategy_file: str | None) -> None:
         self.spec, self.place, self.strategy_file = spec, place, strategy_file
@@ -404,7 +331,7 @@ class PSPlan:
             raise ConfigError(
                 f"no server or worker endpoint has this node's IP {self.pod_ip}", key="ps.pod_ip"
             )
-        base = {**_base_env(self.spec, len(servers) + len(trainers)), FLEET_PS_TOKEN: self.token}
+        base = {**base_env(self.spec, len(servers) + len(trainers)), FLEET_PS_TOKEN: self.token}
         server_base = {
             **base,
             **_table_threads_env(base, len(servers) + len(trainers)),
@@ -457,21 +384,6 @@ class PSPlan:
 
     def finish(self, attempt: int) -> str | None:
         return None
-
-
-def write_endpoints(
-    log_dir: str,
-    attempt: int,
-    head: str,
-    servers: tuple[str, ...] | list[str],
-    trainers: tuple[str, ...],
-    name: str = "endpoints.log",
-) -> None:
-    """Append the attempt's endpoints to ``log_dir/name`` (node-scoped on several nodes)."""
-    with open(os.path.join(log_dir, name), "a" if attempt else "w", encoding="utf-8") as f:
-        f.write(f"# attempt {attempt} {head}\n")
-        f.writelines(f"server {i} {ep}\n" for i, ep in enumerate(servers))
-        f.writelines(f"trainer {i} {ep}\n" for i, ep in enumerate(trainers))
 
 
 def _label(f: Failure) -> str:

@@ -1,5 +1,10 @@
 """One attempt of a job on this node: start its processes, watch them, report how it ended.
 
+Shared by every scheduler: the local agent, the elastic agent, the Kubernetes pod and the Ray
+driver build :class:`ProcSpec` lists with :func:`worker_argv`, :func:`base_env` and
+:func:`console_prefix`, decide after an attempt with :func:`decide`, and stop on fleetrun's own
+signals (:class:`Interrupted`, :func:`install_signal_handlers`).
+
 Mode-agnostic: a collective job is a list of trainer :class:`ProcSpec`; a parameter-server job
 adds server specs. The rules, in :func:`watch`:
 
@@ -14,13 +19,17 @@ adds server specs. The rules, in :func:`watch`:
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from collective.errors import LaunchError
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all, wait_any
+from launcher.spec import JobSpec, Tee
 from launcher.summary import Failure, read_error_file
 
 TRAINER = "trainer"
@@ -153,3 +162,85 @@ def _let_servers_stop(servers: Sequence[Running], grace_s: float) -> None:
     procs = [r.proc for r in servers]
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         wait_any([p for p in procs if p.exit is None], min(0.2, deadline - time.monotonic()))
+
+
+class Interrupted(Exception):
+    """fleetrun itself got SIGINT/SIGTERM/SIGHUP."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def install_signal_handlers() -> None:
+    """SIGINT/SIGTERM/SIGHUP raise Interrupted once; later ones are ignored while we tear down
+    (teardown is bounded: SIGTERM, grace period, SIGKILL)."""
+    fired = False
+
+    def handler(signum: int, _frame: object) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Interrupted(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+class Decision(Enum):
+    """What a scheduler does after an attempt ended."""
+
+    SUCCEED = "succeed"
+    RESTART = "restart"
+    FAIL = "fail"
+
+
+def decide(failed: bool, attempt: int, max_restarts: int) -> Decision:
+    """Restart while the job-global budget lasts (attempt N means N restarts used)."""
+    if not failed:
+        return Decision.SUCCEED
+    return Decision.RESTART if attempt < max_restarts else Decision.FAIL
+
+
+def worker_argv(spec: JobSpec) -> list[str]:
+    """The command every process runs (Python scripts go through collective.bootstrap so an
+    uncaught exception is written to the error file)."""
+    entry = spec.entrypoint
+    if entry.module:
+        return [sys.executable, "-u", "-m", "collective.bootstrap", "-m", entry.module, *entry.args]
+    assert entry.script
+    if entry.no_python:
+        return [entry.script, *entry.args]
+    return [sys.executable, "-u", "-m", "collective.bootstrap", entry.script, *entry.args]
+
+
+def base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:
+    """fleetrun's environment plus the job's ``env:``, for a node running ``nproc_here``
+    processes (OMP_NUM_THREADS=1 when several share it, unless set)."""
+    env = dict(os.environ)
+    env.update(spec.env)
+    if nproc_here > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun: N processes must not each take all cores
+    return env
+
+
+def console_prefix(spec: JobSpec, role: str, rank: int) -> tuple[bool, bytes]:
+    """Whether a process's output also goes to the console (``tee``), and its line prefix."""
+    tag = f"[rank {rank}] " if role == TRAINER else f"[server {rank}] "
+    show = spec.tee is Tee.ALL or (spec.tee is Tee.RANK0 and role == TRAINER and rank == 0)
+    return show, (tag.encode() if spec.tee is Tee.ALL else b"")
+
+
+def write_endpoints(
+    log_dir: str,
+    attempt: int,
+    head: str,
+    servers: tuple[str, ...] | list[str],
+    trainers: tuple[str, ...],
+    name: str = "endpoints.log",
+) -> None:
+    """Append the attempt's endpoints to ``log_dir/name`` (node-scoped on several nodes)."""
+    with open(os.path.join(log_dir, name), "a" if attempt else "w", encoding="utf-8") as f:
+        f.write(f"# attempt {attempt} {head}\n")
+        f.writelines(f"server {i} {ep}\n" for i, ep in enumerate(servers))
+        f.writelines(f"trainer {i} {ep}\n" for i, ep in enumerate(trainers))

@@ -16,15 +16,8 @@ import click
 from click.core import ParameterSource
 
 from collective.errors import ConfigError, FleetError
-from launcher.agent import (
-    Agent,
-    CollectivePlan,
-    Interrupted,
-    Placement,
-    PSPlan,
-    check_port_free,
-    install_signal_handlers,
-)
+from launcher.agent import Agent, CollectivePlan, Placement, PSPlan, check_port_free
+from launcher.attempt import Interrupted, install_signal_handlers
 from launcher.job_files import write_job_file, write_strategy
 from launcher.spec import (
     DEFAULT_MULTINODE_PORT,

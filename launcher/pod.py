@@ -6,7 +6,7 @@ completion index (FLEET_POD_INDEX from the downward API, or JOB_COMPLETION_INDEX
 StatefulSet the ordinal at the end of the pod name (FLEET_POD_NAME / HOSTNAME). From that it
 builds the env contract with :mod:`collective.env` (``make_worker_env`` / ``make_ps_*_env``) —
 rank, TRAINING_ROLE, MASTER_ADDR (trainer 0's DNS name), PADDLE_* endpoint lists — and runs the
-user's entrypoint like the local agent runs one node (``launcher.agent.worker_argv``, error
+user's entrypoint like the local agent runs one node (``launcher.attempt.worker_argv``, error
 files, the root-cause-first summary on failure, also written to the pod's termination log).
 
 Restarts are Kubernetes' business (the Job's backoffLimit), so a pod runs one attempt; in a PS
@@ -40,8 +40,18 @@ from collective.env import (
     make_worker_env,
 )
 from collective.errors import ConfigError, LaunchError
-from launcher.agent import Interrupted, install_signal_handlers, worker_argv
-from launcher.attempt import SERVER, TRAINER, ProcSpec, Running, failure_of, start_all, watch
+from launcher.attempt import (
+    SERVER,
+    TRAINER,
+    Interrupted,
+    ProcSpec,
+    Running,
+    failure_of,
+    install_signal_handlers,
+    start_all,
+    watch,
+    worker_argv,
+)
 from launcher.process import ConsoleWriter, terminate_all, wait_any
 from launcher.schedulers import k8s_ps_recovery
 from launcher.spec import Entrypoint, JobSpec, Mode

@@ -9,7 +9,7 @@ import pytest
 from conftest import SCRIPTS, run_fleetrun
 
 from collective.errors import ConfigError
-from launcher.agent import Decision, decide
+from launcher.attempt import Decision, decide
 from launcher.spec import Mode, Tee, build_spec, spec_to_dict
 from launcher.summary import Failure, format_summary
 

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 from conftest import REPO, SCRIPTS, run_fleetrun
 
-from launcher.agent import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN
+from launcher.ps_env import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN
 from launcher.schedulers.k8s_render import object_names, render_job
 from launcher.schedulers.ray_plan import AttemptPaths, Placed, make_proc_specs, make_slots
 from launcher.spec import build_spec

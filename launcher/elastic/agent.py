@@ -36,8 +36,16 @@ from typing import Any
 
 from collective.env import NodeLayout, find_free_port, make_worker_env, metrics_env
 from collective.errors import RendezvousError
-from launcher.agent import _base_env, console_prefix, monitored, worker_argv
-from launcher.attempt import TRAINER, ProcSpec, start_all, watch
+from launcher.agent import monitored
+from launcher.attempt import (
+    TRAINER,
+    ProcSpec,
+    base_env,
+    console_prefix,
+    start_all,
+    watch,
+    worker_argv,
+)
 from launcher.elastic.config import describe_job, job_fingerprint
 from launcher.elastic.membership import Membership, MembershipChange, NodeRecord, diff, exchange
 from launcher.elastic.rdzv import leave_round
@@ -234,7 +242,7 @@ class ElasticAgent:
             job_name=spec.name,
             strategy_file=self.strategy_file,
         )
-        base = _base_env(spec, me.nproc)
+        base = base_env(spec, me.nproc)
         out = []
         for local_rank in range(me.nproc):
             rank = layout.global_rank(local_rank)

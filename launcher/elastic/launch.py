@@ -14,7 +14,7 @@ import uuid
 
 from collective.env import find_free_port
 from collective.errors import ConfigError
-from launcher.agent import Interrupted, install_signal_handlers
+from launcher.attempt import Interrupted, install_signal_handlers
 from launcher.elastic.agent import ElasticAgent
 from launcher.elastic.config import RdzvBackend, describe_job, job_fingerprint
 from launcher.elastic.rdzv import (

@@ -40,7 +40,7 @@ from typing import Any
 
 from collective.env import read_ps_checkpoint_env
 from collective.errors import ConfigError, FleetError
-from launcher.agent import Interrupted, install_signal_handlers
+from launcher.attempt import Interrupted, install_signal_handlers
 from launcher.recovery.coordinator import Coordinator
 from launcher.schedulers import k8s_ps_recovery
 from launcher.spec import JobSpec, Mode

@@ -43,7 +43,7 @@ import yaml
 
 from collective.env import FLEET_PS_COORDINATOR
 from collective.errors import ConfigError
-from launcher.agent import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN, job_ps_token
+from launcher.ps_env import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN, job_ps_token
 from launcher.schedulers import k8s_coordinator, k8s_elastic, k8s_ps_recovery
 from launcher.spec import JobSpec, Mode, RoleResources
 
@@ -521,7 +521,7 @@ def render_podgroup(spec: JobSpec) -> dict[str, Any]:
 def render_job(spec: JobSpec, ps_token: str | None = None) -> list[dict[str, Any]]:
     """Every object of the job, in apply order (ConfigMap, Secret, Services, PodGroup,
     StatefulSets — the coordinator's first —, Job); ``ps_token``: the PS job's token (None:
-    :func:`job_ps_token`)."""
+    :func:`~launcher.ps_env.job_ps_token`)."""
     check_renderable(spec)
     objs = [render_configmap(spec)]
     if spec.mode is Mode.PS:

@@ -9,7 +9,7 @@ bundle:
 * :meth:`ProcessActor.free_port` / :meth:`ProcessActor.free_ports` — free ports on its node
   (rendezvous/endpoints, and the process's ``/metrics``); :meth:`ProcessActor.port_free` —
   whether a given one is (a PS server re-created alone takes its previous port);
-* :meth:`ProcessActor.start` — the user's command (``launcher.agent.worker_argv``: through
+* :meth:`ProcessActor.start` — the user's command (``launcher.attempt.worker_argv``: through
   ``collective.bootstrap``, so an uncaught exception lands in the error file) with the env the
   driver built from ``collective.env``; the child runs in its own session with
   ``PR_SET_PDEATHSIG`` (``launcher.process.WorkerProcess``), so it dies with the actor;

@@ -58,20 +58,21 @@ from typing import IO, Any
 
 from collective.env import metrics_env
 from collective.errors import ConfigError, LaunchError
-from launcher.agent import (
-    FLEET_PS_CHECKPOINT_ROOT,
+from launcher.attempt import (
+    SERVER,
+    TRAINER,
     Decision,
     Interrupted,
+    ProcSpec,
     decide,
     install_signal_handlers,
-    job_ps_token,
     worker_argv,
     write_endpoints,
 )
-from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.console import StatusConsole
 from launcher.job_files import write_job_file, write_strategy
 from launcher.process import ConsoleWriter, ExitInfo
+from launcher.ps_env import FLEET_PS_CHECKPOINT_ROOT, job_ps_token
 from launcher.recovery.ps_policy import make_recovery
 from launcher.schedulers import ray_elastic, ray_ps_recovery
 from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor

@@ -32,8 +32,8 @@ from collective.env import (
     make_worker_env,
 )
 from collective.errors import ConfigError
-from launcher.agent import FLEET_PS_TOKEN, console_prefix, ps_checkpoint_root_env
-from launcher.attempt import SERVER, TRAINER, ProcSpec
+from launcher.attempt import SERVER, TRAINER, ProcSpec, console_prefix
+from launcher.ps_env import FLEET_PS_TOKEN, ps_checkpoint_root_env
 from launcher.spec import JobSpec, Mode, RoleResources
 
 logger = logging.getLogger(__name__)

@@ -85,7 +85,7 @@ class RespawnContext:
     """The job's placement group (kept across attempts of a recovered PS job)."""
     run_id: str
     argv: list[str]
-    """The job's worker command (:func:`launcher.agent.worker_argv`)."""
+    """The job's worker command (:func:`launcher.attempt.worker_argv`)."""
     no_python: bool
     cwd: str | None
     metrics: bool

@@ -257,6 +257,7 @@ def main() -> None:
                 f"{10 * stats['python'].median:.3f} (10x python)"
             )
     extra["memory"] = print_memory(loaders, args.lines)
+    extra["payload_bytes_per_example"] = PAYLOAD
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"title": title, "machine": machine_info(), **extra}, f, indent=2)

@@ -6,7 +6,7 @@ The earlier revision is checked out with ``git worktree`` into a temp dir and pu
 PYTHONPATH (the venv, torch and every dependency are shared); each repetition runs both trees
 back to back in alternating order, so load on the host hits both alike.
 
-    .venv/bin/python bench/bench_import.py --before 6106d00 --reps 15
+    .venv/bin/python bench/bench_import.py --before 6106d00 --reps 15 [--json PATH]
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="git revision to compare with")
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fleet-import-") as tmp:
         before = os.path.join(tmp, "before")
@@ -83,6 +84,7 @@ def main() -> None:
                 rows,
                 goal="<= 1.0 within noise (no slower than before)",
                 unit="s",
+                json_path=args.json,
             )
         finally:
             subprocess.run(

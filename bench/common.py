@@ -113,10 +113,25 @@ def report(
             f"  ratio ({ratio_kind}) = {ratio:.3f}   goal: {goal}"
         )
         out_rows.append(
-            {"label": label, "ours": asdict(ours), "peer": asdict(peer), "ratio": ratio}
+            {
+                "label": label,
+                "ours": asdict(ours),
+                "peer": asdict(peer),
+                "ratio": ratio,
+                "ratio_kind": ratio_kind,
+            }
         )
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
             json.dump(
-                {"title": title, "machine": info, "rows": out_rows, **(extra or {})}, f, indent=2
+                {
+                    "title": title,
+                    "machine": info,
+                    "unit": unit,
+                    "goal": goal,
+                    "rows": out_rows,
+                    **(extra or {}),
+                },
+                f,
+                indent=2,
             )

@@ -484,7 +484,7 @@ def format_config_table(spec: JobSpec, place: Placement) -> str:
 def launch(spec: JobSpec, *, dry_run: bool = False, dashboard: bool = False) -> int:
     """Run a validated spec on its scheduler; return the process exit code."""
     if spec.scheduler is SchedulerKind.K8S:
-        from launcher.schedulers.k8s_job import run_k8s  # lazy: only k8s jobs load the renderer
+        from launcher.schedulers.k8s.job import run_k8s  # lazy: only k8s jobs load the renderer
 
         return run_k8s(spec, dry_run=dry_run)
     if dry_run:

@@ -111,7 +111,9 @@ def status_cmd(job: str | None, log_dir: str | None, namespace: str) -> None:
             )
         )
         return
-    from launcher.schedulers import k8s_client  # lazy: the kubernetes client, k8s commands only
+    from launcher.schedulers.k8s import (
+        client as k8s_client,
+    )  # lazy: the kubernetes client, k8s commands only
 
     try:
         click.echo(k8s_client.job_status(job, namespace))
@@ -128,7 +130,9 @@ def status_cmd(job: str | None, log_dir: str | None, namespace: str) -> None:
 @_NAMESPACE
 def logs_cmd(job: str, rank: int | None, server: int | None, namespace: str) -> None:
     """Logs of a Kubernetes job's pods (each headed by the pod name)."""
-    from launcher.schedulers import k8s_client  # lazy: the kubernetes client, k8s commands only
+    from launcher.schedulers.k8s import (
+        client as k8s_client,
+    )  # lazy: the kubernetes client, k8s commands only
 
     try:
         click.echo(k8s_client.job_logs(job, namespace, rank=rank, server=server), nl=False)
@@ -141,7 +145,9 @@ def logs_cmd(job: str, rank: int | None, server: int | None, namespace: str) -> 
 @_NAMESPACE
 def delete_cmd(job: str, namespace: str) -> None:
     """Delete every Kubernetes object of a job (its pods go with them)."""
-    from launcher.schedulers import k8s_client  # lazy: the kubernetes client, k8s commands only
+    from launcher.schedulers.k8s import (
+        client as k8s_client,
+    )  # lazy: the kubernetes client, k8s commands only
 
     try:
         deleted = k8s_client.delete_job(job, namespace)
@@ -165,7 +171,9 @@ def k8s_group() -> None:
 def scale_cmd(job: str, replicas: int, namespace: str) -> None:
     """Set an elastic JOB's trainer pods to N (within its --nnodes MIN:MAX): added pods join
     the next rendezvous round; removed ones leave and the others re-form without them."""
-    from launcher.schedulers import k8s_client  # lazy: the kubernetes client, k8s commands only
+    from launcher.schedulers.k8s import (
+        client as k8s_client,
+    )  # lazy: the kubernetes client, k8s commands only
 
     try:
         click.echo(k8s_client.scale_job(job, namespace, replicas))
@@ -223,7 +231,7 @@ def pod_cmd(
     """Inside a Kubernetes pod: derive rank/role/endpoints from the pod index, run ENTRY."""
     # lazy: a pod's entry point (pulls in the agent and rendezvous code) for `fleetrun pod` only
     from collective.env import Backend
-    from launcher.pod import PodConfig, run_pod
+    from launcher.schedulers.k8s.pod import PodConfig, run_pod
     from launcher.spec import Entrypoint, Mode
 
     try:

@@ -24,8 +24,8 @@ import pytest
 from conftest import REPO, SCRIPTS, base_env, fleetrun_cmd
 
 from collective.errors import ConfigError, LaunchError
-from launcher.schedulers import k8s_client
-from launcher.schedulers.k8s_render import render_job, to_yaml
+from launcher.schedulers.k8s import client as k8s_client
+from launcher.schedulers.k8s.render import render_job, to_yaml
 from launcher.spec import build_spec
 
 sys.path.insert(0, str(SCRIPTS))

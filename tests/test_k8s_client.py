@@ -1,4 +1,4 @@
-"""launcher/schedulers/k8s_client.py through the official kubernetes client, against an
+"""launcher/schedulers/k8s/client.py through the official kubernetes client, against an
 in-memory stand-in of the API server (tests/scripts/k8s_fake_api.py; not Kubernetes: the test
 plays the Job controller). Checks the requests fleetrun sends and how it reads the answers."""
 
@@ -15,9 +15,9 @@ import pytest
 from conftest import SCRIPTS
 
 from collective.errors import LaunchError
-from launcher.schedulers import k8s_client
-from launcher.schedulers.k8s_job import run_k8s
-from launcher.schedulers.k8s_render import INDEX_ANNOTATION, labels, render_job
+from launcher.schedulers.k8s import client as k8s_client
+from launcher.schedulers.k8s.job import run_k8s
+from launcher.schedulers.k8s.render import INDEX_ANNOTATION, labels, render_job
 from launcher.spec import build_spec
 
 sys.path.insert(0, str(SCRIPTS))

@@ -18,9 +18,9 @@ import yaml
 from conftest import REPO
 
 from collective.errors import ConfigError, LaunchError
-from launcher.pod import _metrics as _pod_metrics
-from launcher.pod import pod_index
-from launcher.schedulers.k8s_render import GROUP_ANNOTATION, render_job, to_yaml
+from launcher.schedulers.k8s.pod import _metrics as _pod_metrics
+from launcher.schedulers.k8s.pod import pod_index
+from launcher.schedulers.k8s.render import GROUP_ANNOTATION, render_job, to_yaml
 from launcher.spec import build_spec
 
 K8S_VERSIONS = ("1.28.0", "1.31.0")
@@ -266,7 +266,7 @@ def test_rbac_is_least_privilege() -> None:
     assert ("", "pods/exec") not in verbs
     assert "create" not in verbs[("", "pods")]
     # every client call is allowed
-    client_src = (REPO / "launcher/schedulers/k8s_client.py").read_text()
+    client_src = (REPO / "launcher/schedulers/k8s/client.py").read_text()
     needed = {
         ("batch", "jobs"): {"create", "patch", "get", "list", "delete"},
         ("apps", "statefulsets"): {"create", "list", "delete"},

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SCRIPTS
 
-from launcher.schedulers.k8s_render import render_job
+from launcher.schedulers.k8s.render import render_job
 from launcher.spec import build_spec
 
 sys.path.insert(0, str(SCRIPTS))

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SCRIPTS, base_env, wait_for
 
-from launcher.schedulers import k8s_ps_recovery as kr
-from launcher.schedulers.k8s_render import render_job
+from launcher.schedulers.k8s import ps_recovery as kr
+from launcher.schedulers.k8s.render import render_job
 from launcher.spec import build_spec
 
 sys.path.insert(0, str(SCRIPTS))

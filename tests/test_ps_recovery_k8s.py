@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, SCRIPTS, base_env, wait_for
 
 from collective.errors import ConfigError
-from launcher.schedulers.k8s_render import render_job
+from launcher.schedulers.k8s.render import render_job
 from launcher.spec import build_spec
 
 sys.path.insert(0, str(SCRIPTS))

@@ -1,5 +1,5 @@
 """A dead async/GEO trainer pod restarts alone on Kubernetes, through the
-trainers' coordinator pod the job renders (launcher/schedulers/k8s_coordinator.py).
+trainers' coordinator pod the job renders (launcher/schedulers/k8s/coordinator.py).
 
 - the manifest: the coordinator's headless Service and 1-replica StatefulSet, FLEET_PS_COORDINATOR
   in every pod, the token from the Secret; it validates (strict, 1.28 / 1.30 / 1.31);
@@ -33,8 +33,8 @@ from conftest import REPO, SCRIPTS, base_env, wait_for
 from collective.errors import FleetError
 from fleet.base.coordination import CoordinationClient
 from launcher.recovery.coordinator import Coordinator
-from launcher.schedulers import k8s_ps_recovery as kr
-from launcher.schedulers.k8s_render import render_job
+from launcher.schedulers.k8s import ps_recovery as kr
+from launcher.schedulers.k8s.render import render_job
 from launcher.spec import build_spec
 
 sys.path.insert(0, str(SCRIPTS))
@@ -101,7 +101,7 @@ def test_manifest_renders_the_coordinator_pod(tmp_path: Path) -> None:
     assert container["command"] + container["args"][:2] == [
         "python",
         "-m",
-        "launcher.schedulers.k8s_coordinator",
+        "launcher.schedulers.k8s.coordinator",
     ]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["FLEET_PS_TOKEN"] == {"secretKeyRef": {"name": f"{NAME}-ps-token", "key": "token"}}

@@ -42,7 +42,7 @@ payloads are kept for the job's life (fleet's rounds carry a few numbers; an AUC
 64 KiB).
 
 On Kubernetes no agent outlives the trainers: the coordinator runs in a pod of its own
-(:mod:`launcher.schedulers.k8s_coordinator`, on a fixed ``port``), and a restarted trainer pod
+(:mod:`launcher.schedulers.k8s.coordinator`, on a fixed ``port``), and a restarted trainer pod
 asks it (``restart_alone``) before restarting its trainer alone: only a coordinator that greeted
 that trainer in this attempt holds its rounds, so one that was itself restarted says no and the
 job restarts every pod instead.

@@ -1,6 +1,6 @@
 """Recovery of a PS job from its automatic checkpoints (local scheduler; the Ray driver calls the same
 :class:`PSRecovery`, and the Kubernetes pods log its :class:`Recovery` lines:
-:mod:`launcher.schedulers.k8s_ps_recovery`).
+:mod:`launcher.schedulers.k8s.ps_recovery`).
 
 A PS job started with ``--ps_checkpoint_dir`` (``ps_checkpoint: {dir, interval_s, keep}``) is
 checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its processes dies
@@ -32,7 +32,7 @@ checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its 
 - **a trainer in place** (:meth:`PSRecovery.recover_alone`; local scheduler, Ray, Kubernetes):
   the agent (on Ray the driver, which re-creates the trainer's actor alone:
   :mod:`launcher.schedulers.ray_ps_recovery`; on Kubernetes a pod of its own:
-  :mod:`launcher.schedulers.k8s_coordinator`) hosts the trainers' coordinator
+  :mod:`launcher.schedulers.k8s.coordinator`) hosts the trainers' coordinator
   (:mod:`launcher.recovery.coordinator`); async, half-async and GEO trainers meet through it instead
   of a gloo group (every progress file says so: ``alone_ok``). A dead trainer is started again
   alone, same rank and attempt, with FLEET_PS_RESUME_POSITION = its data position from its

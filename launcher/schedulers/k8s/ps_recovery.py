@@ -111,7 +111,7 @@ ASK_TIMEOUT_S = 10.0
 """Longest a restarted trainer pod waits for the coordinator's answer (none: every pod restarts)."""
 
 
-# -- rendering (launcher.schedulers.k8s_render calls these) ---------------------------------------
+# -- rendering (launcher.schedulers.k8s.render calls these) ---------------------------------------
 def check_checkpoint_volume(spec: JobSpec) -> None:
     """ConfigError unless ``ps_checkpoint.dir`` is an absolute path on a writable mount of a
     PersistentVolumeClaim (every pod, servers and trainers, must see the same files)."""
@@ -166,7 +166,7 @@ def pod_failure_policy(spec: JobSpec) -> dict[str, Any] | None:
     if not spec.ps_checkpoint.dir:
         return None
     # (an empty onPodConditions: the 1.28 schema requires the field; the API server takes an
-    # empty list as "not set", as k8s_elastic does)
+    # empty list as "not set", as elastic.py does)
     return {
         "rules": [
             {

@@ -1,5 +1,5 @@
 """An elastic collective job on Kubernetes (``--nnodes MIN:MAX`` with ``--scheduler k8s``):
-what differs from a fixed job's manifests, as pure functions (k8s_render calls them).
+what differs from a fixed job's manifests, as pure functions (render.py calls them).
 
 Objects (apply order)::
 

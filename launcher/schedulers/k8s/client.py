@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from collective.errors import LaunchError
-from launcher.schedulers.k8s_elastic import check_scale
-from launcher.schedulers.k8s_render import (
+from launcher.schedulers.k8s.elastic import check_scale
+from launcher.schedulers.k8s.render import (
     INDEX_ANNOTATION,
     JOB_LABEL,
     NPROC_LABEL,
@@ -110,7 +110,7 @@ def _creators(client: Any, ns: str) -> dict[str, Callable[[dict[str, Any]], Any]
 
 
 def apply(objs: list[dict[str, Any]], namespace: str) -> None:
-    """Create the job's objects (rendered by k8s_render.render_job) in ``namespace``."""
+    """Create the job's objects (rendered by render.render_job) in ``namespace``."""
     client = _client()
     ApiException = _api_exceptions()
 

@@ -9,7 +9,7 @@ Collective job ``N`` (one pod per node, ``nproc_per_node`` trainers in each)::
     PodGroup  N                (gang only) Volcano, minMember = every pod of the job
 
 Elastic collective job (``--nnodes MIN:MAX``): one elastic agent per pod, up to MAX pods, a
-rendezvous endpoint instead of the trainer Service (see :mod:`launcher.schedulers.k8s_elastic`).
+rendezvous endpoint instead of the trainer Service (see :mod:`launcher.schedulers.k8s.elastic`).
 
 PS job: the same, plus ``Service N-server`` + ``StatefulSet N-server`` (server i is
 ``N-server-i.N-server.NS.svc``) and ``Secret N-ps-token`` (the job's token, key ``token``; every
@@ -23,12 +23,12 @@ PS job with ``ps_checkpoint``: every pod gets FLEET_PS_CHECKPOINT_* and FLEET_PS
 FLEET_PS_RECONNECT_S, the trainers' Job a ``podFailurePolicy`` (exit 3, the job cannot recover:
 FailJob); a dead server or trainer pod is restarted by Kubernetes and either restarts alone (an
 async/GEO server restoring its own shards) or restarts every pod from the newest checkpoint
-(:mod:`launcher.schedulers.k8s_ps_recovery`). Such a job also gets the trainers' coordinator
+(:mod:`launcher.schedulers.k8s.ps_recovery`). Such a job also gets the trainers' coordinator
 (``Service N-coord`` + a 1-replica ``StatefulSet N-coord``, FLEET_PS_COORDINATOR in every pod:
-:mod:`launcher.schedulers.k8s_coordinator`), through which async/half-async/GEO trainers meet,
+:mod:`launcher.schedulers.k8s.coordinator`), through which async/half-async/GEO trainers meet,
 so a dead trainer pod restarts alone from its data position.
 
-Every container runs ``fleetrun pod ...`` (:mod:`launcher.pod`), which derives its rank / role /
+Every container runs ``fleetrun pod ...`` (:mod:`launcher.schedulers.k8s.pod`), which derives its rank / role /
 endpoints from the pod index and these DNS names and starts the user's entrypoint with the env
 contract. The pod-level settings are command-line arguments, so ``kubectl get -o yaml`` shows
 everything a pod does. Objects come out in apply order.
@@ -44,7 +44,7 @@ import yaml
 from collective.env import FLEET_PS_COORDINATOR
 from collective.errors import ConfigError
 from launcher.ps_env import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN, job_ps_token
-from launcher.schedulers import k8s_coordinator, k8s_elastic, k8s_ps_recovery
+from launcher.schedulers.k8s import coordinator, elastic, ps_recovery
 from launcher.spec import JobSpec, Mode, RoleResources
 
 CONFIG_MOUNT = "/etc/fleetrun"
@@ -63,7 +63,7 @@ MAX_NAME_LEN = 47
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 
-TRAINER, SERVER, COORDINATOR = "trainer", "server", k8s_coordinator.ROLE
+TRAINER, SERVER, COORDINATOR = "trainer", "server", coordinator.ROLE
 
 
 TOKEN_KEY = "token"
@@ -143,8 +143,8 @@ def check_renderable(spec: JobSpec) -> None:
     for role in ("trainer", "server"):
         scale_quantity(getattr(spec.resources, role).memory, 1, f"resources.{role}.memory")
     if spec.elastic.enabled:
-        k8s_elastic.check_elastic_renderable(spec)
-    k8s_ps_recovery.check_checkpoint_volume(spec)
+        elastic.check_elastic_renderable(spec)
+    ps_recovery.check_checkpoint_volume(spec)
     if isinstance(spec.strategy, str):
         _read_text(spec.strategy)
 
@@ -229,7 +229,7 @@ def render_service(spec: JobSpec, role: str) -> dict[str, Any]:
     port = {
         TRAINER: spec.k8s.master_port,
         SERVER: spec.k8s.server_port,
-        COORDINATOR: k8s_coordinator.PORT,
+        COORDINATOR: coordinator.PORT,
     }[role]
     port_name = {TRAINER: "rendezvous", SERVER: "ps", COORDINATOR: COORDINATOR}[role]
     return {
@@ -253,7 +253,7 @@ def render_service(spec: JobSpec, role: str) -> dict[str, Any]:
 
 
 def pod_args(spec: JobSpec, role: str) -> list[str]:
-    """Arguments of ``fleetrun pod`` for a role (see launcher.pod)."""
+    """Arguments of ``fleetrun pod`` for a role (see launcher.schedulers.k8s.pod)."""
     k = spec.k8s
     args = [
         "pod",
@@ -324,8 +324,10 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         for key, value in spec.env.items()
         if key != FLEET_PS_TOKEN
     ]
-    elastic = spec.elastic.enabled and role == TRAINER  # node ranks come from the rendezvous
-    if role == TRAINER and not elastic:  # the StatefulSet's servers: ordinal from FLEET_POD_NAME
+    elastic_pod = spec.elastic.enabled and role == TRAINER  # node ranks come from the rendezvous
+    if (
+        role == TRAINER and not elastic_pod
+    ):  # the StatefulSet's servers: ordinal from FLEET_POD_NAME
         env.append(_field_env("FLEET_POD_INDEX", f"metadata.annotations['{INDEX_ANNOTATION}']"))
     if spec.mode is Mode.PS:
         secret = {"name": names["token"], "key": TOKEN_KEY}
@@ -335,8 +337,8 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
             writable = [m["mountPath"] for m in k.volume_mounts if not m.get("readOnly")]
             roots = dict.fromkeys([".", spec.log_dir, *writable])
             env.append({"name": FLEET_PS_CHECKPOINT_ROOT, "value": ":".join(roots)})
-        env += k8s_ps_recovery.checkpoint_env(spec, role)  # the volume is a writable mount: a root
-        if k8s_coordinator.wanted(spec):  # trainers meet there; every pod waits for it to join
+        env += ps_recovery.checkpoint_env(spec, role)  # the volume is a writable mount: a root
+        if coordinator.wanted(spec):  # trainers meet there; every pod waits for it to join
             env.append({"name": FLEET_PS_COORDINATOR, "value": coordinator_endpoint(spec)})
     env += [
         _field_env("FLEET_POD_NAME", "metadata.name"),
@@ -353,7 +355,7 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
     own_port = k.master_port if role == TRAINER else k.server_port
     ports = (
         []
-        if elastic
+        if elastic_pod
         else [{"name": "rendezvous" if role == TRAINER else "ps", "containerPort": own_port}]
     )
     ports += [
@@ -366,10 +368,10 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         "imagePullPolicy": str(k.image_pull_policy),
         "command": ["fleetrun"],
         "args": (
-            k8s_elastic.agent_args(
+            elastic.agent_args(
                 spec, f"{CONFIG_MOUNT}/strategy.yaml" if spec.strategy is not None else None
             )
-            if elastic
+            if elastic_pod
             else pod_args(spec, role)
         ),
         "env": env,
@@ -402,7 +404,7 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         ],
         "terminationGracePeriodSeconds": int(spec.grace_period_s) + 25,
     }
-    if role == TRAINER and not elastic:
+    if role == TRAINER and not elastic_pod:
         pod["subdomain"] = names[TRAINER]
     _schedule(spec, pod)
     pod_labels = labels(spec, role)
@@ -427,15 +429,15 @@ def _schedule(spec: JobSpec, pod: dict[str, Any]) -> None:
 
 def coordinator_endpoint(spec: JobSpec) -> str:
     """FLEET_PS_COORDINATOR of the job's pods: the coordinator pod's DNS name and port."""
-    return f"{pod_host_pattern(spec, COORDINATOR).format(index=0)}:{k8s_coordinator.PORT}"
+    return f"{pod_host_pattern(spec, COORDINATOR).format(index=0)}:{coordinator.PORT}"
 
 
 def render_coordinator_statefulset(spec: JobSpec) -> dict[str, Any]:
     """The PS trainers' coordinator: a 1-replica StatefulSet (at most one pod; stable DNS name
-    through the headless Service ``N-coord``; see :mod:`launcher.schedulers.k8s_coordinator`)."""
+    through the headless Service ``N-coord``; see :mod:`launcher.schedulers.k8s.coordinator`)."""
     names = object_names(spec)
     token_ref = {"name": names["token"], "key": TOKEN_KEY}
-    container = k8s_coordinator.coordinator_container(
+    container = coordinator.coordinator_container(
         spec, num_pods(spec, TRAINER), num_pods(spec, SERVER), token_ref
     )
     pod: dict[str, Any] = {
@@ -467,8 +469,8 @@ def render_trainer_job(spec: JobSpec) -> dict[str, Any]:
     pods = num_pods(spec, TRAINER)
     meta = _meta(spec, object_names(spec)[TRAINER], TRAINER)
     if spec.elastic.enabled:  # one elastic agent per pod, MIN..MAX pods
-        job_spec = k8s_elastic.elastic_job_spec(spec, render_pod_template(spec, TRAINER))
-        meta["annotations"] = k8s_elastic.node_range_annotations(spec)
+        job_spec = elastic.elastic_job_spec(spec, render_pod_template(spec, TRAINER))
+        meta["annotations"] = elastic.node_range_annotations(spec)
     else:
         job_spec = {
             "completionMode": "Indexed",
@@ -479,7 +481,7 @@ def render_trainer_job(spec: JobSpec) -> dict[str, Any]:
             "backoffLimit": spec.max_restarts * pods,
             "template": render_pod_template(spec, TRAINER),
         }
-        policy = k8s_ps_recovery.pod_failure_policy(spec) if spec.mode is Mode.PS else None
+        policy = ps_recovery.pod_failure_policy(spec) if spec.mode is Mode.PS else None
         if policy is not None:  # a pod finding that the job cannot recover fails it at once
             job_spec["podFailurePolicy"] = policy
     if spec.k8s.ttl_seconds_after_finished is not None:
@@ -507,7 +509,7 @@ def render_server_statefulset(spec: JobSpec) -> dict[str, Any]:
 def render_podgroup(spec: JobSpec) -> dict[str, Any]:
     """Volcano PodGroup: schedule every pod of the job at once or none (minMember = all pods)."""
     group, version, _ = PODGROUP_API
-    total = num_pods(spec, TRAINER) + num_pods(spec, SERVER) + int(k8s_coordinator.wanted(spec))
+    total = num_pods(spec, TRAINER) + num_pods(spec, SERVER) + int(coordinator.wanted(spec))
     if spec.elastic.enabled:  # the job may run with MIN nodes (its etcd is not in the group)
         total = int(spec.elastic.min_nodes or 1)
     return {
@@ -527,18 +529,18 @@ def render_job(spec: JobSpec, ps_token: str | None = None) -> list[dict[str, Any
     if spec.mode is Mode.PS:
         objs.append(render_token_secret(spec, ps_token or job_ps_token(spec)))
     if spec.elastic.enabled:  # the agents meet at the rendezvous endpoint, not through DNS
-        if k8s_elastic.renders_etcd(spec):
-            objs += k8s_elastic.render_etcd(spec, labels(spec, k8s_elastic.ETCD))
+        if elastic.renders_etcd(spec):
+            objs += elastic.render_etcd(spec, labels(spec, elastic.ETCD))
     else:
         objs.append(render_service(spec, TRAINER))
-    coordinator = k8s_coordinator.wanted(spec)
-    if coordinator:
+    has_coordinator = coordinator.wanted(spec)
+    if has_coordinator:
         objs.append(render_service(spec, COORDINATOR))
     if spec.mode is Mode.PS:
         objs.append(render_service(spec, SERVER))
     if spec.k8s.gang:
         objs.append(render_podgroup(spec))
-    if coordinator:
+    if has_coordinator:
         objs.append(render_coordinator_statefulset(spec))
     if spec.mode is Mode.PS:
         objs.append(render_server_statefulset(spec))

@@ -7,14 +7,14 @@ pods, so a PS job with ``ps_checkpoint`` gets one more pod running only the coor
 
     Service     N-coord   headless: N-coord-0.N-coord.NS.svc
     StatefulSet N-coord   1 replica, restartPolicy Always, running
-                          python -m launcher.schedulers.k8s_coordinator
+                          python -m launcher.schedulers.k8s.coordinator
 
 and every pod of the job FLEET_PS_COORDINATOR=N-coord-0.N-coord.NS.svc:PORT. A StatefulSet, not a
 Deployment: it runs *at most one* pod (a Deployment may start a replacement while a partitioned
 old pod still runs, and two coordinators would split the trainers' rounds).
 
 The coordinator pod is a member of the job's generations
-(:mod:`launcher.schedulers.k8s_ps_recovery`, marker ``coordinator-0`` on the checkpoint volume):
+(:mod:`launcher.schedulers.k8s.ps_recovery`, marker ``coordinator-0`` on the checkpoint volume):
 it listens for a generation before its marker says it joined, so the trainers of that generation
 (who start once every pod joined) always find it serving their generation (their attempt); when
 a newer generation starts (a restart-all recovery) it serves that one afresh, without
@@ -42,7 +42,7 @@ from collective.env import read_ps_checkpoint_env
 from collective.errors import ConfigError, FleetError
 from launcher.attempt import Interrupted, install_signal_handlers
 from launcher.recovery.coordinator import Coordinator
-from launcher.schedulers import k8s_ps_recovery
+from launcher.schedulers.k8s import ps_recovery
 from launcher.spec import JobSpec, Mode
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def coordinator_args(spec: JobSpec, trainers: int, servers: int) -> list[str]:
     return [
         "python",
         "-m",
-        "launcher.schedulers.k8s_coordinator",
+        "launcher.schedulers.k8s.coordinator",
         "--run_id",
         spec.run_id or spec.name,
         "--trainers",
@@ -87,7 +87,7 @@ def coordinator_env(spec: JobSpec, token_ref: dict[str, Any]) -> list[dict[str, 
         {"name": k, "value": str(v)} for k, v in spec.env.items() if k != TOKEN_ENV
     ]
     env.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": token_ref}})
-    env += k8s_ps_recovery.checkpoint_env(spec, ROLE)
+    env += ps_recovery.checkpoint_env(spec, ROLE)
     env += [
         {"name": "FLEET_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -121,7 +121,7 @@ def coordinator_container(
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m launcher.schedulers.k8s_coordinator",
+        prog="python -m launcher.schedulers.k8s.coordinator",
         description="The PS trainers' coordinator pod of a Kubernetes job.",
     )
     p.add_argument("--run_id", required=True, help="The job's run id (its files on the volume).")
@@ -154,12 +154,12 @@ def run(args: argparse.Namespace) -> int:
     if args.trainers < 1:
         raise ConfigError(f"must be >= 1, got {args.trainers}", key="--trainers")
     cfg = read_ps_checkpoint_env()
-    gen = k8s_ps_recovery.make_generation(ROLE, 0, args.run_id, args.servers, args.trainers)
+    gen = ps_recovery.make_generation(ROLE, 0, args.run_id, args.servers, args.trainers)
     if cfg is None or gen is None:
         raise ConfigError(
             "is not set: the coordinator pod belongs to a PS job with ps_checkpoint "
             "(its files are on the checkpoint volume)",
-            key=k8s_ps_recovery.CHECKPOINT_DIR_ENV,
+            key=ps_recovery.CHECKPOINT_DIR_ENV,
         )
     coord: Coordinator | None = None
 
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         gen.join(0.0, wait=False, ready=serve)  # it waits for no pod: it serves whoever comes
         reason = gen.follow(serve)
-    except k8s_ps_recovery.RecoveryRefused as err:
+    except ps_recovery.RecoveryRefused as err:
         reason = str(err)
     except Interrupted:
         return 0  # the pod is deleted (the job ended)
@@ -184,11 +184,11 @@ def run(args: argparse.Namespace) -> int:
         if coord is not None:
             coord.close()
     sys.stderr.write(f"fleetrun coordinator: {reason}\n")
-    return k8s_ps_recovery.REFUSED_EXIT
+    return ps_recovery.REFUSED_EXIT
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m launcher.schedulers.k8s_coordinator``: the coordinator pod's process."""
+    """``python -m launcher.schedulers.k8s.coordinator``: the coordinator pod's process."""
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,

@@ -1,7 +1,7 @@
 """``fleetrun pod``: the container command of every pod the Kubernetes scheduler renders.
 
 A pod knows only what its manifest gives it: its role, the job's sizes and DNS-name patterns
-(arguments rendered by :mod:`launcher.schedulers.k8s_render`) and its index — the Indexed Job's
+(arguments rendered by :mod:`launcher.schedulers.k8s.render`) and its index — the Indexed Job's
 completion index (FLEET_POD_INDEX from the downward API, or JOB_COMPLETION_INDEX), or for a
 StatefulSet the ordinal at the end of the pod name (FLEET_POD_NAME / HOSTNAME). From that it
 builds the env contract with :mod:`collective.env` (``make_worker_env`` / ``make_ps_*_env``) —
@@ -13,7 +13,7 @@ Restarts are Kubernetes' business (the Job's backoffLimit), so a pod runs one at
 job with automatic checkpoints the pod first decides, with the others, what its restart means
 (a server or an async/half-async/GEO trainer restarted alone, every pod restarted, or the job
 failed with exit 3: the budget and the checkpoint are checked on the volume,
-:mod:`launcher.schedulers.k8s_ps_recovery`); a trainer restarted alone gets
+:mod:`launcher.schedulers.k8s.ps_recovery`); a trainer restarted alone gets
 FLEET_PS_RESUME_POSITION, and the PS processes' restart count is the generation (the attempt the
 trainers' coordinator serves). A StatefulSet restarts any container that exits, even with code
 0, so a server that stopped cleanly (the trainers called ``fleet.stop_worker``) holds until its
@@ -53,7 +53,7 @@ from launcher.attempt import (
     worker_argv,
 )
 from launcher.process import ConsoleWriter, terminate_all, wait_any
-from launcher.schedulers import k8s_ps_recovery
+from launcher.schedulers.k8s import ps_recovery
 from launcher.spec import Entrypoint, JobSpec, Mode
 from launcher.summary import Failure, format_summary
 
@@ -65,7 +65,7 @@ TERMINATION_LOG = "/dev/termination-log"
 
 @dataclass(frozen=True)
 class PodConfig:
-    """What ``fleetrun pod`` is told by its manifest (see k8s_render.pod_args)."""
+    """What ``fleetrun pod`` is told by its manifest (see render.pod_args)."""
 
     role: str
     """``trainer`` or ``server``."""
@@ -332,7 +332,7 @@ def run_pod(cfg: PodConfig) -> int:
     try:
         wait_resolvable(_hosts_needed(cfg, index), cfg.rdzv_timeout_s)
         if cfg.mode is Mode.PS:  # automatic checkpoints: pods restart each other (see the module)
-            generation = k8s_ps_recovery.enter(
+            generation = ps_recovery.enter(
                 cfg.role,
                 index,
                 cfg.run_id,
@@ -356,13 +356,13 @@ def run_pod(cfg: PodConfig) -> int:
         running = start_all(specs, worker_argv(job), 0, ConsoleWriter())
         failures = _supervise(cfg, running)
         stopped = [(r.spec.role, r.spec.rank) for r in running if r.proc.exit is None]
-    except k8s_ps_recovery.RecoveryRefused as err:  # the job cannot recover: it fails
+    except ps_recovery.RecoveryRefused as err:  # the job cannot recover: it fails
         _refused(str(err))
-        return k8s_ps_recovery.REFUSED_EXIT
+        return ps_recovery.REFUSED_EXIT
     except Interrupted as sig:
         if generation is not None and generation.refused:  # the job cannot recover (a pod said)
             _refused(generation.refused)
-            return k8s_ps_recovery.REFUSED_EXIT
+            return ps_recovery.REFUSED_EXIT
         sys.stderr.write(f"fleetrun pod: got {sig}; stopped this pod's processes\n")
         return 128 + sig.signum
     finally:

@@ -1,12 +1,13 @@
-"""Kubernetes scheduler: render the job (k8s_render), print it (``--dry_run``) or apply it and
-stream its status (k8s_client), then clean up as ``k8s.cleanup`` says."""
+"""Kubernetes scheduler: render the job (:mod:`~launcher.schedulers.k8s.render`), print it
+(``--dry_run``) or apply it and stream its status (:mod:`~launcher.schedulers.k8s.client`), then
+clean up as ``k8s.cleanup`` says."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-from launcher.schedulers.k8s_render import TRAINER, object_names, render_job, to_yaml
+from launcher.schedulers.k8s.render import TRAINER, object_names, render_job, to_yaml
 from launcher.spec import CleanupPolicy, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -23,13 +24,13 @@ def run_k8s(spec: JobSpec, *, dry_run: bool = False) -> int:
         sys.stdout.write(to_yaml(objs))
         sys.stdout.flush()
         return 0
-    from launcher.schedulers import k8s_client  # lazy: the kubernetes client; --dry_run needs none
+    from launcher.schedulers.k8s import client  # lazy: the kubernetes client; --dry_run needs none
 
     ns = spec.k8s.namespace
-    k8s_client.apply(objs, ns)
+    client.apply(objs, ns)
     code = 1
     try:
-        code = k8s_client.stream_status(spec.name, object_names(spec)[TRAINER], ns)
+        code = client.stream_status(spec.name, object_names(spec)[TRAINER], ns)
     except KeyboardInterrupt:
         logger.warning(
             "stopped following job '%s'; it keeps running (fleetrun status %s -n %s, "
@@ -43,7 +44,7 @@ def run_k8s(spec: JobSpec, *, dry_run: bool = False) -> int:
         return 130
     policy = spec.k8s.cleanup
     if policy is CleanupPolicy.ALWAYS or (policy is CleanupPolicy.ON_SUCCESS and code == 0):
-        deleted = k8s_client.delete_job(spec.name, ns)
+        deleted = client.delete_job(spec.name, ns)
         logger.info("cleanup (%s): deleted %s", policy, ", ".join(deleted) or "nothing")
     else:
         logger.info(

@@ -1,4 +1,4 @@
-"""The hybrid combinations lifted by #15: step time against the nearest torch-native composition
+"""The hybrid combinations (stage 3 x TP, AMP O2 x stage 2, stage 3 x PP): step time against the nearest torch-native composition
 and memory per rank, theory and measurement side by side. World 4 on CPU/gloo (fleetrun),
 small models; both sides run in the same job, in alternating blocks of timed steps.
 
@@ -330,7 +330,7 @@ def main() -> None:
         "uptime": os.getloadavg(),
     }
     report(
-        f"Hybrid combinations of #15, world {NPROC}, width {args.width}, CPU/gloo",
+        f"Hybrid combinations, world {NPROC}, width {args.width}, CPU/gloo",
         rows,
         goal="row 1 <= 1.05 (>= 0.95x speed); rows 2-3 informational",
         extra=extra,

@@ -1,4 +1,4 @@
-"""Chaos goal of PS recovery (#17): a 2-server, 2-trainer CTR stream keeps going while its
+"""Chaos goal of PS recovery: a 2-server, 2-trainer CTR stream keeps going while its
 processes are SIGKILLed, and ends where an undisturbed run of the same data ends.
 
 Three fleetrun jobs of ``examples/ctr/train_ps.py`` (async, InMemoryDataset over slot files,

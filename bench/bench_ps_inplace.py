@@ -1,8 +1,8 @@
-"""In-place PS server recovery (#17) on the local scheduler and on Ray, in the same run.
+"""In-place PS server recovery on the local scheduler and on Ray, in the same run.
 
 The same async CTR job (``examples/ctr/train_ps.py``, 2 servers + 2 trainers, automatic
 checkpoints) runs once per scheduler, on the same data: ``local`` (the peer: the in-place path
-measured before in BENCHMARKS.md "PS chaos ... in-place recovery") and ``ray`` (fleetrun starts
+that bench_ps_chaos.py measures) and ``ray`` (fleetrun starts
 its own loopback Ray cluster for the job). Every ``--period`` seconds of training a random server
 process is SIGKILLed (on Ray: the process its actor runs; the actor sees it exit), ``--kills``
 times. Each kill must be recovered **in place** (the job's recovery line says so; the trainers'

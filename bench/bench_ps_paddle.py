@@ -1,5 +1,5 @@
-"""Online day/pass training side by side with PaddlePaddle 2.6.2's own parameter server (issue
-#17 goal): the same stream of slot files, the same model, 1 server + 1 trainer, async.
+"""Online day/pass training side by side with PaddlePaddle 2.6.2's own parameter server
+(goal: >= 1.3x): the same stream of slot files, the same model, 1 server + 1 trainer, async.
 
 * **fleetrun:** ``fleetrun --server_num 1 --worker_num 1 examples/ctr/online.py`` —
   ``fleet.train_days`` over ``fleet.data`` InMemoryDatasets, the next batch's rows prefetched
@@ -24,7 +24,7 @@ ratio of medians (fleetrun / Paddle; goal >= 1.3) and the progressive AUC of the
 each day (goal: fleetrun's >= Paddle's). Paddle 2.6.2's ``stop_worker`` does not return here; the
 bench stops its job once the trainer has written its last pass and base.
 
-``--checkpoints on`` (the default; the issue's goal is measured with checkpoints on in both) means,
+``--checkpoints on`` (the default; the goal is measured with checkpoints on in both) means,
 on each side, everything a job writes so that it can recover:
 
 * **fleetrun:** the job runs under fleetrun's automatic checkpoints (``--ps_checkpoint_dir

@@ -40,7 +40,7 @@ Implementations (the benchmark process is the only trainer of each; 1 server pro
   keep every listener on loopback; TensorPipe itself listens on 127.0.0.1
   (``TP_SOCKET_IFNAME=lo``). The rendezvous is not on the measured path.
 
-Key space (``--key_space``). ``int64`` (default, the issue's workload): the keys are 2**20
+Key space (``--key_space``). ``int64`` (default, the workload of the goal): the keys are 2**20
 random ids spread over the full signed 64-bit range, as CTR feature ids are. The peers then need
 an id -> row map, and they get the one a user of Ray's or torch's example would write: a Python
 dict, rows assigned on first sight (``EmbeddingTable.rows``), in front of the same preallocated
@@ -589,7 +589,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--key_space",
         default="int64",
         choices=["int64", "dense"],
-        help="int64: keys are ids over the full 64-bit range (the workload of the issue; the "
+        help="int64: keys are ids over the full 64-bit range (the workload of the goal; the "
         "peers map them to rows with a dict); dense: keys are 0..2**20-1 (peers index directly)",
     )
     p.add_argument(

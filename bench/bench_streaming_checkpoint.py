@@ -1,4 +1,4 @@
-"""What fleetrun's automatic checkpoints cost the day/pass loop (issue #17): the same stream
+"""What fleetrun's automatic checkpoints cost the day/pass loop: the same stream
 trained by ``examples/ctr/online.py`` (``fleet.train_days``) with and without
 ``--ps_checkpoint_dir``, 1 server + 1 trainer, async, jobs alternating.
 

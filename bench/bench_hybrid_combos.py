@@ -1,6 +1,7 @@
-"""The hybrid combinations (stage 3 x TP, AMP O2 x stage 2, stage 3 x PP): step time against the nearest torch-native composition
-and memory per rank, theory and measurement side by side. World 4 on CPU/gloo (fleetrun),
-small models; both sides run in the same job, in alternating blocks of timed steps.
+"""The hybrid combinations (stage 3 x TP, AMP O2 x stage 2, stage 3 x PP): step time against the
+nearest torch-native composition and memory per rank, theory and measurement side by side.
+World 4 on CPU/gloo (fleetrun), small models; both sides run in the same job, in alternating
+blocks of timed steps.
 
 1. sharding stage 3 x tensor parallel (sharding 2 x mp 2): fleet (FSDP2 over fleet's TP layers)
    against torch-native FSDP2 + DTensor TP (``parallelize_module`` with Colwise/RowwiseParallel

@@ -498,7 +498,7 @@ def launch(spec: JobSpec, *, dry_run: bool = False, dashboard: bool = False) -> 
 
         start_dashboard_thread(spec.log_dir)
     if spec.scheduler is SchedulerKind.RAY:
-        from launcher.schedulers.ray_job import run_ray  # lazy: only Ray jobs load it, ~10 ms
+        from launcher.schedulers.ray.job import run_ray  # lazy: only Ray jobs load it, ~10 ms
 
         return run_ray(spec)
     return launch_local(spec)

@@ -35,7 +35,7 @@ import yaml
 from conftest import SCRIPTS, base_env, live_pids, start_fleetrun, wait_for
 
 from collective.env import find_free_port
-from launcher.schedulers.ray_cluster import LOOPBACK_ENV
+from launcher.schedulers.ray.cluster import LOOPBACK_ENV
 
 pytest.importorskip("ray")
 

@@ -61,7 +61,7 @@ def test_trainer_alone_falls_back_where_the_local_path_does(tmp_path: Path) -> N
     meets through the coordinator, the dead one's must hold its data position, a restart must
     be left; two deaths at once restart every process. No cluster needed."""
     from launcher.recovery.ps_policy import PSRecovery
-    from launcher.schedulers.ray_ps_recovery import respawn_trainer
+    from launcher.schedulers.ray.ps_recovery import respawn_trainer
     from launcher.spec import build_spec
     from launcher.summary import Failure
 

@@ -15,7 +15,7 @@ from conftest import REPO, SCRIPTS, run_fleetrun
 
 from launcher.ps_env import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN
 from launcher.schedulers.k8s.render import object_names, render_job
-from launcher.schedulers.ray_plan import AttemptPaths, Placed, make_proc_specs, make_slots
+from launcher.schedulers.ray.plan import AttemptPaths, Placed, make_proc_specs, make_slots
 from launcher.spec import build_spec
 from ps_server.checkpoint.roots import CHECKPOINT_ROOT_ENV
 from ps_server.rpc.auth import TOKEN_ENV

@@ -29,9 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from collective.env import find_free_port
 from collective.errors import ConfigError
 from launcher.attempt import SERVER, TRAINER
-from launcher.schedulers.ray_actor import ProcessActor
-from launcher.schedulers.ray_cluster import LOOPBACK_ENV, non_loopback_listeners
-from launcher.schedulers.ray_plan import (
+from launcher.schedulers.ray.actor import ProcessActor
+from launcher.schedulers.ray.cluster import LOOPBACK_ENV, non_loopback_listeners
+from launcher.schedulers.ray.plan import (
     AttemptPaths,
     Placed,
     make_proc_specs,

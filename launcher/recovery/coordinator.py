@@ -1,6 +1,6 @@
 """The PS trainers' coordinator: hosted by fleetrun's agent, so a dead async/half-async/GEO trainer can be
 restarted alone while the other trainers go on (local scheduler; on Ray fleetrun, the driver,
-hosts it the same way on its node's IP: :mod:`launcher.schedulers.ray_ps_recovery`).
+hosts it the same way on its node's IP: :mod:`launcher.schedulers.ray.ps_recovery`).
 
 Why here: a gloo group among the trainers cannot admit a replacement (its store lives in
 trainer 0), and the servers can die too; the agent outlives every trainer and server of its node.

@@ -31,7 +31,7 @@ checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its 
 
 - **a trainer in place** (:meth:`PSRecovery.recover_alone`; local scheduler, Ray, Kubernetes):
   the agent (on Ray the driver, which re-creates the trainer's actor alone:
-  :mod:`launcher.schedulers.ray_ps_recovery`; on Kubernetes a pod of its own:
+  :mod:`launcher.schedulers.ray.ps_recovery`; on Kubernetes a pod of its own:
   :mod:`launcher.schedulers.k8s.coordinator`) hosts the trainers' coordinator
   (:mod:`launcher.recovery.coordinator`); async, half-async and GEO trainers meet through it instead
   of a gloo group (every progress file says so: ``alone_ok``). A dead trainer is started again

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from launcher.schedulers.ray_cluster import prepare_ray_env
+from launcher.schedulers.ray.cluster import prepare_ray_env
 
 prepare_ray_env(joining=True)
 

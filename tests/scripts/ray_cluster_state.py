@@ -6,7 +6,7 @@
 import json
 import sys
 
-from launcher.schedulers.ray_cluster import prepare_ray_env
+from launcher.schedulers.ray.cluster import prepare_ray_env
 
 prepare_ray_env(joining=True)
 

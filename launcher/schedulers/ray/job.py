@@ -3,10 +3,10 @@
 What runs where:
 
 * **driver** (this fleetrun process): joins ``ray.address`` or starts a local cluster on
-  127.0.0.1 (:mod:`launcher.schedulers.ray_cluster`); per attempt, one placement group with a
+  127.0.0.1 (:mod:`launcher.schedulers.ray.cluster`); per attempt, one placement group with a
   bundle per trainer and per PS server (``resources.trainer/server``, ``ray.placement_strategy``)
-  and one :class:`~launcher.schedulers.ray_actor.ProcessActor` per bundle; builds every process's
-  env with ``collective.env`` from where the actors landed (:mod:`launcher.schedulers.ray_plan`;
+  and one :class:`~launcher.schedulers.ray.actor.ProcessActor` per bundle; builds every process's
+  env with ``collective.env`` from where the actors landed (:mod:`launcher.schedulers.ray.plan`;
   MASTER_ADDR = rank 0's node IP, ports found free on each actor's node); long-polls every actor
   for output, writes ``log_dir/workerlog.N`` / ``serverlog.N`` and the console (``tee``), and
   decides the attempt's outcome with the same rules as the local scheduler
@@ -37,13 +37,13 @@ trained. In async/GEO mode a dead server alone is re-created in its bundle on it
 restores its own shards while the trainers go on, and a dead trainer alone is re-created in its
 bundle and resumes at its data position while the others go on: the driver hosts the trainers'
 coordinator (:mod:`launcher.recovery.coordinator`, on its node's IP), as the local agent does
-(:mod:`launcher.schedulers.ray_ps_recovery`).
+(:mod:`launcher.schedulers.ray.ps_recovery`).
 Each recovery goes to the console, ``job_state.json`` (``recoveries``; ``restarts`` counts
 in-place ones too), the final summary and ``fleet_ps_recoveries_total``; no checkpoint yet or no
 restart left: the job fails as above.
 
 An elastic job (``--nnodes MIN:MAX``) forms each attempt from the actors the cluster can place
-and grows when resources return (:mod:`launcher.schedulers.ray_elastic`).
+and grows when resources return (:mod:`launcher.schedulers.ray.elastic`).
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ from launcher.job_files import write_job_file, write_strategy
 from launcher.process import ConsoleWriter, ExitInfo
 from launcher.ps_env import FLEET_PS_CHECKPOINT_ROOT, job_ps_token
 from launcher.recovery.ps_policy import make_recovery
-from launcher.schedulers import ray_elastic, ray_ps_recovery
-from launcher.schedulers.ray_actor import ActorInfo, PollReply, ProcessActor
-from launcher.schedulers.ray_cluster import ClusterHandle, connect, disconnect
-from launcher.schedulers.ray_plan import AttemptPaths, Placed, Slot, make_proc_specs, make_slots
+from launcher.schedulers.ray import elastic, ps_recovery
+from launcher.schedulers.ray.actor import ActorInfo, PollReply, ProcessActor
+from launcher.schedulers.ray.cluster import ClusterHandle, connect, disconnect
+from launcher.schedulers.ray.plan import AttemptPaths, Placed, Slot, make_proc_specs, make_slots
 from launcher.spec import JobSpec, Mode
 from launcher.summary import Failure, format_summary, read_error_file
 from launcher.telemetry import FailureCause, JobMonitor, JobState, MemberView, cause_of
@@ -207,7 +207,7 @@ class RayJob:
         """Restarts spent: failed attempts restarted, and servers restarted alone in place."""
         self.elastic = spec.elastic.enabled
         self.probe: tuple[Any, Any] | None = None
-        """An elastic round's growth probe (ray_elastic.arm_growth_probe)."""
+        """An elastic round's growth probe (elastic.arm_growth_probe)."""
         self.grow = False
         """The growth probe was placed: the round ends and the next forms bigger."""
         if self.elastic and not spec.elastic.standalone:
@@ -271,7 +271,7 @@ class RayJob:
                 monitor.attempt_started(attempt, group.members)
                 if self.elastic:
                     world = self._membership(monitor, attempt, world, len(group.members), change)
-                    self.probe = ray_elastic.arm_growth_probe(
+                    self.probe = elastic.arm_growth_probe(
                         self.ray,
                         spec,
                         self.run_id,
@@ -285,7 +285,7 @@ class RayJob:
                     if m.reply is None and m.failure is None and m.proc.role == TRAINER
                 ]
             finally:
-                ray_elastic.disarm_growth_probe(self.probe)
+                elastic.disarm_growth_probe(self.probe)
                 self.probe = None
                 self._teardown(group)
             if self.grow and not failures:  # resources returned: re-form bigger, no restart spent
@@ -362,7 +362,7 @@ class RayJob:
         """Record an elastic round whose world size differs from the previous round's."""
         if attempt and old != new:
             cause, left = change
-            text = ray_elastic.change_text(attempt, cause, left, old, new)
+            text = elastic.change_text(attempt, cause, left, old, new)
             monitor.membership_changed(cause, text)
             logger.warning("membership change: %s", text)
         return new
@@ -375,7 +375,7 @@ class RayJob:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if self.elastic:  # as many nodes as the cluster places now, MAX down to MIN
-            group.pg, self.slots = ray_elastic.place_round(ray, spec, self.run_id, attempt)
+            group.pg, self.slots = elastic.place_round(ray, spec, self.run_id, attempt)
         elif self.kept_pg is not None:  # a recovery: the same bundles, so the same nodes
             group.pg = self.kept_pg
         else:
@@ -413,7 +413,7 @@ class RayJob:
             [a.info.remote() for a in group.actors], "start the actors"
         )
         # per actor, on its node: its endpoint port, its /metrics port (metrics on), and for
-        # actor 0 of a collective job the master port (rank 0 is slot 0's trainer: ray_plan
+        # actor 0 of a collective job the master port (rank 0 is slot 0's trainer: plan.py
         # numbers node by node)
         metrics = self.monitor.metrics_enabled
         collective = spec.mode is Mode.COLLECTIVE
@@ -528,7 +528,7 @@ class RayJob:
                     return failures
                 pending[member.actor.poll.remote(POLL_S)] = member
                 continue
-            if not any(m.reply for m in group.members) and ray_elastic.probe_placed(
+            if not any(m.reply for m in group.members) and elastic.probe_placed(
                 self.ray, self.probe
             ):  # an elastic job can grow (none has finished yet)
                 logger.info("resources for one more node are free: re-forming the job bigger")
@@ -549,13 +549,13 @@ class RayJob:
     ) -> _Member | None:
         """A PS job in async/GEO mode whose one failure is a server or a trainer: re-create its
         actor alone in its bundle — a server on its port, restoring its shards; a trainer from
-        its data position, meeting the others through the coordinator — (:mod:`ray_ps_recovery`);
+        its data position, meeting the others through the coordinator — (:mod:`~launcher.schedulers.ray.ps_recovery`);
         the others go on. The new member (replacing the dead one), or None: the attempt ends."""
         if self.recovery is None or self.elastic or len(failures) != 1:
             return None
         i = next(i for i, m in enumerate(group.members) if m.failure is failures[0])
         old = group.members[i]
-        ctx = ray_ps_recovery.RespawnContext(
+        ctx = ps_recovery.RespawnContext(
             self.ray,
             self.actor_cls,
             group.pg,
@@ -567,9 +567,7 @@ class RayJob:
             self._get,
         )
         respawn = (
-            ray_ps_recovery.respawn_trainer
-            if old.proc.role == TRAINER
-            else ray_ps_recovery.respawn_server
+            ps_recovery.respawn_trainer if old.proc.role == TRAINER else ps_recovery.respawn_server
         )
         got = respawn(
             ctx,
@@ -583,8 +581,8 @@ class RayJob:
             attempt,
             self.restarts < self.spec.max_restarts,
         )
-        if not isinstance(got, ray_ps_recovery.Respawned):
-            if got == ray_ps_recovery.PORT_TAKEN:  # the restart-all recovery finds it a new port
+        if not isinstance(got, ps_recovery.Respawned):
+            if got == ps_recovery.PORT_TAKEN:  # the restart-all recovery finds it a new port
                 self.server_ports.pop(old.proc.rank, None)
             return None
         member = _Member(got.actor, got.info, got.proc, old.log, got.pid)

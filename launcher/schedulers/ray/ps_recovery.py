@@ -4,11 +4,11 @@ agent does.
 :mod:`launcher.recovery.ps_policy` decides (:meth:`~launcher.recovery.ps_policy.PSRecovery.alone_possible`:
 a server died, every trainer's progress file says async or GEO, a committed checkpoint exists, a
 unit of ``max_restarts`` is left); this module does it on the cluster
-(:func:`respawn_server`, called by :class:`launcher.schedulers.ray_job.RayJob` while it watches
+(:func:`respawn_server`, called by :class:`launcher.schedulers.ray.job.RayJob` while it watches
 the attempt):
 
 1. the dead server's actor is killed (its process may have died with it, or alone);
-2. a new :class:`~launcher.schedulers.ray_actor.ProcessActor` is created **in the same
+2. a new :class:`~launcher.schedulers.ray.actor.ProcessActor` is created **in the same
    placement-group bundle** (the job's placement group is kept for the whole job), so on the
    same node;
 3. it checks on that node that the server's previous port is free: the trainers' PSClient knows
@@ -51,7 +51,7 @@ from typing import IO, Any
 from collective.env import metrics_env
 from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.recovery.ps_policy import PSRecovery, Recovery
-from launcher.schedulers.ray_actor import ActorInfo
+from launcher.schedulers.ray.actor import ActorInfo
 from launcher.summary import Failure
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class Respawned:
 
 @dataclass(frozen=True)
 class RespawnContext:
-    """What :func:`respawn_server` needs of the driver (``ray_job.RayJob``)."""
+    """What :func:`respawn_server` needs of the driver (``job.RayJob``)."""
 
     ray: Any
     actor_cls: Any

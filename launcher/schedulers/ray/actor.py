@@ -1,6 +1,6 @@
 """The Ray actor that runs one trainer or parameter server of a job as a child process.
 
-The actor is a plain class here; :func:`launcher.schedulers.ray_job` wraps it with
+The actor is a plain class here; :func:`launcher.schedulers.ray.job` wraps it with
 ``ray.remote(max_concurrency=...)`` at run time (this module does not import ray, so the class is
 unit-testable without a cluster). Per attempt and per process one actor, in its placement-group
 bundle:

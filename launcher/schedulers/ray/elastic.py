@@ -2,7 +2,7 @@
 each round itself, from the actors it can place.
 
 No torch rendezvous on Ray: the driver already sees every actor, so it is the rendezvous. Each
-round (an attempt of :class:`launcher.schedulers.ray_job.RayJob`):
+round (an attempt of :class:`launcher.schedulers.ray.job.RayJob`):
 
 1. :func:`place_round` asks for a placement group of ``MAX`` nodes' bundles (``nproc_per_node``
    trainer bundles per node), and when the cluster cannot place it within
@@ -30,7 +30,7 @@ from typing import Any
 
 from collective.errors import LaunchError
 from launcher.attempt import TRAINER
-from launcher.schedulers.ray_plan import Slot, make_bundle
+from launcher.schedulers.ray.plan import Slot, make_bundle
 from launcher.spec import JobSpec
 
 logger = logging.getLogger(__name__)

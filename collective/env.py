@@ -3,7 +3,7 @@
 The launcher builds the variables with :func:`make_worker_env`; a worker reads them back with
 :func:`read_worker_env` into a frozen :class:`WorkerEnv`. No other module reads ``os.environ``
 for these names. Both variable families are set so torchrun scripts and Paddle-Fleet scripts run
-unchanged (see the table in README "Env contract").
+unchanged (see the table in docs/launching/env-contract.md).
 
 This module imports only the standard library: the launcher imports it at CLI start.
 """

@@ -16,7 +16,7 @@ the gradients, so every rank holds the same model. Rank 0 prints the loss averag
 every ``--save_every`` steps ``fleet.elastic.Checkpointer`` saves the model, the optimizer, the
 step and the data position under ``--ckpt_dir``, and a (re)started job resumes from the newest
 checkpoint there, reading the rest of the epoch through ``fleet.elastic.ElasticSampler`` split
-over the ranks it has now (README: "Resuming an elastic job").
+over the ranks it has now (docs/elastic/resume.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Fixture for tests/test_elastic_resume.py: train through ``fleet.elastic.Checkpointer`` and
-``ElasticSampler`` the way the README's resume pattern does, stop early (``--stop_at``, a lost
+``ElasticSampler`` the way the resume pattern of docs/elastic/resume.md does, stop early (``--stop_at``, a lost
 node: the steps after the last save are lost), resume in another job at another world size.
 
 ``--mode dp``: SGD with momentum, plain data parallel. ``--mode s1`` / ``s2``: Adam under
@@ -51,7 +51,7 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
 
 
 def train(model, opt, loader, sampler, ckpt, start, steps: int, stop_at: int, world: int) -> list:
-    """The README's loop. Returns the (step, epoch, offset) of each step trained."""
+    """The loop of docs/elastic/resume.md. Returns the (step, epoch, offset) of each step trained."""
     step, epoch, offset = start.step, start.epoch, start.offset
     trained = []
     while step < min(steps, stop_at):

@@ -1,7 +1,8 @@
 """Resuming at another world size (fleet.elastic), on real gloo processes.
 
-A job trains through ``Checkpointer`` + ``ElasticSampler`` (the loop of docs/elastic/resume.md), is cut off after
-its last save (the steps after it are lost), and the next job resumes at another world size:
+A job trains through ``Checkpointer`` + ``ElasticSampler`` (the loop of docs/elastic/resume.md),
+is cut off after its last save (the steps after it are lost), and the next job resumes at another
+world size:
 plain DP 2 -> 1 -> 4 ranks; sharding stage 1 at 2 ranks -> stage 2 at 3 ranks (the partitioned
 Adam state resharded over new owners) -> one unsharded rank. The final parameters equal an
 uninterrupted single-process run on the same global batches. On disk: only rank 0 writes a DP

@@ -1,6 +1,7 @@
 """Fixture for tests/test_elastic_resume.py: train through ``fleet.elastic.Checkpointer`` and
-``ElasticSampler`` the way the resume pattern of docs/elastic/resume.md does, stop early (``--stop_at``, a lost
-node: the steps after the last save are lost), resume in another job at another world size.
+``ElasticSampler`` the way the resume pattern of docs/elastic/resume.md does, stop early
+(``--stop_at``, a lost node: the steps after the last save are lost), resume in another job at
+another world size.
 
 ``--mode dp``: SGD with momentum, plain data parallel. ``--mode s1`` / ``s2``: Adam under
 sharding stage 1 / 2 over every rank (no sharding in a world of one). The global batch is
@@ -51,7 +52,7 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
 
 
 def train(model, opt, loader, sampler, ckpt, start, steps: int, stop_at: int, world: int) -> list:
-    """The loop of docs/elastic/resume.md. Returns the (step, epoch, offset) of each step trained."""
+    """The loop of docs/elastic/resume.md. Returns the (step, epoch, offset) of each step."""
     step, epoch, offset = start.step, start.epoch, start.offset
     trained = []
     while step < min(steps, stop_at):

@@ -96,6 +96,7 @@ ENTRIES: tuple[Benchmark, ...] = (
                 each=True,
             ),
         ),
+        extract=ex.allreduce,
     ),
     Benchmark(
         "dp_step",

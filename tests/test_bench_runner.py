@@ -110,6 +110,18 @@ def test_registry_entries_are_consistent():
         assert (REPO / "bench" / "notes" / f"{b.name}.md").exists(), f"notes for {b.name}"
 
 
+def test_scripts_without_report_json_have_an_extractor():
+    from bench import extract
+
+    for b in registry.BENCHMARKS:
+        text = (REPO / b.script).read_text()
+        assert "--json" in text, f"{b.script} takes no --json"
+        if b.extract is extract.report_rows:
+            assert "json_path=" in text, (
+                f"{b.name}: its JSON is not report()'s; give it an extractor"
+            )
+
+
 def test_goals_and_claims():
     assert le(1.1).holds(None, None, 1.05) is True
     assert ge(0.5).holds(None, None, 0.4) is False

@@ -11,7 +11,7 @@ built-in SGD / Adagrad / Adam (user subclasses of ``OptimizerRule``) always take
 
 Why: at 64k-key batches on 1 M rows (dim 8, Adagrad), the numpy push spends its time in ~20
 whole-batch passes (probe rounds, gathers and scatters of values and state, the rule's
-temporaries); see BENCHMARKS.md ("PS kernels") for the measured speed-up.
+temporaries); the benchmarks page (docs/benchmarks.md, `ps_kernels`) has the measured speed-up.
 
 ``FLEET_PS_KERNELS=numpy`` forces the numpy path (for comparisons and tests).
 """

@@ -13,7 +13,7 @@ step with time and world size in progress.jsonl):
 Variants: ``fleetrun-c10d``; ``fleetrun-etcd`` (a private etcd from scripts/etcd.sh);
 ``torchrun-c10d`` with the same rendezvous options as fleetrun's defaults
 (launcher.elastic.config.FAST_RDZV_CONF) and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (without it
-torch 2.13's joining node blocks, see launcher/elastic/launch.py); ``torchrun-c10d-default``
+torch 2.13's joining node blocks, see launcher/schedulers/local/elastic_launch.py); ``torchrun-c10d-default``
 (torchrun as users get it: 30 s last call, 15 s to drop a dead node; loss only, and the join is
 tried once with a bound to show whether it completes).
 

@@ -1,8 +1,11 @@
-"""Elastic collective jobs (``--nnodes MIN:MAX``): the typed config and the elastic agent.
+"""What every scheduler's elastic path shares (``--nnodes MIN:MAX``): config, rendezvous, rounds.
 
 Owns ``config.py`` (:class:`~launcher.elastic.config.ElasticConfig`, the ``elastic:`` section of
 the job spec, and the torchrun / Paddle flag spellings folded into it; standard library only, so
-``fleetrun --help`` and static jobs stay torch-free) and the agent that runs one node of an
-elastic job over torch.distributed.elastic's rendezvous handlers (c10d, etcd, etcd-v2). The
-agent's modules import torch; the CLI reaches them through one function-local import.
+``fleetrun --help`` and static jobs stay torch-free), ``rdzv.py`` (torch.distributed.elastic's
+c10d / etcd / etcd-v2 handler, the endpoint probe, who hosts the c10d store; torch imported
+inside its functions) and ``membership.py`` (each round's node records and the change from the
+previous round). The elastic agent that uses them is the local scheduler's
+(:mod:`launcher.schedulers.local.elastic_agent`); the Kubernetes scheduler renders pods that run
+it, the Ray scheduler forms its rounds from what Ray places.
 """

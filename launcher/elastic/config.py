@@ -53,7 +53,7 @@ closes 1 s later instead of 30 s. Any ``rdzv_conf`` key given wins. etcd (v1) ha
 options: there the two keep-alive keys set its members' lease TTL (interval x attempts, 5 s; torch's
 is a fixed 10 s), see :func:`launcher.elastic.rdzv.set_etcd_keep_alive`. Fewer missed heartbeats (``keep_alive_max_attempt=2``) recover
 faster but drop live nodes on an overloaded machine (seen at load 14 on 2 cores); the agent then
-notices and re-joins (launcher.elastic.agent), at the cost of a re-formed round."""
+notices and re-joins (launcher.schedulers.local.elastic_agent), at the cost of a re-formed round."""
 
 KNOWN_RDZV_CONF = (
     "join_timeout",

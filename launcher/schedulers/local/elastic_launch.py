@@ -15,7 +15,6 @@ import uuid
 from collective.env import find_free_port
 from collective.errors import ConfigError
 from launcher.attempt import Interrupted, install_signal_handlers
-from launcher.elastic.agent import ElasticAgent
 from launcher.elastic.config import RdzvBackend, describe_job, job_fingerprint
 from launcher.elastic.rdzv import (
     claim_run_id,
@@ -27,6 +26,7 @@ from launcher.elastic.rdzv import (
     route_ip,
 )
 from launcher.job_files import write_job_file, write_strategy
+from launcher.schedulers.local.elastic_agent import ElasticAgent
 from launcher.spec import JobSpec
 
 logger = logging.getLogger(__name__)

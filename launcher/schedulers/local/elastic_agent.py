@@ -36,7 +36,6 @@ from typing import Any
 
 from collective.env import NodeLayout, find_free_port, make_worker_env, metrics_env
 from collective.errors import RendezvousError
-from launcher.agent import monitored
 from launcher.attempt import (
     TRAINER,
     ProcSpec,
@@ -50,6 +49,7 @@ from launcher.elastic.config import describe_job, job_fingerprint
 from launcher.elastic.membership import Membership, MembershipChange, NodeRecord, diff, exchange
 from launcher.elastic.rdzv import leave_round
 from launcher.process import ConsoleWriter, terminate_all
+from launcher.schedulers.local.agent import monitored
 from launcher.spec import JobSpec
 from launcher.summary import format_membership, format_summary
 from launcher.telemetry import JobMonitor, JobState, cause_of

@@ -14,7 +14,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         "fleetrun vs torchrun: launch and failure detection",
         "bench/bench_launch.py",
         ("--reps", "7"),
-        ("--reps", "5"),
+        None,
         (
             _c(
                 "launch",
@@ -35,7 +35,8 @@ ENTRIES: tuple[Benchmark, ...] = (
                 goal_text="≤ 2 s and ≤ torchrun",
             ),
         ),
-        timeout_quick=240,
+        not_quick="its 5 repetitions alone launch 22 two-rank jobs, about 3 minutes on a loaded "
+        "2-core machine",
     ),
     Benchmark(
         "import",
@@ -104,7 +105,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         "Data-parallel step time: fleet vs DDP",
         "bench/bench_dp_step.py",
         ("--reps", "7", "--steps", "30"),
-        ("--reps", "5", "--steps", "10"),
+        None,
         (
             _c(
                 "dp_step",
@@ -115,6 +116,7 @@ ENTRIES: tuple[Benchmark, ...] = (
                 le(1.02),
             ),
         ),
+        not_quick="ten two-rank jobs, over 4 minutes on a loaded 2-core machine",
     ),
     Benchmark(
         "tp",

@@ -230,6 +230,7 @@ ENTRIES: tuple[Benchmark, ...] = (
                 "the same server without a token",
                 ge(0.95),
                 each=True,
+                needs_full=True,
             ),
             _c(
                 "intact",

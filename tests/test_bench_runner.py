@@ -275,4 +275,4 @@ def test_cli_list_and_usage_errors():
         cwd=REPO,
         check=True,
     )
-    assert "launch: python bench/bench_launch.py" in r.stdout and "ps_chaos" not in r.stdout
+    assert "import: python bench/bench_import.py" in r.stdout and "ps_chaos" not in r.stdout

@@ -266,7 +266,7 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
         ), prog
     # the trainers meet through the driver's coordinator, so each cut holds every trainer's own
     # position, and in async mode train_ps.py trains each for what its data has left: both
-    # finish their pass (README: "after a restart-all recovery ...")
+    # finish their pass (after a restart-all recovery each trainer resumes at its own position)
     assert all(prog["step"] == steps for prog in progs), progs
     server_log = (log / "serverlog.0").read_text()
     assert len(re.findall(r"server 0 restored its shards from ckpt-\d+", server_log)) == 1, (

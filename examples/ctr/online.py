@@ -9,7 +9,7 @@ a delta save; at the end of a day ``end_day``, ``shrink`` and a base. Started ag
 pass (progressive AUC, train AUC, examples/s) and, with ``--json``, writes one JSON line per pass.
 Under fleetrun's ``--ps_checkpoint_dir`` (``ps_checkpoint:`` in ``configs/ctr_online.yaml``) the
 job checkpoints itself at every pass boundary and recovers from a dead server or trainer with no
-change here (``fleet.train_days`` does it; README "Online training (day/pass)").
+change here (``fleet.train_days`` does it; docs/ps/online-training.md).
 
 The model (also the Paddle side of ``bench/bench_ps_paddle.py``): the 26 one-id slots pulled from
 one ``DistributedEmbedding`` (dim ``--embedding_dim``, Adagrad on the servers, sum-pooled per

@@ -14,10 +14,9 @@ import click
 from click.core import ParameterSource
 
 from collective.errors import ConfigError, FleetError
-from launcher.schedulers.local.launch import launch_local
+from launcher.schedulers import get_scheduler
 from launcher.spec import (
     JobSpec,
-    SchedulerKind,
     build_spec,
     load_yaml,
     set_path,
@@ -356,26 +355,15 @@ def spec_from_params(ctx: click.Context, params: dict[str, Any]) -> JobSpec:
 
 
 def launch(spec: JobSpec, *, dry_run: bool = False, dashboard: bool = False) -> int:
-    """Run a validated spec on its scheduler; return the process exit code."""
-    if spec.scheduler is SchedulerKind.K8S:
-        from launcher.schedulers.k8s.job import run_k8s  # lazy: only k8s jobs load the renderer
-
-        return run_k8s(spec, dry_run=dry_run)
-    if dry_run:
-        raise ConfigError(
-            f"--dry_run prints Kubernetes manifests; scheduler '{spec.scheduler}' has none "
-            "(use --scheduler k8s, or drop --dry_run)",
-            key="scheduler",
-        )
-    if dashboard:
+    """Run a validated spec on its scheduler (:func:`launcher.schedulers.get_scheduler`); return
+    the process exit code."""
+    scheduler = get_scheduler(spec.scheduler)
+    scheduler.check_dry_run(dry_run)
+    if dashboard and scheduler.log_dir_here:
         from launcher.dashboard import start_dashboard_thread  # lazy: HTTP server code, ~10 ms
 
         start_dashboard_thread(spec.log_dir)
-    if spec.scheduler is SchedulerKind.RAY:
-        from launcher.schedulers.ray.job import run_ray  # lazy: only Ray jobs load it, ~10 ms
-
-        return run_ray(spec)
-    return launch_local(spec)
+    return scheduler.launch(spec, dry_run=dry_run)
 
 
 def init_logging() -> None:

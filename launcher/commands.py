@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from collective.errors import ConfigError, FleetError, LaunchError
+from launcher.schedulers import get_scheduler
 
 
 @click.group(name="fleetrun", context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,6 +24,11 @@ def _fail(err: FleetError) -> None:
     click.echo(f"fleetrun: error: {err}", err=True)
     raise SystemExit(2 if isinstance(err, ConfigError) else 1)
 
+
+JOBS_BY_NAME = "k8s"
+"""The scheduler whose jobs ``status JOB``, ``logs``, ``delete`` and ``k8s scale`` address by
+name (it imports the kubernetes client on first use); a local or Ray job is read from its
+log_dir instead (``status --log_dir``, ``dashboard``)."""
 
 _NAMESPACE = click.option(
     "-n",
@@ -111,12 +117,8 @@ def status_cmd(job: str | None, log_dir: str | None, namespace: str) -> None:
             )
         )
         return
-    from launcher.schedulers.k8s import (
-        client as k8s_client,
-    )  # lazy: the kubernetes client, k8s commands only
-
     try:
-        click.echo(k8s_client.job_status(job, namespace))
+        click.echo(get_scheduler(JOBS_BY_NAME).status(job, namespace))
     except FleetError as err:
         _fail(err)
 
@@ -130,12 +132,10 @@ def status_cmd(job: str | None, log_dir: str | None, namespace: str) -> None:
 @_NAMESPACE
 def logs_cmd(job: str, rank: int | None, server: int | None, namespace: str) -> None:
     """Logs of a Kubernetes job's pods (each headed by the pod name)."""
-    from launcher.schedulers.k8s import (
-        client as k8s_client,
-    )  # lazy: the kubernetes client, k8s commands only
-
     try:
-        click.echo(k8s_client.job_logs(job, namespace, rank=rank, server=server), nl=False)
+        click.echo(
+            get_scheduler(JOBS_BY_NAME).logs(job, namespace, rank=rank, server=server), nl=False
+        )
     except FleetError as err:
         _fail(err)
 
@@ -145,12 +145,8 @@ def logs_cmd(job: str, rank: int | None, server: int | None, namespace: str) -> 
 @_NAMESPACE
 def delete_cmd(job: str, namespace: str) -> None:
     """Delete every Kubernetes object of a job (its pods go with them)."""
-    from launcher.schedulers.k8s import (
-        client as k8s_client,
-    )  # lazy: the kubernetes client, k8s commands only
-
     try:
-        deleted = k8s_client.delete_job(job, namespace)
+        deleted = get_scheduler(JOBS_BY_NAME).delete(job, namespace)
     except FleetError as err:
         _fail(err)
         return
@@ -171,12 +167,8 @@ def k8s_group() -> None:
 def scale_cmd(job: str, replicas: int, namespace: str) -> None:
     """Set an elastic JOB's trainer pods to N (within its --nnodes MIN:MAX): added pods join
     the next rendezvous round; removed ones leave and the others re-form without them."""
-    from launcher.schedulers.k8s import (
-        client as k8s_client,
-    )  # lazy: the kubernetes client, k8s commands only
-
     try:
-        click.echo(k8s_client.scale_job(job, namespace, replicas))
+        click.echo(get_scheduler(JOBS_BY_NAME).scale(job, namespace, replicas))
     except FleetError as err:
         _fail(err)
 

@@ -7,7 +7,8 @@ Metrics (``fleet_launcher_*``, served by the launcher itself on a free 127.0.0.1
 * ``fleet_launcher_restarts_total`` — job restarts done (a process restarted alone in place counts one);
 * ``fleet_launcher_failures_total{cause}`` — failed processes / attempts by :class:`FailureCause`.
 * ``fleet_launcher_membership_changes_total{cause}`` — elastic jobs: rounds whose nodes differ from the
-  previous round's, by cause (``failure`` or ``join``; :mod:`launcher.schedulers.local.elastic_agent`).
+  previous round's, by cause (``failure`` or ``join``;
+  :mod:`launcher.schedulers.local.elastic_agent`).
 * ``fleet_ps_recoveries_total{role}`` — PS recoveries from a checkpoint, by the role of the
   process that died (:mod:`launcher.recovery.ps_policy`).
 

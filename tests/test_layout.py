@@ -149,6 +149,20 @@ def test_plain_data_parallel_entry_points_load_no_slow_torch_module() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_every_scheduler_behind_one_interface_loads_no_heavy_module() -> None:
+    code = (
+        "import sys, json\n"
+        "from launcher.schedulers import SCHEDULERS, get_scheduler\n"
+        "from launcher.schedulers.base import Scheduler\n"
+        "got = {k: [isinstance(s := get_scheduler(k), Scheduler), str(s.kind)] for k in SCHEDULERS}\n"
+        f"print(json.dumps([got, [m for m in {HEAVY!r} if m in sys.modules]]))\n"
+    )
+    got, heavy = json.loads(_run(code))
+    assert got == {k: [True, k] for k in ("local", "ray", "k8s")}
+    assert heavy == []
+
+
+@pytest.mark.timeout(60)
 def test_fleetrun_help_loads_no_heavy_module() -> None:
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "launcher", "--help"],

@@ -28,8 +28,8 @@ async/GEO server restoring its own shards) or restarts every pod from the newest
 :mod:`launcher.schedulers.k8s.coordinator`), through which async/half-async/GEO trainers meet,
 so a dead trainer pod restarts alone from its data position.
 
-Every container runs ``fleetrun pod ...`` (:mod:`launcher.schedulers.k8s.pod`), which derives its rank / role /
-endpoints from the pod index and these DNS names and starts the user's entrypoint with the env
+Every container runs ``fleetrun pod ...`` (:mod:`launcher.schedulers.k8s.pod`), which derives its
+rank / role / endpoints from the pod index and these DNS names and starts the user's entrypoint with the env
 contract. The pod-level settings are command-line arguments, so ``kubectl get -o yaml`` shows
 everything a pod does. Objects come out in apply order.
 """

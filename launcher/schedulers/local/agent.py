@@ -9,8 +9,8 @@ An explicit loop over attempts (0 = first run, then one per restart)::
     teardown (always): SIGTERM → grace → SIGKILL, reap, kill stray descendants
     success → exit 0;  failure and budget left → next attempt;  else → summary, exit 1
 
-The decision after a failure is :func:`~launcher.attempt.decide` (plain data in, plain data out), unit-tested
-without processes.
+The decision after a failure is :func:`~launcher.attempt.decide` (plain data in, plain data
+out), unit-tested without processes.
 """
 
 from __future__ import annotations

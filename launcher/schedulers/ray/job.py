@@ -29,8 +29,8 @@ root-cause-first summary (:func:`launcher.summary.format_summary`) is printed an
 Ctrl-C / SIGTERM does the same teardown and also shuts down a local cluster fleetrun started.
 
 A PS job with automatic checkpoints (``ps_checkpoint``) recovers as on the local scheduler
-(:mod:`launcher.recovery.ps_policy`): the failure of a server or trainer (its process, its actor, its
-node) spends one restart, and every actor is re-created in the job's placement group, which is
+(:mod:`launcher.recovery.ps_policy`): the failure of a server or trainer (its process, its
+actor, its node) spends one restart, and every actor is re-created in the job's placement group, which is
 kept across the attempts (the same bundles, so the same nodes; each server on its first port, so
 on its endpoint); trainer 0 loads the newest good checkpoint and the trainers skip what they had
 trained. In async/GEO mode a dead server alone is re-created in its bundle on its port and
@@ -549,8 +549,8 @@ class RayJob:
     ) -> _Member | None:
         """A PS job in async/GEO mode whose one failure is a server or a trainer: re-create its
         actor alone in its bundle — a server on its port, restoring its shards; a trainer from
-        its data position, meeting the others through the coordinator — (:mod:`~launcher.schedulers.ray.ps_recovery`);
-        the others go on. The new member (replacing the dead one), or None: the attempt ends."""
+        its data position, meeting the others through the coordinator —
+        (:mod:`~launcher.schedulers.ray.ps_recovery`); the others go on. The new member (replacing the dead one), or None: the attempt ends."""
         if self.recovery is None or self.elastic or len(failures) != 1:
             return None
         i = next(i for i, m in enumerate(group.members) if m.failure is failures[0])

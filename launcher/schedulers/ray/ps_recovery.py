@@ -1,9 +1,10 @@
 """A dead PS server or trainer on Ray restarted alone, in place (async/GEO mode), as the local
 agent does.
 
-:mod:`launcher.recovery.ps_policy` decides (:meth:`~launcher.recovery.ps_policy.PSRecovery.alone_possible`:
-a server died, every trainer's progress file says async or GEO, a committed checkpoint exists, a
-unit of ``max_restarts`` is left); this module does it on the cluster
+:mod:`launcher.recovery.ps_policy` decides
+(:meth:`~launcher.recovery.ps_policy.PSRecovery.alone_possible`: a server died, every trainer's
+progress file says async or GEO, a committed checkpoint exists, a unit of ``max_restarts`` is
+left); this module does it on the cluster
 (:func:`respawn_server`, called by :class:`launcher.schedulers.ray.job.RayJob` while it watches
 the attempt):
 
@@ -28,8 +29,8 @@ for it (FLEET_PS_RECONNECT_S). The recovery is one unit of ``max_restarts``, lis
 final summary, ``fleet_ps_recoveries_total``).
 
 **A dead trainer** (:func:`respawn_trainer`): the driver hosts the trainers' coordinator
-(:mod:`launcher.recovery.coordinator`, on the driver node's IP; ``RayJob.run``), so async/GEO trainers
-meet through it instead of a gloo group, as locally. When one trainer's process or actor dies,
+(:mod:`launcher.recovery.coordinator`, on the driver node's IP; ``RayJob.run``), so async/GEO
+trainers meet through it instead of a gloo group, as locally. When one trainer's process or actor dies,
 :meth:`~launcher.recovery.ps_policy.PSRecovery.trainer_position` says whether it can restart alone
 (every trainer's progress file says it meets through the coordinator, the dead one's file has
 its data position, a restart is left). Its actor is re-created in its bundle as a server's,

@@ -63,7 +63,7 @@ FLEET_PS_CHECKPOINT_KEEP = "FLEET_PS_CHECKPOINT_KEEP"
 """Automatic PS checkpoints kept (--ps_checkpoint_keep; 0 = all)."""
 FLEET_PS_COORDINATOR = "FLEET_PS_COORDINATOR"
 """PS trainers: ``host:port`` of the trainers' coordinator that fleetrun's agent hosts for a job
-with automatic checkpoints (``launcher.ps_coordinator``); async/half-async/GEO trainers then form
+with automatic checkpoints (``launcher.recovery.coordinator``); async/half-async/GEO trainers then form
 no gloo group and meet through it, so one of them can be restarted alone
 (:mod:`collective.ps_coordination`)."""
 FLEET_PS_RESUME_POSITION = "FLEET_PS_RESUME_POSITION"

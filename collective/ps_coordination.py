@@ -3,7 +3,7 @@
 A PS job with automatic checkpoints in async or GEO mode lets one dead trainer be restarted
 alone while the others go on. Its trainers then form no gloo group (a gloo group cannot admit a
 replacement, and its store lives in trainer 0); they meet through a coordinator that fleetrun's
-agent hosts (``launcher.ps_coordinator``, the server; ``fleet.base.coordination``, the trainers'
+agent hosts (``launcher.recovery.coordinator``, the server; ``fleet.base.coordination``, the trainers'
 client). Both import this module: the launcher may not import fleet, and fleet may not import
 the launcher.
 
@@ -31,7 +31,7 @@ Operations (``op`` of a request; every reply has ``ok`` and, when false, ``error
   (``["ok", info]`` / ``["error", text]``); ``ckpt_result`` {rank, epoch} waits for it.
 - ``ckpt_leave`` {rank}: a trainer stops taking part in checkpoints (its training ended).
 - ``restart_alone`` {rank, attempt, position}: a Kubernetes trainer pod whose trainer died asks
-  whether it may restart it alone (``launcher.schedulers.k8s_ps_recovery``); reply {granted,
+  whether it may restart it alone (``launcher.schedulers.k8s.ps_recovery``); reply {granted,
   why}: granted when the coordinator greeted that trainer in this attempt (holds its rounds).
 """
 
@@ -53,7 +53,7 @@ BARRIER_CHANNEL = "half-async"
 """The channel of half-async trainers' barriers (every ``barrier_interval`` steps): round ``seq``
 is the barrier after the trainer's global step ``(seq + 1) * barrier_interval``, so a trainer
 resumed at a data position meets the others at the same rounds; its completed rounds outlive a
-restart of every process (:meth:`launcher.ps_coordinator.Coordinator.reset`)."""
+restart of every process (:meth:`launcher.recovery.coordinator.Coordinator.reset`)."""
 
 
 def send(

@@ -1,7 +1,7 @@
 """PS trainers meeting through fleetrun's coordinator instead of a gloo group (the client side).
 
 A fleetrun PS job with automatic checkpoints gets FLEET_PS_COORDINATOR (the endpoint of the
-coordinator its agent hosts: ``launcher.ps_coordinator``; the wire:
+coordinator its agent hosts: ``launcher.recovery.coordinator``; the wire:
 :mod:`collective.ps_coordination`). When its strategy is async, half-async (``a_sync`` with
 ``barrier_interval``) or GEO, ``fleet.init`` calls :func:`start` instead of forming the trainers'
 gloo group: a dead trainer can then be restarted alone, from its data position, while the

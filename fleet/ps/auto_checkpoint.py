@@ -36,7 +36,7 @@ to the trainers as FLEET_PS_CHECKPOINT_*).
   (``restart_alone``): trainer 0's replayed loop would redo its saves.
 - **Progress.** Each trainer keeps ``LOG_DIR/ps_progress.<rank>.json`` (tmp + rename, at most once
   a second): its step and data position, the checkpoint it resumed from and when its first step
-  after the resume ran. fleetrun reads it to report the work a recovery redid (:mod:`launcher.ps_recovery`).
+  after the resume ran. fleetrun reads it to report the work a recovery redid (:mod:`launcher.recovery.ps_policy`).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class AutoCheckpointer:
     the previous one's commit lost a server's part)."""
     mode: str = ""
     """The communicator's mode (``sync``/``async``/``geo``...): fleetrun restarts a dead server
-    alone in async/GEO mode (:mod:`launcher.ps_recovery`)."""
+    alone in async/GEO mode (:mod:`launcher.recovery.ps_policy`)."""
     interval_cuts: bool = True
     """Cut every ``interval_s`` at probe steps. False: the caller cuts and reports each cut with
     :meth:`record_cut` (``fleet.train_days`` cuts at its pass boundaries: :mod:`fleet.streaming`)."""

@@ -48,7 +48,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         (
             _c(
                 "import",
-                "Start-up: import time of this tree vs the flat layout (6106d00)",
+                "Start-up vs the flat layout",
                 ".",
                 "lower",
                 "the tree at 6106d00",
@@ -89,7 +89,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         (
             _c(
                 "allreduce",
-                "all_reduce bus bandwidth, 2 ranks (gloo)",
+                "all_reduce, 2 ranks (gloo)",
                 "^bus bandwidth",
                 "higher",
                 "torch.distributed.all_reduce",
@@ -180,7 +180,7 @@ ENTRIES: tuple[Benchmark, ...] = (
             ),
             _c(
                 "pp_bubble",
-                "Bubble (idle share of a step, incl. communication)",
+                "1F1B idle share of a step (incl. communication)",
                 "^bubble",
                 "lower",
                 "(p−1)/(m+p−1)",
@@ -428,7 +428,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         (
             _c(
                 "ckpt",
-                "fleet.elastic.Checkpointer",
+                "fleet.elastic.Checkpointer, 2 ranks",
                 ".",
                 "lower",
                 "rank-0 torch.save + fsync + rename / torch.load",

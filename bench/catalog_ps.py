@@ -30,7 +30,7 @@ ENTRIES: tuple[Benchmark, ...] = (
             ),
             _c(
                 "index",
-                "Sparse pull/push rows/s, 64k-key batches: hash index",
+                "Table index (64k-key batches)",
                 "hash index vs dict",
                 "higher",
                 "dict index",
@@ -49,7 +49,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         (
             _c(
                 "kernels",
-                "Table pull+push keys/s in-process, compiled kernels",
+                "Compiled kernels, in-process",
                 "repeats\\)$",
                 "higher",
                 "the numpy path",
@@ -57,7 +57,7 @@ ENTRIES: tuple[Benchmark, ...] = (
             ),
             _c(
                 "threads",
-                "Table pull+push keys/s, table threads",
+                "Table threads, in-process",
                 "threads vs 1$",
                 "higher",
                 "1 thread",
@@ -75,7 +75,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         (
             _c(
                 "rpc_tcp",
-                "Pull+push keys/s, TCP path",
+                "TCP path",
                 PS_RPC_TCP,
                 "higher",
                 "gRPC echo of the same bytes",
@@ -84,7 +84,7 @@ ENTRIES: tuple[Benchmark, ...] = (
             ),
             _c(
                 "rpc_shm",
-                "Pull+push keys/s, shared-memory path (the default on one host)",
+                "Shared-memory path (the default on one host)",
                 PS_RPC_SHM,
                 "higher",
                 "gRPC echo of the same bytes",
@@ -114,7 +114,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         (
             _c(
                 "vs_ray",
-                "Pull+push keys/s, int64 ids",
+                "vs a Ray actor PS",
                 " vs ray ",
                 "higher",
                 "Ray actor PS",
@@ -123,7 +123,7 @@ ENTRIES: tuple[Benchmark, ...] = (
             ),
             _c(
                 "vs_rpc",
-                "Pull+push keys/s, int64 ids",
+                "vs a torch.distributed.rpc PS",
                 " vs rpc ",
                 "higher",
                 "torch.distributed.rpc PS",
@@ -215,7 +215,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         (
             _c(
                 "refused",
-                "Calls refused per second",
+                "Refusals, calls/s",
                 r"calls, .* -> ",
                 "higher",
                 "served ListTables calls",
@@ -224,7 +224,7 @@ ENTRIES: tuple[Benchmark, ...] = (
             ),
             _c(
                 "hot",
-                "Hot path with the token checked",
+                "Token check",
                 "^hot path",
                 "higher",
                 "the same server without a token",
@@ -363,7 +363,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         (
             _c(
                 "stream",
-                "Online day/pass stream with checkpoints",
+                "Online stream",
                 "with vs without",
                 "higher",
                 "the same stream without checkpoints",
@@ -461,7 +461,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         (
             _c(
                 "ctr_files",
-                "CTR examples/s fed by fleet.data",
+                "CTR fed by fleet.data",
                 "vs tensors$",
                 "higher",
                 "the same job fed from tensors",

@@ -136,13 +136,19 @@ def test_cli_page_lists_every_subcommand_and_option(site: Path) -> None:
         sections = [s for s in re.split(r"(?=<h[1-6][ >])", built) if f'id="{anchor}"' in s[:200]]
         assert sections, f"reference/cli.md has no section for `{path}`"
         section = sections[0]
-        ctx = click.Context(cmd, info_name=cmd.name)
+        ctx = click.Context(cmd, info_name=cmd.name, **cmd.context_settings)
+        rows = re.findall(r"<tr>.*?</tr>", section, flags=re.DOTALL)
         for param in cmd.get_params(ctx):
             if isinstance(param, click.Option) and not param.hidden:
                 for opt in (*param.opts, *param.secondary_opts):
                     assert f"<code>{html.escape(opt)}</code>" in section, (
                         f"reference/cli.md: `{path}` lacks option {opt}"
                     )
+                row = next(r for r in rows if f"<td><code>{html.escape(param.opts[0])}</code>" in r)
+                default = param.to_info_dict()["default"]
+                shown = "<em>required</em>" if param.required else f"<code>{default}</code>"
+                if param.required or default not in (None, ""):
+                    assert shown in row, f"reference/cli.md: `{path}` {param.opts[0]}: not {shown}"
     assert "Sentinel.UNSET" not in built
 
 

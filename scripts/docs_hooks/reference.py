@@ -322,9 +322,17 @@ def _cli_commands() -> dict[str, Any]:
 
 _ROW_OR_HEADING = re.compile(
     r'<h[1-6] id="(?P<id>[^"]+)"'
-    r"|<tr>\s*<td><code>(?P<opt>[^<]+)</code>(?P<cells>.*?)<td><code>Sentinel\.UNSET</code></td>",
+    r"|<tr>\s*<td><code>(?P<opt>[^<]+)</code>(?P<cells>(?:(?!</tr>).)*?)"
+    r"<td><code>Sentinel\.UNSET</code></td>",
     flags=re.DOTALL,
 )
+
+
+def _context(command: Any) -> Any:
+    """A click context of ``command`` with its own settings (``-h`` as a help option too)."""
+    import click
+
+    return click.Context(command, info_name=command.name, **command.context_settings)
 
 
 def fix_unset_defaults(html: str) -> str:
@@ -332,9 +340,8 @@ def fix_unset_defaults(html: str) -> str:
 
     click 8.3 gives such options the default ``Sentinel.UNSET`` where it had ``None``, and
     mkdocs-click 0.9 prints it as is; the cell becomes what ``to_info_dict()`` reports (None for
-    no default, False for a flag), or *required*.
+    no default, False for a flag), or *required*. An empty-string default shows as ``""``.
     """
-    import click
 
     commands = _cli_commands()
     current: list[Any] = [None]
@@ -344,7 +351,7 @@ def fix_unset_defaults(html: str) -> str:
             current[0] = commands.get(match["id"], current[0])
             return match[0]
         command = current[0]
-        ctx = click.Context(command, info_name=command.name) if command is not None else None
+        ctx = _context(command) if command is not None else None
         for param in command.get_params(ctx) if ctx is not None else []:
             if match["opt"] in (*param.opts, *getattr(param, "secondary_opts", [])):
                 info = param.to_info_dict()
@@ -355,7 +362,7 @@ def fix_unset_defaults(html: str) -> str:
                 return f"<tr>\n<td><code>{match['opt']}</code>{match['cells']}<td>{text}</td>"
         raise PluginError(f"CLI reference: option {match['opt']} not found in its click command")
 
-    html = _ROW_OR_HEADING.sub(cell, html)
+    html = _ROW_OR_HEADING.sub(cell, html).replace("<td>``</td>", '<td><code>""</code></td>')
     if "Sentinel.UNSET" in html:
         raise PluginError("CLI reference: a 'Sentinel.UNSET' default is left on the CLI page")
     return html

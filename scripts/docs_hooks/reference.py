@@ -11,7 +11,17 @@ A public module (``fleet.util``) gets its docstring and its own ``__all__``, one
 
 An object public in several places is documented once: in the package that defines it (fleet's
 ``record`` is collective's), else where it is met first (top-level names before module members);
-its other places link there. A name in ``__all__`` that no module defines fails the build.
+its other places link there. A name in ``__all__`` that no module defines fails the build. Each
+public name is also an anchor and an autorefs identifier: ``[fleet.init][]`` links to it.
+
+``docs/reference/cli.md`` documents the ``fleetrun`` launch through mkdocs-click; this hook adds
+one mkdocs-click block per subcommand of ``launcher.commands.tools`` (so a new subcommand appears
+by itself) and the launch's examples (its ``--help`` epilog). Only the click modules are
+imported, which load no torch, ray or kubernetes.
+
+After rendering, the hook fixes two things on these pages: the option defaults mkdocs-click 0.9
+prints as ``Sentinel.UNSET`` under click >= 8.3, and the docstrings' Sphinx roles
+(``:class:`x```), which become links where the object is documented.
 """
 
 from __future__ import annotations
@@ -19,7 +29,6 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +45,9 @@ PAGES = {
 """Reference page (relative to docs_dir) -> the package it documents, in page order."""
 
 MAX_HEADING = 6
+
+REPO = Path(__file__).resolve().parents[2]
+"""The repository root (this file is scripts/docs_hooks/reference.py), where the packages live."""
 
 
 @dataclass
@@ -54,6 +66,7 @@ class SourceTree:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._trees: dict[str, ast.Module] = {}
 
     def path(self, module: str) -> Path | None:
         """The file of a module or package, or None when it is not in the repository."""
@@ -63,13 +76,14 @@ class SourceTree:
                 return candidate
         return None
 
-    @cache  # noqa: B019 - one SourceTree per build; the cache lives as long as the tree
     def tree(self, module: str) -> ast.Module:
         """The parsed module; raises PluginError naming it when it is missing."""
-        path = self.path(module)
-        if path is None:
-            raise PluginError(f"API reference: module {module!r} not found under {self.root}")
-        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        if module not in self._trees:
+            path = self.path(module)
+            if path is None:
+                raise PluginError(f"API reference: module {module!r} not found under {self.root}")
+            self._trees[module] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        return self._trees[module]
 
     def lazy_table(self, module: str) -> dict[str, str]:
         """The module's ``_LAZY = {name: module}`` table of lazily imported names, if any."""
@@ -250,10 +264,6 @@ def _sections(
     return out
 
 
-REPO = Path(__file__).resolve().parents[2]
-"""The repository root (this file is scripts/docs_hooks/reference.py), where the packages live."""
-
-
 def generate() -> tuple[dict[str, str], dict[str, str]]:
     """The generated Markdown of every reference page, by page; and public name -> target."""
     tree = SourceTree(REPO)
@@ -342,7 +352,6 @@ def fix_unset_defaults(html: str) -> str:
     mkdocs-click 0.9 prints it as is; the cell becomes what ``to_info_dict()`` reports (None for
     no default, False for a flag), or *required*. An empty-string default shows as ``""``.
     """
-
     commands = _cli_commands()
     current: list[Any] = [None]
 
@@ -351,8 +360,9 @@ def fix_unset_defaults(html: str) -> str:
             current[0] = commands.get(match["id"], current[0])
             return match[0]
         command = current[0]
-        ctx = _context(command) if command is not None else None
-        for param in command.get_params(ctx) if ctx is not None else []:
+        if command is None:
+            raise PluginError(f"CLI reference: option {match['opt']} before any command heading")
+        for param in command.get_params(_context(command)):
             if match["opt"] in (*param.opts, *getattr(param, "secondary_opts", [])):
                 info = param.to_info_dict()
                 if info.get("default") is not None:

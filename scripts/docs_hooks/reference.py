@@ -215,12 +215,17 @@ def owners(pages: dict[str, list[Public]]) -> dict[str, tuple[str, str]]:
     return chosen
 
 
+def _toc_label(item: Public) -> str:
+    """The table of contents shows a package's names whole, a public module's by their last part."""
+    return item.name if item.depth == 0 else item.name.rpartition(".")[2]
+
+
 def _directive(item: Public, level: int, members: bool) -> str:
     lines = [
         f"::: {item.target}",
         "    options:",
         f'      heading: "{item.name}"',
-        f'      toc_label: "{item.name}"',
+        f'      toc_label: "{_toc_label(item)}"',
         f"      heading_level: {level}",
     ]
     if not members:
@@ -249,7 +254,7 @@ def _sections(
         owner_page, owner_name = chosen[item.target]
         if (owner_page, owner_name) != (page, item.name):
             out += [
-                f"{'#' * level} `{item.name}` {{ #{item.name} }}",
+                f"{'#' * level} `{item.name}` {{ #{item.name} data-toc-label='{_toc_label(item)}' }}",
                 "",
                 f"The same object as [`{owner_name}`][{item.target}] (`{item.target}`), "
                 "documented there.",

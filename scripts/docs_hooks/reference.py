@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -431,8 +432,18 @@ _generated: dict[str, str] = {}
 _targets: dict[str, str] = {}
 
 
+CLI_MODULES = ("launcher.cli", "launcher.commands")
+"""The click modules the CLI page is generated from (by this hook and by mkdocs-click)."""
+
+
 def on_config(config: Any) -> None:
-    """Read the packages' public names once per build (mkdocs serve rebuilds re-read them)."""
+    """Read the packages' public names once per build.
+
+    ``mkdocs serve`` rebuilds in the same process: the click modules are dropped from
+    ``sys.modules`` so that each build imports the CLI as it is now.
+    """
+    for name in CLI_MODULES:
+        sys.modules.pop(name, None)
     pages, targets = generate()
     _generated.clear()
     _generated.update(pages)

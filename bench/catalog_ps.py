@@ -418,7 +418,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         "Datasets from slot files: load_into_memory",
         "bench/bench_data_load.py",
         ("--lines", "1000000", "--num_files", "4", "--threads", "2", "--reps", "5"),
-        ("--lines", "50000", "--reps", "5"),
+        ("--lines", "20000", "--reps", "5"),
         (
             _c(
                 "vs_paddle",

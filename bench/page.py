@@ -55,6 +55,13 @@ def num(v: float) -> str:
     return f"{v:.3g}"
 
 
+def ratio_text(ratio: float | None) -> str:
+    """A ratio with three decimals (three significant digits from 10 up)."""
+    if ratio is None:
+        return "—"
+    return f"{ratio:.3f}" if abs(ratio) < 10 else num(ratio)
+
+
 def value(stats: dict[str, Any] | None, unit: str | None) -> str:
     """``median unit [min .. max] (n)`` of a figure's side."""
     if not stats:
@@ -98,7 +105,7 @@ def bench_rows(bench: Benchmark, result: dict[str, Any] | None) -> list[str]:
             else "not measured by `python -m bench run` yet"
         )
         if bench.requires and status is None:
-            why += " (needs " + "; ".join(REQUIREMENTS[r] for r in bench.requires) + ")"
+            why += "; needs " + "; ".join(REQUIREMENTS[r] for r in bench.requires)
         return [
             f"| {cell(c.label)} | {cell(why)} | {cell(c.peer)} | — | {cell(c.goal_description())}"
             f" | — | — | {reproduce(bench, False)} |"
@@ -126,7 +133,7 @@ def bench_rows(bench: Benchmark, result: dict[str, Any] | None) -> list[str]:
             continue
         peer = value(c["peer"], c["unit"])
         peer = f"{peer}<br>{c['peer_name']}" if c.get("peer") else c["peer_name"]
-        ratio = num(c["ratio"]) if c.get("ratio") is not None else "—"
+        ratio = ratio_text(c.get("ratio"))
         rows.append(
             f"| {cell(c['label'])} | {cell(value(c['ours'], c['unit']))} | {cell(peer)} | "
             f"{ratio} | {cell(c['goal'])} | {met_text(c, result.get('mode', ''))} | "
@@ -138,10 +145,12 @@ def bench_rows(bench: Benchmark, result: dict[str, Any] | None) -> list[str]:
 def machines(results: list[dict[str, Any]]) -> str:
     """The machines the shown results come from, in one sentence."""
     seen: dict[str, list[str]] = {}
+    loads: list[float] = []
     for r in results:
         m = r.get("machine") or {}
         if not m:
             continue
+        loads += [m[k][0] for k in ("load_before", "load_after") if m.get(k)]
         key = (
             f"{m.get('cores')} cores ({m.get('cpu_model')}), Python {m.get('python')}, "
             f"torch {m.get('torch')}"
@@ -152,7 +161,13 @@ def machines(results: list[dict[str, Any]]) -> str:
     parts = [
         f"{k}, {min(v)}" + (f" to {max(v)}" if max(v) != min(v) else "") for k, v in seen.items()
     ]
-    return "Measured on " + "; ".join(parts) + "."
+    text = "Measured on " + "; ".join(parts) + "."
+    if loads:
+        text += (
+            f" The 1-minute load average was {min(loads):.1f} to {max(loads):.1f} at the starts "
+            "and ends of these runs."
+        )
+    return text
 
 
 def notes(bench: Benchmark, notes_dir: Path) -> str:

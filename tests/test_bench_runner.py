@@ -225,7 +225,7 @@ def test_page_renders_a_result_and_prefers_full_runs(tmp_path):
     line = next(ln for ln in md.splitlines() if "fake claim" in ln)
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1].startswith("1 s [0.9 .. 1.2] (n=5)")
-    assert cells[3] == "0.5" and cells[5] == "yes" and cells[6].startswith("quick, ")
+    assert cells[3] == "0.500" and cells[5] == "yes" and cells[6].startswith("quick, ")
     assert "--only launch --quick" in cells[7]
     assert "not measured by this quick run" in md  # the claim without a figure
     full = json.loads((tmp_path / "launch.quick.json").read_text())

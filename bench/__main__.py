@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="the registered benchmarks and their commands")
     page = sub.add_parser("page", help="print the generated benchmarks tables (Markdown)")
     page.add_argument("--results", type=Path, help="results folder (default bench/results)")
+    refresh = sub.add_parser(
+        "refresh", help="recompute figures and claims of the result files from their kept JSON"
+    )
+    refresh.add_argument("--results", type=Path, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
 
     if args.cmd == "list":
@@ -63,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench import page as page_mod
 
         print(page_mod.render(args.results or page_mod.RESULTS))
+        return 0
+    if args.cmd == "refresh":
+        from bench import runner
+
+        for name in runner.refresh(args.results or runner.RESULTS):
+            print(f"refreshed {name}")
         return 0
     try:
         benches = _select(args.only, args.quick)

@@ -242,7 +242,7 @@ ENTRIES: tuple[Benchmark, ...] = (
                 goal_text="yes",
             ),
         ),
-        extract=ex.rows_plus(ex.security_extras),
+        extract=ex.ps_security,
     ),
     Benchmark(
         "metrics_ps",

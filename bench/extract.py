@@ -261,6 +261,15 @@ def ps_memory(raw: dict[str, Any]) -> list[Figure]:
     return out
 
 
+def ps_security(raw: dict[str, Any]) -> list[Figure]:
+    """bench_ps_security.py: its rows (the 64k-key row is in M keys/s, the others in calls/s)
+    and whether the tables stayed unchanged with the server serving."""
+    out = report_rows(raw)
+    for f in out:
+        f["unit"] = "M keys/s" if "M keys/s" in f["label"] else "calls/s"
+    return out + security_extras(raw)
+
+
 def security_extras(raw: dict[str, Any]) -> list[Figure]:
     """bench_ps_security.py extras: the tables unchanged and the server still serving."""
     if "tables_identical" not in raw:

@@ -248,6 +248,26 @@ def _write(result: dict[str, Any], results_dir: Path, name: str, quick: bool) ->
     return result
 
 
+def refresh(results_dir: Path = RESULTS) -> list[str]:
+    """Recompute the figures and claims of every result file from the script JSON it keeps
+    (``raw``), after an extractor or a claim changed; nothing is measured again. Returns the
+    files rewritten."""
+    from bench.registry import BY_NAME
+
+    done = []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        result = json.loads(path.read_text())
+        bench = BY_NAME.get(result.get("benchmark", ""))
+        if bench is None or result.get("raw") is None:
+            continue
+        quick = result.get("mode") == "quick"
+        result["figures"] = bench.extract(result["raw"])
+        result["claims"] = claims_of(bench, result["figures"], quick)
+        path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        done.append(path.name)
+    return done
+
+
 def summary_table(results: Sequence[dict[str, Any]]) -> str:
     """One line per benchmark: status, wall time, claims met / judged."""
     lines = [f"{'benchmark':22s} {'status':8s} {'wall':>7s}  claims met/judged  note"]

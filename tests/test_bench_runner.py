@@ -190,6 +190,28 @@ def test_runner_writes_a_valid_result_and_keeps_ok_over_failures(tmp_path):
     assert validate_result(json.loads((tmp_path / "results" / "launch.json").read_text())) == []
 
 
+def test_refresh_recomputes_claims_from_the_kept_json(tmp_path):
+    path = tmp_path / "allreduce.quick.json"
+    raw = {
+        "results": {
+            "4": {
+                "reps": 5,
+                "busbw_gbs": {
+                    "ours": {"median": 1.0, "min": 0.9, "max": 1.1},
+                    "torch": {"median": 1.0, "min": 0.9, "max": 1.2},
+                },
+            }
+        }
+    }
+    result = {"benchmark": "allreduce", "mode": "quick", "raw": raw, "figures": [], "claims": []}
+    path.write_text(json.dumps(result))
+    assert runner.refresh(tmp_path) == [path.name]
+    claims = json.loads(path.read_text())["claims"]
+    assert [(c["figure"], c["ratio"], c["met"]) for c in claims] == [
+        ("bus bandwidth, 4 MiB", 1.0, True)
+    ]
+
+
 def test_runner_skips_a_benchmark_without_its_requirement(tmp_path, monkeypatch):
     bench = _fake_bench(tmp_path, REPORT, requires=("paddle26",))
     monkeypatch.setattr(runner, "has_requirement", lambda name: False)

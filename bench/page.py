@@ -68,7 +68,9 @@ def value(stats: dict[str, Any] | None, unit: str | None) -> str:
         return "—"
     if unit == "bool":
         return "yes" if stats["median"] else "**no**"
-    text = f"{num(stats['median'])} {unit or ''}".rstrip()
+    sep = "" if unit == "x" else " "
+    shown = "" if unit in (None, "share") else unit
+    text = f"{num(stats['median'])}{sep}{shown}".rstrip()
     if stats.get("n", 0) > 1:
         text += f" [{num(stats['min'])} .. {num(stats['max'])}] (n={stats['n']})"
     return text

@@ -179,6 +179,13 @@ ENTRIES: tuple[Benchmark, ...] = (
                 goal_text="≤ 1.1x",
             ),
             _c(
+                "pp_memory_fthenb",
+                "FThenB peak saved activations, 16 vs 4 micro-batches (contrast)",
+                "^FThenB peak",
+                "lower",
+                "(growth with m)",
+            ),
+            _c(
                 "pp_bubble",
                 "1F1B idle share of a step (incl. communication)",
                 "^bubble",

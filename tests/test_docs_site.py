@@ -102,15 +102,23 @@ def _reference_hook() -> Any:
 
 @pytest.mark.timeout(300)
 def test_api_pages_document_every_public_name(site: Path) -> None:
-    """Every name of each package's ``__all__`` has its anchor on that package's page."""
+    """Every name of each package's ``__all__`` (and of its public modules) is on its page, and
+    the object it names is documented (its mkdocstrings heading) on the page that owns it."""
     hook = _reference_hook()
     tree = hook.SourceTree(REPO)
-    for page, package in hook.PAGES.items():
-        built = (site / page.replace(".md", ".html")).read_text(encoding="utf-8")
-        ids = set(re.findall(r'id="([^"]+)"', built))
-        for item in hook.public_names(tree, package):
-            assert item.name in ids or item.target in ids, (
-                f"{page}: no anchor for {item.name} (defined as {item.target})"
+    pages = {page: hook.public_names(tree, package) for page, package in hook.PAGES.items()}
+    chosen = hook.owners(pages)
+    ids = {
+        page: set(re.findall(r'id="([^"]+)"', (site / page.replace(".md", ".html")).read_text()))
+        for page in pages
+    }
+    for page, items in pages.items():
+        for item in hook.walk(items):
+            assert item.name in ids[page], f"{page}: no anchor for {item.name}"
+            owner = chosen[item.target][0]
+            assert item.target in ids[owner], (
+                f"{owner}: {item.target} (public as {item.name}) is not documented; "
+                "does it have a docstring?"
             )
 
 

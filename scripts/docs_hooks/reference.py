@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,17 +196,18 @@ def public_names(
     return found
 
 
-def _walk(items: list[Public]):
+def walk(items: list[Public]) -> Iterator[Public]:
+    """Every public name of ``items``, a public module's own names after it."""
     for item in items:
         yield item
-        yield from _walk(item.members)
+        yield from walk(item.members)
 
 
 def owners(pages: dict[str, list[Public]]) -> dict[str, tuple[str, str]]:
     """target -> (page, public name) of the one place that documents it."""
     occurrences: list[tuple[int, int, int, str, Public]] = []
     for page_index, (page, items) in enumerate(pages.items()):
-        for order, item in enumerate(_walk(items)):
+        for order, item in enumerate(walk(items)):
             home = item.target.split(".")[0] == PAGES[page]
             occurrences.append(
                 (0 if home else 1, item.depth, page_index * 100_000 + order, page, item)
@@ -275,7 +277,7 @@ def generate() -> tuple[dict[str, str], dict[str, str]]:
     tree = SourceTree(REPO)
     pages = {page: public_names(tree, package) for page, package in PAGES.items()}
     chosen = owners(pages)
-    targets = {item.name: item.target for items in pages.values() for item in _walk(items)}
+    targets = {item.name: item.target for items in pages.values() for item in walk(items)}
     return {page: render(page, items, chosen) for page, items in pages.items()}, targets
 
 

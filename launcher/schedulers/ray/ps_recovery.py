@@ -91,7 +91,8 @@ class RespawnContext:
     cwd: str | None
     metrics: bool
     get: Any
-    """``RayJob._get``: ray.get bounded in time, errors as LaunchError."""
+    """``members.actor_results`` on the job's ray: ray.get bounded in time, errors as
+    LaunchError."""
 
 
 def server_argv(ctx: RespawnContext) -> list[str]:

@@ -68,6 +68,11 @@ def value(stats: dict[str, Any] | None, unit: str | None) -> str:
         return "—"
     if unit == "bool":
         return "yes" if stats["median"] else "**no**"
+    if unit == "AUC":
+        text = f"AUC {stats['median']:.4f}"
+        if stats.get("n", 0) > 1:
+            text += f" [{stats['min']:.4f} .. {stats['max']:.4f}] (n={stats['n']})"
+        return text
     sep = "" if unit == "x" else " "
     shown = "" if unit in (None, "share") else unit
     text = f"{num(stats['median'])}{sep}{shown}".rstrip()

@@ -1,6 +1,12 @@
 """Online (day/pass) training on the parameter server: ``fleet.train_days`` and
 :class:`StreamingTrainer`.
 
+This module owns the loop (:class:`StreamingTrainer`: passes, days, progressive validation;
+:func:`train_days`). Its configuration and results are in :mod:`fleet.streaming.config`, its
+saves, job checkpoints and resume in :mod:`fleet.streaming.checkpoints` (the trainer's base
+class), Paddle's ``load_model`` / ``save_cache_model`` in :mod:`fleet.streaming.model_io` and the
+donefile in :mod:`fleet.streaming.donefile`; the public names are importable from here too.
+
 The loop Paddle's online trainers write by hand around ``fleet.save_persistables(mode=...)``,
 ``fleet.shrink`` and day/pass folders of slot files (``data_root/<day>/<pass>/part-*``)::
 
@@ -71,191 +77,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import torch
 
 import fleet.metrics as metrics
-from collective.errors import ConfigError, FleetError
-from fleet.base.data_position import DataPosition, tracker
-from fleet.ps import recovery, serving
+from collective.errors import ConfigError
 from fleet.ps import runtime as ps_runtime
-from fleet.streaming.donefile import (
-    BASE_PASS,
-    DoneRecord,
-    append_donefile,
-    read_donefile,
-    reconcile_donefile,
-)
+from fleet.streaming.checkpoints import StreamCheckpoints
+from fleet.streaming.config import PassResult, StreamingConfig, _Plan, list_passes
+from fleet.streaming.donefile import BASE_PASS, DoneRecord, read_donefile
+from fleet.streaming.model_io import _from_rank0, _is_rank0, load_model, save_cache_model
 from fleet.train_loop import train_from_dataset
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StreamingConfig:
-    """What :func:`train_days` streams and where it saves (one per job; every trainer the same)."""
-
-    data_root: str
-    """Folder of day folders, each holding pass folders of slot files."""
-    output_dir: str
-    """Where deltas and bases go (``<day>/delta-<pass>``, ``<day>/base``: paths on the servers'
-    file system, under their checkpoint roots) and the donefile (written by trainer 0)."""
-    days: tuple[str, ...] = ()
-    """Day folders to train, in order (empty: every folder of ``data_root``, sorted)."""
-    file_pattern: str = "part-*"
-    """Glob of a pass's files inside its folder."""
-    progressive_validation: bool = True
-    """Evaluate the model on each pass before training on it (the pass's progressive AUC)."""
-    save_delta: bool = True
-    """Save a delta (``save_persistables(mode=1)``) after each pass. Off, a resume can only
-    restart from a day's base (or a job checkpoint)."""
-    shrink_unseen_days: int | None = 30
-    """``fleet.shrink`` at the end of each day: rows unseen for more days are evicted
-    (None: no shrink)."""
-    checkpoint_dir: str = ""
-    """Job checkpoints after every save, in this directory ("" : off). Under fleetrun's
-    ``--ps_checkpoint_dir`` leave it empty: the loop cuts the job's checkpoints there."""
-    checkpoint_keep: int = 2
-    """Job checkpoints kept."""
-    resume: bool = True
-    """Continue after the donefile's last record (False: refuse a non-empty donefile)."""
-    label: str = "click"
-    """The label slot of the datasets' batches."""
-    print_period: int = 100
-    """Batches between progress lines of ``train_from_dataset``."""
-    max_passes: int | None = None
-    """Stop after this many passes trained in this run (smoke runs; None: all)."""
-
-    def __post_init__(self) -> None:
-        if not self.data_root or not self.output_dir:
-            raise ConfigError("data_root and output_dir must be set", key="data_root/output_dir")
-        if self.shrink_unseen_days is not None and self.shrink_unseen_days < 0:
-            raise ConfigError(
-                f"must be None or >= 0, got {self.shrink_unseen_days!r}", key="shrink_unseen_days"
-            )
-        if self.max_passes is not None and self.max_passes < 0:
-            raise ConfigError(f"must be None or >= 0, got {self.max_passes!r}", key="max_passes")
-        if self.checkpoint_keep < 0:
-            raise ConfigError(f"must be >= 0, got {self.checkpoint_keep!r}", key="checkpoint_keep")
-
-
-@dataclass(frozen=True)
-class PassResult:
-    """What one pass measured (``auc`` values over every trainer)."""
-
-    day: str
-    pass_id: str
-    examples: int
-    """Examples trained on, every trainer together."""
-    progressive_auc: float
-    """AUC of the model on the pass before training on it (nan when off)."""
-    train_auc: float
-    """AUC of the predictions made while training (``TrainStats.auc``)."""
-    train_seconds: float
-    """Wall time of ``train_from_dataset`` (slowest trainer)."""
-    pass_seconds: float
-    """Wall time of the whole pass: dataset, validation, training, delta save."""
-    save_path: str = ""
-
-    @property
-    def examples_per_second(self) -> float:
-        """Training throughput of the pass, every trainer together."""
-        return self.examples / self.train_seconds if self.train_seconds > 0 else math.nan
-
-
-@dataclass
-class _Plan:
-    """The day/pass folders, and what the donefile says is done."""
-
-    days: list[tuple[str, list[str]]]
-    records: list[DoneRecord] = field(default_factory=list)
-
-
-def list_passes(config: StreamingConfig) -> list[tuple[str, list[str]]]:
-    """``[(day, [pass, ...]), ...]`` under ``data_root`` (folders, sorted by name)."""
-    root = config.data_root
-    if not os.path.isdir(root):
-        raise ConfigError(
-            f"{root!r} is not a directory: write day/pass folders of slot files "
-            "there (examples/ctr/gen_slot_files.py --days ... --passes ...)",
-            key="data_root",
-        )
-    days = list(config.days) or sorted(
-        d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))
-    )
-    out = []
-    for day in days:
-        folder = os.path.join(root, day)
-        if not os.path.isdir(folder):
-            raise ConfigError(f"day {day!r} has no folder {folder!r}", key="days")
-        passes = sorted(p for p in os.listdir(folder) if os.path.isdir(os.path.join(folder, p)))
-        if not passes:
-            raise ConfigError(f"day folder {folder!r} has no pass folders", key="data_root")
-        out.append((day, passes))
-    if not out:
-        raise ConfigError(f"{root!r} has no day folders", key="data_root")
-    return out
-
-
-def _is_rank0() -> bool:
-    return ps_runtime._require("train_days()").env.rank == 0
-
-
-def _from_rank0(fn: Callable[[], Any]) -> Any:
-    """Trainer 0's result of ``fn`` on every trainer (its FleetError raised on every trainer)."""
-    st = ps_runtime._require("train_days()")
-    return recovery._agree(st.env.rank, recovery._outcome(fn) if st.env.rank == 0 else None)
-
-
-def _refresh_dense() -> None:
-    """After the servers loaded a model: drop cached rows, take the dense values from them."""
-    comm = ps_runtime.get_communicator()
-    comm.forget_server_values()
-    if comm.dense:
-        comm._set_dense(comm.pull_dense())
-        if hasattr(comm, "set_dense_base"):
-            comm.set_dense_base()
-
-
-def load_model(dirname: str, mode: int = 0) -> dict[str, int]:
-    """Paddle's ``fleet.load_model(path, mode)``: every trainer calls it; trainer 0 has every
-    server load ``dirname`` (``mode`` 0: a full save replaces the tables; 1: a delta updates
-    them, and must follow the model loaded or saved last). Returns rows read per table."""
-    if mode not in (0, 1):
-        raise ConfigError(f"got {mode!r}; allowed: 0 (a full save), 1 (a delta)", key="mode")
-    ps_runtime.get_communicator().flush()
-    recovery._gather(None)  # every trainer flushed: nothing reaches the servers after the load
-
-    def load() -> dict[str, int]:
-        from ps_server.checkpoint import read_checkpoint
-
-        info = read_checkpoint(dirname)
-        want = "all" if mode == 0 else "delta"
-        if info.mode != want:
-            raise FleetError(
-                f"{dirname} holds a {info.mode!r} save; load it with mode="
-                f"{0 if info.mode == 'all' else 1}"
-            )
-        return ps_runtime.get_client().load(dirname)
-
-    rows = _from_rank0(load)
-    _refresh_dense()
-    return rows
-
-
-def save_cache_model(
-    dirname: str, mode: int = 0, *, min_show: int = 1, model: torch.nn.Module | None = None
-) -> Any:
-    """Paddle's ``fleet.save_cache_model(dirname, mode=...)``: the rows shown at least
-    ``min_show`` times as a read-only serving copy (:func:`fleet.ps.export_serving`; mode 0 all,
-    1 only what changed since the previous one). Returns the export's record."""
-    if mode not in (0, 1):
-        raise ConfigError(f"got {mode!r}; allowed: 0 (all), 1 (delta)", key="mode")
-    return serving.export_serving(
-        dirname, min_show=min_show, mode="all" if mode == 0 else "delta", model=model
-    )
 
 
 def _lookahead(
@@ -272,7 +107,7 @@ def _lookahead(
         current = following
 
 
-class StreamingTrainer:
+class StreamingTrainer(StreamCheckpoints):
     """The day/pass loop of the module docstring for one model (see :func:`train_days`)."""
 
     def __init__(
@@ -457,183 +292,6 @@ class StreamingTrainer:
             return state.auc()
         except ConfigError:  # one class missing everywhere
             return math.nan
-
-    # -- saves, donefile, resume ------------------------------------------------------------------
-    def _record(self, record: DoneRecord, records: list[DoneRecord]) -> None:
-        """The save is complete on every server: under fleetrun's automatic checkpoints a cut
-        holding it is committed first; trainer 0 appends the donefile record; a job checkpoint
-        naming it follows when ``checkpoint_dir`` is set."""
-        records.append(record)
-        if self.auto is not None:  # trainer 0 appends the record once the cut is committed
-            self._cut(
-                records,
-                "day" if record.pass_id == BASE_PASS else "pass",
-                record.day,
-                record.pass_id,
-                publish=record,
-            )
-        elif _is_rank0():
-            append_donefile(self.config.output_dir, record)
-        ps_runtime._barrier()
-        if self.checkpoint_dir:
-            from fleet.ps.recovery import checkpoint
-
-            checkpoint(
-                self.checkpoint_dir,
-                len(records),
-                keep=self.config.checkpoint_keep,
-                trainer_state={"records": len(records), "day": record.day, "pass": record.pass_id},
-                wait=True,
-            )
-
-    def _cut(
-        self,
-        records: list[DoneRecord],
-        phase: str,
-        day: str = "",
-        pass_id: str = "",
-        publish: DoneRecord | None = None,
-    ) -> None:
-        """One automatic checkpoint of the job at this boundary (every trainer); trainer 0
-        appends ``publish`` (the save it follows, None for none) to the donefile once it is
-        committed. Raises FleetError when it fails: the caller's trainer exits and fleetrun
-        recovers the job from the previous cut."""
-        assert self.auto is not None
-        self._published()  # the previous cut's record is out (or its failure raised)
-        # trainer 0's step names it (trainers' steps differ in async mode; a trainer restarted
-        # alone replaying this round gets the same one)
-        step = _from_rank0(lambda: max(tracker().step, self.cut_step + 1))
-        last = records[-1] if records else None
-        state = {
-            "data": tracker().position().to_dict(),
-            "stream": {
-                "records": len(records),
-                "record": list(last.__dict__.values()) if last else None,
-                "phase": phase,
-                "day": day,
-                "pass": pass_id,
-                "last_pass": self.last_pass,
-            },
-        }
-        try:  # training waits for the snapshot only; the files are written in the background
-            pending = recovery.checkpoint(
-                self.auto.cfg.dir, step, trainer_state=state, keep=self.auto.cfg.keep
-            )
-        except FleetError as err:
-            self.auto.record_cut(None)
-            raise FleetError(
-                f"train_days: the automatic checkpoint after {phase} {day} {pass_id} "
-                f"failed ({err}); fleetrun recovers the job from the previous one"
-            ) from err
-        self.cut_step = step
-        self.auto.record_cut(step)
-        if pending is not None:  # trainer 0: publish the record once the cut is committed
-            self._publisher = threading.Thread(
-                target=self._publish,
-                args=(pending, publish),
-                name="fleet-streaming-donefile",
-                daemon=True,
-            )
-            self._publisher.start()
-
-    def _publish(self, pending: Any, record: DoneRecord | None) -> None:
-        try:
-            pending.result()
-            if record is not None:
-                append_donefile(self.config.output_dir, record)
-        except BaseException as err:  # noqa: BLE001 - raised on the loop's thread by _published
-            self._publish_error = err
-
-    def _published(self) -> None:
-        """Wait until the last cut is committed and its record appended (trainer 0); raise
-        FleetError if it was not (the job then recovers from the previous cut)."""
-        if self._publisher is not None:
-            self._publisher.join()
-            self._publisher = None
-        err, self._publish_error = self._publish_error, None
-        if err is not None:
-            if self.auto is not None:
-                self.auto.record_cut(None)
-            raise FleetError(
-                f"train_days: an automatic checkpoint was not committed ({err}); its "
-                "donefile record is not written and fleetrun recovers the job from "
-                "the previous one"
-            ) from err
-
-    def _resume_cut(self, plan: _Plan) -> bool:
-        """Under fleetrun's automatic checkpoints: True when the servers were restored from a
-        cut of this loop (at ``distributed_optimizer``); ``plan.records`` becomes the donefile
-        reconciled with the cut. False for a fresh start (no checkpoint yet)."""
-        auto = self.auto
-        if auto is None:
-            return False
-        auto.interval_cuts = False  # the loop cuts at its boundaries (module docstring)
-        # trainer 0 restarted alone would replay the stream redoing its saves, loads and cuts
-        # (its side of each agreement is computed again): its death restarts every process
-        auto.restart_alone = auto.rank != 0
-        if auto.resumed.get("alone"):
-            # fleetrun restarted this trainer alone (async/GEO, fleet.base.coordination): its
-            # rounds replay, its datasets skip what it trained (its own position); servers untouched
-            return False
-        # cuts are taken between passes: no pass of this process skips batches
-        tracker().resume(DataPosition(0, 0, tracker().step))
-        state = auto.resumed_state
-        if state is None:
-            return False
-        stream = state.get("stream") if isinstance(state, dict) else None
-        name = auto.resumed.get("checkpoint")
-        if not isinstance(stream, dict):
-            raise FleetError(
-                f"checkpoint {name} of {auto.cfg.dir} was not taken by train_days "
-                "(its trainer state has no 'stream'): give this stream its own "
-                "--ps_checkpoint_dir"
-            )
-        self.cut_step = int(auto.resumed.get("step", 0))
-        self.last_pass = dict(stream.get("last_pass") or {})
-        if stream.get("phase") == "pass":
-            self.resumed_at = (str(stream.get("day")), str(stream.get("pass")))
-        count, last = int(stream["records"]), stream.get("record")
-        output_dir = self.config.output_dir
-        kept = _from_rank0(
-            lambda: [r.__dict__ for r in reconcile_donefile(output_dir, count, last)]
-        )
-        plan.records = [DoneRecord(**r) for r in kept]
-        if self.out is not None:
-            at = self.resumed_at or ((last[0], last[1]) if last else None)
-            where = f"after day {at[0]} pass {at[1]}" if at else "at the start"
-            self.out.write(
-                f"[online] resumed {where} from the job's checkpoint {name} "
-                f"({count} record(s), phase {stream.get('phase')})\n"
-            )
-            self.out.flush()
-        return True
-
-    def _restore(self, records: list[DoneRecord]) -> None:
-        """Rebuild the model of the donefile's last record on the (fresh) servers."""
-        start = 0
-        source = "fresh tables"
-        if self.checkpoint_dir:
-            latest = recovery.load_latest(self.checkpoint_dir)
-            if latest.chosen is not None:
-                state = latest.chosen.trainer_states.get(0) or latest.chosen.trainer_states.get("0")
-                count = int(state["records"]) if isinstance(state, dict) else 0
-                if 0 < count <= len(records):
-                    start, source = count, f"job checkpoint {latest.chosen.name}"
-        last_base = max((i for i, r in enumerate(records) if r.kind == "base"), default=-1)
-        if last_base + 1 > start:  # a base newer than the checkpoint replaces everything
-            start = last_base + 1
-            if last_base >= 0:
-                load_model(records[last_base].path, mode=0)
-                source = f"base {records[last_base].path}"
-        for r in records[start:]:
-            load_model(r.path, mode=1)
-        last = records[-1]
-        if self.out is not None:
-            self.out.write(
-                f"[online] resumed after day {last.day} pass {last.pass_id}: from "
-                f"{source}, {len(records) - start} delta(s) replayed\n"
-            )
-            self.out.flush()
 
 
 def train_days(

@@ -117,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
         "directory)",
     )
     add(
+        "ssd_root",
+        default=None,
+        metavar="DIR",
+        help="existing writable directory where storage='ssd' tables keep their cold rows "
+        "(<DIR>/<table>/shards-<first shard>; scratch, emptied at table creation, rebuilt from "
+        "the checkpoint a restarted server loads)",
+    )
+    add(
         "tls_cert",
         default=None,
         metavar="PEM",
@@ -175,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             "insecure": args.insecure,
             "tls": TLSConfig.resolve(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca),
             "checkpoint_root": args.checkpoint_root,
+            "ssd_root": args.ssd_root,
         }
         if args.from_env:
             serve_from_env(

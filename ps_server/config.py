@@ -37,6 +37,16 @@ class NonFinitePolicy(StrEnum):
     """Drop the rows (occurrences) with non-finite values, apply the rest, count the dropped."""
 
 
+class SparseStorage(StrEnum):
+    """Where a sparse table keeps its rows."""
+
+    MEMORY = "memory"
+    """Every row in memory (the default)."""
+    SSD = "ssd"
+    """The ``cache_rows`` most recently used rows in memory, the others in RocksDB on the
+    server's local disk (``--ssd_root``; ``pip install "fleetrun[ssd]"``)."""
+
+
 def _parse_optional_entry(value: Any, path: str) -> EntryPolicy | None:
     return None if value is None else EntryPolicy.parse(value, path)
 
@@ -114,10 +124,17 @@ class SparseTableConfig:
     show_decay_rate: float = 1.0
     """Each ``end_day`` multiplies every row's show count by this and rounds down (Paddle's
     ``show_click_decay_rate``; 1.0: no decay). In (0, 1]."""
+    storage: SparseStorage = SparseStorage.MEMORY
+    """``memory``: every row in memory; ``ssd``: hot rows in memory, cold rows on the server's
+    local disk (see ``cache_rows``)."""
+    cache_rows: int | None = None
+    """``storage="ssd"``: most rows per server kept in memory (required, >= 1); the least
+    recently used others are moved to disk. Must be None for ``storage="memory"``."""
 
     def __post_init__(self) -> None:
         _check_name(self.name)
         _parse_rules(self, entry=True)
+        self._check_storage()
         require(
             isinstance(self.show_decay_rate, (int, float)) and 0.0 < self.show_decay_rate <= 1.0,
             "show_decay_rate",
@@ -157,6 +174,36 @@ class SparseTableConfig:
             "max_capacity",
             f"must be None or an integer >= 1, got {self.max_capacity!r}",
         )
+        require(
+            self.storage is SparseStorage.MEMORY or self.max_capacity is None,
+            "max_capacity",
+            f"table {self.name!r}: storage='ssd' does not support max_capacity yet; bound the "
+            "memory with cache_rows and remove old rows with shrink",
+        )
+
+    def _check_storage(self) -> None:
+        try:
+            object.__setattr__(self, "storage", SparseStorage(self.storage))
+        except ValueError:
+            raise ConfigError(
+                f"table {self.name!r}: must be 'memory' or 'ssd', got {self.storage!r}",
+                key="storage",
+            ) from None
+        rows = self.cache_rows
+        if self.storage is SparseStorage.SSD:
+            require(
+                isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1,
+                "cache_rows",
+                f"table {self.name!r}: storage='ssd' needs cache_rows, an integer >= 1 (rows "
+                f"kept in memory per server), got {rows!r}",
+            )
+        else:
+            require(
+                rows is None,
+                "cache_rows",
+                f"table {self.name!r}: cache_rows applies to storage='ssd' only; remove it or "
+                f"set storage='ssd' (got cache_rows={rows!r} with storage='memory')",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (rules as ``{"type": ..., ...}``)."""
@@ -172,6 +219,11 @@ class SparseTableConfig:
             "max_capacity": self.max_capacity,
             # only when set: configs and manifests without decay read as before
             **({"show_decay_rate": self.show_decay_rate} if self.show_decay_rate != 1.0 else {}),
+            **(
+                {"storage": self.storage.value, "cache_rows": self.cache_rows}
+                if self.storage is SparseStorage.SSD
+                else {}
+            ),
         }
 
     @classmethod
@@ -286,6 +338,7 @@ def check_same_config(existing: TableConfig, requested: TableConfig) -> None:
 __all__ = [
     "DenseTableConfig",
     "NonFinitePolicy",
+    "SparseStorage",
     "SparseTableConfig",
     "TableConfig",
     "check_same_config",

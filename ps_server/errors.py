@@ -7,6 +7,8 @@ The gRPC layer maps these to status codes in one place (suggested mapping in bra
 * :class:`TableConfigMismatchError` — a second create with another config (``ALREADY_EXISTS``).
 * :class:`TableCapacityError` — a batch needs more rows than ``max_capacity``
   (``RESOURCE_EXHAUSTED``).
+* :class:`SsdTierError` — an SSD table's directory or RocksDB cannot be used
+  (``FAILED_PRECONDITION``).
 * :class:`CheckpointError` and subclasses — saving or loading failed (``DATA_LOSS`` for a corrupt
   file, ``PERMISSION_DENIED`` for a path outside the server's checkpoint roots,
   ``FAILED_PRECONDITION`` otherwise, e.g. :class:`CheckpointBusyError`).
@@ -78,6 +80,18 @@ class TableCapacityError(PSError):
     """One batch needs more new rows than ``max_capacity`` allows even after evicting."""
 
 
+class SsdTierError(PSError):
+    """The SSD tier of a sparse table cannot be used (no ``--ssd_root``, a missing, unwritable or
+    foreign directory, RocksDB failing to open, ``rocksdict`` not installed, or an operation
+    SSD tables do not support yet). ``table`` and ``path`` name the table and the directory."""
+
+    def __init__(self, table: str, path: str, message: str) -> None:
+        where = f", SSD directory {path!r}" if path else ""
+        super().__init__(f"table {table!r}{where}: {message}")
+        self.table = table
+        self.path = path
+
+
 class CheckpointError(PSError):
     """Saving or loading a checkpoint failed (missing shards, mismatched configs, I/O)."""
 
@@ -119,6 +133,7 @@ __all__ = [
     "NonFiniteGradientError",
     "ReadOnlyServingError",
     "ShmSegmentError",
+    "SsdTierError",
     "TableCapacityError",
     "TableConfigMismatchError",
     "TableInputError",

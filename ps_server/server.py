@@ -99,6 +99,21 @@ def default_table_threads() -> int:
     return min(MAX_DEFAULT_TABLE_THREADS, usable_cpus())
 
 
+def _check_ssd_root(ssd_root: str | None) -> str | None:
+    """The real path of ``--ssd_root`` (None stays None); ConfigError unless it is an existing
+    writable directory."""
+    if ssd_root is None:
+        return None
+    path = os.path.realpath(ssd_root)
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"must be an existing directory this process can write, got {ssd_root!r} "
+            "(create it first)",
+            key="ssd_root",
+        )
+    return path
+
+
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
@@ -123,6 +138,7 @@ class PSServer:
         insecure: bool | None = None,
         tls: TLSConfig | None = None,
         checkpoint_root: str | Sequence[str] | None = None,
+        ssd_root: str | None = None,
     ) -> None:
         """``port=0`` picks a free port (``start()`` returns it). ``metrics_port``: serve
         Prometheus ``/metrics`` there from ``start()`` (0 = no endpoint; None = the env
@@ -133,7 +149,9 @@ class PSServer:
         a non-loopback ``host`` without a token (None: FLEET_PS_INSECURE=1); ``tls``: TLS
         settings (None: from the FLEET_PS_TLS_* variables); ``checkpoint_root``: the
         directories Save / Load requests may name (None: FLEET_PS_CHECKPOINT_ROOT, else the
-        working directory). See the module docstring."""
+        working directory); ``ssd_root``: an existing writable directory where
+        ``storage="ssd"`` tables keep their cold rows (scratch, emptied per table at creation;
+        None: such tables are refused). See the module docstring."""
         if not isinstance(num_servers, int) or num_servers < 1:
             raise ConfigError(f"must be an integer >= 1, got {num_servers!r}", key="num_servers")
         if not isinstance(server_index, int) or not 0 <= server_index < num_servers:
@@ -162,6 +180,7 @@ class PSServer:
             server_index=server_index,
             num_servers=num_servers,
             checkpoint_roots=resolve_roots(checkpoint_root),
+            ssd_root=_check_ssd_root(ssd_root),
         )
         self.state.on_stop = self._stop_soon
         if metrics_port is None:
@@ -388,7 +407,7 @@ def serve(
     FLEET_PS_RESTORE_LATEST) restores this server's shards from the newest good job checkpoint
     of that directory (:meth:`PSServer.restore_latest`); ``on_ready(server)`` is called once it listens (``python -m
     ps_server`` prints the endpoint there). ``metrics_port``, ``table_threads`` and
-    ``security`` (``token``, ``insecure``, ``tls``, ``checkpoint_root``): as :class:`PSServer`'s.
+    ``security`` (``token``, ``insecure``, ``tls``, ``checkpoint_root``, ``ssd_root``): as :class:`PSServer`'s.
     Signal handlers are installed only when called from the main thread.
     """
     server = PSServer(
@@ -437,7 +456,7 @@ def serve_from_env(**kwargs: Any) -> None:
     """:func:`serve` as the env contract says (TRAINING_ROLE=PSERVER: POD_IP, PADDLE_PORT, this
     server's index in PADDLE_PSERVERS_IP_PORT_LIST and their count); ``kwargs`` go to
     :func:`serve` (``max_message_mb``, ``threads``, ``table_threads``, ``checkpoint_dir``,
-    ``on_ready``, ``token``, ``insecure``, ``tls``, ``checkpoint_root``)."""
+    ``on_ready``, ``token``, ``insecure``, ``tls``, ``checkpoint_root``, ``ssd_root``)."""
     env = read_worker_env()
     if env.training_role is not TrainingRole.PSERVER:
         raise EnvContractError(

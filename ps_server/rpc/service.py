@@ -94,6 +94,8 @@ class ServerState:
     checkpoint_roots: tuple[str, ...] = field(default_factory=resolve_roots)
     """Directories Save / Load requests may name (:mod:`ps_server.checkpoint.roots`; default
     FLEET_PS_CHECKPOINT_ROOT, else the working directory)."""
+    ssd_root: str | None = None
+    """Directory of the cold rows of ``storage="ssd"`` tables (``--ssd_root``; None: none)."""
     checkpoints: CheckpointWriter = field(default_factory=CheckpointWriter)
     """This server's background checkpoint writes (:mod:`ps_server.checkpoint.writer`)."""
     serving: list[CheckpointRecord] = field(default_factory=list)
@@ -163,7 +165,9 @@ def create_table(state: ServerState, req: ps_pb2.CreateTableRequest) -> ps_pb2.C
         if existing is not None:
             check_same_config(existing.config, config)
             return ps_pb2.CreateTableResponse(created=False)
-        state.tables[config.name] = make_table(config, state.server_index, state.num_servers)
+        state.tables[config.name] = make_table(
+            config, state.server_index, state.num_servers, ssd_root=state.ssd_root
+        )
     logger.info("server %d: created table %s", state.server_index, config_to_dict(config))
     return ps_pb2.CreateTableResponse(created=True)
 
@@ -360,7 +364,9 @@ def load_dir(state: ServerState, directory: str) -> tuple[dict[str, int], list[s
                         f"{state.server_index} does not hold: load the full checkpoint it "
                         "follows first"
                     )
-                table = make_table(entry.config, state.server_index, state.num_servers)
+                table = make_table(
+                    entry.config, state.server_index, state.num_servers, ssd_root=state.ssd_root
+                )
                 created.append(name)
             targets[name] = table
         rows = checkpoint.load(directory, targets)

@@ -4,7 +4,8 @@ Server side, :func:`status_of` turns an exception raised while serving a request
 code (the servicer aborts the call with it and the exception's message):
 
 * ``WrongShardError`` (a client routing bug), ``ShmSegmentError``, ``ReadOnlyServingError`` (a
-  mutating call to a server serving a read-only export) → FAILED_PRECONDITION
+  mutating call to a server serving a read-only export), ``SsdTierError`` (an SSD table's
+  directory or RocksDB cannot be used) → FAILED_PRECONDITION
 * ``TableInputError`` (incl. ``NonFiniteGradientError``), ``collective.errors.ConfigError``,
   ``RequestDecodeError`` (a body that is not the method's message) → INVALID_ARGUMENT
 * ``TableNotFoundError`` → NOT_FOUND
@@ -37,6 +38,7 @@ from ps_server.errors import (
     CheckpointPathError,
     ReadOnlyServingError,
     ShmSegmentError,
+    SsdTierError,
     TableCapacityError,
     TableConfigMismatchError,
     TableInputError,
@@ -67,6 +69,7 @@ _SERVER_MAP: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (WrongShardError, grpc.StatusCode.FAILED_PRECONDITION),
     (ShmSegmentError, grpc.StatusCode.FAILED_PRECONDITION),
     (ReadOnlyServingError, grpc.StatusCode.FAILED_PRECONDITION),
+    (SsdTierError, grpc.StatusCode.FAILED_PRECONDITION),
     (TableInputError, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (RequestDecodeError, grpc.StatusCode.INVALID_ARGUMENT),

@@ -1,0 +1,270 @@
+"""The cold tier of an SSD sparse table: packed rows in an embedded RocksDB, batched access only.
+
+One :class:`ColdTier` per (table, server) holds the rows its
+:class:`~ps_server.core.ssd_table.SsdSparseTable` evicted from memory, in one RocksDB directory
+``<ssd_root>/<table>/shards-<first owned shard>`` (the ``rocksdict`` wheel bundles RocksDB: no
+system package). Keys are the rows' int64 keys (8 bytes, big-endian); a value is one row record of
+:func:`record_dtype` (values, optimizer state, show count, unseen days, flags and the day the row
+was written, so aging can be applied lazily when the row comes back).
+
+Every call takes a whole batch: the keys are turned into Python ``bytes`` with one numpy
+``tolist()`` and the records come back as one ``b"".join`` decoded by ``np.frombuffer``, so no
+Python code runs per key besides the ``WriteBatch.put`` calls (measured on this machine, 2 CPU
+cores: 200 k keys, 40-byte records: put 1.2 M rows/s, multi_get 280 k keys/s, full scan
+1.5 M rows/s).
+
+The directory is scratch: it is emptied when the table is created and never read back after a
+restart (the rows come from the checkpoint the server restores). A directory is only ever
+emptied if it carries this module's marker file :data:`MARKER`; anything else there (a foreign
+RocksDB, unrelated files) is refused with :class:`~ps_server.errors.SsdTierError`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import time
+from typing import Any
+
+import numpy as np
+
+from ps_server.errors import SsdTierError
+
+MARKER = "FLEET_SSD_TIER"
+"""File written in every tier directory this module creates (it may empty only those)."""
+_KEY = np.dtype(">i8")
+SCAN_CHUNK = 65536
+"""Rows decoded per chunk while scanning the whole tier."""
+
+
+def record_dtype(dim: int, state_dim: int) -> np.dtype:
+    """The packed record of one cold row."""
+    return np.dtype(
+        [
+            ("values", np.float32, (dim,)),
+            ("state", np.float32, (state_dim,)),
+            ("count", np.uint32),
+            ("unseen_days", np.uint16),
+            ("flags", np.uint8),
+            ("day", np.uint32),
+        ]
+    )
+
+
+def _rocksdict() -> Any:
+    try:
+        import rocksdict
+    except ImportError:
+        return None
+    return rocksdict
+
+
+def tier_dir(ssd_root: str, table: str, shards: tuple[int, ...]) -> str:
+    """The directory of table ``table``'s cold tier for the server owning ``shards``."""
+    return os.path.join(ssd_root, table, f"shards-{shards[0]:05d}")
+
+
+def check_root(table: str, ssd_root: str | None) -> str:
+    """The real path of ``ssd_root``, which must be an existing writable directory."""
+    if not ssd_root:
+        raise SsdTierError(
+            table,
+            "",
+            "the table has storage='ssd' but the server has no SSD directory: start it with "
+            "--ssd_root DIR (PSServer(ssd_root=...), make_table(..., ssd_root=...))",
+        )
+    root = os.path.realpath(ssd_root)
+    if not os.path.isdir(root):
+        raise SsdTierError(table, root, "the SSD root does not exist or is not a directory")
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise SsdTierError(table, root, "the SSD root is not writable by this process")
+    return root
+
+
+class ColdTier:
+    """Rows of one table (the shards one server owns) in RocksDB, keyed by int64."""
+
+    def __init__(
+        self, table: str, ssd_root: str | None, shards: tuple[int, ...], dtype: np.dtype
+    ) -> None:
+        """Open a fresh, empty tier under ``ssd_root`` (see the module docstring)."""
+        rocksdict = _rocksdict()
+        if rocksdict is None:
+            raise SsdTierError(
+                table,
+                str(ssd_root or ""),
+                "storage='ssd' needs the rocksdict package: pip install \"fleetrun[ssd]\"",
+            )
+        self._rd = rocksdict
+        self.table = table
+        root = check_root(table, ssd_root)
+        path = os.path.realpath(tier_dir(root, table, shards))
+        if not path.startswith(root.rstrip(os.sep) + os.sep):
+            raise SsdTierError(table, path, f"resolves outside the SSD root {root}")
+        self.path = path
+        self.dtype = dtype
+        self.num_rows = 0
+        self.reads = 0
+        self.read_seconds = 0.0
+        self._db: Any = None
+        self._lock_file: Any = None
+        try:
+            self._prepare()
+            self._open()
+        except BaseException:
+            self._release()
+            raise
+
+    # -- directory ----------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Empty (or create) the tier directory; refuse one this module did not create."""
+        path = self.path
+        if os.path.lexists(path):
+            if not os.path.isdir(path) or os.path.islink(path):
+                raise SsdTierError(self.table, path, "exists and is not a directory")
+            entries = os.listdir(path)
+            if entries and MARKER not in entries:
+                raise SsdTierError(
+                    self.table,
+                    path,
+                    "holds files that are not a fleetrun SSD tier (a foreign RocksDB or other "
+                    f"data; no {MARKER} marker): remove them or choose another --ssd_root",
+                )
+            if entries:
+                self._lock_marker()  # refuses a tier another process holds
+            try:
+                shutil.rmtree(path)
+            except OSError as err:
+                raise SsdTierError(self.table, path, f"cannot empty the old tier: {err}") from None
+        try:
+            os.makedirs(path)
+            with open(os.path.join(path, MARKER), "w") as f:
+                f.write("scratch cold tier of a fleetrun sparse table; emptied at table creation\n")
+        except OSError as err:
+            raise SsdTierError(
+                self.table, path, f"cannot create the tier directory: {err}"
+            ) from None
+        self._lock_marker()
+
+    def _lock_marker(self) -> None:
+        """Hold an exclusive lock on the marker file while this tier is open (a flock: any
+        other table object, in this process or another, is refused; the lock goes with the
+        file object, also when the table is garbage-collected)."""
+        self._release()
+        f = open(os.path.join(self.path, MARKER), "rb")  # held while the tier is open
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            raise SsdTierError(
+                self.table,
+                self.path,
+                "is in use by another table (another server process with the same --ssd_root "
+                "and server index, or an open table object of this process): close it first",
+            ) from None
+        self._lock_file = f
+
+    def _release(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+    def _open(self) -> None:
+        rd = self._rd
+        opts = rd.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.set_write_buffer_size(16 << 20)
+        try:
+            self._db = rd.Rdict(os.path.join(self.path, "db"), opts)
+        except Exception as err:  # rocksdict raises plain Exceptions for I/O and lock errors
+            raise SsdTierError(self.table, self.path, f"cannot open RocksDB: {err}") from None
+
+    def close(self) -> None:
+        """Close the database (the files stay until the next table creation)."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._release()
+
+    def clear(self) -> None:
+        """Drop every cold row (a fresh, empty database)."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._prepare()
+        self._open()
+        self.num_rows = 0
+
+    # -- batched access -----------------------------------------------------------------------
+    @staticmethod
+    def _key_bytes(keys: np.ndarray) -> list[bytes]:
+        return np.ascontiguousarray(keys, dtype=_KEY).view("V8").tolist()
+
+    def _decode(self, blobs: list[bytes]) -> np.ndarray:
+        return np.frombuffer(b"".join(blobs), dtype=self.dtype)
+
+    def get(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found mask bool[n], records of the found keys in order) of distinct int64 keys."""
+        if keys.shape[0] == 0:
+            return np.zeros(0, dtype=bool), np.zeros(0, dtype=self.dtype)
+        t0 = time.perf_counter()
+        blobs = self._db.get(self._key_bytes(keys))
+        self.read_seconds += time.perf_counter() - t0
+        self.reads += 1
+        found = np.fromiter((b is not None for b in blobs), dtype=bool, count=len(blobs))
+        return found, self._decode([b for b in blobs if b is not None])
+
+    def put(self, keys: np.ndarray, records: np.ndarray, new: int) -> None:
+        """Write records (``self.dtype``) of distinct keys in one batch; ``new``: how many of
+        the keys were not in the tier before."""
+        if keys.shape[0] == 0:
+            return
+        batch = self._rd.WriteBatch(raw_mode=True)
+        values = np.ascontiguousarray(records).view(f"V{self.dtype.itemsize}").tolist()
+        for k, v in zip(self._key_bytes(keys), values, strict=True):
+            batch.put(k, v)
+        self._db.write(batch)
+        self.num_rows += new
+
+    def delete(self, keys: np.ndarray) -> None:
+        """Delete keys known to be in the tier (distinct), in one batch."""
+        if keys.shape[0] == 0:
+            return
+        batch = self._rd.WriteBatch(raw_mode=True)
+        for k in self._key_bytes(keys):
+            batch.delete(k)
+        self._db.write(batch)
+        self.num_rows -= int(keys.shape[0])
+
+    def scan(self) -> Any:
+        """Yield (keys int64[m], records) chunks of every cold row (hold the table's lock)."""
+        kbuf: list[bytes] = []
+        vbuf: list[bytes] = []
+        for k, v in self._db.items():
+            kbuf.append(k)
+            vbuf.append(v)
+            if len(kbuf) >= SCAN_CHUNK:
+                yield self._chunk(kbuf, vbuf)
+                kbuf, vbuf = [], []
+        if kbuf:
+            yield self._chunk(kbuf, vbuf)
+
+    def _chunk(self, kbuf: list[bytes], vbuf: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.frombuffer(b"".join(kbuf), dtype=_KEY).astype(np.int64)
+        return keys, self._decode(vbuf)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of the tier's files on disk (memtables not yet flushed are not counted)."""
+        total = 0
+        for dirpath, _dirs, files in os.walk(self.path):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(dirpath, name)).st_size
+                except OSError:
+                    continue  # a file RocksDB removed during the walk
+        return total
+
+
+__all__ = ["MARKER", "ColdTier", "check_root", "record_dtype", "tier_dir"]

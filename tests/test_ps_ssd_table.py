@@ -366,3 +366,35 @@ def test_a_tier_in_use_is_not_emptied_by_a_second_table(tmp_path: Path) -> None:
     assert np.array_equal(
         first.pull(np.arange(100, dtype=np.int64)), first.initial_values(np.arange(100))
     )
+
+
+@pytest.mark.timeout(90)
+def test_restarted_server_serves_the_checkpoint_not_newer_tier_rows(tmp_path: Path) -> None:
+    ssd_root = tmp_path / "ssd"
+    ssd_root.mkdir()
+    args = ("--port", "0", "--ssd_root", str(ssd_root), "--checkpoint_root", str(tmp_path))
+    keys = np.arange(1500, dtype=np.int64)
+    grads = np.ones((1500, 8), dtype=np.float32)
+    proc, endpoint = start_server_process(*args)
+    try:
+        client = PSClient([endpoint], timeout_s=20)
+        try:
+            client.create_table("emb", 8, num_shards=8, storage="ssd", cache_rows=100)
+            client.push_sparse("emb", keys, grads)
+            client.save(str(tmp_path / "ckpt"))
+            saved = client.pull_sparse("emb", keys)
+            client.push_sparse("emb", keys, grads)  # after the checkpoint, mostly on disk
+            assert not np.array_equal(client.pull_sparse("emb", keys), saved)
+        finally:
+            client.close()
+    finally:
+        stop_process(proc)  # killed: the tier files stay behind
+    proc, endpoint = start_server_process(*args, "--load", str(tmp_path / "ckpt"))
+    try:
+        client = PSClient([endpoint], timeout_s=20)
+        try:
+            assert np.array_equal(client.pull_sparse("emb", keys), saved)
+        finally:
+            client.close()
+    finally:
+        stop_process(proc)

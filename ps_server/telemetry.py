@@ -85,6 +85,16 @@ TABLE_ROWS = "fleet_ps_table_rows"
 TABLE_BYTES = "fleet_ps_table_bytes"
 ENTRY_KEYS = "fleet_ps_entry_keys_total"
 NONFINITE = "fleet_ps_nonfinite_gradients_total"
+SSD_KEYS = "fleet_ps_ssd_keys_total"
+SSD_BYTES = "fleet_ps_ssd_bytes"
+SSD_READ_SECONDS = "fleet_ps_ssd_read_seconds_total"
+SSD_RESULTS = {
+    "hot_hit": "hot_hits",
+    "hot_miss": "hot_misses",
+    "cold_hit": "cold_hits",
+    "evicted": "tier_evictions",
+}
+"""``result`` label of ``fleet_ps_ssd_keys_total`` -> the SSD table's stats key."""
 COLLECTED: dict[str, tuple[str, ...]] = {
     REQUESTS: ("op", "table", "code"),
     REQUEST_SECONDS: ("op",),
@@ -93,6 +103,9 @@ COLLECTED: dict[str, tuple[str, ...]] = {
     TABLE_BYTES: ("table",),
     ENTRY_KEYS: ("table", "result"),
     NONFINITE: ("table",),
+    SSD_KEYS: ("table", "result"),
+    SSD_BYTES: ("table",),
+    SSD_READ_SECONDS: ("table",),
 }
 
 
@@ -184,6 +197,21 @@ class TableCollector(Collector):
             "NaN/inf gradient contributions rejected or skipped",
             labels=["table"],
         )
+        ssd_keys = CounterMetricFamily(
+            SSD_KEYS.removesuffix("_total"),
+            "storage='ssd' tables: keys found in memory (hot_hit) or not (hot_miss), rows read "
+            "back from disk (cold_hit), rows written to disk (evicted)",
+            labels=["table", "result"],
+        )
+        ssd_bytes = GaugeMetricFamily(
+            SSD_BYTES, "storage='ssd' tables: bytes of the cold tier's files", labels=["table"]
+        )
+        ssd_read = CounterMetricFamily(
+            SSD_READ_SECONDS.removesuffix("_total"),
+            "storage='ssd' tables: time spent reading cold rows from RocksDB",
+            labels=["table"],
+        )
+        ssd: dict[str, dict[str, float]] = {}
         totals: dict[str, dict[str, float]] = {}
         with self._lock:
             states = list(self._states.values())
@@ -205,6 +233,10 @@ class TableCollector(Collector):
                 t["filtered"] += st.get("pushes_filtered", 0)
                 t["evicted"] += st.get("rows_evicted", 0) + st.get("rows_shrunk", 0)
                 t["nonfinite"] += st.get("nonfinite_skipped", 0) + rejected.get(name, 0)
+                if st.get("storage") == "ssd":
+                    d = ssd.setdefault(name, {})
+                    for key in (*SSD_RESULTS.values(), "ssd_bytes", "ssd_read_seconds"):
+                        d[key] = d.get(key, 0.0) + st.get(key, 0)
         for name in sorted(totals):
             t = totals[name]
             rows.add_metric([name], t["rows"])
@@ -213,7 +245,13 @@ class TableCollector(Collector):
                 for result in ("admitted", "filtered", "evicted"):
                     entry.add_metric([name, result], t[result])
             bad.add_metric([name], t["nonfinite"])
-        yield from (rows, size, entry, bad)
+        for name in sorted(ssd):
+            d = ssd[name]
+            for result, key in SSD_RESULTS.items():
+                ssd_keys.add_metric([name, result], d[key])
+            ssd_bytes.add_metric([name], d["ssd_bytes"])
+            ssd_read.add_metric([name], d["ssd_read_seconds"])
+        yield from (rows, size, entry, bad, ssd_keys, ssd_bytes, ssd_read)
 
     def describe(self) -> Iterator[Any]:
         return iter(())

@@ -398,3 +398,27 @@ def test_restarted_server_serves_the_checkpoint_not_newer_tier_rows(tmp_path: Pa
             client.close()
     finally:
         stop_process(proc)
+
+
+@pytest.mark.timeout(30)
+def test_prometheus_reports_the_tiers(tmp_path: Path) -> None:
+    from ps_server import telemetry
+    from ps_server.rpc.service import ServerState
+
+    _, ssd = _pair(tmp_path)
+    ssd.pull(np.arange(1000, dtype=np.int64))
+    ssd.pull(np.arange(10, dtype=np.int64))
+    state = ServerState(tables={"emb": ssd})
+    collector = telemetry.TableCollector()
+    collector.add(state)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in collector.collect()
+        for s in family.samples
+    }
+    keys = telemetry.SSD_KEYS
+    assert samples[(keys, (("result", "cold_hit"), ("table", "emb")))] == 10
+    assert samples[(keys, (("result", "evicted"), ("table", "emb")))] >= 800
+    assert samples[(keys, (("result", "hot_miss"), ("table", "emb")))] >= 1000
+    assert samples[(telemetry.SSD_BYTES, (("table", "emb"),))] > 0
+    assert samples[(telemetry.TABLE_ROWS, (("table", "emb"),))] == 1000

@@ -43,8 +43,8 @@ class SparseStorage(StrEnum):
     MEMORY = "memory"
     """Every row in memory (the default)."""
     SSD = "ssd"
-    """The ``cache_rows`` most recently used rows in memory, the others in RocksDB on the
-    server's local disk (``--ssd_root``; ``pip install "fleetrun[ssd]"``)."""
+    """Up to ``cache_rows`` rows in memory, the others in RocksDB on the server's local disk
+    (``--ssd_root``; ``pip install "fleetrun[ssd]"``)."""
 
 
 def _parse_optional_entry(value: Any, path: str) -> EntryPolicy | None:
@@ -128,8 +128,8 @@ class SparseTableConfig:
     """``memory``: every row in memory; ``ssd``: hot rows in memory, cold rows on the server's
     local disk (see ``cache_rows``)."""
     cache_rows: int | None = None
-    """``storage="ssd"``: most rows per server kept in memory (required, >= 1); the least
-    recently used others are moved to disk. Must be None for ``storage="memory"``."""
+    """``storage="ssd"``: most rows per server kept in memory (required, >= 1); the others are
+    moved to disk (lowest show count first). Must be None for ``storage="memory"``."""
 
     def __post_init__(self) -> None:
         _check_name(self.name)

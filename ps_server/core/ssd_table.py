@@ -9,7 +9,7 @@ tier. Every call that takes keys runs in three batched steps under the table's l
    found move to memory (and are deleted from disk in one write batch);
 2. the memory table's own code runs unchanged, so the optimizer math, admission (count-filter
    pending keys stay in memory), initial values and counters are exactly a memory table's;
-3. *evict*: if more than ``cache_rows`` rows are in memory, the least recently used ones are
+3. *evict*: if more than ``cache_rows`` rows are in memory, rows chosen by the policy below are
    written to RocksDB in one write batch, down to 90 % of ``cache_rows`` (the slack makes the
    next calls' new rows cost no eviction).
 
@@ -30,8 +30,9 @@ Checkpoints: a full snapshot holds the rows of both tiers (the cold ones read by
 to today), so save / load / resharding work as for a memory table; delta snapshots (delta saves,
 delta serving exports) are refused with :class:`~ps_server.errors.SsdTierError`.
 
-Not built yet: eviction on a background thread (eviction writes run in the calling request),
-``max_capacity`` (refused by the config), delta checkpoints.
+Not built yet: eviction off the request path (eviction writes run in the calling request; a
+writer thread would not overlap with requests, as ``rocksdict`` holds the GIL while it writes a
+batch), ``max_capacity`` (refused by the config), delta checkpoints.
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ FLAG_TO_KEY = {
     "ps_checkpoint_dir": "ps_checkpoint.dir",
     "ps_checkpoint_interval": "ps_checkpoint.interval_s",
     "ps_checkpoint_keep": "ps_checkpoint.keep",
+    "ps_ssd_dir": "ps.ssd_dir",
 }
 
 EPILOG = """\b
@@ -223,6 +224,13 @@ def _opt(*names: str, **kw: Any) -> Any:
     type=int,
     metavar="K",
     help="PS mode: newest automatic checkpoints kept (default 3; 0 = all).",
+)
+@_opt(
+    "--ps_ssd_dir",
+    "ps_ssd_dir",
+    metavar="DIR",
+    help="PS mode: absolute local directory for the cold rows of storage='ssd' tables (server "
+    "i uses DIR/server-i; scratch, rebuilt from the checkpoint on restart).",
 )
 @_opt(
     "--rdzv_timeout",

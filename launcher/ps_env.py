@@ -3,7 +3,8 @@
 The job's token (FLEET_PS_TOKEN: the user's, else a new random one; every server checks it on
 each call) and the directories a server's checkpoint requests may name
 (FLEET_PS_CHECKPOINT_ROOT). The local agent, the Ray driver and the Kubernetes renderer all set
-them from here. Standard library only.
+them from here; the local agent and the Ray driver also give each server its SSD directory
+(FLEET_PS_SSD_ROOT, from ``--ps_ssd_dir``). Standard library only.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 
+from collective.errors import ConfigError
 from launcher.spec import JobSpec
 
 FLEET_PS_TOKEN = "FLEET_PS_TOKEN"
@@ -18,6 +20,9 @@ FLEET_PS_TOKEN = "FLEET_PS_TOKEN"
 ``ps_server.rpc.auth.TOKEN_ENV`` reads; the launcher does not import ps_server: numpy)."""
 FLEET_PS_CHECKPOINT_ROOT = "FLEET_PS_CHECKPOINT_ROOT"
 """Directories a server's Save / Load requests may name (``ps_server.checkpoint.roots``)."""
+FLEET_PS_SSD_ROOT = "FLEET_PS_SSD_ROOT"
+"""A server's directory for the cold rows of ``storage="ssd"`` tables (``fleet.init_server``
+passes it to the server as ``ssd_root``, creating it first): ``<--ps_ssd_dir>/server-<i>``."""
 
 
 def user_ps_token(spec: JobSpec) -> str | None:
@@ -38,3 +43,38 @@ def ps_checkpoint_root_env(env: dict[str, str], log_dir: str, cwd: str) -> dict[
         return {}
     roots = dict.fromkeys([cwd, os.path.abspath(log_dir)])
     return {FLEET_PS_CHECKPOINT_ROOT: os.pathsep.join(roots)}
+
+
+def ps_ssd_root(ssd_dir: str, server_index: int) -> str:
+    """Server ``server_index``'s own SSD directory under the job's ``--ps_ssd_dir``."""
+    return os.path.join(ssd_dir, f"server-{server_index}")
+
+
+def ps_ssd_root_env(spec: JobSpec, server_index: int) -> dict[str, str]:
+    """FLEET_PS_SSD_ROOT for a server when the job has ``ps.ssd_dir`` (else nothing)."""
+    if not spec.ps.ssd_dir:
+        return {}
+    return {FLEET_PS_SSD_ROOT: ps_ssd_root(spec.ps.ssd_dir, server_index)}
+
+
+def check_ps_ssd_dir(spec: JobSpec) -> None:
+    """Create ``ps.ssd_dir`` on this machine (when missing) and check it is a writable
+    directory: ConfigError naming ``--ps_ssd_dir`` otherwise. For schedulers whose servers run
+    on this machine."""
+    directory = spec.ps.ssd_dir
+    if not directory:
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"--ps_ssd_dir / ps.ssd_dir {directory!r} cannot be created ({err.strerror}); give "
+            "a directory on a local disk this user can write",
+            key="ps.ssd_dir",
+        ) from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"--ps_ssd_dir / ps.ssd_dir {directory!r} is not writable by this user; give a "
+            "directory on a local disk this user can write",
+            key="ps.ssd_dir",
+        )

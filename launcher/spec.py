@@ -225,8 +225,19 @@ class PSEndpoints:
     """This node's IP: which entries of servers/workers run here (default: this host's)."""
     server_grace_s: float = 10.0
     """After the trainers finished, how long servers may take to stop before SIGTERM."""
+    ssd_dir: str | None = None
+    """Local directory for the cold rows of ``storage="ssd"`` tables (``--ps_ssd_dir``; an
+    absolute path): server ``i`` keeps its tier in ``<ssd_dir>/server-<i>`` (scratch, emptied
+    per table at creation). None: SSD tables are refused."""
 
     def __post_init__(self) -> None:
+        if self.ssd_dir is not None:
+            require(
+                os.path.isabs(str(self.ssd_dir)),
+                "ps.ssd_dir",
+                f"--ps_ssd_dir / ps.ssd_dir must be an absolute directory path (every server "
+                f"resolves it on its own node), got {self.ssd_dir!r}",
+            )
         require(
             bool(self.servers) == bool(self.workers),
             "servers",
@@ -456,6 +467,11 @@ class JobSpec:
                     f"PS mode needs server_num >= 1 and worker_num >= 1 (got "
                     f"{self.sizes.server_num} and {self.sizes.worker_num}), or ps.servers/ps.workers",
                 )
+        elif self.ps.ssd_dir:
+            raise ConfigError(
+                "ps.ssd_dir (--ps_ssd_dir) is for PS jobs (mode: ps); drop it or use mode: ps",
+                key="ps.ssd_dir",
+            )
         elif self.ps_checkpoint.dir:
             raise ConfigError(
                 "ps_checkpoint.dir is for PS jobs (mode: ps); drop it or use mode: ps",

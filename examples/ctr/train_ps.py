@@ -10,6 +10,9 @@ with ``fleet.metrics`` over the union of their test shares. Rank 0 prints a JSON
 
     {"examples_per_s": ..., "test_auc": ..., "bayes_auc": ..., "mode": "sync", ...}
 
+``--storage ssd --cache_rows N`` keeps at most N rows of each table per server in memory and the
+others on the servers' disks (fleetrun ``--ps_ssd_dir DIR``; ``configs/ctr_ps_ssd.yaml``).
+
 Same model, data, initialisation scales and learning rates as the single-process baseline
 (``python -m examples.ctr.baseline``), so the AUCs compare directly.
 """
@@ -91,10 +94,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="async modes: pull the next batch's rows during this step (1) or not (0)",
     )
+    p.add_argument(
+        "--storage",
+        choices=["memory", "ssd"],
+        default="memory",
+        help="where the tables' rows live: ssd = hot rows in memory, cold rows on the servers' "
+        "disks (fleetrun --ps_ssd_dir)",
+    )
+    p.add_argument(
+        "--cache_rows",
+        type=int,
+        default=0,
+        help="--storage ssd: rows of each table one server keeps in memory",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default="", help="save the tables here at the end")
     p.add_argument("--json", default="", help="also write rank 0's result here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.storage == "ssd" and args.cache_rows < 1:
+        p.error("--storage ssd needs --cache_rows N (N >= 1 rows per table per server in memory)")
+    if args.storage == "memory" and args.cache_rows:
+        p.error("--cache_rows is for --storage ssd")
+    return args
 
 
 def make_strategy(args: argparse.Namespace) -> fleet.DistributedStrategy:
@@ -178,7 +199,10 @@ def main(argv: list[str] | None = None) -> None:
         # wide rows start at 0 (a plain bias), deep rows N(0, 0.05): as the baseline
         init = Constant(0.0) if dim == 1 else Normal(0.0, 0.05)
         rule = SGD(args.geo_sparse_lr) if args.mode == "geo" else Adagrad(args.sparse_lr)
-        return fleet.DistributedEmbedding(f"ctr_dim{dim}", dim, optimizer=rule, initializer=init)
+        storage = {"storage": "ssd", "cache_rows": args.cache_rows} if args.storage == "ssd" else {}
+        return fleet.DistributedEmbedding(
+            f"ctr_dim{dim}", dim, optimizer=rule, initializer=init, **storage
+        )
 
     data = CTRDataConfig(seed=args.seed)
     model = WideDeep(
@@ -271,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
             "trainers": world,
             "servers": fleet.server_num(),
             "source": args.dataset if from_files else "tensors",
+            "storage": args.storage,
             "load_seconds": load_seconds,
             "examples": int(trained),
             "train_seconds": float(seconds),

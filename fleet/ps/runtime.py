@@ -22,8 +22,9 @@ meet through fleetrun's coordinator (:mod:`fleet.base.coordination`: one can be 
 Security comes from the environment fleetrun sets, read by PSServer / PSClient themselves: the
 job's token (FLEET_PS_TOKEN: servers refuse calls without it, trainers send it), the servers'
 checkpoint roots (FLEET_PS_CHECKPOINT_ROOT: where ``save_persistables`` may write; a relative
-dirname lands in fleetrun's working directory) and optional TLS (FLEET_PS_TLS_*). The dirname of
-``init_server(dirname)`` is the server's own choice and is not confined.
+dirname lands in fleetrun's working directory), optional TLS (FLEET_PS_TLS_*) and the directory
+of SSD tables' cold rows (FLEET_PS_SSD_ROOT, from ``--ps_ssd_dir``; read by ``init_server``).
+The dirname of ``init_server(dirname)`` is the server's own choice and is not confined.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ from fleet.ps.communicator import (
 from fleet.strategy import DistributedStrategy
 
 logger = logging.getLogger(__name__)
+
+SSD_ROOT_ENV = "FLEET_PS_SSD_ROOT"
+"""This server's directory for the cold rows of ``storage="ssd"`` tables (fleetrun sets it to
+``<--ps_ssd_dir>/server-<index>``; ``launcher.ps_env.FLEET_PS_SSD_ROOT``)."""
 
 
 @dataclass
@@ -149,6 +154,7 @@ def init_server(dirname: str | None = None) -> None:
         port=int(port),
         server_index=env.server_index,
         num_servers=len(env.pserver_endpoints),
+        ssd_root=_ssd_root(),
     )
     if dirname:
         st.server.load_checkpoint(dirname)
@@ -156,6 +162,23 @@ def init_server(dirname: str | None = None) -> None:
         st.server.restore_latest(os.environ[RESTORE_LATEST_ENV])
     st.server.start()
     logger.info("parameter server %d serving on %s", env.server_index, env.current_endpoint)
+
+
+def _ssd_root() -> str | None:
+    """This server's SSD directory (FLEET_PS_SSD_ROOT, set by fleetrun's ``--ps_ssd_dir``),
+    created when missing; None without one (``storage="ssd"`` tables are then refused)."""
+    root = os.environ.get(SSD_ROOT_ENV)
+    if not root:
+        return None
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot create this server's SSD directory {root!r} ({err.strerror}); give "
+            "fleetrun a --ps_ssd_dir on a local disk this user can write",
+            key=SSD_ROOT_ENV,
+        ) from None
+    return root
 
 
 def run_server() -> None:

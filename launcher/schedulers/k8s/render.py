@@ -120,6 +120,13 @@ def check_renderable(spec: JobSpec) -> None:
             "Kubernetes give sizes.server_num and sizes.worker_num",
             key="ps.servers",
         )
+    if spec.mode is Mode.PS and spec.ps.ssd_dir:
+        raise ConfigError(
+            "--ps_ssd_dir / ps.ssd_dir is not supported on Kubernetes yet (the server pods "
+            "would need a local volume for it); drop it, or run the job with --scheduler local "
+            "or ray",
+            key="ps.ssd_dir",
+        )
     if spec.rendezvous.ips or spec.rendezvous.master_addr:
         raise ConfigError(
             "rendezvous.ips / master_addr are for the local scheduler; on Kubernetes "

@@ -29,8 +29,10 @@ from launcher.attempt import SERVER, TRAINER, ProcSpec, base_env, console_prefix
 from launcher.ps_env import (
     FLEET_PS_CHECKPOINT_ROOT,
     FLEET_PS_TOKEN,
+    check_ps_ssd_dir,
     job_ps_token,
     ps_checkpoint_root_env,
+    ps_ssd_root_env,
     user_ps_token,
 )
 from launcher.recovery.ps_policy import make_recovery
@@ -180,7 +182,8 @@ class PSPlan:
     IP. Nodes do not coordinate: a multi-node PS job cannot restart (ConfigError), and its nodes
     must share a FLEET_PS_TOKEN given by the user; on one node fleetrun makes the job's token
     (:func:`~launcher.ps_env.job_ps_token`). Servers also get their checkpoint roots
-    (:func:`~launcher.ps_env.ps_checkpoint_root_env`)."""
+    (:func:`~launcher.ps_env.ps_checkpoint_root_env`) and, with ``--ps_ssd_dir``, their SSD
+    directories (:func:`~launcher.ps_env.ps_ssd_root_env`)."""
 
     def __init__(self, spec: JobSpec, place: Placement, strategy_file: str | None) -> None:
         self.spec, self.place, self.strategy_file = spec, place, strategy_file
@@ -214,6 +217,7 @@ class PSPlan:
                     "'import secrets; print(secrets.token_urlsafe(32))')",
                     key=FLEET_PS_TOKEN,
                 )
+        check_ps_ssd_dir(spec)
         self.token = job_ps_token(spec)
         self.recovery = make_recovery(spec)  # automatic checkpoints: recover from them
         if self.recovery is not None and not self.static:  # a_sync trainers meet through it
@@ -283,7 +287,11 @@ class PSPlan:
                     i,
                     i,
                     0,
-                    {**server_base, **make_ps_server_env(layout, i)},
+                    {
+                        **server_base,
+                        **ps_ssd_root_env(self.spec, i),
+                        **make_ps_server_env(layout, i),
+                    },
                     os.path.join(layout.log_dir, f"serverlog.{i}"),
                     layout.server_error_file(i),
                     show,

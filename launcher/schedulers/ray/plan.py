@@ -33,7 +33,7 @@ from collective.env import (
 )
 from collective.errors import ConfigError
 from launcher.attempt import SERVER, TRAINER, ProcSpec, console_prefix
-from launcher.ps_env import FLEET_PS_TOKEN, ps_checkpoint_root_env
+from launcher.ps_env import FLEET_PS_TOKEN, ps_checkpoint_root_env, ps_ssd_root_env
 from launcher.spec import JobSpec, Mode, RoleResources
 
 logger = logging.getLogger(__name__)
@@ -293,6 +293,7 @@ def _ps_specs(
                 **base,
                 **_table_threads_env(base, p.slot.bundle),
                 **ps_checkpoint_root_env(base, paths.log_dir, paths.cwd),
+                **ps_ssd_root_env(spec, i),
                 **make_ps_server_env(layout, i),
             }
             out.append(

@@ -1,0 +1,148 @@
+"""fleetrun's ``--ps_ssd_dir`` / ``ps: {ssd_dir: ...}``: each server gets ``<dir>/server-<i>``
+as its SSD root (FLEET_PS_SSD_ROOT, read by ``fleet.init_server``); bad values are refused
+naming the flag; the CTR example trains with SSD tables end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_fleetrun
+
+from collective.errors import ConfigError
+from launcher.ps_env import FLEET_PS_SSD_ROOT, check_ps_ssd_dir, ps_ssd_root_env
+from launcher.schedulers.k8s.render import check_renderable
+from launcher.schedulers.local.plan import Placement, PSPlan
+from launcher.spec import build_spec
+
+
+def _spec(tmp_path: Path, **extra: object) -> dict:
+    data: dict = {
+        "entrypoint": {"script": "train.py"},
+        "mode": "ps",
+        "sizes": {"server_num": 2, "worker_num": 1},
+        "log_dir": str(tmp_path / "log"),
+    }
+    data.update(extra)
+    return data
+
+
+def test_job_file_key_gives_each_server_its_own_directory(tmp_path: Path) -> None:
+    ssd = tmp_path / "ssd"
+    spec = build_spec(_spec(tmp_path, ps={"ssd_dir": str(ssd)}))
+    assert spec.ps.ssd_dir == str(ssd)
+    assert ps_ssd_root_env(spec, 1) == {FLEET_PS_SSD_ROOT: str(ssd / "server-1")}
+    place = Placement(1, 0, "127.0.0.1", None, "127.0.0.1", "run")
+    (tmp_path / "log").mkdir()
+    procs = PSPlan(spec, place, None).specs(0)
+    assert ssd.is_dir()  # created by the launcher, writable
+    roots = {(p.role, p.rank): p.env.get(FLEET_PS_SSD_ROOT) for p in procs}
+    assert roots[("server", 0)] == str(ssd / "server-0")
+    assert roots[("server", 1)] == str(ssd / "server-1")
+    assert roots[("trainer", 0)] is None
+    no_ssd = build_spec(_spec(tmp_path))
+    assert ps_ssd_root_env(no_ssd, 0) == {}
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({"ps": {"ssd_dir": "relative/ssd"}}, "must be an absolute directory path"),
+        ({"mode": "collective", "sizes": {}, "ps": {"ssd_dir": "/tmp/x"}}, "is for PS jobs"),
+    ],
+)
+def test_bad_ssd_dir_in_the_job_file(tmp_path: Path, data: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_spec(_spec(tmp_path, **data))
+    assert err.value.key == "ps.ssd_dir"
+    assert fragment in str(err.value) and "--ps_ssd_dir" in str(err.value)
+
+
+def test_ssd_dir_that_cannot_be_created_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    spec = build_spec(_spec(tmp_path, ps={"ssd_dir": str(blocker / "ssd")}))
+    with pytest.raises(ConfigError, match="--ps_ssd_dir / ps.ssd_dir .* cannot be created"):
+        check_ps_ssd_dir(spec)
+
+
+def test_kubernetes_refuses_ssd_dir(tmp_path: Path) -> None:
+    spec = build_spec(_spec(tmp_path, name="ctr", scheduler="k8s", ps={"ssd_dir": str(tmp_path)}))
+    with pytest.raises(ConfigError, match="not supported on Kubernetes yet") as err:
+        check_renderable(spec)
+    assert err.value.key == "ps.ssd_dir"
+
+
+def test_server_start_creates_its_directory_or_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet.ps import runtime
+
+    monkeypatch.setenv(FLEET_PS_SSD_ROOT, str(tmp_path / "ssd" / "server-0"))
+    assert runtime._ssd_root() == str(tmp_path / "ssd" / "server-0")
+    assert (tmp_path / "ssd" / "server-0").is_dir()
+    (tmp_path / "f").write_text("x")
+    monkeypatch.setenv(FLEET_PS_SSD_ROOT, str(tmp_path / "f" / "server-0"))
+    with pytest.raises(ConfigError, match="--ps_ssd_dir") as err:
+        runtime._ssd_root()
+    assert err.value.key == FLEET_PS_SSD_ROOT
+    monkeypatch.delenv(FLEET_PS_SSD_ROOT)
+    assert runtime._ssd_root() is None
+
+
+@pytest.mark.timeout(60)
+def test_flag_with_a_relative_path_exits_2_naming_it(tmp_path: Path) -> None:
+    r = run_fleetrun(
+        "--server_num",
+        "1",
+        "--worker_num",
+        "1",
+        "--log_dir",
+        str(tmp_path / "log"),
+        "--ps_ssd_dir",
+        "ssd",
+        "examples/ctr/train_ps.py",
+        cwd=REPO,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "ps.ssd_dir" in r.stderr and "--ps_ssd_dir" in r.stderr
+    assert "absolute" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ctr_example_trains_with_ssd_tables(tmp_path: Path) -> None:
+    ssd, out = tmp_path / "ssd", tmp_path / "ctr.json"
+    r = run_fleetrun(
+        "--server_num",
+        "1",
+        "--worker_num",
+        "1",
+        "--log_dir",
+        str(tmp_path / "log"),
+        "--ps_ssd_dir",
+        str(ssd),
+        "examples/ctr/train_ps.py",
+        "--storage",
+        "ssd",
+        "--cache_rows",
+        "500",
+        "--train",
+        "4000",
+        "--test",
+        "1000",
+        "--json",
+        str(out),
+        cwd=REPO,
+        timeout=100,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["storage"] == "ssd" and result["examples"] > 3000
+    for table in ("ctr_dim1", "ctr_dim16"):  # both tables overflowed their 500-row caches
+        tier = ssd / "server-0" / table / "shards-00000"
+        assert (tier / "FLEET_SSD_TIER").exists()
+        size = sum(f.stat().st_size for f in (tier / "db").iterdir() if f.is_file())
+        assert size > 10_000, (table, size)
+    assert os.listdir(ssd) == ["server-0"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench import extract as ex
+from bench.extract_ps_ssd import ps_ssd
 from bench.spec import Benchmark, ge, le
 from bench.spec import claim as _c
 
@@ -64,6 +65,46 @@ ENTRIES: tuple[Benchmark, ...] = (
                 each=True,
             ),
         ),
+    ),
+    Benchmark(
+        "ps_ssd",
+        "ps",
+        "SSD sparse tables vs memory tables and RocksDB's own limit",
+        "bench/bench_ps_ssd.py",
+        ("--rows", "4000000", "--reps", "5"),
+        ("--quick", "--reps", "5"),
+        (
+            _c(
+                "zipf",
+                "Zipf(1.1) ids, 64k-key rounds",
+                "^Zipf",
+                "higher",
+                "memory table",
+                ge(0.6),
+                goal_text="≥ 0.6x the memory table",
+            ),
+            _c(
+                "uniform",
+                "Uniform ids (almost all on disk)",
+                "^uniform",
+                "higher",
+                "RocksDB multi_get + write batch",
+                ge(0.5),
+                goal_text="≥ 0.5x the engine's limit",
+            ),
+            _c(
+                "disk",
+                "Disk bytes per row, dim 8, Adagrad",
+                "^disk bytes",
+                "lower",
+                "payload",
+                le(1.5),
+                goal_text="≤ 1.5x payload",
+            ),
+            _c("rss", "RSS growth per row", "^RSS", "lower", "memory table"),
+            _c("fill", "Rows created per second", "^rows created", "higher", "memory table"),
+        ),
+        extract=ps_ssd,
     ),
     Benchmark(
         "ps_rpc",

@@ -1,0 +1,292 @@
+"""SSD sparse tables against the memory table and against RocksDB's own limit, same run.
+
+One process, in-process tables (no gRPC), dim 8, Adagrad, ``--rows`` N keys created first:
+
+* **(a) Zipf(1.1) ids**: rounds of 65 536 distinct keys drawn from Zipf(1.1) over the N keys
+  (hot keys spread over the key space by a random permutation); one round = ``pull`` + ``push``
+  of its keys. The SSD table (``cache_rows`` = 1 % of N, at least 2 rounds of keys) against the
+  memory table holding all N rows, keys/s.
+* **(b) uniform ids**: rounds of 65 536 distinct uniform keys (almost all on disk). The SSD
+  table against the engine's limit: on a RocksDB of N rows with the same options and record
+  size, one ``multi_get`` of the round's keys plus one write batch of their packed rows (what a
+  round must at least read and write), keys/s.
+* **(c) footprint**: RSS growth per row while the SSD table is filled (against the memory
+  table's), its bytes on disk per row against the payload (key 8 B + values 4*dim + Adagrad
+  g2sum 4*dim + count 4 B + unseen_days 2 B = 78 B), and the fill rate (rows created per second
+  by 64k-key pulls) against the memory table's.
+
+Each timing is the median [min .. max] of ``--reps`` repetitions (a repetition: ``--rounds``
+rounds), the table and its peer timed alternately within each repetition.
+
+Usage: ``python bench/bench_ps_ssd.py [--rows 4000000] [--reps 5] [--rounds 3] [--json PATH]``;
+``--quick`` (10^6 rows, 2 rounds a repetition); ``--capacity`` sets the sizes of the capacity goal (10^8 rows,
+``cache_rows`` 10^6: about 10 GB of RAM for the memory-table peer and 10 GB of disk, tens of
+minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import Stats, report
+
+from ps_server import Adagrad, SparseTableConfig, Uniform, make_table
+from ps_server.core.ssd_tier import record_dtype
+
+DIM = 8
+ROUND = 65536
+ZIPF_A = 1.1
+PAYLOAD_B = 8 + 4 * DIM + 4 * DIM + 4 + 2
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (Linux /proc)."""
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def config(name: str, cache_rows: int | None) -> SparseTableConfig:
+    extra = {"storage": "ssd", "cache_rows": cache_rows} if cache_rows else {}
+    return SparseTableConfig(
+        name, dim=DIM, optimizer=Adagrad(lr=0.05), initializer=Uniform(-0.01, 0.01), **extra
+    )
+
+
+class KeyStreams:
+    """The benchmark's N keys (random int64s) and its rounds of distinct keys."""
+
+    def __init__(self, rows: int, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.keys = np.unique(self.rng.integers(1, 2**62, size=int(rows * 1.01), dtype=np.int64))
+        self.keys = self.rng.permutation(self.keys)[:rows]  # rank r of Zipf = keys[r]
+        ranks = np.arange(1, rows + 1, dtype=np.float64)
+        cdf = np.cumsum(ranks**-ZIPF_A)
+        self.cdf = cdf / cdf[-1]
+
+    def zipf(self) -> np.ndarray:
+        """65 536 distinct keys, drawn from Zipf(1.1) over the ranks (first draws first)."""
+        got: np.ndarray = np.zeros(0, dtype=np.int64)
+        while got.shape[0] < ROUND:
+            draws = np.searchsorted(self.cdf, self.rng.random(4 * ROUND))
+            merged = np.concatenate([got, draws])
+            _, first = np.unique(merged, return_index=True)
+            got = merged[np.sort(first)]
+        return self.keys[got[:ROUND]]
+
+    def uniform(self) -> np.ndarray:
+        """65 536 distinct keys, uniform over the N keys."""
+        return self.keys[self.rng.choice(self.keys.shape[0], ROUND, replace=False)]
+
+
+def fill(table, keys: np.ndarray) -> float:  # noqa: ANN001 - a SparseTable or SsdSparseTable
+    """Create every key (64k-key pulls); the seconds it took."""
+    t0 = time.perf_counter()
+    for lo in range(0, keys.shape[0], ROUND):
+        table.pull(keys[lo : lo + ROUND])
+    return time.perf_counter() - t0
+
+
+def round_trips(table, rounds: list[np.ndarray], grads: np.ndarray) -> None:  # noqa: ANN001
+    """Rounds of ``pull`` + ``push`` of each round's keys."""
+    for keys in rounds:
+        table.pull(keys)
+        table.push(keys, grads)
+
+
+class EngineLimit:
+    """A RocksDB of N rows with the SSD tier's options and record size, driven as the tier
+    drives it (one ``multi_get``, one write batch of packed records; no per-key Python)."""
+
+    def __init__(self, path: str, keys: np.ndarray, itemsize: int) -> None:
+        import rocksdict as rd
+
+        self.rd, self.itemsize = rd, itemsize
+        opts = rd.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.set_write_buffer_size(16 << 20)
+        self.db = rd.Rdict(path, opts)
+        record = np.zeros(ROUND, dtype=f"V{itemsize}")
+        for lo in range(0, keys.shape[0], ROUND):
+            part = keys[lo : lo + ROUND]
+            self.write(part, record[: part.shape[0]])
+
+    @staticmethod
+    def key_bytes(keys: np.ndarray) -> list[bytes]:
+        return np.ascontiguousarray(keys, dtype=">i8").view("V8").tolist()
+
+    def write(self, keys: np.ndarray, records: np.ndarray) -> None:
+        batch = self.rd.WriteBatch(raw_mode=True)
+        deque(map(batch.put, self.key_bytes(keys), records.tolist()), maxlen=0)
+        self.db.write(batch)
+
+    def rounds(self, rounds: list[np.ndarray]) -> None:
+        """Read each round's rows and write them back: what a round must do on disk."""
+        for keys in rounds:
+            blobs = self.db.get(self.key_bytes(keys))
+            found = [b for b in blobs if b is not None]
+            records = np.frombuffer(b"".join(found), dtype=f"V{self.itemsize}")
+            self.write(keys[: records.shape[0]], records)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def timed(fn: Callable[..., None], *args: object) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=4_000_000, help="keys in the table (N)")
+    p.add_argument(
+        "--cache_rows", type=int, default=0, help="SSD cache (default: 1%% of N, >= 2 rounds)"
+    )
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3, help="rounds timed per repetition")
+    p.add_argument("--dir", default="", help="where the RocksDB files go (default: a temp dir)")
+    p.add_argument("--quick", action="store_true", help="1 000 000 rows, rounds of 2")
+    p.add_argument(
+        "--capacity", action="store_true", help="the capacity goal's sizes: 10^8 rows, cache 10^6"
+    )
+    p.add_argument("--json", default="")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.rounds = 1_000_000, 2
+    if args.capacity:
+        args.rows, args.cache_rows = 100_000_000, 1_000_000
+    cache = args.cache_rows or max(args.rows // 100, 2 * ROUND)
+    root = tempfile.mkdtemp(prefix="bench_ps_ssd_", dir=args.dir or None)
+    try:
+        run(args, cache, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, cache: int, root: str) -> None:
+    streams = KeyStreams(args.rows)
+    keys = streams.keys
+    grads = np.random.default_rng(1).normal(0, 0.01, (ROUND, DIM)).astype(np.float32)
+    print(f"N = {args.rows:,} rows, cache_rows = {cache:,}, rounds of {ROUND:,} keys", flush=True)
+
+    gc.collect()
+    rss0 = rss_bytes()
+    ssd = make_table(config("ssd_bench", cache), ssd_root=root)
+    ssd_fill = fill(ssd, keys)
+    gc.collect()
+    ssd_rss = rss_bytes() - rss0
+    ssd.cold._db.flush()  # the memtable into SST files: the bytes a reader of the dir sees
+    ssd_disk = ssd.stats()["ssd_bytes"]
+    print(
+        f"SSD table filled: {ssd_fill:.1f} s, RSS +{ssd_rss / 2**20:.0f} MiB, "
+        f"disk {ssd_disk / 2**20:.0f} MiB",
+        flush=True,
+    )
+    rss1 = rss_bytes()
+    mem = make_table(config("mem_bench", None))
+    mem_fill = fill(mem, keys)
+    gc.collect()
+    mem_rss = rss_bytes() - rss1
+    print(f"memory table filled: {mem_fill:.1f} s, RSS +{mem_rss / 2**20:.0f} MiB", flush=True)
+    limit = EngineLimit(
+        os.path.join(root, "limit"), keys, record_dtype(DIM, ssd.state_dim).itemsize
+    )
+
+    zipf_ssd: list[float] = []
+    zipf_mem: list[float] = []
+    uni_ssd: list[float] = []
+    uni_limit: list[float] = []
+    hits = misses = 0
+    per_rep = args.rounds * ROUND
+    for rep in range(args.reps):
+        zipf_rounds = [streams.zipf() for _ in range(args.rounds)]
+        uni_rounds = [streams.uniform() for _ in range(args.rounds)]
+        before = ssd.stats()
+        zipf_ssd.append(per_rep / timed(round_trips, ssd, zipf_rounds, grads))
+        after = ssd.stats()
+        hits += after["hot_hits"] - before["hot_hits"]
+        misses += after["hot_misses"] - before["hot_misses"]
+        zipf_mem.append(per_rep / timed(round_trips, mem, zipf_rounds, grads))
+        uni_ssd.append(per_rep / timed(round_trips, ssd, uni_rounds, grads))
+        uni_limit.append(per_rep / timed(limit.rounds, uni_rounds))
+        print(
+            f"rep {rep}: zipf ssd {zipf_ssd[-1]:,.0f} mem {zipf_mem[-1]:,.0f} keys/s; "
+            f"uniform ssd {uni_ssd[-1]:,.0f} limit {uni_limit[-1]:,.0f} keys/s",
+            flush=True,
+        )
+    hit_rate = hits / max(hits + misses, 1)
+    limit.close()
+    ssd.close()
+
+    m = 1e-6
+    rows = [
+        (
+            f"Zipf({ZIPF_A}) pull+push keys/s, SSD table (cache {100 * cache / args.rows:.1f} "
+            "% of N) vs memory table",
+            Stats.of([x * m for x in zipf_ssd]),
+            Stats.of([x * m for x in zipf_mem]),
+            "ssd/memory, higher is better",
+        ),
+        (
+            "uniform pull+push keys/s, SSD table vs RocksDB multi_get + write batch",
+            Stats.of([x * m for x in uni_ssd]),
+            Stats.of([x * m for x in uni_limit]),
+            "ssd/engine limit, higher is better",
+        ),
+        (
+            "RSS growth per row, SSD table vs memory table",
+            Stats.of([ssd_rss / args.rows]),
+            Stats.of([mem_rss / args.rows]),
+            "ssd/memory, lower is better",
+        ),
+        (
+            "disk bytes per row, SSD table vs payload",
+            Stats.of([ssd_disk / args.rows]),
+            Stats.of([float(PAYLOAD_B)]),
+            "disk/payload, lower is better",
+        ),
+        (
+            "rows created per second (64k-key pulls), SSD table vs memory table",
+            Stats.of([args.rows / ssd_fill * m]),
+            Stats.of([args.rows / mem_fill * m]),
+            "ssd/memory, higher is better",
+        ),
+    ]
+    report(
+        f"SSD sparse table, {args.rows:,} rows, dim {DIM}, Adagrad, in-process",
+        rows,
+        "Zipf >= 0.6x memory; uniform >= 0.5x engine limit; disk <= 1.5x payload "
+        "(RSS <= 1.5 GB at 10^8 rows)",
+        extra={
+            "rows_n": args.rows,
+            "cache_rows": cache,
+            "round_keys": ROUND,
+            "zipf_hot_hit_rate": hit_rate,
+            "ssd_rss_bytes": ssd_rss,
+            "ssd_disk_bytes": ssd_disk,
+            "payload_bytes_per_row": PAYLOAD_B,
+            "row_units": ["M keys/s", "M keys/s", "B/row", "B/row", "M rows/s"],
+        },
+        json_path=args.json or None,
+        unit="",
+    )
+    print(f"Zipf rounds: {hit_rate:.3f} of the keys were in memory", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -46,6 +46,29 @@ def test_job_file_key_gives_each_server_its_own_directory(tmp_path: Path) -> Non
     assert ps_ssd_root_env(no_ssd, 0) == {}
 
 
+def test_ray_servers_get_their_directories() -> None:
+    pytest.importorskip("ray")
+    from launcher.schedulers.ray.plan import AttemptPaths, Placed, make_proc_specs, make_slots
+
+    spec = build_spec(
+        {
+            "entrypoint": {"script": "t.py"},
+            "mode": "ps",
+            "scheduler": "ray",
+            "sizes": {"server_num": 2, "worker_num": 1},
+            "ps": {"ssd_dir": "/nvme/ps"},
+        }
+    )
+    placed = [Placed(s, "10.0.0.1", "a", (), 7000 + i) for i, s in enumerate(make_slots(spec))]
+    procs, _ = make_proc_specs(spec, placed, 0, AttemptPaths("rid", 0, 0, "/logs", None))
+    roots = {(p.role, p.rank): p.env.get(FLEET_PS_SSD_ROOT) for p in procs}
+    assert roots == {
+        ("server", 0): "/nvme/ps/server-0",
+        ("server", 1): "/nvme/ps/server-1",
+        ("trainer", 0): None,
+    }
+
+
 @pytest.mark.parametrize(
     ("data", "fragment"),
     [

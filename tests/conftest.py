@@ -198,3 +198,23 @@ def wait_for(fn: Any, timeout: float, what: str) -> Any:
             pass
         time.sleep(0.3)
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="session")
+def chromium_paths() -> dict[str, str]:
+    """Run scripts/chromium.sh (apt-get installs chromium + chromium-driver when missing)."""
+    try:
+        r = subprocess.run(
+            ["bash", str(REPO / "scripts" / "chromium.sh")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.skip("scripts/chromium.sh did not finish installing chromium in 600 s")
+    if r.returncode != 0:
+        pytest.skip(
+            f"no headless Chromium: scripts/chromium.sh exit {r.returncode}: {r.stderr.strip()[-500:]}"
+        )
+    return dict(line.split("=", 1) for line in r.stdout.split() if "=" in line)

@@ -25,33 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, SCRIPTS, live_pids, start_fleetrun, wait_gone
+from conftest import SCRIPTS, live_pids, start_fleetrun, wait_gone
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 URL_RE = re.compile(r"http://127\.0\.0\.1:\d+/")
-
-
-@pytest.fixture(scope="session")
-def chromium_paths() -> dict[str, str]:
-    """Run scripts/chromium.sh (apt-get installs chromium + chromium-driver when missing)."""
-    try:
-        r = subprocess.run(
-            ["bash", str(REPO / "scripts" / "chromium.sh")],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip("scripts/chromium.sh did not finish installing chromium in 600 s")
-    if r.returncode != 0:
-        pytest.skip(
-            f"no headless Chromium: scripts/chromium.sh exit {r.returncode}: {r.stderr.strip()[-500:]}"
-        )
-    return dict(line.split("=", 1) for line in r.stdout.split() if "=" in line)
 
 
 @pytest.fixture

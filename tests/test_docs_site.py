@@ -196,23 +196,11 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def chromium(
+    tmp_path_factory: pytest.TempPathFactory, chromium_paths: dict[str, str]
+) -> Iterator[Any]:
     """A headless Chromium through chromedriver (scripts/chromium.sh finds or installs both)."""
-    try:
-        r = subprocess.run(
-            ["bash", str(REPO / "scripts" / "chromium.sh")],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip("scripts/chromium.sh did not finish installing chromium in 600 s")
-    if r.returncode != 0:
-        pytest.skip(
-            f"no headless Chromium: scripts/chromium.sh exit {r.returncode}: {r.stderr.strip()[-500:]}"
-        )
-    paths = dict(line.split("=", 1) for line in r.stdout.split() if "=" in line)
+    paths = chromium_paths
     from selenium import webdriver
     from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.chrome.service import Service

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench import extract as ex
+from bench.extract_ps_files import ps_files
 from bench.extract_ps_ssd import ps_ssd
 from bench.spec import Benchmark, ge, le
 from bench.spec import claim as _c
@@ -451,6 +452,53 @@ ENTRIES: tuple[Benchmark, ...] = (
         extract=ex.ps_paddle,
         requires=("paddle26",),
         not_quick="needs the Paddle 2.6.2 venv; six jobs of ~30-50 s",
+    ),
+    Benchmark(
+        "ps_files",
+        "ps",
+        "PS training from files vs PaddlePaddle 2.6.2's parameter server",
+        "bench/bench_ps_files.py",
+        ("--rounds", "5"),
+        ("--quick", "--rounds", "5"),
+        (
+            _c(
+                "files_tfd",
+                "fleet.train_from_dataset examples/s per epoch",
+                r"examples/s, train_from_dataset vs",
+                "higher",
+                "Paddle 2.6.2 train_from_dataset (thread_num 2)",
+                ge(1.3),
+                each=True,
+                needs_full=True,
+                requires="paddle26",
+            ),
+            _c(
+                "files_loop",
+                "The guide's loop examples/s per epoch",
+                r"examples/s, the guide's loop vs",
+                "higher",
+                "Paddle 2.6.2 train_from_dataset (thread_num 2)",
+                ge(1.3),
+                each=True,
+                needs_full=True,
+                requires="paddle26",
+            ),
+            _c(
+                "files_auc",
+                "AUC per epoch",
+                r"AUC, .* vs Paddle",
+                "higher",
+                "Paddle 2.6.2",
+                ge(1.0),
+                goal_text="equal or better",
+                each=True,
+                requires="paddle26",
+            ),
+        ),
+        extract=ps_files,
+        quick_note="4 files x 10k lines; the Paddle column runs when bench/.venv-paddle26 exists",
+        timeout_quick=900.0,
+        timeout_full=3600.0,
     ),
     # --------------------------------------------------------------------------------- data
     Benchmark(

@@ -38,6 +38,8 @@ HELPERS = {
     "bench/dp_step_worker.py": "the DP job of bench_dp_step.py and bench_metrics_overhead.py",
     "bench/data_load_worker.py": "the loader process of bench_data_load.py",
     "bench/bench_ps_paddle_worker.py": "Paddle's trainer/server script of bench_ps_paddle.py",
+    "bench/ps_files_worker.py": "fleetrun's job script of bench_ps_files.py",
+    "bench/ps_files_paddle_worker.py": "Paddle's trainer/server script of bench_ps_files.py",
     "bench/check_reader_compat.py": "checks fleet.data reads what Paddle's generator writes "
     "(needs the Paddle venv)",
 }

@@ -37,6 +37,7 @@ import torch.distributed as tdist
 import fleet.metrics as metrics
 import fleet.telemetry as telemetry
 from collective.errors import ConfigError
+from fleet.base import lookahead
 from fleet.base.runtime import current_runtime
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ def train_from_dataset(
     loss_sum = 0.0
     period_loss, period_examples = 0.0, 0
     start = period_start = time.perf_counter()
-    for batch in dataset:
+    batches = dataset if lookahead.looks_ahead(dataset) else lookahead.batches(dataset)
+    for batch in batches:
         if max_steps is not None and steps >= max_steps:
             break
         if label not in batch:
@@ -112,10 +114,10 @@ def train_from_dataset(
                 "name of the label slot in use_var",
                 key="label",
             )
-        target = batch[label]
         inputs = {k: v for k, v in batch.items() if k != label}
         output = model(inputs)
-        loss = loss_fn(output, target)
+        target = loss_target(loss_fn, output, batch[label], label)
+        loss = _loss(loss_fn, output, target, label, first=steps == 0)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -128,9 +130,16 @@ def train_from_dataset(
         period_examples += size
         telemetry.report(loss=value, samples=size, step=True)
         if state is not None:
-            with torch.no_grad():
-                preds = torch.sigmoid(output) if output_is_logits else output
-                state.update(preds.detach().reshape(-1), target.detach().reshape(-1))
+            preds = positive_scores(output, output_is_logits)
+            if preds is None:
+                logger.warning(
+                    "train_from_dataset: the model's output has shape %s, neither one score nor "
+                    "two class scores per example; no AUC (pass auc=False to silence this)",
+                    tuple(output.shape),
+                )
+                state = None
+            else:
+                state.update(preds, target.detach().reshape(-1))
         if steps % print_period == 0 and stream is not None:
             now = time.perf_counter()
             extras = {name: f(output, batch, loss) for name, f in fetch.items()}
@@ -160,6 +169,92 @@ def train_from_dataset(
         )
         stream.flush()
     return stats
+
+
+_FLOAT_TARGET_LOSSES = (
+    torch.nn.BCEWithLogitsLoss,
+    torch.nn.BCELoss,
+    torch.nn.MSELoss,
+    torch.nn.L1Loss,
+    torch.nn.SmoothL1Loss,
+    torch.nn.HuberLoss,
+    torch.nn.SoftMarginLoss,
+    torch.nn.MultiLabelSoftMarginLoss,
+)
+"""Losses whose target is a float tensor shaped like the output."""
+_CLASS_TARGET_LOSSES = (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss, torch.nn.MultiMarginLoss)
+"""Losses whose target is one int64 class index per example."""
+
+
+def loss_target(
+    loss_fn: Callable[..., Any], output: Any, target: torch.Tensor, label: str = "label"
+) -> torch.Tensor:
+    """The label slot's tensor in the dtype and shape ``loss_fn`` takes.
+
+    A dense label slot is int64 ``[B, 1]`` by default (``Slot("click", dense=True)``). The
+    losses of :data:`_FLOAT_TARGET_LOSSES` get it as the output's float dtype, shaped like the
+    output when the sizes agree; those of :data:`_CLASS_TARGET_LOSSES` get int64 ``[B]`` (a
+    float label with whole values is converted; a fractional one is an error naming the slot).
+    Any other callable gets the tensor as the slot holds it.
+    """
+    if not isinstance(output, torch.Tensor) or not isinstance(target, torch.Tensor):
+        return target
+    if isinstance(loss_fn, _FLOAT_TARGET_LOSSES):
+        if target.dtype != output.dtype:
+            target = target.to(output.dtype)
+        if target.shape != output.shape and target.numel() == output.numel():
+            target = target.reshape(output.shape)
+        return target
+    if isinstance(loss_fn, _CLASS_TARGET_LOSSES):
+        if target.dim() == 2 and target.shape[1] == 1:
+            target = target.reshape(-1)
+        if target.dtype != torch.int64:
+            if target.is_floating_point() and not bool((target == target.round()).all()):
+                raise ConfigError(
+                    f"slot {label!r} holds {target.dtype} values that are not whole numbers, but "
+                    f"{type(loss_fn).__name__} takes class indices; declare the slot with "
+                    f"Slot({label!r}, dense=True) (int64) or use a loss that takes float targets",
+                    key="label",
+                )
+            target = target.to(torch.int64)
+        return target
+    return target
+
+
+def _loss(
+    loss_fn: Callable[..., Any], output: Any, target: Any, label: str, first: bool
+) -> torch.Tensor:
+    """``loss_fn(output, target)``; at the first batch a dtype clash names the slot and fix."""
+    if not first:
+        return loss_fn(output, target)
+    try:
+        return loss_fn(output, target)
+    except RuntimeError as e:
+        text = str(e)
+        if not any(m in text for m in ("can't be cast", "scalar type", "dtype", "Expected object")):
+            raise
+        dtype = getattr(target, "dtype", type(target).__name__)
+        raise ConfigError(
+            f"the loss {getattr(loss_fn, '__name__', type(loss_fn).__name__)} failed on the "
+            f"label slot {label!r} ({dtype}): {text.splitlines()[0]}. Declare the slot with the "
+            f"dtype the loss takes (Slot({label!r}, dense=True, dtype='float32') for BCE-style "
+            f"losses, the int64 default for class indices), or convert it in loss_fn",
+            key="label",
+        ) from e
+
+
+def positive_scores(output: Any, output_is_logits: bool) -> torch.Tensor | None:
+    """The positive class's score per example for the AUC: one score per example (sigmoid of a
+    logit), or the second of two class scores (softmax of two logits); None otherwise."""
+    if not isinstance(output, torch.Tensor):
+        return None
+    with torch.no_grad():
+        out = output.detach()
+        if out.dim() <= 1 or (out.dim() == 2 and out.shape[1] == 1):
+            return (torch.sigmoid(out) if output_is_logits else out).reshape(-1)
+        if out.dim() == 2 and out.shape[1] == 2:
+            return torch.softmax(out, dim=1)[:, 1] if output_is_logits else out[:, 1]
+    return None
 
 
 def _trainer_rank() -> int:

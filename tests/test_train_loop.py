@@ -144,3 +144,47 @@ def test_only_trainer_0_prints_without_a_process_group() -> None:
         assert p.returncode == 0 and f"trainer {rank} done" in out, err[-3000:]
     assert "[train] done: 10 batches" in outs[0][1], outs[0][1][-3000:]
     assert "[train]" not in outs[1][1], outs[1][1][-3000:]
+
+
+class _TwoClass(_Model):
+    """The same model with two class logits (softmax cross-entropy, as Paddle's CTR nets)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 2)
+
+
+@pytest.mark.timeout(60)
+def test_an_int64_label_slot_feeds_bce_and_cross_entropy_and_clashes_are_named() -> None:
+    """A dense label slot is int64 [B, 1] by default (``Slot("click", dense=True)``): BCE-style
+    losses get it as float shaped like the output, cross-entropy as int64 [B]; the AUC takes
+    one logit or two class logits; a custom loss that cannot take the dtype names the slot."""
+    data = _batches(30)
+    for b in data:
+        b["click"] = b["click"].to(torch.int64)
+    torch.manual_seed(0)
+    model = _Model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    out = io.StringIO()
+    stats = fleet.train_from_dataset(
+        model, opt, data, torch.nn.BCEWithLogitsLoss(), label="click", out=out
+    )
+    assert stats.steps == 30 and stats.auc > 0.75
+    torch.manual_seed(0)
+    two = _TwoClass()
+    opt = torch.optim.Adam(two.parameters(), lr=0.05)
+    stats = fleet.train_from_dataset(
+        two, opt, data, torch.nn.CrossEntropyLoss(), label="click", out=out
+    )
+    assert stats.steps == 30 and stats.auc > 0.75  # softmax of the second class
+
+    def custom(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.binary_cross_entropy_with_logits(output, target)
+
+    with pytest.raises(ConfigError, match=r"label slot 'click' \(torch.int64\).*dtype="):
+        fleet.train_from_dataset(model, opt, data, custom, label="click", out=out)
+    fractional = [{**b, "click": b["click"].float() * 0.5} for b in data[:1]]
+    with pytest.raises(ConfigError, match="not whole numbers"):
+        fleet.train_from_dataset(
+            two, opt, fractional, torch.nn.CrossEntropyLoss(), label="click", out=out
+        )

@@ -46,7 +46,7 @@ from typing import Any
 
 from collective.env import StrEnum
 from collective.errors import ConfigError, FleetNotImplementedError
-from fleet.base import data_position
+from fleet.base import data_position, lookahead
 from fleet.data.batch import Batch, make_batch
 from fleet.data.columns import Columns, concat_columns
 from fleet.data.loader import LoadConfig, Pipeline
@@ -95,6 +95,9 @@ class DatasetBase:
     """Settings and file list shared by both datasets (Paddle's ``DatasetBase``)."""
 
     _KIND = "queue"
+    looks_ahead = True
+    """Iterating goes through :func:`fleet.base.lookahead.batches`: in async PS training the
+    next batch's sparse rows are pulled while the current one trains."""
 
     def __init__(self) -> None:
         self.batch_size = 1
@@ -339,7 +342,9 @@ class QueueDataset(DatasetBase):
         pipe = Pipeline(self._load_config())
         try:
             blocks = (block.columns for block in pipe.blocks())
-            yield from self._batches_of(skip_examples_of(blocks, skip * self.batch_size))
+            yield from lookahead.batches(
+                self._batches_of(skip_examples_of(blocks, skip * self.batch_size))
+            )
             self.skipped_lines = pipe.stats.skipped
             pipe.report()
         finally:

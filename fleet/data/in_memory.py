@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from collective.errors import ConfigError, FleetNotImplementedError
-from fleet.base import data_position
+from fleet.base import data_position, lookahead
 from fleet.data import shuffle
 from fleet.data.batch import Batch
 from fleet.data.columns import Columns, permute_chunks, trim_heap
@@ -254,7 +254,7 @@ class InMemoryDataset(DatasetBase):
         if skip is None:
             return
         parts = skip_examples_of(iter(list(self._chunks)), skip * self.batch_size)
-        yield from self._batches_of(parts, copy=True)
+        yield from lookahead.batches(self._batches_of(parts, copy=True))
 
 
 __all__ = ["InMemoryDataset"]

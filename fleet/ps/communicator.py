@@ -98,6 +98,7 @@ class Communicator:
         self.steps = 0
         self._pool: ThreadPoolExecutor | None = None
         self._prefetched: dict[str, list[tuple[np.ndarray, Future[np.ndarray]]]] = {}
+        self._last_prefetch: dict[str, tuple[int, np.ndarray]] = {}  # table -> (steps, keys)
         telemetry.instrument_communicator(
             self
         )  # ps_pull/ps_push time, step ends (fleet/telemetry.py)
@@ -114,6 +115,9 @@ class Communicator:
     prefetches = False
     """Whether :meth:`prefetch` starts pulls early (async modes) or is ignored (sync: a pull
     must see the previous step's update; GEO: pulls are local)."""
+    auto_prefetch = False
+    """Whether looking-ahead batch iterators prefetch the next batch's rows by themselves
+    (:mod:`fleet.ps.auto_prefetch`; async modes with ``a_sync_configs.prefetch``)."""
 
     def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
         """Rows for unique ``keys`` (float32 [n, dim]); a prefetch of exactly these keys is
@@ -137,6 +141,10 @@ class Communicator:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleet-prefetch")
         pending = self._prefetched.setdefault(table, [])
+        last = self._last_prefetch.get(table)
+        if last is not None and last[0] == self.steps and np.array_equal(last[1], keys):
+            return  # made twice in one step (an automatic and a hand-written prefetch)
+        self._last_prefetch[table] = (self.steps, keys)
         pending.append((keys, self._pool.submit(self._prefetch_pull, table, keys, self.steps)))
         del pending[:-PREFETCH_DEPTH]
 
@@ -165,10 +173,10 @@ class Communicator:
     def forget_server_values(self) -> None:
         """Forget every value pulled earlier (prefetches, a background dense pull): the servers'
         tables were replaced (a checkpoint was loaded)."""
-        self._prefetched = {}
+        self._prefetched, self._last_prefetch = {}, {}
 
     def _stop_prefetch(self) -> None:
-        self._prefetched = {}
+        self._prefetched, self._last_prefetch = {}, {}
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -247,8 +255,10 @@ class AsyncCommunicator(Communicator):
         queue_size: int,
         max_merge: int,
         barrier_interval: int,
+        auto_prefetch: bool = True,
     ) -> None:
         super().__init__(client, num_trainers, barrier)
+        self.auto_prefetch = auto_prefetch
         self.max_merge = max_merge
         self.barrier_interval = barrier_interval
         if barrier_interval > 0:

@@ -244,6 +244,7 @@ def make_communicator(
         queue_size=cfg.send_queue_size,
         max_merge=cfg.max_merge_var_num,
         barrier_interval=cfg.barrier_interval,
+        auto_prefetch=cfg.prefetch,
     )
 
 
@@ -294,6 +295,12 @@ def get_communicator() -> Communicator:
             "call fleet.init_worker() before the first forward of a DistributedEmbedding"
         )
     return st.communicator
+
+
+def current_communicator() -> Communicator | None:
+    """The trainer's communicator, or None (not a PS trainer, or before ``init_worker``)."""
+    st = _state
+    return st.communicator if st is not None else None
 
 
 def get_client() -> Any:

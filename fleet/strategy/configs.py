@@ -336,6 +336,10 @@ class ASyncConfig(StrategySection):
     """Threads sending gradients to the servers (>= 1)."""
     launch_barrier: bool = True
     """Wait for every server to be up before training starts."""
+    prefetch: bool = True
+    """Async and half-async: while a batch trains, pull the sparse rows of the next one
+    (``fleet.data`` iterators and ``fleet.train_from_dataset`` read one batch ahead). Sync and
+    GEO ignore it. Not a Paddle key (Paddle overlaps through its ``thread_num`` workers)."""
     use_ps_gpu: bool = False
     """Keep the sparse tables in GPU memory (PS-GPU mode)."""
 

@@ -88,7 +88,7 @@ from fleet.streaming.checkpoints import StreamCheckpoints
 from fleet.streaming.config import PassResult, StreamingConfig, _Plan, list_passes
 from fleet.streaming.donefile import BASE_PASS, DoneRecord, read_donefile
 from fleet.streaming.model_io import _from_rank0, _is_rank0, load_model, save_cache_model
-from fleet.train_loop import train_from_dataset
+from fleet.train_loop import positive_scores, train_from_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +285,9 @@ class StreamingTrainer(StreamCheckpoints):
                             f"the batch has no slot {label!r} (slots: {sorted(batch)})", key="label"
                         )
                     output = self.model({k: v for k, v in batch.items() if k != label})
-                    state.update(torch.sigmoid(output).reshape(-1), batch[label].reshape(-1))
+                    scores = positive_scores(output, output_is_logits=True)
+                    if scores is not None:  # else neither one score nor two per example
+                        state.update(scores, batch[label].reshape(-1))
         finally:
             self.model.train(was_training)
         try:

@@ -7,15 +7,17 @@ sparse slot of a :mod:`fleet.data` batch (any object with ``values`` and ``offse
 the jagged layout of TorchRec), or a list / dict of such slots: then every slot's ids are pulled
 in one request per table and the result is one pooled ``[B, dim]`` tensor per slot, in the same
 list / dict shape. It deduplicates the ids, pulls one row per unique id through the job's
-communicator, and returns tensors with autograd. Backward merges the row gradients per unique id (autograd's index
-backward does the summing) and hands them to the communicator, which pushes them at
-``optimizer.step()`` as the strategy's mode says. The trainer never holds the full table.
+communicator, and returns tensors with autograd. Backward merges the row gradients per unique
+id (one ``[U, dim]`` gradient per forward, however many slots it took) and hands them to the
+communicator, which pushes them at ``optimizer.step()`` as the strategy's mode says. The trainer
+never holds the full table.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from collective.errors import ConfigError
+from fleet.ps import auto_prefetch
 from fleet.ps.runtime import get_communicator, register_table
 from ps_server import SGD, SparseTableConfig, Uniform
 
@@ -133,6 +136,7 @@ class DistributedEmbedding(torch.nn.Module):
                 f"ids must be [batch, bag_len] (or 1-D with offsets), got shape {tuple(ids.shape)}",
                 key=f"{self.table}.ids",
             )
+        auto_prefetch.seen(self, [ids], single=True)
         keys, inverse = _UNIQUE.get(ids)
         rows = self._pull(keys)
         if offsets is not None:
@@ -159,7 +163,16 @@ class DistributedEmbedding(torch.nn.Module):
         return rows
 
     def _forward_slots(self, slots: list[Any], form: str) -> list[torch.Tensor]:
-        """Pooled ``[B_i, dim]`` per jagged slot, from one deduplicated pull of all their ids."""
+        """Pooled ``[B_i, dim]`` per jagged slot, from one deduplicated pull of all their ids.
+
+        The fused lookup (:class:`_KeyedSlots`): the slots are laid out once per batch
+        (values concatenated, offsets checked with vectorised tests, the layout cached for
+        the prefetch and for other tables reading the same slots), deduplicated once, pulled
+        once and pooled by one ``embedding_bag`` over all bags; backward merges the gradient
+        once per unique key (``[U, dim]``, one push). It equals calling the module once per
+        slot: the same rows summed per bag in the same order (forward bit for bit); a key
+        used by several slots gets its gradient summed here instead of on the server, which
+        differs only in float32 summation order."""
         if self.pooling is None:
             raise ConfigError(
                 "sparse slots are bags of ids: set pooling='sum' or 'mean' on this "
@@ -168,24 +181,9 @@ class DistributedEmbedding(torch.nn.Module):
             )
         if not slots:
             raise ConfigError(f"got an empty {form} of slots", key=f"{self.table}.ids")
-        values, starts, counts = [], [], []
-        base = 0
-        for i, slot in enumerate(slots):
-            if not _is_slot(slot):
-                raise ConfigError(
-                    f"{form} item {i} is a {type(slot).__name__}; expected a sparse slot with "
-                    "values and offsets [B+1] (a fleet.data batch's sparse slot)",
-                    key=f"{self.table}.ids",
-                )
-            v, off = _slot_arrays(slot, self.table, i)
-            values.append(v)
-            starts.append(off[:-1] + base)
-            counts.append(off.shape[0] - 1)
-            base += v.shape[0]
-        keys, inverse = _UNIQUE.get(*values)
-        rows = self._pull(keys)
-        pooled = F.embedding_bag(inverse, rows, torch.cat(starts), mode=self.pooling)
-        return list(pooled.split(counts))
+        auto_prefetch.seen(self, slots, single=form == "slot")
+        layout = _KEYED.get(slots, self.table, form)
+        return layout.pool(self._pull(layout.keys), self.pooling)
 
     def prefetch(self, ids: Any) -> None:
         """Start pulling the rows of ``ids`` (the next batch's, same shape rules as forward) in
@@ -198,9 +196,9 @@ class DistributedEmbedding(torch.nn.Module):
         if isinstance(ids, Mapping):
             ids = list(ids.values())
         if isinstance(ids, Sequence) and not isinstance(ids, torch.Tensor):
-            keys = _UNIQUE.get(*(_slot_arrays(s, self.table, i)[0] for i, s in enumerate(ids)))[0]
+            keys = _KEYED.get(list(ids), self.table, "list").keys
         elif _is_slot(ids):
-            keys = _UNIQUE.get(_slot_arrays(ids, self.table, 0)[0])[0]
+            keys = _KEYED.get([ids], self.table, "slot").keys
         else:
             keys = _UNIQUE.get(ids)[0]
         comm.prefetch(self.table, keys)
@@ -222,28 +220,201 @@ def _is_slot(obj: Any) -> bool:
     return hasattr(obj, "values") and hasattr(obj, "offsets") and not isinstance(obj, torch.Tensor)
 
 
-def _slot_arrays(slot: Any, table: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int64 values, int64 offsets [B+1]) of a slot, checked."""
-    values, offsets = slot.values, slot.offsets
-    if callable(values):  # a dict-like or torchrec-like object whose values is a method
-        values = values()
-    if callable(offsets):
-        offsets = offsets()
-    values, offsets = torch.as_tensor(values), torch.as_tensor(offsets)
-    if values.dim() != 1 or values.dtype not in (torch.int64, torch.int32):
-        raise ConfigError(
-            f"slot {index}: values must be 1-D int64 ids, got {values.dtype} {tuple(values.shape)}",
-            key=f"{table}.ids",
+_ID_DTYPES = (torch.int64, torch.int32)
+
+
+class _KeyedSlots:
+    """The slots of one lookup in one layout (TorchRec's ``KeyedJaggedTensor``): all ids
+    concatenated slot after slot and deduplicated once (``keys``: the sorted unique ids,
+    ``inverse``: each id's row in ``keys``), the bags of all slots numbered in order.
+
+    :meth:`pool` is one ``embedding_bag`` over all bags (a bag's rows summed in the order of
+    its ids); its backward (:class:`_PoolBags`) merges the gradient of each unique key once,
+    ``[U, dim]``, summing its ids' bag gradients in the order the ids come in the batch.
+    """
+
+    __slots__ = (
+        "_divisor",
+        "bag_of_sorted",
+        "counts",
+        "inverse",
+        "key_starts",
+        "keys",
+        "lengths",
+        "starts",
+    )
+
+    def __init__(
+        self, flat: np.ndarray, lengths: np.ndarray, counts: list[int], one_id: bool
+    ) -> None:
+        order = np.argsort(flat, kind="stable")  # equal ids keep their batch order
+        ordered = flat[order]
+        head = np.empty(flat.shape[0], dtype=bool)
+        head[:1] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=head[1:])
+        inverse = np.empty(flat.shape[0], dtype=np.int64)
+        inverse[order] = np.cumsum(head) - 1
+        self.keys = ordered[head]
+        """Sorted unique ids: the rows pulled."""
+        self.inverse = torch.from_numpy(inverse)
+        """Each id's row in ``keys``."""
+        self.key_starts = torch.from_numpy(np.flatnonzero(head))
+        """Where each key's ids start in the ids sorted by key."""
+        bags = order if one_id else np.repeat(np.arange(lengths.shape[0]), lengths)[order]
+        self.bag_of_sorted = torch.from_numpy(bags)
+        """The bag of each id, ids sorted by key (stable)."""
+        self.lengths = lengths
+        """Ids per bag, all slots' bags in order."""
+        self.starts = None if one_id else torch.from_numpy(np.cumsum(lengths) - lengths)
+        """Each bag's first id (``embedding_bag``'s offsets); None when every bag holds one id."""
+        self.counts = counts
+        """``B_i``: bags per slot."""
+        self._divisor: torch.Tensor | None = None
+
+    def divisor(self) -> torch.Tensor | None:
+        """float32 ``[bags, 1]``: ids per bag (1 for an empty bag), for mean pooling; None
+        when every bag holds one id."""
+        if self._divisor is None and self.starts is not None:
+            self._divisor = torch.from_numpy(np.maximum(self.lengths, 1).astype(np.float32))[
+                :, None
+            ]
+        return self._divisor
+
+    def pool(self, rows: torch.Tensor, mode: str) -> list[torch.Tensor]:
+        """``[B_i, dim]`` per slot: ``mode`` (``"sum"`` / ``"mean"``) of each bag's rows, an
+        empty bag pooling to zeros."""
+        return list(_PoolBags.apply(rows, self, mode).split(self.counts))
+
+
+class _PoolBags(torch.autograd.Function):
+    """Rows ``[U, dim]`` -> pooled bags ``[bags, dim]`` of a :class:`_KeyedSlots`, and back.
+
+    Forward: one ``embedding_bag`` (or one gather when every bag holds one id). Backward: the
+    gradient of key ``k`` is the sum of its ids' bag gradients (divided by the bag length for
+    mean pooling): one ``embedding_bag`` over the bag gradients with the ids grouped by key,
+    instead of autograd's sort-based scatter of ``embedding_bag``'s own backward.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, layout: _KeyedSlots, mode: str) -> torch.Tensor:
+        ctx.layout, ctx.mode = layout, mode
+        if layout.starts is None:  # one id per bag: its row is the sum and the mean
+            return rows.index_select(0, layout.inverse)
+        if layout.inverse.shape[0] == 0:
+            return rows.new_zeros(layout.lengths.shape[0], rows.shape[1])
+        return F.embedding_bag(layout.inverse, rows, layout.starts, mode=mode)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        layout: _KeyedSlots = ctx.layout
+        if layout.keys.shape[0] == 0:
+            return grad.new_zeros(0, grad.shape[1]), None, None
+        if ctx.mode == "mean" and layout.starts is not None:
+            grad = grad / layout.divisor()
+        merged = F.embedding_bag(
+            layout.bag_of_sorted, grad.contiguous(), layout.key_starts, mode="sum"
         )
-    if (
-        offsets.dim() != 1
-        or offsets.shape[0] < 1
-        or int(offsets[0]) != 0
-        or int(offsets[-1]) != values.shape[0]
-    ):
-        raise ConfigError(
-            f"slot {index}: offsets must be [B+1] from 0 to len(values)={values.shape[0]}, got "
-            f"{offsets.tolist()[:8]}{'...' if offsets.shape[0] > 8 else ''}",
-            key=f"{table}.offsets",
-        )
-    return values, offsets.to(torch.int64)
+        return merged, None, None
+
+
+class _KeyedCache:
+    """The :class:`_KeyedSlots` of the last few slot lists, so that a batch is laid out and
+    deduplicated once for its prefetch and every table that reads the same slots.
+
+    A slot is recognised by its values and offsets tensors (object, version counter, shape);
+    the cache holds them, so no other tensor can take their identity while the entry lives,
+    and an in-place change bumps the version.
+    """
+
+    SIZE = 4
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[list[torch.Tensor], tuple, _KeyedSlots]] = []
+
+    def get(self, slots: list[Any], table: str, form: str) -> _KeyedSlots:
+        """The layout of ``slots`` (sparse slots; ``form`` and ``table`` name them in errors)."""
+        tensors = []
+        for i, slot in enumerate(slots):
+            if not _is_slot(slot):
+                raise ConfigError(
+                    f"{form} item {i} is a {type(slot).__name__}; expected a sparse slot with "
+                    "values and offsets [B+1] (a fleet.data batch's sparse slot)",
+                    key=f"{table}.ids",
+                )
+            values, offsets = slot.values, slot.offsets
+            if callable(values):  # a dict-like or torchrec-like object whose values is a method
+                values = values()
+            if callable(offsets):
+                offsets = offsets()
+            if not isinstance(values, torch.Tensor):
+                values = torch.as_tensor(values)
+            if not isinstance(offsets, torch.Tensor):
+                offsets = torch.as_tensor(offsets)
+            tensors.append(values)
+            tensors.append(offsets)
+        key = tuple((id(t), t._version, t.shape) for t in tensors)
+        for _, k, layout in self._entries:
+            if k == key:
+                return layout
+        layout = _lay_out(tensors[0::2], tensors[1::2], table)
+        self._entries.append((tensors, key, layout))
+        del self._entries[: -self.SIZE]
+        return layout
+
+
+_KEYED = _KeyedCache()
+
+
+def _lay_out(values: list[torch.Tensor], offsets: list[torch.Tensor], table: str) -> _KeyedSlots:
+    """Check the slots and lay them out: one concatenation, vectorised offset checks (each
+    slot's offsets start at 0, never decrease and end at its number of ids), one sort."""
+    for i, (v, off) in enumerate(zip(values, offsets)):
+        if v.dim() != 1 or v.dtype not in _ID_DTYPES:
+            raise ConfigError(
+                f"slot {i}: values must be 1-D int64 ids, got {v.dtype} {tuple(v.shape)}",
+                key=f"{table}.ids",
+            )
+        if off.dim() != 1 or off.shape[0] < 1 or off.dtype not in _ID_DTYPES:
+            raise _offsets_error(
+                i, v, off, table, f"1-D int64 [B+1], got {off.dtype} {tuple(off.shape)}"
+            )
+    counts = [off.shape[0] - 1 for off in offsets]
+    flat = values[0] if len(values) == 1 else torch.cat(values)
+    cat = offsets[0] if len(offsets) == 1 else torch.cat(offsets)
+    flat = flat.to("cpu", torch.int64).numpy()
+    cat = cat.to("cpu", torch.int64).numpy()
+    lasts = np.fromiter(accumulate(c + 1 for c in counts), np.int64, len(counts)) - 1
+    firsts = lasts - np.array(counts, np.int64)
+    totals = np.fromiter((v.shape[0] for v in values), np.int64, len(values))
+    lengths = np.diff(cat)  # bag lengths, and at lasts[:-1] the step from a slot to the next
+    lengths[lasts[:-1]] = 0
+    if cat[firsts].any() or not np.array_equal(cat[lasts], totals) or lengths.min(initial=0) < 0:
+        raise _first_bad_offsets(values, offsets, table)
+    if len(counts) > 1:
+        lengths = np.delete(lengths, lasts[:-1])
+    one_id = flat.shape[0] == lengths.shape[0] and bool((lengths == 1).all())
+    return _KeyedSlots(flat, lengths, counts, one_id)
+
+
+def _first_bad_offsets(
+    values: list[torch.Tensor], offsets: list[torch.Tensor], table: str
+) -> ConfigError:
+    """The error naming the first slot whose offsets are not a jagged layout of its ids."""
+    for i, (v, off) in enumerate(zip(values, offsets)):
+        off = off.to("cpu", torch.int64)
+        if int(off[0]) != 0 or int(off[-1]) != v.shape[0]:
+            return _offsets_error(i, v, off, table, f"[B+1] from 0 to len(values)={v.shape[0]}")
+        if bool((off.diff() < 0).any()):
+            return _offsets_error(i, v, off, table, "non-decreasing (bag lengths >= 0)")
+    raise AssertionError("no slot with bad offsets")  # the vectorised check said there is one
+
+
+def _offsets_error(
+    index: int, values: torch.Tensor, offsets: torch.Tensor, table: str, what: str
+) -> ConfigError:
+    shown = offsets.reshape(-1).tolist()
+    return ConfigError(
+        f"slot {index}: offsets must be {what}, got {shown[:8]}{'...' if len(shown) > 8 else ''}",
+        key=f"{table}.offsets",
+    )

@@ -27,6 +27,20 @@
  *       applies rule 0 = sgd, 1 = adagrad, 2 = adam with the same float32 arithmetic as
  *       ps_server/core/optimizers.py, clips to the weight bounds, adds the occurrences to count
  *       (saturating), sets unseen = 0 and flags |= SEEN | CHANGED (both change logs).
+ *   insert(slots i32[S], stored_keys i64[C], query i64[n], rows i64[n])
+ *       indexes new (absent, distinct) keys: each takes the first empty (-1) slot from its home
+ *       slot on (tombstones are not reused, as in hash_index.py's numpy insert); the caller
+ *       keeps the index below its maximum load. With query None, `rows` is the i32 slot
+ *       array of an old index and its live rows (>= 0) go into `slots` (a rebuild).
+ *   distinct(keys i64[n], uniq i64[n], inverse i64[n], counts i64[n]) -> nu
+ *       the distinct keys in order of first occurrence (uniq[:nu]), the index of each key in
+ *       them (keys == uniq[inverse]) and their occurrences (counts[:nu]).
+ *   uniform(keys i64[n], stream u64, low f64, span f64, dim, dst f32[C,dim][, rows i64[n]
+ *           [, threads]])
+ *       the Uniform initializer's rows (ps_server/core/initializers.py): dst[rows[i]] (dst[i]
+ *       without rows) = float32(low + span * u(key, j)), u the KeyRNG uniform of column j
+ *       (ps_server/core/hashing.py, stream = its per-(table, seed, purpose) word),
+ *       bit-identical to the numpy code.
  *   group(keys i64[n], salt u64, num_shards, num_servers, out i64[n][, keys_out i64[n]])
  *         -> [count per server]
  *       the client's routing (ps_server/core/routing.py): server = mix64(key ^ salt) % num_shards
@@ -355,6 +369,12 @@ static PyMethodDef methods[] = {
     {"probe", k_probe, METH_VARARGS, "probe(slots, stored_keys, query, out): rows of keys"},
     {"push", k_push, METH_VARARGS,
      "push(rule, hyper, values, state, count, unseen, flags, rows, grads) -> distinct rows"},
+    {"insert", psk_insert, METH_VARARGS,
+     "insert(slots, stored_keys, query | None, rows): index new keys (or an old index's rows)"},
+    {"distinct", psk_distinct, METH_VARARGS,
+     "distinct(keys, uniq, inverse, counts) -> n distinct, in first-occurrence order"},
+    {"uniform", psk_uniform, METH_VARARGS,
+     "uniform(keys, stream, low, span, dim, dst[, rows[, threads]]): Uniform initial rows"},
     {"group", psk_group, METH_VARARGS,
      "group(keys, salt, num_shards, num_servers, out[, keys_out]) -> [count per server]"},
     {NULL, NULL, 0, NULL},

@@ -1,5 +1,5 @@
 /* Shared by the compiled kernels of ps_server (_kernels.c: the table's probe and push, and the
- * module; _kernels_rows.c: row copies and the routing hashes). See _kernels.c for the list. */
+ * module; _kernels_rows.c: row copies, the routing hashes and row creation). See _kernels.c for the list. */
 #ifndef FLEETPS_KERNELS_COMMON_H
 #define FLEETPS_KERNELS_COMMON_H
 
@@ -106,5 +106,8 @@ PyObject *psk_gather(PyObject *self, PyObject *args);
 PyObject *psk_scatter(PyObject *self, PyObject *args);
 PyObject *psk_group(PyObject *self, PyObject *args);
 PyObject *psk_owned(PyObject *self, PyObject *args);
+PyObject *psk_insert(PyObject *self, PyObject *args);
+PyObject *psk_uniform(PyObject *self, PyObject *args);
+PyObject *psk_distinct(PyObject *self, PyObject *args);
 
 #endif

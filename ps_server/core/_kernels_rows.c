@@ -1,5 +1,5 @@
-/* Row copies (gather, scatter) and the routing hashes (group, owned) of the compiled kernels;
- * documented with the others at the top of _kernels.c. */
+/* Row copies (gather, scatter), the routing hashes (group, owned) and row creation (insert,
+ * distinct, uniform) of the compiled kernels; documented with the others at the top of _kernels.c. */
 #include "_kernels_common.h"
 
 PyObject *psk_group(PyObject *self, PyObject *args) {
@@ -195,3 +195,189 @@ PyObject *psk_owned(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(bad);
 }
 
+
+/* -- row creation ------------------------------------------------------------------------- */
+
+/* Puts row `row` (key `key`) in the first empty slot from the key's home slot on; 0 if full. */
+static inline int place(int32_t *slots, uint64_t mask, int64_t key, int32_t row) {
+    uint64_t pos = mix64((uint64_t)key ^ INDEX_SALT) & mask;
+    for (uint64_t step = 0; step <= mask; step++) {
+        if (slots[pos] == -1) {
+            slots[pos] = row;
+            return 1;
+        }
+        pos = (pos + 1) & mask;
+    }
+    return 0;
+}
+
+/* insert(slots, stored_keys, query, rows) or, with query None, reindex: the live rows (>= 0) of
+   the slot array `rows` (i32, an old index) placed into `slots` (a new one). */
+PyObject *psk_insert(PyObject *self, PyObject *args) {
+    PyObject *o_slots, *o_keys, *o_query, *o_rows;
+    if (!PyArg_ParseTuple(args, "OOOO", &o_slots, &o_keys, &o_query, &o_rows)) return NULL;
+    int reindex = o_query == Py_None;
+    Py_buffer bs, bk, bq, br;
+    if (!get_buf(o_slots, &bs, 4, 1, "slots")) return NULL;
+    if (!get_buf(o_keys, &bk, 8, 0, "stored_keys")) { PyBuffer_Release(&bs); return NULL; }
+    if (!reindex && !get_buf(o_query, &bq, 8, 0, "query")) {
+        PyBuffer_Release(&bk); PyBuffer_Release(&bs); return NULL;
+    }
+    if (!get_buf(o_rows, &br, reindex ? 4 : 8, 0, "rows")) {
+        if (!reindex) PyBuffer_Release(&bq);
+        PyBuffer_Release(&bk); PyBuffer_Release(&bs); return NULL;
+    }
+    Py_ssize_t nslots = bs.len / 4, ncap = bk.len / 8;
+    Py_ssize_t n = reindex ? br.len / 4 : bq.len / 8;
+    const char *err = NULL;
+    if ((!reindex && br.len / 8 != n) || nslots == 0 || (nslots & (nslots - 1)) != 0)
+        err = "insert: rows must match query; slots a power of two";
+    const int64_t *rows64 = (const int64_t *)br.buf;
+    const int32_t *rows32 = (const int32_t *)br.buf;
+    for (Py_ssize_t i = 0; !err && i < n; i++) {
+        int64_t r = reindex ? rows32[i] : rows64[i];
+        if (r >= ncap || r > INT32_MAX || (!reindex && r < 0))
+            err = "insert: a row is outside the key column";
+    }
+    if (!err) {
+        int32_t *slots = (int32_t *)bs.buf;
+        const int64_t *keys = (const int64_t *)bk.buf;
+        const int64_t *query = reindex ? NULL : (const int64_t *)bq.buf;
+        uint64_t mask = (uint64_t)nslots - 1;
+        int full = 0;
+        Py_BEGIN_ALLOW_THREADS
+        enum { PF = 16 };
+        if (reindex) { /* the old slots in order: their keys are random reads, prefetched */
+            for (Py_ssize_t i = 0; i < n && !full; i++) {
+                if (i + PF < n && rows32[i + PF] >= 0) __builtin_prefetch(&keys[rows32[i + PF]]);
+                if (rows32[i] >= 0) full = !place(slots, mask, keys[rows32[i]], rows32[i]);
+            }
+        } else {
+            for (Py_ssize_t i = 0; i < n && !full; i++) {
+                if (i + PF < n)
+                    __builtin_prefetch(
+                        &slots[mix64((uint64_t)query[i + PF] ^ INDEX_SALT) & mask], 1);
+                full = !place(slots, mask, query[i], (int32_t)rows64[i]);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (full) err = "insert: the index has no empty slot";
+    }
+    if (err) PyErr_SetString(PyExc_ValueError, err);
+    PyBuffer_Release(&br);
+    if (!reindex) PyBuffer_Release(&bq);
+    PyBuffer_Release(&bk); PyBuffer_Release(&bs);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    const uint64_t *keys;
+    const int64_t *rows; /* NULL: row i is dst row i */
+    float *dst;
+    uint64_t stream;
+    double low, span;
+    Py_ssize_t dim;
+} uniform_ctx;
+
+static int uniform_part(void *arg, int part, Py_ssize_t lo, Py_ssize_t hi) {
+    const uniform_ctx *c = (const uniform_ctx *)arg;
+    (void)part;
+    Py_ssize_t dim = c->dim;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        /* hashing.KeyRNG(table, seed, keys, "init").column_uniform(dim), then Uniform.generate:
+           the same uint64 words, the same float64 arithmetic, one rounding to float32 */
+        uint64_t base = mix64(mix64(c->keys[i]) ^ c->stream);
+        float *out = c->dst + (c->rows ? c->rows[i] : i) * dim;
+        for (Py_ssize_t j = 0; j < dim; j++) {
+            uint64_t bits = mix64(base + (((uint64_t)j << 9) + 1) * 0x9E3779B97F4A7C15ULL);
+            double u = (double)(bits >> 11) * (1.0 / 9007199254740992.0);
+            out[j] = (float)(c->low + c->span * u);
+        }
+    }
+    return 0;
+}
+
+PyObject *psk_uniform(PyObject *self, PyObject *args) {
+    PyObject *o_keys, *o_dst, *o_rows = Py_None;
+    unsigned long long stream;
+    double low, span;
+    Py_ssize_t dim;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OKddnO|Oi", &o_keys, &stream, &low, &span, &dim, &o_dst,
+                          &o_rows, &threads))
+        return NULL;
+    Py_buffer bk, bd, br;
+    int with_rows = o_rows != Py_None;
+    if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
+    if (!get_buf(o_dst, &bd, 4, 1, "dst")) { PyBuffer_Release(&bk); return NULL; }
+    if (with_rows && !get_buf(o_rows, &br, 8, 0, "rows")) {
+        PyBuffer_Release(&bd); PyBuffer_Release(&bk); return NULL;
+    }
+    Py_ssize_t n = bk.len / 8, cap = dim > 0 ? bd.len / 4 / dim : 0;
+    const char *err = NULL;
+    if (dim < 1 || bd.len != cap * dim * 4) err = "uniform: dst must be float32[rows, dim]";
+    else if (with_rows ? br.len / 8 != n : cap != n) err = "uniform: one row per key";
+    const int64_t *rows = with_rows ? (const int64_t *)br.buf : NULL;
+    for (Py_ssize_t i = 0; !err && rows && i < n; i++)
+        if (rows[i] < 0 || rows[i] >= cap) err = "uniform: a row is out of range";
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, err);
+    } else {
+        uniform_ctx c = {(const uint64_t *)bk.buf, rows, (float *)bd.buf, stream, low, span, dim};
+        Py_BEGIN_ALLOW_THREADS
+        run_parts(threads, n, uniform_part, &c);
+        Py_END_ALLOW_THREADS
+    }
+    if (with_rows) PyBuffer_Release(&br);
+    PyBuffer_Release(&bd); PyBuffer_Release(&bk);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
+PyObject *psk_distinct(PyObject *self, PyObject *args) {
+    PyObject *o_keys, *o_uniq, *o_inv, *o_cnt;
+    if (!PyArg_ParseTuple(args, "OOOO", &o_keys, &o_uniq, &o_inv, &o_cnt)) return NULL;
+    Py_buffer bk, bu, bi, bc;
+    if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
+    if (!get_buf(o_uniq, &bu, 8, 1, "uniq")) { PyBuffer_Release(&bk); return NULL; }
+    if (!get_buf(o_inv, &bi, 8, 1, "inverse")) {
+        PyBuffer_Release(&bu); PyBuffer_Release(&bk); return NULL;
+    }
+    if (!get_buf(o_cnt, &bc, 8, 1, "counts")) {
+        PyBuffer_Release(&bi); PyBuffer_Release(&bu); PyBuffer_Release(&bk); return NULL;
+    }
+    Py_ssize_t n = bk.len / 8, nu = -1;
+    int32_t *table = NULL;
+    Py_ssize_t tsize = 16;
+    while (tsize < 2 * n) tsize <<= 1;
+    if (bu.len / 8 != n || bi.len / 8 != n || bc.len / 8 != n || n > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "distinct: uniq, inverse and counts need n slots");
+    } else if (!(table = calloc((size_t)tsize, sizeof(int32_t)))) {
+        PyErr_NoMemory();
+    } else {
+        const int64_t *k = (const int64_t *)bk.buf;
+        int64_t *u = (int64_t *)bu.buf, *inv = (int64_t *)bi.buf, *cnt = (int64_t *)bc.buf;
+        uint64_t mask = (uint64_t)tsize - 1;
+        nu = 0;
+        Py_BEGIN_ALLOW_THREADS
+        enum { PF = 16 };
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + PF < n) __builtin_prefetch(&table[mix64((uint64_t)k[i + PF]) & mask]);
+            uint64_t p = mix64((uint64_t)k[i]) & mask;
+            while (table[p] != 0 && u[table[p] - 1] != k[i]) p = (p + 1) & mask;
+            if (table[p] == 0) { /* slot = 1 + index into u, 0 = empty */
+                table[p] = (int32_t)(nu + 1);
+                u[nu] = k[i];
+                cnt[nu] = 0;
+                nu++;
+            }
+            inv[i] = table[p] - 1;
+            cnt[inv[i]]++;
+        }
+        Py_END_ALLOW_THREADS
+        free(table);
+    }
+    PyBuffer_Release(&bc); PyBuffer_Release(&bi); PyBuffer_Release(&bu); PyBuffer_Release(&bk);
+    return nu < 0 ? NULL : PyLong_FromSsize_t(nu);
+}

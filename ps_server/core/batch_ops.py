@@ -104,6 +104,26 @@ def sum_duplicates(
     return sorted_rows[starts], summed, occ
 
 
+def distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distinct keys in order of first occurrence, index of each key in them, occurrences of
+    each distinct key): ``keys == uniq[inverse]``. New rows are allocated in this order (the
+    compiled path's hash pass and the numpy path's sort give the same result)."""
+    n = keys.shape[0]
+    if kernels.ENABLED:
+        uniq = np.empty(n, dtype=np.int64)
+        inverse = np.empty(n, dtype=np.int64)
+        counts = np.empty(n, dtype=np.int64)
+        nu = kernels.distinct(keys, uniq, inverse, counts)
+        return uniq[:nu], inverse, counts[:nu]
+    uniq, first, inverse, counts = np.unique(
+        keys, return_index=True, return_inverse=True, return_counts=True
+    )
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.shape[0])
+    return uniq[order], rank[inverse.reshape(-1)], counts[order]
+
+
 def pull_buffer(table: str, n: int, dim: int, out: np.ndarray | None) -> np.ndarray:
     """``out`` checked to be a C-contiguous float32[n, dim] (a pull's reply written in place),
     or a new one."""
@@ -119,6 +139,7 @@ def pull_buffer(table: str, n: int, dim: int, out: np.ndarray | None) -> np.ndar
 
 __all__ = [
     "all_finite",
+    "distinct",
     "pull_buffer",
     "put_rows",
     "row_view",

@@ -108,18 +108,26 @@ class HashIndex:
         if n == 0:
             return
         if self._used + n > MAX_LOAD * self._slots.shape[0]:
-            live = self._slots[self._slots >= 0].astype(np.int64)
+            old = self._slots
             self._slots = np.full(_slots_for(self._size + n), EMPTY, dtype=np.int32)
-            self._size = self._used = 0
-            self._place(stored_keys[live], live)
-        self._place(query, rows)
+            if kernels.ENABLED:  # one pass over the old slots in C
+                kernels.reindex(self._slots, stored_keys, old)
+                self._used = self._size
+            else:
+                live = old[old >= 0].astype(np.int64)
+                self._size = self._used = 0
+                self._place(stored_keys[live], live, stored_keys)
+        self._place(query, rows, stored_keys)
 
-    def _place(self, query: np.ndarray, rows: np.ndarray) -> None:
+    def _place(self, query: np.ndarray, rows: np.ndarray, stored_keys: np.ndarray) -> None:
+        self._size += rows.shape[0]
+        self._used += rows.shape[0]
+        if kernels.ENABLED:  # one key at a time in C (slots may differ from the rounds' below)
+            kernels.insert(self._slots, stored_keys, query, rows)
+            return
         mask = self._slots.shape[0] - 1
         pos = self._home(query)
         pending = rows.astype(np.int32)
-        self._size += pending.shape[0]
-        self._used += pending.shape[0]
         while pending.size:
             empty = self._slots[pos] == EMPTY
             claim_pos = pos[empty]
@@ -145,7 +153,7 @@ class HashIndex:
         """Forget everything and index exactly ``rows`` (distinct keys), sized for them."""
         self._slots = np.full(_slots_for(rows.shape[0]), EMPTY, dtype=np.int32)
         self._size = self._used = 0
-        self._place(stored_keys[rows], rows.astype(np.int64))
+        self._place(stored_keys[rows], rows.astype(np.int64), stored_keys)
 
 
 class DictIndex:

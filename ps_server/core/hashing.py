@@ -49,6 +49,11 @@ def name_hash(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "little")
 
 
+def stream_of(table: str, seed: int, purpose: str) -> int:
+    """The 64-bit word that keys a :class:`KeyRNG`'s numbers to ``(table, seed, purpose)``."""
+    return mix64_int((seed & MASK64) ^ name_hash(table) ^ mix64_int(name_hash(purpose)))
+
+
 def as_uint64(keys: np.ndarray) -> np.ndarray:
     """The int64 keys reinterpreted as uint64 (two's complement, no copy when contiguous)."""
     return np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64)
@@ -74,8 +79,7 @@ class KeyRNG:
     """
 
     def __init__(self, table: str, seed: int, keys: np.ndarray, purpose: str) -> None:
-        stream = mix64_int((seed & MASK64) ^ name_hash(table) ^ mix64_int(name_hash(purpose)))
-        self._base = mix64(mix64(as_uint64(keys)) ^ np.uint64(stream))
+        self._base = mix64(mix64(as_uint64(keys)) ^ np.uint64(stream_of(table, seed, purpose)))
         self.num_keys = int(self._base.shape[0])
 
     def subset(self, index: np.ndarray) -> KeyRNG:
@@ -112,4 +116,13 @@ class KeyRNG:
         return self.uniform(np.arange(columns, dtype=np.uint64) << np.uint64(9))
 
 
-__all__ = ["KeyRNG", "as_uint64", "mix64", "mix64_int", "name_hash", "salted_hash", "to_unit"]
+__all__ = [
+    "KeyRNG",
+    "as_uint64",
+    "mix64",
+    "mix64_int",
+    "name_hash",
+    "salted_hash",
+    "stream_of",
+    "to_unit",
+]

@@ -28,7 +28,9 @@ from typing import ClassVar
 import numpy as np
 
 from collective.typed_config import require
-from ps_server.core.hashing import KeyRNG
+from ps_server.core import kernels
+from ps_server.core.batch_ops import put_rows
+from ps_server.core.hashing import KeyRNG, stream_of
 from ps_server.core.registry import Registered
 
 _MAX_ATTEMPTS = 256
@@ -56,6 +58,13 @@ class Initializer(Registered):
         out = self.generate(KeyRNG(table, seed, keys, "init"), dim)
         return np.ascontiguousarray(out, dtype=np.float32)
 
+    def write_rows(
+        self, table: str, seed: int, keys: np.ndarray, dst: np.ndarray, rows: np.ndarray | slice
+    ) -> None:
+        """``dst[rows] = self.rows(table, seed, keys, dst.shape[1])``: the initial values of new
+        rows written into a table's value column (``rows``: distinct rows or a slice)."""
+        put_rows(dst, rows, self.rows(table, seed, keys, dst.shape[1]))
+
 
 @Initializer.register
 @dataclass(frozen=True)
@@ -77,6 +86,30 @@ class Uniform(Initializer):
 
     def generate(self, rng: KeyRNG, dim: int) -> np.ndarray:
         return (self.low + (self.high - self.low) * rng.column_uniform(dim)).astype(np.float32)
+
+    def _compiled(self, dim: int) -> bool:
+        """Whether the compiled kernel computes these rows (bit-identical to :meth:`generate`;
+        not for subclasses that change :meth:`generate`)."""
+        return kernels.ENABLED and dim > 0 and type(self).generate is Uniform.generate
+
+    def rows(self, table: str, seed: int, keys: np.ndarray, dim: int) -> np.ndarray:
+        if not self._compiled(dim):
+            return super().rows(table, seed, keys, dim)
+        out = np.empty((keys.shape[0], dim), dtype=np.float32)
+        kernels.uniform_rows(keys, stream_of(table, seed, "init"), self.low, self.high, out)
+        return out
+
+    def write_rows(
+        self, table: str, seed: int, keys: np.ndarray, dst: np.ndarray, rows: np.ndarray | slice
+    ) -> None:
+        if not (self._compiled(dst.shape[1]) and dst.flags.c_contiguous):
+            super().write_rows(table, seed, keys, dst, rows)
+            return
+        stream = stream_of(table, seed, "init")
+        if isinstance(rows, slice):  # a run of rows: a contiguous view, written in order
+            kernels.uniform_rows(keys, stream, self.low, self.high, dst[rows])
+        else:
+            kernels.uniform_rows(keys, stream, self.low, self.high, dst, rows)
 
 
 @Initializer.register

@@ -5,7 +5,9 @@ otherwise.
 optional). The compiled path probes the hash index one key at a time in C and fuses a push —
 summing duplicated keys, the optimizer rule, the weight bounds, count / unseen_days / flags —
 into one pass over the batch without the GIL; a large batch is split over :func:`set_threads`
-threads. Row gathers / scatters and the client's routing are compiled too. The numpy path (``hash_index``, ``batch_ops``,
+threads. Row gathers / scatters, the client's routing and row creation (deduplicating the new
+keys, indexing them, the ``Uniform`` initializer's values, bit-identical to numpy's) are compiled
+too. The numpy path (``hash_index``, ``batch_ops``,
 ``optimizers``) computes the same results and stays the reference: rules other than the
 built-in SGD / Adagrad / Adam (user subclasses of ``OptimizerRule``) always take it.
 
@@ -29,6 +31,25 @@ from ps_server.core.row_flags import CHANGED
 try:
     from ps_server.core import _kernels as _c
 except ImportError:  # not built (no C compiler at install time)
+    _c = None
+_FUNCTIONS = (
+    "probe",
+    "gather",
+    "scatter",
+    "owned",
+    "push",
+    "group",
+    "insert",
+    "distinct",
+    "uniform",
+)
+if _c is not None and not all(hasattr(_c, f) for f in _FUNCTIONS):
+    # a build from before the row-creation kernels: the numpy path is right, only slower
+    logging.getLogger(__name__).warning(
+        "ps_server.core._kernels is an older build (without %s); using the numpy path: "
+        "rebuild with `pip install -e .`",
+        ", ".join(f for f in _FUNCTIONS if not hasattr(_c, f)),
+    )
     _c = None
 if _c is not None and getattr(_c, "CHANGED_FLAGS", None) != int(CHANGED):
     # a build from before the serving-export change log: its pushes would not mark rows for
@@ -104,6 +125,51 @@ def first_unowned(keys: np.ndarray, salt: int, owned: np.ndarray) -> int:
     return int(_c.owned(np.ascontiguousarray(keys, dtype=np.int64), salt, owned))
 
 
+def insert(slots: np.ndarray, stored_keys: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> None:
+    """Index distinct absent ``keys`` (written at ``stored_keys[rows]``): each takes the first
+    empty slot from its home slot on (the numpy twin is ``HashIndex._place``)."""
+    assert _c is not None
+    _c.insert(
+        slots,
+        stored_keys,
+        np.ascontiguousarray(keys, dtype=np.int64),
+        np.ascontiguousarray(rows, dtype=np.int64),
+    )
+
+
+def distinct(keys: np.ndarray, uniq: np.ndarray, inverse: np.ndarray, counts: np.ndarray) -> int:
+    """The distinct ``keys`` in order of first occurrence into ``uniq[:nu]``, each key's index in
+    them into ``inverse``, their occurrences into ``counts[:nu]`` (int64 arrays); returns nu."""
+    assert _c is not None
+    return int(_c.distinct(np.ascontiguousarray(keys, dtype=np.int64), uniq, inverse, counts))
+
+
+def reindex(slots: np.ndarray, stored_keys: np.ndarray, old_slots: np.ndarray) -> None:
+    """Index the live rows (>= 0) of the int32 slot array ``old_slots`` into ``slots``."""
+    assert _c is not None
+    _c.insert(slots, stored_keys, None, np.ascontiguousarray(old_slots, dtype=np.int32))
+
+
+def uniform_rows(
+    keys: np.ndarray,
+    stream: int,
+    low: float,
+    high: float,
+    dst: np.ndarray,
+    rows: np.ndarray | None = None,
+) -> None:
+    """The ``Uniform(low, high)`` initial rows of ``keys`` into ``dst[rows]`` (``dst`` itself
+    without rows), float32 ``[., dim]``; ``stream``: ``hashing.stream_of(table, seed, "init")``.
+    Bit-identical to ``Uniform.generate`` (numpy)."""
+    assert _c is not None
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    if rows is not None:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+    _c.uniform(
+        keys, stream, float(low), float(high) - float(low), dst.shape[1], dst, rows, _threads
+    )
+
+
 def push_hyper(rule: object) -> tuple[int, np.ndarray] | None:
     """(rule id, float64 hyper-parameters) of a built-in rule, or None (use numpy)."""
     if not ENABLED or type(rule) not in (SGD, Adagrad, Adam):
@@ -162,13 +228,17 @@ def group(
 
 __all__ = [
     "ENABLED",
+    "distinct",
     "first_unowned",
     "gather",
     "get_threads",
     "group",
+    "insert",
     "probe",
     "push",
     "push_hyper",
+    "reindex",
     "scatter",
     "set_threads",
+    "uniform_rows",
 ]

@@ -6,9 +6,11 @@ last save / pushed since the last end_day) and any named columns (a sparse table
 object per row: a row is an index into the arrays, found through
 :class:`~ps_server.core.hash_index.HashIndex`.
 
-Growth is geometric by 1.25x (amortised O(1) appends: every row is copied about 4 times over the
-life of the store) rather than 2x: doubling leaves up to 50 % of the arrays unused right after a
-growth, which alone would break the memory goal of <= 1.5x the payload. Removed rows go on a free
+Growth is geometric by 1.25x rather than 2x: doubling leaves up to 50 % of the arrays unused right
+after a growth, which alone would break the memory goal of <= 1.5x the payload. Copying every
+array at each 1.25x growth would copy every row about 4 times over the life of the store (as much
+work as creating the row); a large array instead lives in an anonymous mapping reserved for twice
+its rows and extended in place (:mod:`ps_server.core.reserved`), so growing copies nothing. Removed rows go on a free
 list and are reused by the next inserts; :meth:`compact` moves the live rows to the front and
 releases the rest (a sparse table compacts after a shrink that leaves it less than half full).
 
@@ -41,7 +43,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ps_server.core import kernels
+from ps_server.core import kernels, reserved
 from ps_server.core.batch_ops import row_view
 from ps_server.core.hash_index import HashIndex, KeyIndex
 from ps_server.core.row_flags import CHANGE_FLAGS, CHANGED, DIRTY, EXPORT_DIRTY, LIVE, SEEN
@@ -128,6 +130,8 @@ class RowStore(_Rows):
         self.keys = np.zeros(cap, dtype=np.int64)
         self.flags = np.zeros(cap, dtype=np.uint8)
         self.cols = {n: np.zeros((cap, *s), dtype=d) for n, (s, d) in self._spec.items()}
+        self._reserved: dict[str, reserved.Reservation | None] = {}
+        """Per array, the address space it grows into without copying (see _resize)."""
         self.index = self._index_factory()
         self.high_water = 0
         self.num_rows = 0
@@ -198,19 +202,42 @@ class RowStore(_Rows):
                 "row ids); spread the table over more servers"
             )
         new_cap = max(needed, int(cap * GROWTH) + 1)
-        self._resize(new_cap)
+        self._resize(new_cap, grow=True)
 
-    def _resize(self, new_cap: int) -> None:
-        hw = self.high_water
-
-        def moved(a: np.ndarray) -> np.ndarray:
-            out = np.zeros((new_cap, *a.shape[1:]), dtype=a.dtype)
-            out[:hw] = a[:hw]
-            return out
-
-        self.keys = moved(self.keys)
-        self.flags = moved(self.flags)
-        self.cols = {n: moved(c) for n, c in self.cols.items()}
+    def _resize(self, new_cap: int, grow: bool = False) -> None:
+        """Arrays of ``new_cap`` rows holding the rows below the high-water mark. Growing
+        (``grow``) re-views or extends the array's reservation in place when it can (no copy,
+        :mod:`ps_server.core.reserved`), else copies into a new one; shrinking copies into
+        ordinary arrays (releasing the memory). On an error the store keeps its old arrays."""
+        hw, old_cap = self.high_water, self.capacity
+        arrays: dict[str, np.ndarray | None] = {"keys": self.keys, "flags": self.flags, **self.cols}
+        del self.keys, self.flags, self.cols  # no view of a reservation may stay alive here
+        out: dict[str, np.ndarray] = {}
+        try:
+            for name in list(arrays):
+                a = arrays[name]
+                res = self._reserved.get(name) if grow else None
+                if res is not None:
+                    arrays[name] = a = None  # the last reference: the mapping can now move
+                    if res.rows < new_cap:
+                        res.extend(reserved.RESERVE * new_cap)
+                    if res.rows >= new_cap:
+                        out[name] = res.view(new_cap)
+                        continue
+                    a = res.view(hw)
+                assert a is not None
+                b, new_res = reserved.allocate(new_cap, a.shape[1:], a.dtype, grow)
+                b[:hw] = a[:hw]
+                out[name], self._reserved[name] = b, new_res
+        except BaseException:
+            out = {}
+            for name, a in arrays.items():
+                res = self._reserved.get(name)
+                out[name] = a if a is not None or res is None else res.view(old_cap)
+            raise
+        finally:
+            self.keys, self.flags = out.pop("keys"), out.pop("flags")
+            self.cols = out
 
     def allocate(self, keys: np.ndarray) -> np.ndarray:
         """Rows for distinct keys not yet stored (reusing freed rows first), flagged live + dirty.
@@ -226,12 +253,15 @@ class RowStore(_Rows):
             rows[:reuse] = self._free[self._free.shape[0] - reuse :]
             self._free = self._free[: self._free.shape[0] - reuse]
         fresh = n - reuse
+        at: slice | np.ndarray = rows
         if fresh:
             self._grow(self.high_water + fresh)
             rows[reuse:] = np.arange(self.high_water, self.high_water + fresh)
+            if not reuse:  # rows past the high-water mark: slices, not scattered writes
+                at = slice(self.high_water, self.high_water + fresh)
             self.high_water += fresh
-        self.keys[rows] = keys
-        self.flags[rows] = LIVE | CHANGED
+        self.keys[at] = keys
+        self.flags[at] = LIVE | CHANGED
         self.index.insert(keys, rows, self.keys)
         self.num_rows += n
         self._changed()

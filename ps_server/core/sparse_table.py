@@ -46,7 +46,13 @@ import numpy as np
 
 from ps_server.config import NonFinitePolicy, SparseTableConfig
 from ps_server.core import kernels, sparse_shards
-from ps_server.core.batch_ops import all_finite, pull_buffer, saturating_add, sum_duplicates
+from ps_server.core.batch_ops import (
+    all_finite,
+    distinct,
+    pull_buffer,
+    saturating_add,
+    sum_duplicates,
+)
 from ps_server.core.hash_index import HashIndex, KeyIndex
 from ps_server.core.hashing import KeyRNG
 from ps_server.core.optimizers import RowsMeta
@@ -284,14 +290,22 @@ class SparseTable(Table):
         self, keys: np.ndarray, counts: np.ndarray, protect: np.ndarray
     ) -> tuple[np.ndarray, int]:
         """Rows for admitted distinct keys, initialised; returns (rows, evicted)."""
-        evicted = self._evict_for(keys.shape[0], protect)
-        rows = self.store.allocate(keys)
-        self.store.scatter("values", rows, self.initial_values(keys))
-        state = np.empty((keys.shape[0], self._state_dim), dtype=np.float32)
-        self.config.optimizer.init_state(state)
-        self.store.scatter("state", rows, state)
-        self.store.cols["count"][rows] = np.minimum(counts, _U32_MAX).astype(np.uint32)
-        self.store.cols["unseen_days"][rows] = 0
+        n = keys.shape[0]
+        evicted = self._evict_for(n, protect)
+        st = self.store
+        hw = st.high_water
+        rows = st.allocate(keys)
+        # all rows new past the high-water mark (no freed row reused): fill them as slices
+        at: slice | np.ndarray = slice(hw, hw + n) if st.high_water - hw == n else rows
+        self.config.initializer.write_rows(self.name, self.config.seed, keys, st.cols["values"], at)
+        if isinstance(at, slice):
+            self.config.optimizer.init_state(st.cols["state"][at])
+        else:
+            state = np.empty((n, self._state_dim), dtype=np.float32)
+            self.config.optimizer.init_state(state)
+            st.scatter("state", rows, state)
+        st.cols["count"][at] = np.minimum(counts, _U32_MAX)
+        st.cols["unseen_days"][at] = 0
         self._counters["rows_created"] += int(keys.shape[0])
         return rows, evicted
 
@@ -306,7 +320,7 @@ class SparseTable(Table):
             rows = self.store.lookup(keys)
             miss = rows < 0
             if miss.any():
-                mkeys, inv = np.unique(keys[miss], return_inverse=True)
+                mkeys, inv, _ = distinct(keys[miss])
                 self.check_owned(mkeys)
                 prow, counts = self._pending_counts(mkeys)
                 admit = self._admit(mkeys, counts)
@@ -335,7 +349,7 @@ class SparseTable(Table):
             rows = self.store.lookup(keys)
             miss = rows < 0
             if miss.any():
-                mkeys, inv, occ = np.unique(keys[miss], return_inverse=True, return_counts=True)
+                mkeys, inv, occ = distinct(keys[miss])
                 self.check_owned(mkeys)
                 prow, before = self._pending_counts(mkeys)
                 counts = before + occ

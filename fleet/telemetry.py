@@ -22,6 +22,12 @@ Where the numbers come from (one-line hook calls in the other fleet modules; all
   registers its own hook anyway) replaces DDP's C++ all-reduce with a Python one and cost
   +1.2 % (plain) to +2.7 % (timed) of a 71 ms step in a same-process A/B;
 * **PS pull/push time**: the communicator's client calls (:func:`instrument_communicator`);
+* **step phases** (``fleet_trainer_phase_seconds{phase}``, :data:`PHASES`): where a step's time
+  went. ``fleet.train_from_dataset`` times every phase of its loop itself (:class:`PhaseTimer`);
+  a hand-written loop gets what fleet sees without its help (data from the :mod:`fleet.data`
+  iterators, pull wait, push/optimizer from the PS communicator's step, the rest as
+  ``compute``: :func:`on_step`). Pull wait and data are accumulated by two clock reads in
+  their hooks while timing is on (metrics on, or a ``train_from_dataset`` loop running);
 * **loss**: ``fleet.report(loss=...)``; a tensor is kept and read only when scraped (no device
   sync on the training thread);
 * **AMP and pipeline**: :func:`set_amp_loss_scale`, :func:`count_amp_skipped_step`,
@@ -82,6 +88,14 @@ COMM_BUCKETS = (
     10.0,
 )
 COMM_OPS = ("all_reduce", "ps_pull", "ps_push")
+PHASES = ("data", "pull_wait", "forward", "backward", "push_optimizer", "other", "compute")
+"""``phase`` label values of ``fleet_trainer_phase_seconds``. ``data``: waiting for the next batch;
+``pull_wait``: a forward waiting for PS rows (the communicator's ``pull_sparse`` on the training
+thread, a prefetch's wait included); ``forward`` (loss included, pull wait excluded);
+``backward``; ``push_optimizer``: ``optimizer.step()`` (the PS push included) and
+``zero_grad``; ``other``: the rest of the step (loss bookkeeping, AUC, progress lines).
+``compute`` replaces forward + backward + other where fleet cannot tell them apart (a
+hand-written loop). The phases of one step add up to its step time."""
 
 # -- metric definitions (the naming test scans this module) -----------------------------------
 STEPS = Counter("fleet_trainer_steps", "Training steps ended (optimizer steps)")
@@ -103,12 +117,19 @@ COMM_SECONDS = Histogram(
 PIPELINE_BUBBLE = Gauge(
     "fleet_trainer_pipeline_bubble_ratio", "Idle fraction of a pipeline stage's step (0..1)"
 )
+PHASE_SECONDS = Histogram(
+    "fleet_trainer_phase_seconds",
+    "Time of each step spent in a phase (the phases of a step add up to its step time)",
+    ["phase"],
+    buckets=COMM_BUCKETS[:-1] + (5.0, 10.0, 60.0),
+)
 AMP_LOSS_SCALE = Gauge("fleet_trainer_amp_loss_scale", "Current AMP loss scale")
 AMP_SKIPPED = Counter(
     "fleet_trainer_amp_skipped_steps", "Steps AMP skipped because of inf/NaN gradients"
 )
 
 _COMM = {op: COMM_SECONDS.labels(op=op) for op in COMM_OPS}
+_PHASE = {phase: PHASE_SECONDS.labels(phase=phase) for phase in PHASES}
 THROUGHPUT_WINDOW_S = 1.0
 
 
@@ -171,6 +192,7 @@ def start(port: int, host: str = "127.0.0.1") -> int:
                 key="FLEET_METRICS_PORT",
             ) from None
         _state.server, _state.port, _state.enabled = server, int(server.server_port), True
+        _update_phase_timing()
     register_shutdown("fleet.telemetry", stop)  # its thread ends before the groups at exit
     logger.info("trainer metrics on http://%s:%d/metrics", host, _state.port)
     return _state.port
@@ -190,6 +212,7 @@ def stop() -> None:
             _state.server.shutdown()
             _state.server.server_close()
         _state.server, _state.port, _state.enabled = None, 0, False
+        _update_phase_timing()
 
 
 # -- the hooks -------------------------------------------------------------------------------
@@ -210,6 +233,9 @@ def on_step() -> None:
     st = _state
     if st.last_step is not None:
         STEP_SECONDS.observe(now - st.last_step)
+        if not _phases.loops:  # a train_from_dataset loop observes its own phases
+            _observe_seen_phases(now - st.last_step)
+    _phases.mark = dict(_phases.total)
     st.last_step = now
     STEPS.inc()
     st.steps += 1
@@ -360,8 +386,24 @@ class _TimedClient:
 
 
 def instrument_communicator(comm: Any) -> None:
-    """Time ``comm.client``'s pulls/pushes and end a step at each ``comm.step()`` (PS mode).
-    No-op with metrics off."""
+    """Add ``comm.pull_sparse``'s time on the training thread to the ``pull_wait`` phase while
+    phase timing is on (one flag check otherwise); with metrics on, also time
+    ``comm.client``'s pulls/pushes, add ``comm.step()`` to the ``push_optimizer`` phase and end
+    a step after it (PS mode)."""
+    inner_pull = getattr(comm, "pull_sparse", None)
+    if inner_pull is not None:
+
+        @functools.wraps(inner_pull)
+        def pull_sparse(*args: Any, **kwargs: Any) -> Any:
+            if not _phases.on:
+                return inner_pull(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return inner_pull(*args, **kwargs)
+            finally:
+                _phases.total["pull_wait"] += time.perf_counter() - t0
+
+        comm.pull_sparse = pull_sparse
     if not _state.enabled:
         return
     comm.client = _TimedClient(comm.client)
@@ -369,11 +411,113 @@ def instrument_communicator(comm: Any) -> None:
 
     @functools.wraps(inner_step)
     def step(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
         out = inner_step(*args, **kwargs)
+        _phases.total["push_optimizer"] += time.perf_counter() - t0
         on_step()
         return out
 
     comm.step = step
+
+
+# -- step phases -----------------------------------------------------------------------------
+LOOP_PHASES = ("data", "pull_wait", "forward", "backward", "push_optimizer", "other")
+"""The phases a :class:`PhaseTimer` loop times (``compute`` is split into forward, backward and
+other there)."""
+SEEN_PHASES = ("data", "pull_wait", "push_optimizer")
+"""The phases fleet's hooks accumulate by themselves (a hand-written loop's breakdown)."""
+
+
+class _Phases:
+    """Seconds the phase hooks accumulated (totals that only grow; readers keep snapshots)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        """Hooks accumulate: metrics on, or a :class:`PhaseTimer` loop running."""
+        self.loops = 0
+        """:class:`PhaseTimer` loops running (they observe their own phases)."""
+        self.total = dict.fromkeys(SEEN_PHASES, 0.0)
+        self.mark = dict(self.total)
+        """``total`` at the last step end (:func:`on_step`)."""
+
+
+_phases = _Phases()
+
+
+def _update_phase_timing() -> None:
+    _phases.on = _state.enabled or _phases.loops > 0
+
+
+def phase_clock() -> float:
+    """``time.perf_counter()`` while phase timing is on, else 0.0 (then :func:`add_phase` does
+    nothing): the two calls around a part of the step a hook times."""
+    return time.perf_counter() if _phases.on else 0.0
+
+
+def add_phase(phase: str, since: float) -> None:
+    """Add the time since ``since`` (a :func:`phase_clock` value) to ``phase`` (one of
+    :data:`SEEN_PHASES`)."""
+    if since:
+        _phases.total[phase] += time.perf_counter() - since
+
+
+def pull_wait_seconds() -> float:
+    """Seconds this process's training thread waited in PS pulls so far (while timing was on)."""
+    return _phases.total["pull_wait"]
+
+
+def _observe_seen_phases(step_s: float) -> None:
+    """A hand-written loop's step ended: observe what the hooks saw, the rest as ``compute``."""
+    total, mark = _phases.total, _phases.mark
+    seen = 0.0
+    for phase in SEEN_PHASES:
+        d = max(0.0, total[phase] - mark[phase])
+        seen += d
+        _PHASE[phase].observe(d)
+    _PHASE["compute"].observe(max(0.0, step_s - seen))
+
+
+class PhaseTimer:
+    """The phase clock of a loop that times every phase itself (``fleet.train_from_dataset``).
+
+    Used as a context manager around the loop: inside, the pull-wait hook runs even with
+    metrics off, and :func:`on_step` leaves the phase histograms to this timer. Each
+    :meth:`add` is one step (seconds per :data:`LOOP_PHASES` phase): observed in
+    ``fleet_trainer_phase_seconds`` when metrics are on, and summed in :attr:`total` and
+    :attr:`period` (the caller resets ``period`` when it prints).
+    """
+
+    def __init__(self) -> None:
+        self.total = [0.0] * len(LOOP_PHASES)
+        self.period = [0.0] * len(LOOP_PHASES)
+
+    def __enter__(self) -> PhaseTimer:
+        _phases.loops += 1
+        _update_phase_timing()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _phases.loops -= 1
+        _update_phase_timing()
+
+    def add(self, *seconds: float) -> None:
+        """One step's phases, in :data:`LOOP_PHASES` order."""
+        total, period = self.total, self.period
+        for i, s in enumerate(seconds):
+            total[i] += s
+            period[i] += s
+        if _state.enabled:
+            for phase, s in zip(LOOP_PHASES, seconds):
+                _PHASE[phase].observe(s)
+
+    def reset_period(self) -> None:
+        self.period = [0.0] * len(LOOP_PHASES)
+
+
+def steps_ended() -> int:
+    """Steps ended so far (metrics on; 0 otherwise): a loop ends a step itself only when no
+    optimizer or communicator did."""
+    return _state.steps
 
 
 __all__ = [
@@ -382,7 +526,13 @@ __all__ = [
     "COMM_OPS",
     "COMM_SECONDS",
     "LOSS",
+    "LOOP_PHASES",
+    "PHASES",
+    "PHASE_SECONDS",
     "PIPELINE_BUBBLE",
+    "SEEN_PHASES",
+    "PhaseTimer",
+    "add_phase",
     "SAMPLES",
     "STEPS",
     "STEP_SECONDS",
@@ -393,11 +543,14 @@ __all__ = [
     "observe_comm",
     "on_forward",
     "on_step",
+    "phase_clock",
+    "pull_wait_seconds",
     "report",
     "set_amp_loss_scale",
     "set_pipeline_bubble_ratio",
     "start",
     "start_from_env",
+    "steps_ended",
     "stop",
     "timed_comm_hook",
     "watch_ddp",

@@ -28,7 +28,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import torch
@@ -62,6 +62,10 @@ class TrainStats:
     """AUC of this trainer's predictions (nan when ``auc`` is off or one class is missing)."""
     auc: float
     """AUC over every trainer of the job (:func:`fleet.metrics.auc`; nan when off)."""
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    """Seconds of the pass spent in each step phase (:data:`fleet.telemetry.LOOP_PHASES`:
+    data, pull_wait, forward, backward, push_optimizer, other); they add up to the time of
+    the steps."""
 
     @property
     def examples_per_second(self) -> float:
@@ -103,63 +107,97 @@ def train_from_dataset(
     steps = examples = 0
     loss_sum = 0.0
     period_loss, period_examples = 0.0, 0
-    start = period_start = time.perf_counter()
-    batches = dataset if lookahead.looks_ahead(dataset) else lookahead.batches(dataset)
-    for batch in batches:
-        if max_steps is not None and steps >= max_steps:
-            break
-        if label not in batch:
-            raise ConfigError(
-                f"the batch has no slot {label!r} (slots: {sorted(batch)}); pass label= the "
-                "name of the label slot in use_var",
-                key="label",
-            )
-        inputs = {k: v for k, v in batch.items() if k != label}
-        output = model(inputs)
-        target = loss_target(loss_fn, output, batch[label], label)
-        loss = _loss(loss_fn, output, target, label, first=steps == 0)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        size = int(target.shape[0])
-        value = float(loss.detach())
-        steps += 1
-        examples += size
-        loss_sum += value
-        period_loss += value
-        period_examples += size
-        telemetry.report(loss=value, samples=size, step=True)
-        if state is not None:
-            preds = positive_scores(output, output_is_logits)
-            if preds is None:
-                logger.warning(
-                    "train_from_dataset: the model's output has shape %s, neither one score nor "
-                    "two class scores per example; no AUC (pass auc=False to silence this)",
-                    tuple(output.shape),
+    clock = time.perf_counter
+    timer = telemetry.PhaseTimer()
+    with timer:
+        batches = iter(dataset if lookahead.looks_ahead(dataset) else lookahead.batches(dataset))
+        start = period_start = t_step = clock()
+        printing = 0.0
+        while max_steps is None or steps < max_steps:
+            batch = next(batches, None)
+            t_data = clock()
+            if batch is None:
+                break
+            if label not in batch:
+                raise ConfigError(
+                    f"the batch has no slot {label!r} (slots: {sorted(batch)}); pass label= the "
+                    "name of the label slot in use_var",
+                    key="label",
                 )
-                state = None
-            else:
-                state.update(preds, target.detach().reshape(-1))
-        if steps % print_period == 0 and stream is not None:
-            now = time.perf_counter()
-            extras = {name: f(output, batch, loss) for name, f in fetch.items()}
-            local = _local_auc(state)
-            _print_line(
-                stream,
-                steps,
-                examples,
-                total,
-                period_examples / (now - period_start),
-                period_loss / print_period,
-                local,
-                extras,
+            inputs = {k: v for k, v in batch.items() if k != label}
+            pulled = telemetry.pull_wait_seconds()
+            ended = telemetry.steps_ended()
+            output = model(inputs)
+            target = loss_target(loss_fn, output, batch[label], label)
+            loss = _loss(loss_fn, output, target, label, first=steps == 0)
+            t_forward = clock()
+            pull_wait = telemetry.pull_wait_seconds() - pulled
+            loss.backward()
+            t_backward = clock()
+            optimizer.step()
+            optimizer.zero_grad()
+            t_optimizer = clock()
+            size = int(target.shape[0])
+            value = float(loss.detach())
+            steps += 1
+            examples += size
+            loss_sum += value
+            period_loss += value
+            period_examples += size
+            # a step ends here unless the optimizer or the PS communicator ended it already
+            telemetry.report(loss=value, samples=size, step=telemetry.steps_ended() == ended)
+            if state is not None:
+                preds = positive_scores(output, output_is_logits)
+                if preds is None:
+                    logger.warning(
+                        "train_from_dataset: the model's output has shape %s, neither one score "
+                        "nor two class scores per example; no AUC (pass auc=False to silence "
+                        "this)",
+                        tuple(output.shape),
+                    )
+                    state = None
+                else:
+                    state.update(preds, target.detach().reshape(-1))
+            t_end = clock()
+            timer.add(
+                t_data - t_step,
+                pull_wait,
+                t_forward - t_data - pull_wait,
+                t_backward - t_forward,
+                t_optimizer - t_backward,
+                t_end - t_optimizer + printing,
             )
-            period_loss, period_examples, period_start = 0.0, 0, now
+            t_step, printing = t_end, 0.0
+            if steps % print_period == 0 and stream is not None:
+                extras = {name: f(output, batch, loss) for name, f in fetch.items()}
+                _print_line(
+                    stream,
+                    steps,
+                    examples,
+                    total,
+                    period_examples / (t_end - period_start),
+                    period_loss / print_period,
+                    _local_auc(state),
+                    extras,
+                )
+                stream.write(f"[train] step-time: {format_shares(timer.period, print_period)}\n")
+                stream.flush()
+                timer.reset_period()
+                period_loss, period_examples, period_start = 0.0, 0, t_end
+                t_step = clock()
+                printing = t_step - t_end  # the next step's "other": every second is counted
+        timer.total[-1] += printing
     seconds = time.perf_counter() - start
     local_auc = _local_auc(state)
     global_auc = _global_auc(state) if state is not None else math.nan
     stats = TrainStats(
-        steps, examples, seconds, loss_sum / steps if steps else math.nan, local_auc, global_auc
+        steps,
+        examples,
+        seconds,
+        loss_sum / steps if steps else math.nan,
+        local_auc,
+        global_auc,
+        dict(zip(telemetry.LOOP_PHASES, timer.total)),
     )
     if stream is not None:
         stream.write(
@@ -167,6 +205,8 @@ def train_from_dataset(
             f"({stats.examples_per_second:.0f} ex/s), mean loss {stats.mean_loss:.5f}, "
             f"auc {global_auc:.5f} (all trainers)\n"
         )
+        if steps:
+            stream.write(f"[train] step-time (whole pass): {format_shares(timer.total, steps)}\n")
         stream.flush()
     return stats
 
@@ -291,6 +331,21 @@ def _dataset_size(dataset: Any) -> int | None:
     return None
 
 
+SHARE_NAMES = ("data", "pull", "fwd", "bwd", "push/opt", "other")
+"""How the progress line names :data:`fleet.telemetry.LOOP_PHASES`."""
+
+
+def format_shares(seconds: list[float], steps: int) -> str:
+    """``data 2% pull 31% fwd 18% bwd 25% push/opt 20% other 4% (12.3 ms/step)``: each phase's
+    share of the summed time of ``steps`` steps (``seconds`` in
+    :data:`fleet.telemetry.LOOP_PHASES` order) and the mean step."""
+    whole = sum(seconds)
+    if whole <= 0 or steps <= 0:
+        return "no steps"
+    shares = " ".join(f"{n} {100 * s / whole:.0f}%" for n, s in zip(SHARE_NAMES, seconds))
+    return f"{shares} ({1000 * whole / steps:.3g} ms/step)"
+
+
 def _print_line(
     stream: TextIO,
     steps: int,
@@ -315,4 +370,4 @@ def _print_line(
     stream.flush()
 
 
-__all__ = ["TrainStats", "train_from_dataset"]
+__all__ = ["TrainStats", "format_shares", "train_from_dataset"]

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
+import fleet.telemetry as telemetry
+
 Batch = Mapping[str, Any]
 
 
@@ -42,19 +44,34 @@ def register(prefetcher: Prefetcher) -> None:
 
 
 def batches(iterable: Iterable[Batch]) -> Iterator[Batch]:
-    """The batches of ``iterable`` in order; one batch ahead when a prefetcher is active."""
+    """The batches of ``iterable`` in order; one batch ahead when a prefetcher is active.
+
+    While step-phase timing is on (:mod:`fleet.telemetry`), the time spent producing each batch
+    (the lookahead's read and prefetch start included) is added to the ``data`` phase."""
     active = [p for p in _PREFETCHERS if p.active()]
     if not active:
-        yield from iterable
-        return
+        if not telemetry.phase_clock():
+            yield from iterable
+            return
+        it = iter(iterable)
+        while True:
+            t0 = telemetry.phase_clock()
+            batch = next(it, None)
+            if batch is None:
+                return
+            telemetry.add_phase("data", t0)
+            yield batch
     it = iter(iterable)
+    t0 = telemetry.phase_clock()
     current = next(it, None)
     try:
         while current is not None:
             following = next(it, None)
             for p in active:
                 p.on_batch(current, following)
+            telemetry.add_phase("data", t0)
             yield current
+            t0 = telemetry.phase_clock()
             current = following
     finally:
         for p in active:

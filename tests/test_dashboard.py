@@ -34,6 +34,7 @@ from collective.errors import ConfigError
 from launcher.dashboard import DashboardConfig, start_dashboard
 from launcher.dashboard.monitor import breakdown, rate, targets_from, thin
 from launcher.dashboard.scrape import (
+    PHASES,
     ScrapeError,
     TrainerStats,
     launcher_stats,
@@ -197,6 +198,44 @@ def test_breakdown_rate_and_targets() -> None:
     ]
     got = [(t.key, t.address) for t in targets_from(job, sd)]
     assert got == [("rank 0", "127.0.0.1:1"), ("rank 1", "127.0.0.1:2"), ("server 0", None)]
+
+
+@pytest.mark.timeout(30)
+def test_breakdown_from_step_phases() -> None:
+    """A trainer exporting fleet_trainer_phase_seconds gets its phases per step (computation
+    included; they add up to the step); a data-parallel loop's all-reduce shows apart from its
+    compute."""
+    phases = {"data": 0.1, "pull_wait": 0.3, "forward": 0.2, "backward": 0.2}
+    old = TrainerStats(phase_sum=phases, phase_count=10)
+    new = TrainerStats(
+        phase_sum={**{p: 2 * v for p, v in phases.items()}, "push_optimizer": 0.1, "other": 0.1},
+        phase_count=20,
+    )
+    b = breakdown(old, new)
+    assert b is not None and b["step"] == pytest.approx(0.1)
+    assert b["pull_wait"] == pytest.approx(0.03) and b["data"] == pytest.approx(0.01)
+    assert b["push_optimizer"] == pytest.approx(0.01) and b["compute"] == 0
+    assert sum(b[p] for p in PHASES) == pytest.approx(b["step"])
+    assert breakdown(new, new) == breakdown(None, new)  # no new step: the cumulative mean
+    dp = TrainerStats(
+        phase_sum={"data": 0.5, "compute": 1.5}, phase_count=10, comm_sum={"all_reduce": 0.4}
+    )
+    b = breakdown(None, dp)
+    assert b == {
+        **dict.fromkeys(PHASES, 0.0),
+        "data": 0.05,
+        "compute": 0.11,
+        "all_reduce": 0.04,
+        "step": 0.2,
+    }
+    r, m = trainer_registry()
+    m["phase"] = Histogram("fleet_trainer_phase_seconds", "s", ["phase"], registry=r)
+    for phase in ("data", "forward", "forward"):
+        m["phase"].labels(phase).observe(0.25)
+    from prometheus_client import generate_latest
+
+    stats = trainer_stats(parse_samples(generate_latest(r).decode()))
+    assert stats.phase_sum == {"data": 0.25, "forward": 0.5} and stats.phase_count == 2
 
 
 @pytest.mark.timeout(30)

@@ -124,6 +124,8 @@ return {
   failure_shown: !document.getElementById('failure').hidden, summary: txt('failure-summary'),
   tables: [...document.querySelectorAll('#tables tbody tr')].map((tr) => tr.dataset.table),
   loss_lines: [...document.querySelectorAll('#chart-loss polyline')].map((p) => p.dataset.label).sort(),
+  step_parts: [...document.querySelectorAll('#chart-breakdown rect[data-part]')].map(
+    (r) => [r.dataset.row, r.dataset.part, +r.dataset.share, +r.getAttribute('width')]),
   body: document.body.innerText,
 };
 """
@@ -160,6 +162,26 @@ def screenshot(driver: Any, path: Path, url: str) -> None:
     with urllib.request.urlopen(url + "api/state", timeout=5) as r:
         path.with_suffix(".json").write_bytes(r.read())
     print(f"dashboard screenshot: {path} (API state: {path.with_suffix('.json')})")
+
+
+def check_step_time_panel(page: dict[str, Any]) -> None:
+    """The step-time panel stacks every phase of each trainer's step (computation included),
+    as shares that fill the bar: the fixture's 50 ms step of rank 0 is data 2 ms, pull wait
+    10 ms, forward 12 ms, backward 14 ms, push/optimizer 8 ms, other 4 ms."""
+    want = {"data": 4, "pull_wait": 20, "forward": 24, "backward": 28, "push_optimizer": 16}
+    for rank in ("rank 0", "rank 1"):
+        parts = {p: (share, w) for row, p, share, w in page["step_parts"] if row == rank}
+        assert set(want) | {"other"} <= set(parts), (rank, parts)
+        assert sum(share for share, _ in parts.values()) == pytest.approx(100, abs=0.5)
+        assert all(w > 0 for _, w in parts.values())
+    rank0 = {p: share for row, p, share, _ in page["step_parts"] if row == "rank 0"}
+    for phase, share in want.items():
+        assert rank0[phase] == pytest.approx(share, abs=1), (phase, rank0)
+    widths = {
+        row: sum(w for r, _, _, w in page["step_parts"] if r == row) for row in ("rank 0", "rank 1")
+    }
+    assert widths["rank 0"] == pytest.approx(widths["rank 1"], rel=0.01)  # shares: equal bars
+    assert "pull_wait" in page["body"] and "ms" in page["body"]
 
 
 @pytest.mark.timeout(120)
@@ -207,6 +229,7 @@ def test_fixture_job_page_charts_ps_tables_and_failure(
         assert row_state(page, "rank 1") == "up" and row_state(page, "server 0") == "up"
         assert page["tables"] == ["item", "user"]
         assert page["loss_lines"] == ["rank 0", "rank 1"]
+        check_step_time_panel(page)
         screenshot(browser, tmp_path / "dashboard_fixture_running.png", url)
 
         (tmp_path / "fail_now").touch()  # rank 1 of the fixture job dies now

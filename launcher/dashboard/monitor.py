@@ -27,6 +27,7 @@ from launcher.dashboard.config import DashboardConfig
 from launcher.dashboard.scrape import (
     COMM_OPS,
     ENTRY_RESULTS,
+    PHASES,
     LauncherStats,
     ScrapeError,
     ServerStats,
@@ -151,7 +152,14 @@ def rate(a: float | None, b: float | None, dt: float) -> float | None:
 
 
 def breakdown(older: TrainerStats | None, latest: TrainerStats) -> dict[str, float] | None:
-    """Mean seconds per step: total, each comm op, and compute (the rest), over the window."""
+    """Mean seconds per step over the window: ``step`` and its parts.
+
+    A trainer that exports ``fleet_trainer_phase_seconds`` gets its phases (:data:`PHASES`;
+    they add up to the step), with the all-reduce time shown apart from ``compute`` when the
+    trainer has both (a hand-written data-parallel loop); an older trainer gets each comm op
+    and ``compute`` (the rest of ``fleet_trainer_step_seconds``)."""
+    if latest.phase_sum and latest.phase_count:
+        return _phase_breakdown(older, latest)
 
     def per_step(o: TrainerStats | None) -> tuple[float, float, dict[str, float]] | None:
         if latest.step_count is None or latest.step_sum is None:
@@ -171,6 +179,25 @@ def breakdown(older: TrainerStats | None, latest: TrainerStats) -> dict[str, flo
     for op in COMM_OPS:
         out[op] = max(0.0, comm.get(op, 0.0) / n)
     out["compute"] = max(0.0, out["step"] - sum(out[op] for op in COMM_OPS))
+    return {k: _round(v) for k, v in out.items()}  # type: ignore[misc]
+
+
+def _phase_breakdown(older: TrainerStats | None, latest: TrainerStats) -> dict[str, float] | None:
+    """:func:`breakdown` from the phase histograms (the window's difference, else cumulative)."""
+    n = latest.phase_count or 0.0
+    sums = dict(latest.phase_sum)
+    ar = latest.comm_sum.get("all_reduce", 0.0)
+    if older is not None and older.phase_count is not None and 0 < older.phase_count < n:
+        n -= older.phase_count
+        sums = {p: v - older.phase_sum.get(p, 0.0) for p, v in sums.items()}
+        ar -= older.comm_sum.get("all_reduce", 0.0)
+    if n <= 0:
+        return None
+    out = {p: max(0.0, sums.get(p, 0.0) / n) for p in PHASES}
+    out["step"] = sum(out.values())
+    if ar > 0 and out["compute"] > 0:  # DDP's all-reduce runs inside the loop's compute
+        out["all_reduce"] = min(out["compute"], ar / n)
+        out["compute"] -= out["all_reduce"]
     return {k: _round(v) for k, v in out.items()}  # type: ignore[misc]
 
 

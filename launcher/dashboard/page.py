@@ -75,7 +75,7 @@ PAGE_HTML = r"""<!doctype html>
     <section class="card"><h2>Loss per rank</h2><svg class="chart" id="chart-loss"></svg></section>
     <section class="card"><h2>Throughput per rank (samples/s)</h2>
       <svg class="chart" id="chart-throughput"></svg></section>
-    <section class="card"><h2>Step time breakdown (ms per step, last ~10 s)</h2>
+    <section class="card"><h2>Step time breakdown (share of each trainer's step, last ~10 s)</h2>
       <svg class="chart" id="chart-breakdown"></svg></section>
   </div>
   <div class="grid" id="ps" hidden>
@@ -93,7 +93,12 @@ PAGE_HTML = r"""<!doctype html>
 const NS = "http://www.w3.org/2000/svg";
 const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#1b7c83", "#6e7781"];
 const PART_COLORS = {compute: "#0969da", all_reduce: "#cf222e", ps_pull: "#9a6700", ps_push: "#8250df",
+                     data: "#6e7781", pull_wait: "#9a6700", forward: "#0969da", backward: "#1b7c83",
+                     push_optimizer: "#8250df", other: "#bf3989",
                      admitted: "#1a7f37", filtered: "#9a6700", evicted: "#cf222e"};
+// Step parts in stacking order: a trainer's phases (fleet_trainer_phase_seconds), else comm ops.
+const STEP_PARTS = ["data", "pull_wait", "forward", "backward", "push_optimizer", "other", "compute",
+                    "all_reduce", "ps_pull", "ps_push"];
 const $ = (id) => document.getElementById(id);
 
 function fmt(v) {
@@ -192,26 +197,31 @@ function lineChart(svg, lines) {
   svg.dataset.points = String(pts.length);
 }
 
-// rows: [{key, part: value, ...}] -> one horizontal stacked bar per row.
-function barChart(svg, rows, parts, scale) {
+// rows: [{key, part: value, ...}] -> one horizontal stacked bar per row. share: every bar is
+// 100 % wide, each part its share of the row's total (the total, times scale, printed after it
+// with unit); else widths are values times scale against the longest bar.
+function barChart(svg, rows, parts, scale, share, unit) {
   const f = frame(svg);
   const used = parts.filter((p) => rows.some((r) => (r[p] || 0) > 0));
   if (!rows.length || !used.length) return empty(svg, f, "no data");
   const layout = legendLayout(f, used);
   const total = (r) => used.reduce((s, p) => s + (r[p] || 0) * scale, 0);
   const max = Math.max(...rows.map(total)) || 1;
-  const left = 90, bh = Math.min(26, (f.h - f.t - f.b) / rows.length - 6);
+  const left = 90, bh = Math.min(26, (f.h - f.t - f.b) / rows.length - 6), width = f.w - left - 70;
   rows.forEach((r, i) => {
-    const y = f.t + i * (bh + 6);
+    const y = f.t + i * (bh + 6), sum = total(r) || 1;
     svgEl(svg, "text", {x: left - 6, y: y + bh / 2 + 4, "text-anchor": "end"}, r.key);
     let x = left;
     for (const p of used) {
-      const w = (r[p] || 0) * scale / max * (f.w - left - 60);
-      svgEl(svg, "rect", {x, y, width: Math.max(w, 0), height: bh, fill: PART_COLORS[p] || "#888"})
-        .appendChild(document.createElementNS(NS, "title")).textContent = `${p}: ${fmt((r[p] || 0) * scale)}`;
+      const v = (r[p] || 0) * scale, pct = 100 * v / sum;
+      const w = (share ? v / sum : v / max) * width;
+      const rect = svgEl(svg, "rect", {x, y, width: Math.max(w, 0), height: bh, fill: PART_COLORS[p] || "#888",
+                                       "data-row": r.key, "data-part": p, "data-share": pct.toFixed(2)});
+      rect.appendChild(document.createElementNS(NS, "title")).textContent =
+        share ? `${r.key} ${p}: ${pct.toFixed(1)}% (${fmt(v)} ${unit})` : `${p}: ${fmt(v)}`;
       x += w;
     }
-    svgEl(svg, "text", {x: x + 4, y: y + bh / 2 + 4}, fmt(total(r)));
+    svgEl(svg, "text", {x: x + 4, y: y + bh / 2 + 4}, fmt(total(r)) + (unit ? " " + unit : ""));
   });
   legend(svg, f, layout, used.map((p) => PART_COLORS[p] || "#888"));
   svg.dataset.points = String(rows.length * used.length);
@@ -272,7 +282,7 @@ function render(s) {
   const series = s.series || {};
   lineChart($("chart-loss"), series.loss);
   lineChart($("chart-throughput"), series.throughput);
-  barChart($("chart-breakdown"), s.breakdown || [], ["compute", "all_reduce", "ps_pull", "ps_push"], 1000);
+  barChart($("chart-breakdown"), s.breakdown || [], STEP_PARTS, 1000, true, "ms");
 
   const hasPs = (s.tables || []).length > 0 || s.processes.some((p) => p.role === "server");
   $("ps").hidden = !hasPs;

@@ -16,6 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 COMM_OPS = ("all_reduce", "ps_pull", "ps_push")
 """The ``op`` label values of ``fleet_trainer_comm_seconds``, in display order."""
+PHASES = ("data", "pull_wait", "forward", "backward", "push_optimizer", "other", "compute")
+"""The ``phase`` label values of ``fleet_trainer_phase_seconds``, in display order (the
+trainer's :data:`fleet.telemetry.PHASES`; the launcher does not import fleet)."""
 ENTRY_RESULTS = ("admitted", "filtered", "evicted")
 """The ``result`` label values of ``fleet_ps_entry_keys_total``."""
 OK_CODES = frozenset({"OK", "ok", "0", ""})
@@ -75,6 +78,10 @@ class TrainerStats:
     step_count: float | None = None
     comm_sum: dict[str, float] = field(default_factory=dict)
     """Seconds spent per communication op (cumulative)."""
+    phase_sum: dict[str, float] = field(default_factory=dict)
+    """Seconds spent per step phase (cumulative; empty when the trainer exports none)."""
+    phase_count: float | None = None
+    """Steps whose phases were observed (the largest per-phase count)."""
     bubble_ratio: float | None = None
     loss_scale: float | None = None
     amp_skipped: float | None = None
@@ -121,6 +128,12 @@ def trainer_stats(s: Samples) -> TrainerStats:
         v = _one(s, "fleet_trainer_comm_seconds_sum", op=op)
         if v is not None:
             comm[op] = v
+    phases, counts = {}, []
+    for phase in PHASES:
+        v = _one(s, "fleet_trainer_phase_seconds_sum", phase=phase)
+        if v is not None:
+            phases[phase] = v
+            counts.append(_one(s, "fleet_trainer_phase_seconds_count", phase=phase) or 0.0)
     return TrainerStats(
         steps=_one(s, "fleet_trainer_steps_total"),
         samples=_one(s, "fleet_trainer_samples_total"),
@@ -129,6 +142,8 @@ def trainer_stats(s: Samples) -> TrainerStats:
         step_sum=_one(s, "fleet_trainer_step_seconds_sum"),
         step_count=_one(s, "fleet_trainer_step_seconds_count"),
         comm_sum=comm,
+        phase_sum=phases,
+        phase_count=max(counts) if counts else None,
         bubble_ratio=_one(s, "fleet_trainer_pipeline_bubble_ratio"),
         loss_scale=_one(s, "fleet_trainer_amp_loss_scale"),
         amp_skipped=_one(s, "fleet_trainer_amp_skipped_steps_total"),

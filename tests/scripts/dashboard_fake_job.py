@@ -50,6 +50,7 @@ for rank in range(args.trainers):
         "loss": Gauge("fleet_trainer_loss", "loss", registry=r),
         "thr": Gauge("fleet_trainer_throughput_samples_per_second", "thr", registry=r),
         "comm": Histogram("fleet_trainer_comm_seconds", "comm", ["op"], registry=r),
+        "phase": Histogram("fleet_trainer_phase_seconds", "phase", ["phase"], registry=r),
     }
     server, addr = serve(r)
     procs.append(("trainer", rank, m, server, addr))
@@ -152,6 +153,16 @@ while time.time() < end and not (args.fail_when and os.path.exists(args.fail_whe
             m["comm"].labels("all_reduce").observe(0.01)
             m["comm"].labels("ps_pull").observe(0.005)
             m["comm"].labels("ps_push").observe(0.004)
+            # a 50 ms step of train_from_dataset (rank 1 waits longer on its pulls)
+            for phase, seconds in (
+                ("data", 0.002),
+                ("pull_wait", 0.010 + 0.010 * rank),
+                ("forward", 0.012),
+                ("backward", 0.014),
+                ("push_optimizer", 0.008),
+                ("other", 0.004 - 0.002 * rank),
+            ):
+                m["phase"].labels(phase).observe(seconds)
             m["loss"].set(2.0 * math.exp(-step / 50) + 0.1 * rank)
             m["thr"].set(1000 + 50 * math.sin(step / 5) + 100 * rank)
         else:

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 JOB = SCRIPTS / "telemetry_job.py"
 WORKER = SCRIPTS / "launcher_worker.py"
 NAME = re.compile(r"^fleet_(trainer|data|ps|launcher)_[a-z][a-z0-9_]*[a-z0-9]$")
-ALLOWED_LABELS = {"op", "table", "code", "result", "state", "role", "cause", "dataset"}
+ALLOWED_LABELS = {"op", "table", "code", "result", "state", "role", "cause", "dataset", "phase"}
 CONTRACT = {
     "fleet_trainer_steps_total",
     "fleet_trainer_samples_total",
@@ -29,6 +29,7 @@ CONTRACT = {
     "fleet_trainer_loss",
     "fleet_trainer_throughput_samples_per_second",
     "fleet_trainer_comm_seconds",
+    "fleet_trainer_phase_seconds",
     "fleet_trainer_pipeline_bubble_ratio",
     "fleet_trainer_amp_loss_scale",
     "fleet_trainer_amp_skipped_steps_total",
@@ -270,6 +271,11 @@ def test_ps_job_metrics(tmp_path: Path) -> None:
             assert value(m, "fleet_trainer_samples_total") == 10 * 16
             assert value(m, "fleet_trainer_comm_seconds_count", op="ps_pull") >= 10
             assert value(m, "fleet_trainer_comm_seconds_count", op="ps_push") >= 10
+            # a hand-written PS loop's step phases: pull wait, push/optimizer, the rest compute
+            for phase in ("pull_wait", "push_optimizer", "compute"):
+                assert value(m, "fleet_trainer_phase_seconds_count", phase=phase) >= 9, phase
+            assert value(m, "fleet_trainer_phase_seconds_sum", phase="pull_wait") > 0
+            assert value(m, "fleet_trainer_phase_seconds_sum", phase="push_optimizer") > 0
         s = scrape(by_role[("server", "0")])
         assert value(s, "fleet_ps_requests_total", op="PullSparse", table="emb", code="OK") >= 20
         assert value(s, "fleet_ps_requests_total", op="PushSparse", table="emb", code="OK") >= 20
@@ -568,3 +574,47 @@ def test_trainer_hooks_in_process() -> None:
     assert value(m, "fleet_trainer_pipeline_bubble_ratio") == 0.125
     assert value(m, "fleet_trainer_comm_seconds_count", op="ps_pull") >= 1
     assert value(m, "fleet_trainer_throughput_samples_per_second") > 0
+
+
+@pytest.mark.timeout(60)
+def test_hand_written_loop_phases_in_process() -> None:
+    """A hand-written loop with metrics on: data from a fleet.data-style iterator (through
+    fleet.base.lookahead), pull wait from a real communicator, the rest as compute; each step's
+    phases add up to its step time."""
+    import numpy as np
+
+    from fleet import telemetry
+    from fleet.base import lookahead
+    from fleet.ps.communicator import Communicator
+
+    class SlowClient:  # a PS server's stand-in: a pull takes 4 ms
+        def pull_sparse(self, table: str, keys: Any) -> Any:
+            time.sleep(0.004)
+            return np.zeros((len(keys), 2), np.float32)
+
+    def slow_batches() -> Any:
+        for _ in range(6):
+            time.sleep(0.006)
+            yield {"x": 1}
+
+    def phase_sum(phase: str) -> float:
+        return telemetry.PHASE_SECONDS.labels(phase=phase)._sum.get()
+
+    before = {p: phase_sum(p) for p in telemetry.PHASES}
+    steps_before = telemetry.STEP_SECONDS._sum.get()
+    port = telemetry.start(0)
+    try:
+        comm = Communicator(SlowClient(), 1, lambda: None)
+        for _batch in lookahead.batches(slow_batches()):
+            comm.pull_sparse("emb", np.arange(3))
+            time.sleep(0.003)  # the script's own forward/backward
+            telemetry.report(step=True)
+        m = scrape(f"127.0.0.1:{port}")
+    finally:
+        telemetry.stop()
+    got = {p: phase_sum(p) - before[p] for p in telemetry.PHASES}
+    step_s = telemetry.STEP_SECONDS._sum.get() - steps_before
+    assert value(m, "fleet_trainer_phase_seconds_count", phase="data") >= 5
+    assert got["data"] >= 5 * 0.006 and got["pull_wait"] >= 5 * 0.004
+    assert got["compute"] >= 5 * 0.003 and got["forward"] == 0
+    assert sum(got.values()) == pytest.approx(step_s, rel=0.01)

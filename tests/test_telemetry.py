@@ -79,6 +79,8 @@ def defined_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
                 kind = value._type
                 name = value._name + ("_total" if kind == "counter" else "")
                 out[name] = (kind, tuple(value._labelnames))
+    for family in fleet.telemetry.PHASE_SECONDS.describe():  # a scrape-time histogram
+        out[family.name] = (family.type, ("phase",))
     collected = ps_server.telemetry.COLLECTED  # scrape-time metrics: exposed name -> labels
     for collector in (ps_server.telemetry.REQUEST_STATS, ps_server.telemetry.TABLES):
         for family in collector.collect():
@@ -598,7 +600,7 @@ def test_hand_written_loop_phases_in_process() -> None:
             yield {"x": 1}
 
     def phase_sum(phase: str) -> float:
-        return telemetry.PHASE_SECONDS.labels(phase=phase)._sum.get()
+        return telemetry.PHASE_SECONDS.sums[phase]
 
     before = {p: phase_sum(p) for p in telemetry.PHASES}
     steps_before = telemetry.STEP_SECONDS._sum.get()

@@ -10,8 +10,8 @@ Three jobs per round, in an order that rotates from round to round:
   epoch over Paddle's ``InMemoryDataset(thread_num=2)``;
 * **ours, train_from_dataset:** ``fleetrun --server_num 1 --worker_num 1
   bench/ps_files_worker.py --variant tfd``: ``fleet.train_from_dataset(model, opt, ds,
-  torch.nn.CrossEntropyLoss(), label="click")`` per epoch over ``fleet.data.InMemoryDataset
-  (thread_num=2)``, default settings;
+  torch.nn.CrossEntropyLoss(), label="click", print_period=100)`` per epoch over
+  ``fleet.InMemoryDataset`` (``thread_num=2``), default settings (nothing tuned by hand);
 * **ours, the guide's loop:** the same job with ``--variant loop``: ``for batch in ds: ...
   loss.backward(); opt.step(); opt.zero_grad()``.
 

@@ -7,11 +7,12 @@ one ``fleet.DistributedEmbedding`` of dim 8 (Adagrad 0.05 on the server, ``pooli
 pull for all slots), concatenated (208) into an MLP 64-32-2 (Adam 1e-3 on the server),
 softmax cross-entropy on the 2 logits, async (``strategy.a_sync = True``).
 
-The files are loaded once into a ``fleet.data.InMemoryDataset`` (``thread_num`` =
+The files are loaded once into a ``fleet.InMemoryDataset`` (``thread_num`` =
 ``--threads``; timed apart, excluded from examples/s); then per epoch, timed alone:
 
 * ``--variant tfd``: ``fleet.train_from_dataset(model, opt, ds, torch.nn.CrossEntropyLoss(),
-  label="click")`` as docs/ps/datasets.md shows it; the epoch's AUC is the ``TrainStats``'
+  label="click", print_period=100)`` as docs/ps/datasets.md shows it (its progress lines in
+  the trainer's log); the epoch's AUC is the ``TrainStats``'
   ``local_auc`` (one trainer: the job's AUC);
 * ``--variant loop``: the guide's loop ``for batch in ds: out = model(batch minus click); loss
   = ...; loss.backward(); opt.step(); opt.zero_grad()``, the AUC of the softmax's class-1
@@ -83,7 +84,7 @@ class SlotsMLP(nn.Module):
 def epoch_tfd(model: nn.Module, opt: Any, ds: Any) -> float:
     """One epoch of ``fleet.train_from_dataset`` as the docs show it; its AUC."""
     stats = fleet.train_from_dataset(
-        model, opt, ds, torch.nn.CrossEntropyLoss(), label=LABEL, print_period=1000
+        model, opt, ds, torch.nn.CrossEntropyLoss(), label=LABEL, print_period=100
     )
     return float(stats.local_auc)
 
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
             out.flush()
 
     t0 = time.perf_counter()
-    ds = fleet.data.InMemoryDataset()
+    ds = fleet.InMemoryDataset()
     ds.init(
         batch_size=args.batch_size,
         thread_num=args.threads,

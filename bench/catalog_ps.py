@@ -343,6 +343,32 @@ ENTRIES: tuple[Benchmark, ...] = (
         json_suffix=".ps.json",
     ),
     Benchmark(
+        "step_phases",
+        "ps",
+        "Step-time breakdown overhead (train_from_dataset, a few-ms PS step)",
+        "bench/bench_step_phases.py",
+        ("--rounds", "21", "--steps", "60", "--batch", "128"),
+        ("--rounds", "5", "--steps", "30", "--batch", "128", "--cost_reps", "5"),
+        (
+            _c(
+                "step_phases_cost",
+                "Phase timing per step, as a share of the step (metrics on)",
+                "^timing code per step vs the untimed step \\(cpu\\), metrics on",
+                "lower",
+                "the step it times",
+                le(0.01),
+            ),
+            _c(
+                "step_phases_ab",
+                "Step time, train_from_dataset vs the same loop untimed (CPU clock)",
+                "^step time \\(cpu\\), train_from_dataset",
+                "lower",
+                "the same loop without phase timing",
+                each=True,
+            ),
+        ),
+    ),
+    Benchmark(
         "ps_chaos",
         "ps",
         "PS chaos: servers and trainers SIGKILLed during training",

@@ -71,8 +71,14 @@ static int probe_part(void *arg, int part, Py_ssize_t lo, Py_ssize_t hi) {
     for (Py_ssize_t i = lo; i < hi; i++) {
         if (i + PF < hi) __builtin_prefetch(&slots[mix64((uint64_t)query[i + PF] ^ INDEX_SALT) & mask]);
         if (i + PF / 2 < hi) {
-            int32_t ahead = slots[mix64((uint64_t)query[i + PF / 2] ^ INDEX_SALT) & mask];
-            if (ahead >= 0 && ahead < ncap) __builtin_prefetch(&stored[ahead]);
+            /* the keys of the first slots of its run (a missing key compares them all up to
+               the next empty slot: without this, one cache miss after the other) */
+            uint64_t p = mix64((uint64_t)query[i + PF / 2] ^ INDEX_SALT) & mask;
+            for (int k = 0; k < 4; k++, p = (p + 1) & mask) {
+                int32_t ahead = slots[p];
+                if (ahead == -1) break;
+                if (ahead >= 0 && ahead < ncap) __builtin_prefetch(&stored[ahead]);
+            }
         }
         int64_t key = query[i];
         uint64_t pos = mix64((uint64_t)key ^ INDEX_SALT) & mask;

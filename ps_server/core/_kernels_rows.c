@@ -247,7 +247,8 @@ PyObject *psk_insert(PyObject *self, PyObject *args) {
         int full = 0;
         Py_BEGIN_ALLOW_THREADS
         enum { PF = 16 };
-        if (reindex) { /* the old slots in order: their keys are random reads, prefetched */
+        if (reindex) { /* the old slots in order: their keys are random reads, prefetched, and
+                          the new slots are written nearly in order */
             for (Py_ssize_t i = 0; i < n && !full; i++) {
                 if (i + PF < n && rows32[i + PF] >= 0) __builtin_prefetch(&keys[rows32[i + PF]]);
                 if (rows32[i] >= 0) full = !place(slots, mask, keys[rows32[i]], rows32[i]);

@@ -39,7 +39,7 @@ from common import Stats, report
 
 import fleet
 import fleet.telemetry as telemetry
-from fleet import metrics
+from fleet import metrics, train_loop
 from fleet.base import lookahead
 from fleet.ps.communicator import Communicator
 from fleet.train_loop import loss_target, positive_scores
@@ -104,7 +104,10 @@ def untimed_loop(
     label: str,
     print_period: int,
 ) -> int:
-    """``train_from_dataset``'s loop body without the phase timing (the peer)."""
+    """``train_from_dataset`` without the phase timing (the peer): the same set-up, loop body
+    and end of pass (the AUCs)."""
+    train_loop._dataset_size(dataset)
+    train_loop._trainer_rank()
     state = metrics.AucState()
     model.train()
     steps = 0
@@ -125,7 +128,9 @@ def untimed_loop(
         preds = positive_scores(output, True)
         state.update(preds, target.detach().reshape(-1))
         if steps % print_period == 0:
-            state.local_auc()
+            train_loop._local_auc(state)
+    train_loop._local_auc(state)
+    train_loop._global_auc(state)
     return steps
 
 

@@ -347,7 +347,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         "ps",
         "Step-time breakdown overhead (train_from_dataset, a few-ms PS step)",
         "bench/bench_step_phases.py",
-        ("--rounds", "21", "--steps", "60", "--batch", "128"),
+        ("--rounds", "41", "--steps", "60", "--batch", "128"),
         ("--rounds", "5", "--steps", "30", "--batch", "128", "--cost_reps", "5"),
         (
             _c(

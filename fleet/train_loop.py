@@ -15,7 +15,11 @@ the mapping without the ``label`` slot and returns logits (or whatever ``loss_fn
 ``loss_fn(output, label_tensor)``, ``backward``, ``optimizer.step()``, ``zero_grad()``. Every
 ``print_period`` batches one line shows progress (a bar when the dataset knows its size),
 examples/s, the mean loss, this trainer's AUC (binary labels; ``sigmoid`` of the output when
-``output_is_logits``) and the ``fetch`` values. The AUC over every trainer
+``output_is_logits``) and the ``fetch`` values, and a second line where the step time went:
+the share of each phase (data, pull wait, forward, backward, push/optimizer, other; see
+:data:`fleet.telemetry.PHASES`), timed by a few ``perf_counter`` reads per step with or without
+metrics, observed in ``fleet_trainer_phase_seconds`` when metrics are on, totalled in
+:attr:`TrainStats.phase_seconds`. The AUC over every trainer
 (:func:`fleet.metrics.auc`) is computed once at the end, when all trainers have finished their
 shard: a collective in the middle of the loop would hang trainers whose shards differ in length.
 Where we differ from Paddle: no program or scope; ``fetch`` takes callables, not variable names.

@@ -287,9 +287,10 @@ class SparseTable(Table):
         return overflow
 
     def _create(
-        self, keys: np.ndarray, counts: np.ndarray, protect: np.ndarray
+        self, keys: np.ndarray, counts: np.ndarray | None, protect: np.ndarray
     ) -> tuple[np.ndarray, int]:
-        """Rows for admitted distinct keys, initialised; returns (rows, evicted)."""
+        """Rows for admitted distinct keys, initialised with their ``counts`` (None: 0);
+        returns (rows, evicted)."""
         n = keys.shape[0]
         evicted = self._evict_for(n, protect)
         st = self.store
@@ -304,10 +305,21 @@ class SparseTable(Table):
             state = np.empty((n, self._state_dim), dtype=np.float32)
             self.config.optimizer.init_state(state)
             st.scatter("state", rows, state)
-        st.cols["count"][at] = np.minimum(counts, _U32_MAX)
+        st.cols["count"][at] = 0 if counts is None else np.minimum(counts, _U32_MAX)
         st.cols["unseen_days"][at] = 0
         self._counters["rows_created"] += int(keys.shape[0])
         return rows, evicted
+
+    def _admit_and_create(self, keys: np.ndarray, protect: np.ndarray) -> np.ndarray:
+        """Rows (-1: not admitted) for distinct keys a pull misses, under the entry policy."""
+        prow, counts = self._pending_counts(keys)
+        admit = self._admit(keys, counts)
+        rows = np.full(keys.shape[0], -1, dtype=np.int64)
+        if admit.any():
+            rows[admit], _ = self._create(keys[admit], counts[admit], protect)
+            if self.pending is not None and (admit & (prow >= 0)).any():
+                self.pending.remove_rows(prow[admit & (prow >= 0)])
+        return rows
 
     # -- pull / push --------------------------------------------------------------------------
     def pull(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -320,16 +332,17 @@ class SparseTable(Table):
             rows = self.store.lookup(keys)
             miss = rows < 0
             if miss.any():
-                mkeys, inv, _ = distinct(keys[miss])
+                every = bool(miss.all())  # a first pass: no key held yet
+                mkeys, inv, _ = distinct(keys if every else keys[miss])
                 self.check_owned(mkeys)
-                prow, counts = self._pending_counts(mkeys)
-                admit = self._admit(mkeys, counts)
-                mrows = np.full(mkeys.shape[0], -1, dtype=np.int64)
-                if admit.any():
-                    mrows[admit], _ = self._create(mkeys[admit], counts[admit], rows)
-                    if self.pending is not None and (admit & (prow >= 0)).any():
-                        self.pending.remove_rows(prow[admit & (prow >= 0)])
-                rows[miss] = mrows[inv.reshape(-1)]
+                if self.config.entry is None:  # every key admitted, nothing pending
+                    mrows, _ = self._create(mkeys, None, rows)
+                else:
+                    mrows = self._admit_and_create(mkeys, rows)
+                if every:
+                    rows = mrows[inv]
+                else:
+                    rows[miss] = mrows[inv]
             self.store.gather_into("values", rows, out)
             unadmitted = rows < 0
             if unadmitted.any():

@@ -1,7 +1,7 @@
 """Every benchmark `python -m bench run` knows: its script, its full and quick arguments, what it
 needs, and the claims its figures support (:mod:`bench.spec`); the entries live in
-:mod:`bench.catalog_collective` (launcher, collective, elastic) and :mod:`bench.catalog_ps`
-(parameter server, data).
+:mod:`bench.catalog_collective` (launcher, collective, elastic), :mod:`bench.catalog_ps`
+(parameter server) and :mod:`bench.catalog_ps_train` (PS training, data).
 
 Every ``bench/bench_*.py`` is either registered or listed in :data:`HELPERS` (worker and helper
 scripts that are not run on their own); ``tests/test_bench_runner.py`` checks that. Nothing here
@@ -10,7 +10,7 @@ imports torch: the docs hook reads this module.
 
 from __future__ import annotations
 
-from bench import catalog_collective, catalog_ps
+from bench import catalog_collective, catalog_ps, catalog_ps_train
 from bench.spec import AREAS, REQUIREMENTS, Benchmark, Claim, Goal, claim, ge, le
 
 __all__ = [
@@ -28,7 +28,9 @@ __all__ = [
     "le",
 ]
 
-BENCHMARKS: tuple[Benchmark, ...] = catalog_collective.ENTRIES + catalog_ps.ENTRIES
+BENCHMARKS: tuple[Benchmark, ...] = (
+    catalog_collective.ENTRIES + catalog_ps.ENTRIES + catalog_ps_train.ENTRIES
+)
 
 # Scripts under bench/ that are not benchmarks of their own, and what they are.
 HELPERS = {

@@ -297,7 +297,9 @@ class Candidate:
             "pp_degree": self.pp,
             "sharding_degree": self.sharding,
         }
-        out["tensor_parallel"] = self.mp > 1
+        # tensor parallelism is hybrid_configs.mp_degree; fleet refuses the separate
+        # strategy.tensor_parallel switch, so it is left off
+        out.pop("tensor_parallel", None)
         out["pipeline"] = self.pp > 1
         out["pipeline_configs"] = {
             **dict(out.get("pipeline_configs") or {}),

@@ -22,8 +22,9 @@ from launcher.spec import (
     set_path,
 )
 
-SUBCOMMANDS = ("status", "logs", "delete", "dashboard", "pod", "k8s")
-"""First words that select a tool subcommand (launcher/commands.py) instead of a launch."""
+SUBCOMMANDS = ("status", "logs", "delete", "dashboard", "pod", "k8s", "plan")
+"""First words that select a tool subcommand (launcher/commands.py; ``plan`` is
+launcher/plan_command.py, registered there) instead of a launch."""
 
 # click parameter name -> job-spec key path
 FLAG_TO_KEY = {
@@ -386,7 +387,7 @@ def init_logging() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``fleetrun``): a tool subcommand (status, logs, delete,
-    dashboard) or a job launch."""
+    dashboard, plan) or a job launch."""
     init_logging()
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in SUBCOMMANDS:

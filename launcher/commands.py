@@ -1,4 +1,4 @@
-"""``fleetrun status|logs|delete|dashboard|pod|k8s``: tool subcommands next to the launch command.
+"""``fleetrun status|logs|delete|dashboard|pod|k8s|plan``: tool subcommands next to the launch command.
 
 ``launcher.cli.main`` routes here when the first argument is one of ``cli.SUBCOMMANDS``.
 """
@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from collective.errors import ConfigError, FleetError, LaunchError
+from launcher.plan_command import plan_cmd
 from launcher.schedulers import get_scheduler
 
 
@@ -305,3 +306,6 @@ def dashboard_cmd(log_dir: str, port: int | None, poll_interval: float) -> None:
             pass
     finally:
         dash.close()
+
+
+tools.add_command(plan_cmd)  # ``fleetrun plan`` (launcher/plan_command.py)

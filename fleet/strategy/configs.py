@@ -276,6 +276,54 @@ class TensorParallelConfig(StrategySection):
 
 
 @dataclass(frozen=True)
+class AutoConfig(StrategySection):
+    """``auto_configs``: what ``strategy.auto`` plans for (:mod:`fleet.planner.auto`): the
+    model, its sample batch and the global batch, as ``fleetrun plan`` takes them."""
+
+    SECTION: ClassVar[str] = "auto_configs"
+
+    model: str = ""
+    """``pkg.module:function`` building the model (a layer list, an ``nn.Module``, or either
+    paired with the loss); ``fleetrun plan --model``."""
+    sample: str = ""
+    """``pkg.module:function(batch_size)`` returning ``(inputs, labels)``; ``--sample``."""
+    loss: str = ""
+    """``pkg.module:function`` returning the loss, when the model function returns none
+    (empty: the model function's)."""
+    global_batch_size: int = 0
+    """Samples per optimizer step over the whole job (>= 1 when ``auto`` is on)."""
+    optimizer: str = "adamw"
+    """``adamw``, ``adam``, ``momentum`` or ``sgd``: its state counts in the memory."""
+    lr: float = 1e-3
+    """Learning rate of the optimizer the planner's trials use (> 0)."""
+    memory_per_device_MB: int = 0
+    """Memory budget of one rank in MiB; 0 = the GPU's memory, or on CPU the machine's memory
+    divided by the ranks of a node."""
+    top: int = 1
+    """Rows of the ranked table rank 0 logs at ``fleet.init`` (>= 1; 1 = the pick only)."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(
+            self.global_batch_size >= 0,
+            f"{p}.global_batch_size",
+            f"must be >= 1 (0 = not set), got {self.global_batch_size}",
+        )
+        require(
+            self.optimizer in ("adamw", "adam", "momentum", "sgd"),
+            f"{p}.optimizer",
+            f"must be adamw, adam, momentum or sgd, got {self.optimizer!r}",
+        )
+        require(self.lr > 0, f"{p}.lr", f"must be > 0, got {self.lr}")
+        require(
+            self.memory_per_device_MB >= 0,
+            f"{p}.memory_per_device_MB",
+            f"must be >= 0 (0 = detect), got {self.memory_per_device_MB}",
+        )
+        require(self.top >= 1, f"{p}.top", f"must be >= 1, got {self.top}")
+
+
+@dataclass(frozen=True)
 class HybridConfig(StrategySection):
     """``hybrid_configs``: the degree of every parallel axis; their product is the world size."""
 
@@ -528,6 +576,7 @@ __all__ = [
     "AdaptiveLocalSGDConfig",
     "AmpConfig",
     "AmpDtype",
+    "AutoConfig",
     "DGCConfig",
     "FP16AllReduceConfig",
     "GradientMergeConfig",

@@ -33,6 +33,7 @@ from fleet.strategy.configs import (
     AdaptiveLocalSGDConfig,
     AmpConfig,
     ASyncConfig,
+    AutoConfig,
     DGCConfig,
     FP16AllReduceConfig,
     GradientMergeConfig,
@@ -140,6 +141,13 @@ class DistributedStrategy:
     cudnn_exhaustive_search: bool = False
     """Benchmark the cuDNN convolution algorithms and keep the fastest (True sets
     ``torch.backends.cudnn.benchmark``; False leaves torch's setting alone)."""
+    auto: bool = False
+    """Let the planner choose the hybrid configuration at ``fleet.init`` (degrees, sharding
+    stage, micro-batching, recompute) from ``auto_configs``: the plan ``fleetrun plan`` cached
+    for the same model and job shape, else a calibration and search on the spot. Refused with
+    hybrid degrees set by hand."""
+    auto_configs: AutoConfig = field(default_factory=AutoConfig)
+    """The model, sample and global batch ``auto`` plans for."""
     # ---- accepted for Paddle scripts, no effect on torch (reasons in NO_OP_KEYS) ----
     sync_nccl_allreduce: bool = True
     """No effect (see :data:`NO_OP_KEYS`)."""

@@ -1,0 +1,414 @@
+"""Per-entry measurements of the user's model at one tensor-parallel degree.
+
+:func:`profile_model` builds the model with a real model-parallel group (size 1 included) as a
+single-stage :class:`~fleet.meta_parallel.PipelineLayer` and times every entry of its
+``run_function`` list on its own: the input of entry ``i`` is the detached output of entry
+``i - 1`` (requiring grad when floating); the forward, then the backward with a random gradient
+of the output's shape (the last entry includes the loss's forward and backward). Each figure is
+the median of a few repetitions after one warm-up (two for an entry slower than
+:data:`SLOW_ENTRY_S`); the warm-up runs under
+:class:`~fleet.meta_parallel.pp_memory.SavedActivationMeter`, which gives the bytes autograd
+keeps for the entry's backward (parameters excluded). Entries built from the same
+``LayerDesc`` class with equal arguments are measured once and the figures reused.
+
+AMP (``amp``): ``"O0"`` profiles in float32. ``"O1"`` runs every forward (and the loss) under
+fleet's autocast (:func:`fleet.meta_optimizers.amp.autocast`, the strategy's dtype and op
+lists), as the job does; the backward follows autocast's casts. ``"O2"`` additionally keeps the
+parameters in the low dtype (the model is cast before timing, as pure-fp16 training holds it);
+its optimizer step is still timed on float32 tensors (the master weights).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from collective.errors import ConfigError
+from fleet.meta_optimizers.amp import autocast, torch_dtype
+from fleet.meta_parallel import (
+    ColumnParallelLinear,
+    LayerDesc,
+    PipelineLayer,
+    RowParallelLinear,
+    SharedLayerDesc,
+    VocabParallelEmbedding,
+)
+from fleet.meta_parallel.pp_memory import SavedActivationMeter
+from fleet.planner.spec import BuiltModel, build_model, sample_batch
+from fleet.planner.types import ModelSpec
+from fleet.strategy.configs import AmpConfig
+
+AMP_LEVELS = ("O0", "O1", "O2")
+
+SLOW_ENTRY_S = 0.05
+"""An entry whose warm-up forward and backward take longer than this is timed twice, not
+``reps`` times."""
+
+
+@dataclass
+class EntryFigures:
+    """One entry at one tensor-parallel degree; per-micro-batch-size dicts keyed by ``b``."""
+
+    name: str
+    param_bytes: int
+    """Bytes of its parameters unsplit (what mp = 1 holds)."""
+    tp_param_bytes: int
+    """The unsplit bytes of the parameters tensor parallelism splits."""
+    shared_key: str | None
+    fwd_s: dict[int, float] = field(default_factory=dict)
+    bwd_s: dict[int, float] = field(default_factory=dict)
+    act_bytes: dict[int, float] = field(default_factory=dict)
+    out_bytes: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class MpProfile:
+    """What :func:`profile_model` measured at one tensor-parallel degree."""
+
+    mp_degree: int
+    entries: list[EntryFigures]
+    layer_list: bool
+    block_class: str | None
+    optimizer_step_s_per_byte: float
+    input_bytes: dict[int, float]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _tensors(item)]
+    if isinstance(x, dict):
+        return [t for item in x.values() for t in _tensors(item)]
+    return []
+
+
+def nbytes(x: Any) -> int:
+    """Bytes of every tensor in ``x`` (a tensor or nested tuples/lists/dicts of them)."""
+    return sum(t.numel() * t.element_size() for t in _tensors(x))
+
+
+def _detach(x: Any, device: torch.device) -> Any:
+    """A fresh leaf copy of ``x`` on ``device`` (floating tensors require grad)."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach().to(device)
+        return t.requires_grad_(True) if t.is_floating_point() else t
+    if isinstance(x, tuple):
+        return tuple(_detach(i, device) for i in x)
+    if isinstance(x, list):
+        return [_detach(i, device) for i in x]
+    return x
+
+
+def _to(x: Any, device: torch.device) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(i, device) for i in x)
+    return x
+
+
+def tp_param_bytes_local(module: nn.Module) -> int:
+    """Bytes of this rank's shards of tensor-parallel parameters in ``module``: the parameters
+    of ColumnParallelLinear, RowParallelLinear and VocabParallelEmbedding (and subclasses),
+    except a RowParallelLinear's bias, which every mp rank holds whole."""
+    total = 0
+    for sub in module.modules():
+        if not isinstance(sub, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
+            continue
+        for name, p in sub.named_parameters(recurse=False):
+            if isinstance(sub, RowParallelLinear) and name == "bias":
+                continue
+            total += p.numel() * p.element_size()
+    return total
+
+
+def _param_bytes(module: nn.Module | None) -> int:
+    if module is None:
+        return 0
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _entry_modules(pipe: PipelineLayer, entries: list[Any]) -> list[nn.Module | None]:
+    """The module holding each entry's parameters (None for a plain function)."""
+    out: list[nn.Module | None] = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, SharedLayerDesc):
+            out.append(pipe.shared_layers[entry.layer_name])
+        elif isinstance(entry, LayerDesc):
+            out.append(getattr(pipe, str(i)))
+        elif isinstance(entry, nn.Module):
+            out.append(entry)
+        else:
+            out.append(None)
+    return out
+
+
+def _reuse_key(entries: list[Any], i: int) -> str | None:
+    """Entries with equal keys are the same computation (measured once)."""
+    entry = entries[i]
+    if i == 0 or i == len(entries) - 1:
+        return None
+    if not isinstance(entry, LayerDesc) or isinstance(entry, SharedLayerDesc):
+        return None
+    kwargs = sorted(entry.kwargs.items())
+    cls = f"{entry.layer_cls.__module__}.{entry.layer_cls.__qualname__}"
+    return f"{cls}|{entry.args!r}|{kwargs!r}"
+
+
+def _backward(out: Any, loss: torch.Tensor | None) -> None:
+    if loss is not None:
+        loss.backward()
+        return
+    outs = [t for t in _tensors(out) if t.requires_grad]
+    if outs:
+        # sum(out * g) backpropagates the random gradient g; an implicit scalar gradient also
+        # keeps autograd from importing its symbolic-shape checker (seconds, once per process)
+        total = sum((t * torch.randn_like(t)).sum() for t in outs)
+        total.backward()  # type: ignore[union-attr]
+
+
+def _amp_context(amp: str, amp_config: AmpConfig, device: torch.device) -> Any:
+    if amp == "O0":
+        return contextlib.nullcontext()
+    return autocast(amp_config, device.type)
+
+
+@contextlib.contextmanager
+def _meter(params: list[torch.Tensor], on: bool) -> Iterator[SavedActivationMeter | None]:
+    if not on:
+        yield None
+        return
+    with SavedActivationMeter(params) as m:
+        yield m
+
+
+def _time_entry(
+    func: Callable[[Any], Any],
+    x: Any,
+    loss: tuple[Callable[..., Any], Any] | None,
+    params: list[torch.Tensor],
+    reps: int,
+    amp_ctx: Callable[[], Any],
+    device: torch.device,
+    agree: Callable[[float], float],
+) -> tuple[float, float, float, Any]:
+    """(fwd seconds, bwd seconds, saved activation bytes, output) of one entry; ``agree``
+    makes the ranks of the mp group take the same number of runs (their layers communicate)."""
+    fwd: list[float] = []
+    bwd: list[float] = []
+    act = 0.0
+    out: Any = None
+    runs = reps + 1
+    rep = 0
+    while rep < runs:
+        with _meter(params, rep == 0) as meter:
+            _sync(device)
+            t0 = time.perf_counter()
+            with amp_ctx():
+                out = func(x)
+                value = loss[0](out, loss[1]) if loss is not None else None
+            _sync(device)
+            t1 = time.perf_counter()
+            if meter is not None:
+                act = float(meter.live_bytes)
+        _backward(out, value)
+        _sync(device)
+        t2 = time.perf_counter()
+        for t in _tensors(x):
+            t.grad = None
+        if rep > 0:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+        elif reps > 2 and agree(t2 - t0) > SLOW_ENTRY_S:
+            runs = 3  # a slow entry: two timed runs are enough (and keep calibration short)
+        rep += 1
+    return statistics.median(fwd), statistics.median(bwd), act, out
+
+
+def _step_function(optimizer: str, params: list[torch.Tensor], lr: float) -> Callable[[], None]:
+    """One step of ``optimizer`` over ``params`` (their ``.grad`` set) through torch's
+    functional optimizers: the arithmetic of ``torch.optim.AdamW`` & co. with their default
+    implementation choice, without constructing the class (whose first construction imports
+    torch's compiler stack, seconds that would land in every calibration)."""
+    grads = [p.grad for p in params]
+    if optimizer in ("adamw", "adam"):
+        from torch.optim.adam import adam
+        from torch.optim.adamw import adamw
+
+        func = adamw if optimizer == "adamw" else adam
+        m = [torch.zeros_like(p) for p in params]
+        v = [torch.zeros_like(p) for p in params]
+        steps = [torch.tensor(0.0) for _ in params]
+        decay = 0.01 if optimizer == "adamw" else 0.0
+
+        def adam_step() -> None:
+            func(
+                params, grads, m, v, [], steps, amsgrad=False, beta1=0.9, beta2=0.999,
+                lr=lr, weight_decay=decay, eps=1e-8, maximize=False,
+            )  # fmt: skip
+
+        return adam_step
+    if optimizer in ("momentum", "sgd"):
+        from torch.optim.sgd import sgd
+
+        momentum = 0.9 if optimizer == "momentum" else 0.0
+        buffers: list[torch.Tensor | None] = [None] * len(params)
+
+        def sgd_step() -> None:
+            sgd(
+                params, grads, buffers, weight_decay=0.0, momentum=momentum, lr=lr,
+                dampening=0.0, nesterov=False, maximize=False,
+            )  # fmt: skip
+
+        return sgd_step
+    raise ConfigError(
+        f"optimizer {optimizer!r} is unknown; use adamw, adam, momentum or sgd",
+        key="--optimizer",
+    )
+
+
+def optimizer_step_s_per_byte(
+    params: list[torch.Tensor], optimizer: str, lr: float = 1e-3, reps: int = 3
+) -> float:
+    """Seconds of one optimizer step over ``params`` (float32 copies with gradients set) per
+    parameter byte: median of ``reps`` steps after one that creates the state."""
+    copies = [p.detach().float().clone() for p in params if p.numel()]
+    if not copies:
+        return 0.0
+    for p in copies:
+        p.grad = torch.randn_like(p) * 1e-3
+    step = _step_function(optimizer, copies, lr)
+    device = copies[0].device
+    times = []
+    with torch.no_grad():
+        for rep in range(reps + 1):
+            _sync(device)
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            if rep:
+                times.append(time.perf_counter() - t0)
+    total = sum(p.numel() * p.element_size() for p in copies)
+    return statistics.median(times) / total
+
+
+def profile_model(
+    spec: ModelSpec,
+    mp_group: Any,
+    micro_batch_sizes: list[int] | tuple[int, ...],
+    amp: str = "O0",
+    amp_config: AmpConfig | None = None,
+    reps: int = 3,
+    device: torch.device | None = None,
+    built: BuiltModel | None = None,
+) -> MpProfile:
+    """Measure every entry of the model built with ``mp_group`` (see the module docstring).
+
+    ``mp_group``: the real model-parallel process group this rank belongs to (size 1 allowed);
+    every rank of it must call this at the same time (the tensor-parallel layers communicate).
+    ``built``: the model already built with ``mp_group`` (else :func:`build_model` is called).
+    """
+    if amp not in AMP_LEVELS:
+        raise ConfigError(f"amp level {amp!r} is unknown; use one of {AMP_LEVELS}", key="amp")
+    amp_config = amp_config or AmpConfig()
+    if device is None:
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+    k = tdist.get_world_size(mp_group) if mp_group is not None else 1
+    built = built or build_model(spec, mp_group)
+    entries = built.entries
+    pipe = PipelineLayer(entries, num_stages=1, stage_id=0, loss_fn=built.loss_fn)
+    pipe.to(device)
+    if amp == "O2":
+        pipe.to(torch_dtype(amp_config.dtype))
+    modules = _entry_modules(pipe, entries)
+    params = list(pipe.parameters())
+    figures = []
+    for i, module in enumerate(modules):
+        local = _param_bytes(module)
+        tp_local = tp_param_bytes_local(module) if module is not None else 0
+        shared = entries[i].layer_name if isinstance(entries[i], SharedLayerDesc) else None
+        name = _entry_name(entries[i])
+        figures.append(EntryFigures(name, local - tp_local + tp_local * k, tp_local * k, shared))
+
+    def agree(value: float) -> float:
+        if k == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=mp_group)
+        return float(t.item())
+
+    def amp_ctx() -> Any:
+        return _amp_context(amp, amp_config, device)
+
+    input_bytes: dict[int, float] = {}
+    for b in micro_batch_sizes:
+        inputs, labels = sample_batch(spec, b)
+        input_bytes[b] = float(nbytes(inputs) + nbytes(labels))
+        labels = _to(labels, device)
+        x = _detach(inputs, device)
+        done: dict[str, int] = {}
+        for i, func in enumerate(pipe.run_function):
+            last = i == len(pipe.run_function) - 1
+            key = _reuse_key(entries, i)
+            fig = figures[i]
+            if key is not None and key in done:
+                src = figures[done[key]]
+                fig.fwd_s[b], fig.bwd_s[b] = src.fwd_s[b], src.bwd_s[b]
+                fig.act_bytes[b] = src.act_bytes[b]
+                with torch.no_grad(), amp_ctx():
+                    out = func(x)
+            else:
+                loss = (built.loss_fn, labels) if last else None
+                f, bw, act, out = _time_entry(func, x, loss, params, reps, amp_ctx, device, agree)
+                fig.fwd_s[b], fig.bwd_s[b], fig.act_bytes[b] = f, bw, act
+                if key is not None:
+                    done[key] = i
+            fig.out_bytes[b] = float(nbytes(out))
+            x = _detach(out, device)
+        pipe.zero_grad(set_to_none=True)
+    step = optimizer_step_s_per_byte(params, spec.optimizer, spec.lr)
+    return MpProfile(
+        mp_degree=k,
+        entries=figures,
+        layer_list=built.layer_list,
+        block_class=built.block_class,
+        optimizer_step_s_per_byte=step,
+        input_bytes=input_bytes,
+    )
+
+
+def _entry_name(entry: Any) -> str:
+    if isinstance(entry, LayerDesc):
+        return entry.layer_cls.__name__
+    if isinstance(entry, nn.Module):
+        return type(entry).__name__
+    return getattr(entry, "__name__", type(entry).__name__)
+
+
+__all__ = [
+    "AMP_LEVELS",
+    "EntryFigures",
+    "MpProfile",
+    "nbytes",
+    "optimizer_step_s_per_byte",
+    "profile_model",
+    "tp_param_bytes_local",
+]

@@ -55,8 +55,8 @@ Time (seconds per optimizer step = one global batch)
     ``pp - 1`` extra slots), plus a ``send_recv`` of the widest cut's ``out_bytes`` forward
     and one back for every slot on the critical path. On CPU, when a node has more ranks
     than cores (contention ``k = ranks / cores > 1``), a rank idle in the bubble frees its
-    core and the busy ranks run up to ``k`` times faster (:data:`CPU_BUBBLE_REUSE`): the pipeline takes
-    ``max(m * mean_s t_s, (m + pp - 1) * max_s t_s / k)``.
+    core and the busy ranks run up to ``k`` times faster (:data:`CPU_BUBBLE_REUSE`): the
+    pipeline takes ``max(m * mean_s t_s, (m + pp - 1) * max_s t_s / k)``.
     Gradient reduction: no pipeline and stage 0/1: DDP's all-reduce over the gradient group
     (dp, or dp x sharding for stage 1) overlaps :data:`DDP_OVERLAP` of the last micro-batch's
     backward; stage 2: DDP over dp, then reduce-to-owner over sharding at ``step()``;
@@ -76,6 +76,7 @@ Time (seconds per optimizer step = one global batch)
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -135,6 +136,12 @@ def _rank(c: Candidate, data: int, pipe: int, shard: int, model: int) -> int:
 def group_spans(c: Candidate, nproc_per_node: int) -> dict[str, bool]:
     """Whether the groups of each axis span nodes: ``data``, ``pipe``, ``sharding``,
     ``model`` and ``dp_sharding`` (the ranks holding the same model shard: dp x sharding)."""
+    return dict(_spans(c.dp, c.mp, c.pp, c.sharding, nproc_per_node))
+
+
+@functools.lru_cache(maxsize=1024)
+def _spans(dp: int, mp: int, pp: int, sh: int, nproc: int) -> tuple[tuple[str, bool], ...]:
+    c = Candidate(dp, mp, pp, sh, 0, 1, 1, False)
     dims = {"data": c.dp, "pipe": c.pp, "sharding": c.sharding, "model": c.mp}
     names = list(LAYOUT_AXES)
     out: dict[str, bool] = {}
@@ -147,12 +154,12 @@ def group_spans(c: Candidate, nproc_per_node: int) -> dict[str, bool]:
             for free in _product([dims[a] for a in axes]):
                 coord.update(zip(axes, free))
                 r = _rank(c, coord["data"], coord["pipe"], coord["sharding"], coord["model"])
-                nodes.add(r // max(1, nproc_per_node))
+                nodes.add(r // max(1, nproc))
             if len(nodes) > 1:
                 spans = True
                 break
         out[label] = spans
-    return out
+    return tuple(out.items())
 
 
 def _product(dims: list[int]) -> list[tuple[int, ...]]:
@@ -397,18 +404,20 @@ def _fsdp_time(
     return exposed + max(0.0, scatter - FSDP_OVERLAP * bwd_last) + hsdp
 
 
-def stage_costs(c: Candidate, cal: Calibration) -> list[StageCost]:
+def stage_costs(
+    c: Candidate, cal: Calibration, spans: dict[str, bool] | None = None
+) -> list[StageCost]:
     """Every pipeline stage's figures (one stage without a pipeline)."""
     bounds = stage_bounds(cal.model, c.pp)
-    spans = group_spans(c, cal.cluster.nproc_per_node)
+    spans = spans or group_spans(c, cal.cluster.nproc_per_node)
     layers = list(cal.model.layers)
     return [_stage_cost(c, cal, s, layers[bounds[s] : bounds[s + 1]], spans) for s in range(c.pp)]
 
 
 def estimate(c: Candidate, cal: Calibration) -> Estimate:
     """Predicted seconds per step and peak bytes of the fullest rank (module docstring)."""
-    stages = stage_costs(c, cal)
     spans = group_spans(c, cal.cluster.nproc_per_node)
+    stages = stage_costs(c, cal, spans)
     m, pp, b = c.accumulate_steps, c.pp, c.micro_batch_size
     slow = max(stages, key=lambda st: st.t)
     T = slow.t

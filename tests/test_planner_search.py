@@ -411,3 +411,14 @@ def test_plan_round_trips_through_json() -> None:
 
     again = Plan.from_dict(p.to_dict())
     assert again.ranked[0] == p.ranked[0] and search.format_table(again) == search.format_table(p)
+
+
+def test_point_to_point_on_the_critical_path() -> None:
+    cal = make_cal(4, blocks=4, tp=False)
+    hop = cal.cluster.link("send_recv", 2, False).time(OUT * 8)
+    tied = cal.cluster.link("all_reduce", 2, False).time(1000)  # embedding and head
+    one = estimate(Candidate(2, 1, 2, 1, 0, 8, 1, False), cal)
+    assert one.parts["pp_comm"] == pytest.approx(2 * hop + tied)
+    hop = cal.cluster.link("send_recv", 2, False).time(OUT * 2)
+    four = estimate(Candidate(2, 1, 2, 1, 0, 2, 4, False), cal)
+    assert four.parts["pp_comm"] == pytest.approx(2 * hop + (1 - cost.P2P_OVERLAP) * 6 * hop + tied)

@@ -52,8 +52,10 @@ Time (seconds per optimizer step = one global batch)
     the contention for the machine: nothing is divided by cores again. Per stage and
     micro-batch ``t_s`` = forward + backward of its entries (+ forward again with recompute).
     No pipeline: ``m * t``. 1F1B and FThenB: ``(m + pp - 1) * max_s t_s`` (the bubble is the
-    ``pp - 1`` extra slots), plus a ``send_recv`` of the widest cut's ``out_bytes`` forward
-    and one back for every slot on the critical path. On CPU, when a node has more ranks
+    ``pp - 1`` extra slots), plus the point-to-point messages on the critical path: a
+    ``send_recv`` of the widest cut's ``out_bytes`` forward and one back over each of the
+    ``pp - 1`` cuts (fill and drain), and one pair per further micro-batch (the steady state,
+    :data:`P2P_OVERLAP` of it hidden). On CPU, when a node has more ranks
     than cores (contention ``k = ranks / cores > 1``), a rank idle in the bubble frees its
     core and the busy ranks run up to ``k`` times faster (:data:`CPU_BUBBLE_REUSE`): the
     pipeline takes ``max(m * mean_s t_s, (m + pp - 1) * max_s t_s / k)``.
@@ -100,8 +102,8 @@ FSDP_OVERLAP = 0.5
 """Fraction of the compute that hides FSDP2's all-gathers (and of the last backward that
 hides its reduce-scatter)."""
 P2P_OVERLAP = 0.0
-"""Fraction of the pipeline's point-to-point time hidden behind compute (receives are posted
-ahead, but gloo moves the bytes on the CPU the stage computes with)."""
+"""Fraction of the steady-state point-to-point messages hidden behind compute (receives are
+posted ahead, but gloo moves the bytes on the CPU the stage computes with)."""
 CPU_BUBBLE_REUSE = True
 """On CPU, a rank idle in the pipeline bubble gives its core to the busy ones (see above)."""
 STAGE2_PEAK_FULL_GRADS = True
@@ -437,7 +439,11 @@ def estimate(c: Candidate, cal: Calibration) -> Estimate:
         bounds = stage_bounds(cal.model, pp)
         link = _fit(cal, "send_recv", 2, spans["pipe"])
         cut = max(cal.model.layers[bounds[s] - 1].out_bytes.at(b) for s in range(1, pp))
-        parts["pp_comm"] = (1 - P2P_OVERLAP) * (m + pp - 1) * 2 * link.time(cut)
+        hop = link.time(cut)
+        # fill and drain: an activation forward and a gradient back over every cut; in the
+        # steady state, one of each per further micro-batch at the bottleneck (receives are
+        # posted ahead: P2P_OVERLAP of them hide behind compute)
+        parts["pp_comm"] = 2 * (pp - 1) * hop + (1 - P2P_OVERLAP) * 2 * (m - 1) * hop
         parts["pp_comm"] += _tied_time(c, cal, stages, spans)
     busy = m * T
     scale = min(1.0, section / busy) if busy > 0 else 1.0

@@ -38,7 +38,7 @@ from collective.env import read_worker_env, usable_cpus
 from collective.errors import ConfigError
 from fleet.planner.cache import fingerprint, write_json_atomic
 from fleet.planner.links import measure_links
-from fleet.planner.profile import MpProfile, profile_model
+from fleet.planner.profile import MpProfile, build_stage, profile_model
 from fleet.planner.spec import build_model
 from fleet.planner.types import (
     Calibration,
@@ -174,9 +174,10 @@ def calibrate_in_job(
         if k > 1 and nproc % k == 0:
             link_groups[(k, False)] = group
         error = ""
-        built = None
+        built = pipe = None
         try:
             built = build_model(spec, group)
+            pipe = build_stage(spec, built, k)
         except ConfigError as exc:
             if k == 1:
                 raise
@@ -191,12 +192,14 @@ def calibrate_in_job(
             continue
         tdist.barrier()
         t_k = time.perf_counter()
-        mine = profile_model(spec, group, sizes, amp, amp_config, device=device, built=built)
+        mine = profile_model(
+            spec, group, sizes, amp, amp_config, device=device, built=built, pipe=pipe
+        )
         gathered: list[Any] = [None] * world
         tdist.all_gather_object(gathered, mine)
         profiles[k] = gathered
         mp_degrees[k] = ""
-        del built
+        del built, pipe
         phases[f"profile mp={k}"] = time.perf_counter() - t_k
     t_links = time.perf_counter()
     links = measure_links(world, nnodes, nproc, **_link_args(link_sizes, link_groups, device))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ from fleet.meta_parallel import (
     VocabParallelEmbedding,
 )
 from fleet.meta_parallel.pp_memory import SavedActivationMeter
-from fleet.planner.spec import BuiltModel, build_model, sample_batch
+from fleet.planner.spec import BuiltModel, PlannerModelError, build_model, sample_batch
 from fleet.planner.types import ModelSpec
 from fleet.strategy.configs import AmpConfig
 
@@ -134,6 +135,20 @@ def tp_param_bytes_local(module: nn.Module) -> int:
                 continue
             total += p.numel() * p.element_size()
     return total
+
+
+def build_stage(spec: ModelSpec, built: BuiltModel, mp_degree: int) -> PipelineLayer:
+    """The whole model as one pipeline stage (its layers constructed now: a LayerDesc's class
+    runs here, so a failure in it is a :class:`~fleet.planner.spec.PlannerModelError` naming
+    the model function and the degree)."""
+    try:
+        return PipelineLayer(built.entries, num_stages=1, stage_id=0, loss_fn=built.loss_fn)
+    except Exception as exc:
+        raise PlannerModelError(
+            f"the layers of the model function {spec.model} failed while the planner built them "
+            f"at mp_degree={mp_degree}:\n{traceback.format_exc()}",
+            key="--model",
+        ) from exc
 
 
 def _param_bytes(module: nn.Module | None) -> int:
@@ -315,12 +330,14 @@ def profile_model(
     reps: int = 3,
     device: torch.device | None = None,
     built: BuiltModel | None = None,
+    pipe: PipelineLayer | None = None,
 ) -> MpProfile:
     """Measure every entry of the model built with ``mp_group`` (see the module docstring).
 
     ``mp_group``: the real model-parallel process group this rank belongs to (size 1 allowed);
     every rank of it must call this at the same time (the tensor-parallel layers communicate).
-    ``built``: the model already built with ``mp_group`` (else :func:`build_model` is called).
+    ``built``: the model already built with ``mp_group`` (else :func:`build_model` is called);
+    ``pipe``: its single-stage PipelineLayer (else :func:`build_stage` makes it).
     """
     if amp not in AMP_LEVELS:
         raise ConfigError(f"amp level {amp!r} is unknown; use one of {AMP_LEVELS}", key="amp")
@@ -334,7 +351,7 @@ def profile_model(
     k = tdist.get_world_size(mp_group) if mp_group is not None else 1
     built = built or build_model(spec, mp_group)
     entries = built.entries
-    pipe = PipelineLayer(entries, num_stages=1, stage_id=0, loss_fn=built.loss_fn)
+    pipe = pipe or build_stage(spec, built, k)
     pipe.to(device)
     if amp == "O2":
         pipe.to(torch_dtype(amp_config.dtype))
@@ -409,6 +426,7 @@ __all__ = [
     "MpProfile",
     "nbytes",
     "optimizer_step_s_per_byte",
+    "build_stage",
     "profile_model",
     "tp_param_bytes_local",
 ]

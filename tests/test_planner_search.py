@@ -219,8 +219,10 @@ def test_memory_parts_of_each_sharding_stage() -> None:
     s1 = _mem(Candidate(1, 1, 1, 4, 1, 1, 4, False), cal)
     assert s1["params"] == P and s1["grads"] == P and s1["optimizer"] == 2 * P / 4
     s2 = _mem(Candidate(1, 1, 1, 4, 2, 4, 1, False), cal)
-    assert s2["grads"] == P  # reduced to owners at step(): the backward holds them all
+    assert s2["grads"] == P / 4  # reduced to their owners inside step()
     assert s2["optimizer"] == 2 * P / 4 and s2["buffers"] == P - s2["activations"]
+    # gradient merge: the whole gradient accumulates next to the later micro-batches
+    assert _mem(Candidate(1, 1, 1, 4, 2, 1, 4, False), cal)["grads"] == P
     s3 = _mem(Candidate(1, 1, 1, 4, 3, 4, 1, False), cal)
     gathered = 1000 + PARAM  # the root (tied weight) and the largest unit
     assert s3["params"] == P / 4 + gathered
@@ -232,8 +234,8 @@ def test_memory_parts_of_each_sharding_stage() -> None:
 def test_stage2_gradient_share_is_a_tunable(monkeypatch: pytest.MonkeyPatch) -> None:
     cal = make_cal(4, blocks=4)
     P = 1000 + 4 * PARAM
-    monkeypatch.setattr(cost, "STAGE2_PEAK_FULL_GRADS", False)
-    assert _mem(Candidate(1, 1, 1, 4, 2, 4, 1, False), cal)["grads"] == P / 4
+    monkeypatch.setattr(cost, "STAGE2_PEAK_FULL_GRADS", True)
+    assert _mem(Candidate(1, 1, 1, 4, 2, 4, 1, False), cal)["grads"] == P
 
 
 def test_tensor_parallel_divides_its_share() -> None:
@@ -247,6 +249,14 @@ def test_amp_o2_holds_float32_masters() -> None:
     P = 1000 + 4 * PARAM
     got = _mem(Candidate(1, 1, 1, 4, 1, 1, 4, False), cal)
     assert got["params"] == P and got["optimizer"] == (2 * 2 * P + 2 * P) / 4
+
+
+def test_pipeline_flat_all_reduce_buffer_over_dp() -> None:
+    cal = make_cal(4, blocks=4)
+    with_dp = stage_costs(Candidate(2, 1, 2, 1, 0, 8, 1, False), cal)
+    without = stage_costs(Candidate(1, 2, 2, 1, 0, 16, 1, False), cal)
+    assert with_dp[0].memory["buffers"] == with_dp[0].param_bytes  # no DDP under a pipeline
+    assert without[0].memory["buffers"] == 0
 
 
 def test_1f1b_keeps_at_most_pp_minus_stage_micro_batches() -> None:

@@ -20,6 +20,9 @@ Stages
     (sharding partitions are taken as exactly ``1/N`` of the stage).
 
 Memory (bytes on one rank = params + grads + optimizer + buffers + activations)
+    What a rank holds when its optimizer steps, plus the peak of its saved activations (the
+    quantity the trial measures on CPU; an upper bound of the true peak, since gradients grow
+    as the activations are freed), and what coexists with the activations beyond that.
     ``param_bytes`` are the parameters as the job holds them (profiled in float32, or in the
     16-bit dtype under AMP O2); tensor-parallel bytes are divided by mp. Gradients have the
     parameters' dtype. AMP O2 adds float32 masters (``1 / AMP_O2_PARAM_RATIO`` x the 16-bit
@@ -28,19 +31,21 @@ Memory (bytes on one rank = params + grads + optimizer + buffers + activations)
     ``OPTIMIZER_STATE[optimizer]`` x the float32 bytes this rank updates. Stage 3 under O2
     keeps the model in float32 (the shards are the masters) and gathers 16-bit copies.
     Stage 1: state (and O2 masters) / sharding; DDP still holds every gradient. Stage 2: our
-    ShardedOptimizer reduces gradients to their owners at ``step()``, after backward, so the
-    backward still holds every gradient (:data:`STAGE2_PEAK_FULL_GRADS`); only the state is
-    divided. Stage 3 (FSDP2): float32 shards of params/grads/state / sharding; without a
-    pipeline every unit reshards after forward, so the root unit (the shared layers) and
-    :data:`FSDP_GATHERED_UNITS` of the largest entry are gathered at once; under a pipeline the
-    stage's parameters stay gathered for the whole step (``reshard_after_forward=False``).
-    Micro-batching with stage 3 (gradient merge, or a pipeline) accumulates unsharded
-    gradients: a full gradient on top of the shards. Gradient merge itself accumulates into
-    ``.grad`` (no extra buffer). DDP (pp 1, stage < 3, a gradient group of > 1 rank) keeps
-    buckets the size of the gradients (no ``gradient_as_bucket_view``). After backward, when
-    the activations are gone, come the transient flat buffers: PipelineParallel's flat
-    gradient all-reduce over dp, ShardedOptimizer's reduce / all-reduce / broadcast buckets;
-    they count only where they exceed the activations (``buffers``).
+    ShardedOptimizer reduces gradients to their owners inside ``step()``, so at the update a
+    rank holds 1/N of them; with several micro-batches (gradient merge, or a pipeline) the
+    whole gradient accumulates while the later micro-batches' activations are alive, so it
+    counts in full (always with :data:`STAGE2_PEAK_FULL_GRADS`). Stage 3 (FSDP2): float32
+    shards of params/grads/state / sharding; without a pipeline every unit reshards after
+    forward, so the root unit (the shared layers) and :data:`FSDP_GATHERED_UNITS` of the
+    largest entry are gathered at once; under a pipeline the stage's parameters stay gathered
+    for the whole step (``reshard_after_forward=False``). Micro-batching with stage 3
+    accumulates unsharded gradients: a full gradient on top of the shards. Gradient merge
+    itself accumulates into ``.grad`` (no extra buffer). DDP (pp 1, stage < 3, a gradient
+    group of > 1 rank) keeps buckets the size of the gradients (no
+    ``gradient_as_bucket_view``). PipelineParallel's flat gradient all-reduce over dp (stage
+    < 3, dp > 1) holds a second copy of the stage's gradients next to them. ShardedOptimizer's
+    reduce / all-reduce / broadcast buckets come after backward, when the activations are
+    gone: they count only where they exceed the activations (``buffers``).
     Activations: the stage's ``act_bytes`` at mp and micro-batch size ``b``, times the
     micro-batches in flight (1F1B: ``min(m, pp - stage)``; FThenB: ``m``; no pipeline: 1).
     With recompute (every entry checkpointed, ``recompute_interval=1``) each in-flight
@@ -106,9 +111,10 @@ P2P_OVERLAP = 0.0
 posted ahead, but gloo moves the bytes on the CPU the stage computes with)."""
 CPU_BUBBLE_REUSE = True
 """On CPU, a rank idle in the pipeline bubble gives its core to the busy ones (see above)."""
-STAGE2_PEAK_FULL_GRADS = True
-"""Stage 2 reduces gradients at ``step()``: the backward holds all of them. False models the
-gradient held between steps (1/N) instead."""
+STAGE2_PEAK_FULL_GRADS = False
+"""Stage 2 reduces gradients inside ``step()``: with one micro-batch a rank holds 1/N of them
+at the update, while its backward held all of them briefly (as the activations were freed).
+True counts the full gradient (the transient peak a GPU's allocator sees)."""
 FSDP_GATHERED_UNITS = 1
 """FSDP2 units (besides the root) held gathered at once without a pipeline."""
 AMP_O2_PARAM_RATIO = 0.5
@@ -297,7 +303,8 @@ def _stage_cost(
     # -- memory --
     if c.stage < 3:
         params = P
-        grads = P if (c.stage < 2 or STAGE2_PEAK_FULL_GRADS) else P / S
+        full = c.stage < 2 or m > 1 or STAGE2_PEAK_FULL_GRADS
+        grads = P if full else P / S
         optimizer = (k_state * f + master) * P / S
     else:
         if c.pp == 1:
@@ -312,11 +319,9 @@ def _stage_cost(
         optimizer = k_state * f * P / S
     ddp = _ddp_group(c)
     buffers = P if ddp else 0.0
-    transient = 0.0
     if c.pp > 1 and c.dp > 1 and c.stage < 3:
-        transient = P  # PipelineParallel's flat gradient all-reduce over dp
-    if c.stage in (1, 2):
-        transient = max(transient, P)  # reduce / all-reduce / broadcast buckets
+        buffers += P  # PipelineParallel's flat gradient all-reduce over dp
+    transient = P if c.stage in (1, 2) else 0.0  # reduce / all-reduce / broadcast buckets
     inflight = 1
     if c.pp > 1:
         inflight = m if c.schedule == "FThenB" else min(m, c.pp - s)

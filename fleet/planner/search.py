@@ -410,163 +410,142 @@ def _degrees_of(label: str) -> Candidate:
     )
 
 
+PART_NAMES = {
+    "compute": "compute",
+    "recompute": "recompute",
+    "bubble": "pipeline bubble",
+    "pp_comm": "point-to-point traffic",
+    "dp_comm": "gradient all-reduce",
+    "sharding_comm": "sharding communication",
+    "optimizer": "optimizer step",
+}
+"""Step-time parts as sentences name them."""
+
+
+def _against(plan: Plan, e: Estimate, alt: Estimate | None, pred: Any, what: str) -> str:
+    """How the best configuration ``what`` compares with the pick, by the part that differs
+    most; or why there is none."""
+    if alt is None:
+        return _missing(plan, pred, what)
+    gap = {k: alt.parts.get(k, 0.0) - e.parts.get(k, 0.0) for k in set(e.parts) | set(alt.parts)}
+    k = max(gap, key=lambda x: (gap[x], x))
+    head = f"the best {what} configuration ({describe(alt.candidate)}) takes {_ms(alt)}"
+    if alt.step_s < e.step_s:
+        return f"{head}, predicted faster; the measured step times decided"
+    return (
+        f"{head}, {gap[k] * 1e3:.1f} ms more {PART_NAMES.get(k, k)} "
+        f"({_share(alt, k):.0f}% of its step)"
+    )
+
+
 def explain(plan: Plan) -> list[str]:
     """One sentence per knob of ``plan.chosen``: the pipeline, tensor parallelism, data
     parallelism, sharding, the micro-batching and recompute, with the numbers behind each."""
     e = plan.chosen
     c = e.candidate
-    pool = plan.ranked
-    every = plan.ranked + plan.too_big
+    pool, every = plan.ranked, plan.ranked + plan.too_big
+    limit = plan.memory_limit_bytes
     out = []
     if plan.measured and c.key in plan.measured:
         out.append(
             f"verified: {describe(c)} measured {plan.measured[c.key] * 1e3:.1f} ms per step "
             f"(predicted {_ms(e)}), the fastest of {len(plan.measured)} run"
         )
-    # pp
+
+    def knob(head: str, pred: Any, what: str) -> str:
+        return f"{head}; {_against(plan, e, _best(pool, pred), pred, what)}"
+
     if c.pp > 1:
-        alt = _best(pool, lambda d: d.pp == 1)
-        s = (
-            f"pp {c.pp}: the pipeline bubble costs {_share(e, 'bubble'):.0f}% of the "
-            f"{_ms(e)} step and its point-to-point traffic {_share(e, 'pp_comm'):.0f}%"
+        head = (
+            f"pp {c.pp}: the pipeline bubble costs {_share(e, 'bubble'):.0f}% and "
+            f"point-to-point traffic {_share(e, 'pp_comm'):.0f}% of the {_ms(e)} step"
         )
-        if alt is not None:
-            s += (
-                f", less than the best configuration without a pipeline loses: "
-                f"{describe(alt.candidate)} takes {_ms(alt)}, its gradient reduction "
-                f"{_share(alt, 'dp_comm', 'sharding_comm'):.0f}% of it"
-            )
-        else:
-            s += "; " + _missing(plan, lambda d: d.pp == 1, "unpipelined")
+        out.append(knob(head, lambda d: d.pp == 1, "unpipelined"))
     else:
-        alt = _best(pool, lambda d: d.pp > 1)
-        s = "pp 1: no pipeline bubble"
-        if alt is not None:
-            s += (
-                f"; the best pipelined configuration ({describe(alt.candidate)}) takes "
-                f"{_ms(alt)} against {_ms(e)}, its bubble {_share(alt, 'bubble'):.0f}% and "
-                f"point-to-point {_share(alt, 'pp_comm'):.0f}% of its step"
-            )
-        else:
-            s += "; " + _missing(plan, lambda d: d.pp > 1, "pipelined")
-    out.append(s)
-    # mp
-    same_mp = "compute (tensor-parallel communication included)"
+        head = f"pp 1: no pipeline bubble or point-to-point traffic in the {_ms(e)} step"
+        out.append(knob(head, lambda d: d.pp > 1, "pipelined"))
+    head = (
+        f"mp {c.mp}: compute (tensor-parallel communication included) takes "
+        f"{e.parts['compute'] * 1e3:.1f} ms, {_share(e, 'compute'):.0f}% of the step"
+    )
     if c.mp > 1:
-        alt = _best(pool, lambda d: d.mp == 1)
-        s = f"mp {c.mp}: {same_mp} takes {e.parts['compute'] * 1e3:.1f} ms per step"
-        s += (
-            f" against {alt.parts['compute'] * 1e3:.1f} ms for {describe(alt.candidate)}, "
-            f"{_ms(alt)} in all"
-            if alt is not None
-            else "; " + _missing(plan, lambda d: d.mp == 1, "mp 1")
-        )
+        out.append(knob(head, lambda d: d.mp == 1, "mp 1"))
     else:
-        alt = _best(pool, lambda d: d.mp > 1)
-        s = f"mp 1: {same_mp} takes {e.parts['compute'] * 1e3:.1f} ms per step"
-        s += (
-            f"; splitting the layers ({describe(alt.candidate)}) gives "
-            f"{alt.parts['compute'] * 1e3:.1f} ms and {_ms(alt)} in all"
-            if alt is not None
-            else "; " + _missing(plan, lambda d: d.mp > 1, "tensor-parallel")
-        )
-    out.append(s)
-    # dp
+        out.append(knob(head, lambda d: d.mp > 1, "tensor-parallel"))
     r = c.dp * c.sharding
     replicas = f"dp {c.dp} x sharding {c.sharding} = {r}" if c.sharding > 1 else str(r)
-    s = (
+    head = (
         f"dp {c.dp}: {replicas} data replica(s) take {plan.global_batch_size // r} of the "
         f"{plan.global_batch_size} samples each; the gradient all-reduce left after overlap "
         f"costs {_share(e, 'dp_comm'):.0f}% of the step"
     )
-    alt = _best(pool, lambda d: d.dp != c.dp)
-    if alt is not None:
-        s += f" (the best with dp {alt.candidate.dp}: {_ms(alt)})"
-    out.append(s)
-    # sharding
+    out.append(knob(head, lambda d: d.dp != c.dp, f"dp != {c.dp}"))
     if c.sharding > 1:
-        alt = _best(pool, lambda d: d.sharding == 1)
-        s = (
+        head = (
             f"sharding {c.sharding} stage {c.stage}: optimizer state and masters take "
             f"{e.memory_parts['optimizer'] / MiB:.1f} MiB of the fullest rank's "
             f"{e.memory_bytes / MiB:.1f} MiB, its communication "
             f"{_share(e, 'sharding_comm'):.0f}% of the step"
         )
-        s += (
-            f"; the best unsharded configuration takes {_ms(alt)} and "
-            f"{alt.memory_bytes / MiB:.1f} MiB"
-            if alt is not None
-            else "; " + _missing(plan, lambda d: d.sharding == 1, "unsharded")
-        )
+        out.append(knob(head, lambda d: d.sharding == 1, "unsharded"))
     else:
-        alt = _best(pool, lambda d: d.sharding > 1)
-        s = (
-            f"no sharding: the fullest rank needs {e.memory_bytes / MiB:.1f} MiB of "
-            f"{plan.memory_limit_bytes / MiB:.1f} MiB"
+        head = (
+            f"no sharding: the fullest rank needs {e.memory_bytes / MiB:.1f} MiB of the "
+            f"{limit / MiB:.1f} MiB limit"
         )
-        s += (
-            f"; the best sharded configuration (sharding {alt.candidate.sharding} stage "
-            f"{alt.candidate.stage}) takes {_ms(alt)} for {alt.memory_bytes / MiB:.1f} MiB"
-            if alt is not None
-            else "; " + _missing(plan, lambda d: d.sharding > 1, "sharded")
-        )
-    out.append(s)
-    # micro-batching
+        out.append(knob(head, lambda d: d.sharding > 1, "sharded"))
     how = "pipeline micro-batches" if c.pp > 1 else "gradient-merge steps"
-    s = f"micro-batch {c.micro_batch_size} x {c.accumulate_steps} {how}"
-    if c.pp > 1:
-        s += f": the bubble is {_share(e, 'bubble'):.0f}% of the step"
-    else:
-        s += f": {e.memory_parts['activations'] / MiB:.1f} MiB of activations"
+    head = f"micro-batch {c.micro_batch_size} x {c.accumulate_steps} {how}: " + (
+        f"the bubble is {_share(e, 'bubble'):.0f}% of the step"
+        if c.pp > 1
+        else f"{e.memory_parts['activations'] / MiB:.1f} MiB of activations"
+    )
+    shape = (c.dp, c.mp, c.pp, c.sharding, c.stage, c.recompute, c.schedule)
     sibling = _best(
         every,
         lambda d: (
-            (d.dp, d.mp, d.pp, d.sharding, d.stage, d.recompute, d.schedule)
-            == (c.dp, c.mp, c.pp, c.sharding, c.stage, c.recompute, c.schedule)
+            (d.dp, d.mp, d.pp, d.sharding, d.stage, d.recompute, d.schedule) == shape
             and d.micro_batch_size != c.micro_batch_size
         ),
     )
     if sibling is not None:
-        fits = sibling.memory_bytes <= plan.memory_limit_bytes
-        s += (
-            f"; the next best split, {sibling.candidate.micro_batch_size} x "
-            f"{sibling.candidate.accumulate_steps}, takes {_ms(sibling)}"
-            + ("" if fits else f" and does not fit ({sibling.memory_bytes / MiB:.1f} MiB)")
+        sc = sibling.candidate
+        head += f"; the next best split, {sc.micro_batch_size} x {sc.accumulate_steps}, " + (
+            f"takes {_ms(sibling)}"
+            if sibling.memory_bytes <= limit
+            else f"needs {sibling.memory_bytes / MiB:.1f} MiB, over the limit"
         )
-    out.append(s)
-    # recompute
-    twin = _best(
-        every,
-        lambda d: d == Candidate(**{**c.to_dict(), "recompute": not c.recompute}),
-    )
+    else:
+        head += f"; {plan.global_batch_size // r} samples per replica allow no other split"
+    out.append(head)
+    flipped = Candidate(**{**c.to_dict(), "recompute": not c.recompute})
+    twin = next((x for x in every if x.candidate == flipped), None)
+    acts = e.memory_parts["activations"] / MiB
     if c.recompute:
         s = (
             f"recompute on: the extra forward costs {_share(e, 'recompute'):.0f}% of the step "
-            f"and keeps activations at {e.memory_parts['activations'] / MiB:.1f} MiB"
+            f"and keeps activations at {acts:.1f} MiB"
         )
         if twin is not None:
-            over = twin.memory_bytes > plan.memory_limit_bytes
             s += f"; without it the fullest rank needs {twin.memory_bytes / MiB:.1f} MiB" + (
-                f", over the {plan.memory_limit_bytes / MiB:.1f} MiB limit"
-                if over
-                else f" and takes {_ms(twin)}"
+                f", over the {limit / MiB:.1f} MiB limit"
+                if twin.memory_bytes > limit
+                else f" and the step takes {_ms(twin)}"
             )
     elif twin is not None:
         s = (
-            f"recompute off: activations take {e.memory_parts['activations'] / MiB:.1f} MiB "
-            f"and fit; recompute would add {twin.parts['recompute'] * 1e3:.1f} ms "
-            f"({_share(twin, 'recompute'):.0f}% of its step)"
+            f"recompute off: activations take {acts:.1f} MiB and fit; recompute would add "
+            f"{twin.parts['recompute'] * 1e3:.1f} ms ({_share(twin, 'recompute'):.0f}% of "
+            f"its step)"
         )
     else:
-        s = (
-            "recompute off: the model is not a layer list (recompute is offered for "
-            "PipelineLayer entries)"
-        )
+        s = "recompute off: it is offered for layer lists (PipelineLayer entries) only"
     out.append(s)
     return out
 
 
 __all__ = [
+    "PART_NAMES",
     "SCHEDULES",
     "NoFactorisationError",
     "NoMicroBatchingError",

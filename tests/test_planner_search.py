@@ -344,6 +344,9 @@ def test_nothing_fits_says_by_how_much() -> None:
     assert f"{closest.memory_bytes / 2**30:.2f} GiB" in msg
     assert "raise memory_per_device" in msg
     assert isinstance(info.value, search.PlannerError)
+    table = search.format_table(info.value.plan, top=3)
+    assert "none fits; the closest by memory:" in table and "0 fit" in table
+    assert f"{closest.memory_bytes / 2**20:.1f}" in table.splitlines()[3]
 
 
 def test_no_micro_batching_names_replicas_and_nearest_batches() -> None:

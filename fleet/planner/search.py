@@ -331,14 +331,15 @@ def _ms(e: Estimate) -> str:
 
 def format_table(plan: Plan, top: int = 10) -> str:
     """The ranked candidates (``top`` of them) as a text table, with the measured step time
-    when ``--verify`` ran them."""
+    when ``--verify`` ran them; when none fits, the closest by memory."""
     head = ["#", "dp", "mp", "pp", "sharding", "micro-batch", "recompute", "step ms", "memory MiB"]
     head.append("dominant")
     measured = bool(plan.measured)
     if measured:
         head.append("measured ms")
+    shown = plan.ranked or plan.too_big
     rows = []
-    for i, e in enumerate(plan.ranked[:top], 1):
+    for i, e in enumerate(shown[:top], 1):
         c = e.candidate
         row = [
             str(i),
@@ -356,16 +357,18 @@ def format_table(plan: Plan, top: int = 10) -> str:
             got = plan.measured.get(c.key)
             row.append(f"{got * 1e3:.2f}" if got is not None else "-")
         rows.append(row)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(head)]
     lines = [
         f"world {plan.world_size}, global batch {plan.global_batch_size}, memory limit "
         f"{plan.memory_limit_bytes / MiB:.1f} MiB: {len(plan.ranked)} fit, "
         f"{len(plan.too_big)} too big, {len(plan.refused)} refused",
-        "  ".join(h.rjust(w) for h, w in zip(head, widths)),
     ]
+    if not plan.ranked and plan.too_big:
+        lines.append("none fits; the closest by memory:")
+    lines.append("  ".join(h.rjust(w) for h, w in zip(head, widths)))
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
-    if len(plan.ranked) > top:
-        lines.append(f"... {len(plan.ranked) - top} more")
+    if len(shown) > top:
+        lines.append(f"... {len(shown) - top} more")
     return "\n".join(lines)
 
 

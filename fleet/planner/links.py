@@ -5,8 +5,8 @@
 a node; and, on several nodes, strided groups that span nodes) and runs each of
 :data:`~fleet.planner.types.LINK_OPS` at a few message sizes in ALL groups at once, because
 that is what the real job does: the groups share the machine and its links. A figure is the
-slowest rank's median of a few repetitions (each started after a world barrier), and
-``alpha + beta * bytes`` is fitted by least squares with both kept >= 0.
+slowest rank's median of a few repetitions (run back to back after a world barrier), and
+``alpha + beta * bytes`` is fitted by least squares on the relative error, both kept >= 0.
 
 Message size ``n`` (bytes) is what each rank contributes: ``all_reduce``/``broadcast`` of an
 ``n``-byte tensor, ``all_gather`` of an ``n``-byte shard per rank (``k * n`` out),
@@ -30,22 +30,30 @@ from fleet.planner.types import LINK_OPS, LinkFit, link_key
 DEFAULT_SIZES = (16 << 10, 256 << 10, 2 << 20, 16 << 20)
 """Message sizes in bytes (16 KiB .. 16 MiB)."""
 
+MIN_SIZES = 3
+"""Sizes every fit measures whatever the time budget (latency and bandwidth both need some)."""
+
 
 def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> LinkFit:
-    """Least-squares ``t = alpha + beta * n`` through ``(n, t)`` points, alpha and beta >= 0."""
-    if not points:
+    """``t = alpha + beta * n`` through ``(n, t)`` points by least squares on the relative
+    error (weights ``1 / t**2``, so the small messages' latency counts as much as the large
+    ones' bandwidth), alpha and beta kept >= 0."""
+    pts = [(float(x), float(y)) for x, y in points if y > 0]
+    if not pts:
         return LinkFit(0.0, 0.0)
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    beta = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
+    w = [1.0 / (y * y) for _, y in pts]
+    sw = sum(w)
+    mx = sum(wi * x for wi, (x, _) in zip(w, pts)) / sw
+    my = sum(wi * y for wi, (_, y) in zip(w, pts)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, pts))
+    beta = sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, pts)) / sxx if sxx > 0 else 0.0
     alpha = my - beta * mx
     if beta < 0:
         return LinkFit(max(0.0, my), 0.0)
     if alpha < 0:
-        sxx0 = sum(x * x for x, _ in points)
-        return LinkFit(0.0, sum(x * y for x, y in points) / sxx0 if sxx0 else 0.0)
+        sxx0 = sum(wi * x * x for wi, (x, _) in zip(w, pts))
+        sxy0 = sum(wi * x * y for wi, (x, y) in zip(w, pts))
+        return LinkFit(0.0, sxy0 / sxx0 if sxx0 else 0.0)
     return LinkFit(alpha, beta)
 
 
@@ -132,8 +140,9 @@ def measure_links(
 
     ``groups``: ``(k, spans_nodes) -> this rank's process group`` already made with
     :func:`group_layouts`'s groups (others are made here; every rank makes every group).
-    ``budget_s``: an op stops growing its message once one size took longer than this (the
-    slowest rank's total over the repetitions), so a slow machine measures fewer sizes.
+    ``budget_s``: after :data:`MIN_SIZES` sizes, an op stops growing its message when the
+    next size would take longer than this (its runs, extrapolated from the last size's slowest rank), so a slow machine
+    measures fewer sizes.
     """
     rank = tdist.get_rank()
     if device is None:
@@ -157,24 +166,25 @@ def measure_links(
         for name in LINK_OPS:
             if name == "send_recv" and k != 2:
                 continue  # a pipeline's messages go between two ranks
-            points = []
+            points: list[tuple[float, float]] = []
             for nbytes in sorted(sizes):
+                if len(points) >= MIN_SIZES:
+                    n0, t0 = points[-1]
+                    if t0 * nbytes / n0 * (reps + 1) > budget_s:
+                        break  # the next size would take too long: fit what we have
                 run = _op(name, group, ranks, rank, nbytes, device)
                 times = []
+                tdist.barrier()  # every group starts together; then back to back
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", FutureWarning)
                     for rep in range(reps + 1):
-                        tdist.barrier()
                         _sync(device)
-                        t0 = time.perf_counter()
+                        start = time.perf_counter()
                         run()
                         _sync(device)
                         if rep:
-                            times.append(time.perf_counter() - t0)
-                t = _world_max(statistics.median(times), device)
-                points.append((float(nbytes), t))
-                if t * reps > budget_s:
-                    break
+                            times.append(time.perf_counter() - start)
+                points.append((float(nbytes), _world_max(statistics.median(times), device)))
             fits[link_key(name, k, spans)] = fit_alpha_beta(points)
     return fits
 

@@ -482,7 +482,7 @@ def explain(plan: Plan) -> list[str]:
         f"{plan.global_batch_size} samples each; the gradient all-reduce left after overlap "
         f"costs {_share(e, 'dp_comm'):.0f}% of the step"
     )
-    out.append(knob(head, lambda d: d.dp != c.dp, f"dp != {c.dp}"))
+    out.append(knob(head, lambda d: d.dp != c.dp, "other dp"))
     if c.sharding > 1:
         head = (
             f"sharding {c.sharding} stage {c.stage}: optimizer state and masters take "

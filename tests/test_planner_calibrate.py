@@ -299,11 +299,13 @@ def test_profile_tiny_mlp_tensor_parallel_bytes(
 # ---- a calibration job ------------------------------------------------------------------------
 
 
-def _calibrate_job(tmp_path: Path, spec: ModelSpec, env: dict[str, str]) -> Calibration:
+def _run_calibrate(
+    tmp_path: Path, spec: ModelSpec, env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess, Path]:
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec.to_dict()))
     out = tmp_path / "cal.json"
-    r = run_fleetrun(
+    return run_fleetrun(
         "--nproc_per_node",
         "2",
         "--backend",
@@ -320,7 +322,11 @@ def _calibrate_job(tmp_path: Path, spec: ModelSpec, env: dict[str, str]) -> Cali
         str(1 << 30),
         timeout=170,
         env=env,
-    )
+    ), out
+
+
+def _calibrate_job(tmp_path: Path, spec: ModelSpec, env: dict[str, str]) -> Calibration:
+    r, out = _run_calibrate(tmp_path, spec, env)
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
     cal = Calibration.from_dict(data)
@@ -355,6 +361,7 @@ def test_calibration_job_world_two(tmp_path: Path) -> None:
     assert cal.seconds > 0
 
 
+@pytest.mark.slow  # a second and third fleetrun job (~15 s each)
 @pytest.mark.timeout(180)
 def test_calibration_job_records_a_degree_the_model_cannot_build(tmp_path: Path) -> None:
     spec = ModelSpec(
@@ -364,6 +371,18 @@ def test_calibration_job_records_a_degree_the_model_cannot_build(tmp_path: Path)
     assert cal.model.mp_degrees[1] == ""
     assert "num_heads=1 does not divide" in cal.model.mp_degrees[2]
     assert set(cal.model.layers[2].fwd_s) == {1}
+
+
+@pytest.mark.slow  # a second and third fleetrun job (~15 s each)
+@pytest.mark.timeout(180)
+def test_calibration_job_of_a_failing_model_fails_with_its_traceback(
+    tmp_path: Path, user_dir: str
+) -> None:
+    r, out = _run_calibrate(tmp_path, _spec(user_dir, "broken"), {})
+    assert r.returncode != 0 and not out.exists()
+    text = r.stdout + r.stderr
+    assert "failed while the planner built it at mp_degree=1" in text, text
+    assert "ZeroDivisionError" in text
 
 
 # ---- cache -----------------------------------------------------------------------------------

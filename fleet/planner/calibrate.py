@@ -175,16 +175,22 @@ def calibrate_in_job(
             link_groups[(k, False)] = group
         error = ""
         built = pipe = None
+        local: ConfigError | None = None
         try:
             built = build_model(spec, group)
             pipe = build_stage(spec, built, k)
         except ConfigError as exc:
-            if k == 1:
-                raise
-            error = _short(exc)
+            local, error = exc, _short(exc)
         errors = [""] * world
-        tdist.all_gather_object(errors, error)
+        tdist.all_gather_object(errors, error)  # every rank learns of any rank's failure
         failed = next((e for e in errors if e), "")
+        if failed and k == 1:
+            # the model does not build at all: every rank raises (the user's traceback where
+            # this rank has it)
+            raise local or ConfigError(
+                f"the model {spec.model} failed to build on another rank: {failed}",
+                key="--model",
+            )
         if failed:
             mp_degrees[k] = failed
             if rank == 0:

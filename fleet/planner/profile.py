@@ -14,8 +14,9 @@ keeps for the entry's backward (parameters excluded). Entries built from the sam
 AMP (``amp``): ``"O0"`` profiles in float32. ``"O1"`` runs every forward (and the loss) under
 fleet's autocast (:func:`fleet.meta_optimizers.amp.autocast`, the strategy's dtype and op
 lists), as the job does; the backward follows autocast's casts. ``"O2"`` additionally keeps the
-parameters in the low dtype (the model is cast before timing, as pure-fp16 training holds it);
-its optimizer step is still timed on float32 tensors (the master weights).
+parameters in the low dtype (the model is cast before timing, as pure-fp16 training holds it),
+so parameter bytes are those of the low-precision parameters; the optimizer step is still
+timed on float32 tensors (the master weights it updates).
 """
 
 from __future__ import annotations

@@ -249,7 +249,10 @@ def calibrate(
             "here with --calibration calibration.json",
             key="nnodes",
         )
+    base_path = os.path.join(log_dir, "base_strategy.json")
+    _write_json(base_path, shape.base_strategy)
     entry = ["fleet.planner.calibrate", "--spec", spec_path, "--out", cal_path]
+    entry += ["--base_strategy", base_path]
     if memory_limit is not None:
         entry += ["--memory_per_device", str(memory_limit)]
     run_job(shape, os.path.join(log_dir, "calibrate"), entry, "calibration job")

@@ -179,7 +179,7 @@ def resolve(strategy: DistributedStrategy, nnodes: int, nproc_per_node: int) -> 
         origin = f"planned now, cached as {key}"
         cal = None
         if not found[1]:
-            cal = calibrate_in_job(spec, memory)
+            cal = calibrate_in_job(spec, base, memory)
         if rank == 0:
             from dataclasses import replace
 

@@ -9,7 +9,8 @@ the median of a few repetitions after one warm-up (two for an entry slower than
 :data:`SLOW_ENTRY_S`); the warm-up runs under
 :class:`~fleet.meta_parallel.pp_memory.SavedActivationMeter`, which gives the bytes autograd
 keeps for the entry's backward (parameters excluded). Entries built from the same
-``LayerDesc`` class with equal arguments are measured once and the figures reused.
+``LayerDesc`` class with equal arguments, given inputs of the same shapes, are measured once:
+their figures and output are reused (the repeated blocks of a transformer cost one).
 
 AMP (``amp``): ``"O0"`` profiles in float32. ``"O1"`` runs every forward (and the loss) under
 fleet's autocast (:func:`fleet.meta_optimizers.amp.autocast`, the strategy's dtype and op
@@ -101,6 +102,11 @@ def _tensors(x: Any) -> list[torch.Tensor]:
 def nbytes(x: Any) -> int:
     """Bytes of every tensor in ``x`` (a tensor or nested tuples/lists/dicts of them)."""
     return sum(t.numel() * t.element_size() for t in _tensors(x))
+
+
+def _signature(x: Any) -> tuple[Any, ...]:
+    """The shapes and dtypes of the tensors in ``x``."""
+    return (type(x).__name__, *((tuple(t.shape), t.dtype) for t in _tensors(x)))
 
 
 def _detach(x: Any, device: torch.device) -> Any:
@@ -382,23 +388,24 @@ def profile_model(
         input_bytes[b] = float(nbytes(inputs) + nbytes(labels))
         labels = _to(labels, device)
         x = _detach(inputs, device)
-        done: dict[str, int] = {}
+        done: dict[tuple[str, Any], tuple[int, Any]] = {}
         for i, func in enumerate(pipe.run_function):
             last = i == len(pipe.run_function) - 1
             key = _reuse_key(entries, i)
+            seen = (key, _signature(x)) if key is not None else None
             fig = figures[i]
-            if key is not None and key in done:
-                src = figures[done[key]]
+            if seen is not None and seen in done:
+                # the same layer on an input of the same shape: its figures and its output
+                src_index, out = done[seen]
+                src = figures[src_index]
                 fig.fwd_s[b], fig.bwd_s[b] = src.fwd_s[b], src.bwd_s[b]
                 fig.act_bytes[b] = src.act_bytes[b]
-                with torch.no_grad(), amp_ctx():
-                    out = func(x)
             else:
                 loss = (built.loss_fn, labels) if last else None
                 f, bw, act, out = _time_entry(func, x, loss, params, reps, amp_ctx, device, agree)
                 fig.fwd_s[b], fig.bwd_s[b], fig.act_bytes[b] = f, bw, act
-                if key is not None:
-                    done[key] = i
+                if seen is not None:
+                    done[seen] = (i, out)
             fig.out_bytes[b] = float(nbytes(out))
             x = _detach(out, device)
         pipe.zero_grad(set_to_none=True)

@@ -155,8 +155,12 @@ def calibrate_in_job(
     amp_config: AmpConfig = strategy.amp_configs
     env = read_worker_env()
     rank, world = tdist.get_rank(), tdist.get_world_size()
-    nproc = env.local_world_size if env.launched else world
-    nnodes = max(1, world // max(1, nproc))
+    # the env contract's shape (LOCAL_WORLD_SIZE, GROUP_WORLD_SIZE / FLEET_NNODES) when it
+    # describes this world; a process group made by hand counts as one node
+    if env.launched and env.num_nodes * env.local_world_size == world:
+        nproc, nnodes = env.local_world_size, env.num_nodes
+    else:
+        nproc, nnodes = world, 1
     backend = str(tdist.get_backend())
     device, device_name, device_memory = _device(backend, env.local_rank)
     sizes = micro_batch_sizes(spec.global_batch_size, world)
@@ -201,9 +205,9 @@ def calibrate_in_job(
         mine = profile_model(
             spec, group, sizes, amp, amp_config, device=device, built=built, pipe=pipe
         )
-        gathered: list[Any] = [None] * world
-        tdist.all_gather_object(gathered, mine)
-        profiles[k] = gathered
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        tdist.gather_object(mine, gathered, dst=0)
+        profiles[k] = gathered or []
         mp_degrees[k] = ""
         del built, pipe
         phases[f"profile mp={k}"] = time.perf_counter() - t_k

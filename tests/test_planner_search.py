@@ -435,3 +435,13 @@ def test_point_to_point_on_the_critical_path() -> None:
     hop = cal.cluster.link("send_recv", 2, False).time(OUT * 2)
     four = estimate(Candidate(2, 1, 2, 1, 0, 2, 4, False), cal)
     assert four.parts["pp_comm"] == pytest.approx(2 * hop + (1 - cost.P2P_OVERLAP) * 6 * hop + tied)
+
+
+def test_a_crowded_cpu_hides_no_communication() -> None:
+    c = Candidate(4, 1, 1, 1, 0, 4, 1, False)
+    roomy = estimate(c, make_cal(4, cores=64))
+    crowded = estimate(c, make_cal(4, cores=2))
+    fit = make_cal(4).cluster.link("all_reduce", 4, False)
+    P = 1000 + 8 * PARAM
+    assert crowded.parts["dp_comm"] == pytest.approx(fit.time(P))
+    assert roomy.parts["dp_comm"] < crowded.parts["dp_comm"]

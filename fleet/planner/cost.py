@@ -66,7 +66,8 @@ Time (seconds per optimizer step = one global batch)
     pipeline takes ``max(m * mean_s t_s, (m + pp - 1) * max_s t_s / k)``.
     Gradient reduction: no pipeline and stage 0/1: DDP's all-reduce over the gradient group
     (dp, or dp x sharding for stage 1) overlaps :data:`DDP_OVERLAP` of the last micro-batch's
-    backward; stage 2: DDP over dp, then reduce-to-owner over sharding at ``step()``;
+    backward (:data:`CROWDED_CPU_OVERLAP` on a CPU node with more ranks than cores, for this
+    and FSDP2's overlap); stage 2: DDP over dp, then reduce-to-owner over sharding at ``step()``;
     pipeline: one flat all-reduce over dp after the last micro-batch (not overlapped), then
     stage 1 all-reduces and stage 2 reduces over sharding in ``step()``. Stages 1/2 broadcast
     every updated parameter from its owner (buckets of :data:`SHARDING_SEGMENT_BYTES`).
@@ -109,6 +110,9 @@ hides its reduce-scatter)."""
 P2P_OVERLAP = 0.0
 """Fraction of the steady-state point-to-point messages hidden behind compute (receives are
 posted ahead, but gloo moves the bytes on the CPU the stage computes with)."""
+CROWDED_CPU_OVERLAP = 0.0
+"""The overlap factors on CPU when a node has more ranks than cores: a communication thread
+finds no free core to run beside the compute, so (by default) nothing hides."""
 CPU_BUBBLE_REUSE = True
 """On CPU, a rank idle in the pipeline bubble gives its core to the busy ones (see above)."""
 STAGE2_PEAK_FULL_GRADS = False
@@ -290,6 +294,7 @@ def _stage_cost(
     spans: dict[str, bool],
 ) -> StageCost:
     model, mp, b, m = cal.model, c.mp, c.micro_batch_size, c.accumulate_steps
+    crowded = _crowding(cal) > 1
     fwd = sum(_at(e.fwd_s, mp, "forward time", e).at(b) for e in entries)
     bwd = sum(_at(e.bwd_s, mp, "backward time", e).at(b) for e in entries)
     rc = fwd if c.recompute else 0.0
@@ -350,7 +355,8 @@ def _stage_cost(
         if c.pp == 1 and ddp > 1:
             fit = _fit(cal, "all_reduce", ddp, spans["dp_sharding" if c.stage == 1 else "data"])
             comm = _coll(fit, P, _calls(P, DDP_BUCKET_BYTES))
-            post["dp_comm"] = max(0.0, comm - DDP_OVERLAP * (bwd + rc))
+            overlap = CROWDED_CPU_OVERLAP if crowded else DDP_OVERLAP
+            post["dp_comm"] = max(0.0, comm - overlap * (bwd + rc))
         elif c.pp > 1 and c.dp > 1:
             fit = _fit(cal, "all_reduce", c.dp, spans["data"])
             post["dp_comm"] = _coll(fit, P, 1)
@@ -395,6 +401,7 @@ def _fsdp_time(
     """FSDP2's exposed communication per step (stage 3)."""
     S, m = c.sharding, c.accumulate_steps
     f = _f32(cal.model.amp)
+    overlap = CROWDED_CPU_OVERLAP if _crowding(cal) > 1 else FSDP_OVERLAP
     units = sum(1 for e in held if e.shared_key is None and e.param_bytes > 0)
     units += 1 if any(e.shared_key is not None for e in held) else 0
     units = max(1, units)
@@ -405,10 +412,18 @@ def _fsdp_time(
     hsdp = _coll(_fit(cal, "all_reduce", c.dp, spans["data"]), f * P / S, 1) if c.dp > 1 else 0.0
     if c.pp == 1:
         gathers = 2 * m * gather_once  # forward and backward of every micro-batch
-        exposed = max(0.0, gathers - FSDP_OVERLAP * m * compute_per_mb)
+        exposed = max(0.0, gathers - overlap * m * compute_per_mb)
     else:
         exposed = gather_once  # once per step, before the first forward
-    return exposed + max(0.0, scatter - FSDP_OVERLAP * bwd_last) + hsdp
+    return exposed + max(0.0, scatter - overlap * bwd_last) + hsdp
+
+
+def _crowding(cal: Calibration) -> float:
+    """Ranks per core of a CPU node (1.0 on accelerators or with enough cores)."""
+    cl = cal.cluster
+    if cl.device != "cpu" or not cl.cores_per_node:
+        return 1.0
+    return max(1.0, cl.nproc_per_node / cl.cores_per_node)
 
 
 def stage_costs(
@@ -436,9 +451,8 @@ def estimate(c: Candidate, cal: Calibration) -> Estimate:
         section = m * T
     else:
         section = (m + pp - 1) * T
-        cl = cal.cluster
-        k = cl.nproc_per_node / cl.cores_per_node if cl.cores_per_node else 1.0
-        if CPU_BUBBLE_REUSE and cl.device == "cpu" and k > 1:
+        k = _crowding(cal)
+        if CPU_BUBBLE_REUSE and k > 1:
             mean = sum(st.t for st in stages) / len(stages)
             section = max(m * mean, section / k)
         bounds = stage_bounds(cal.model, pp)
@@ -490,6 +504,7 @@ def _tied_time(
 __all__ = [
     "AMP_O2_PARAM_RATIO",
     "CPU_BUBBLE_REUSE",
+    "CROWDED_CPU_OVERLAP",
     "DDP_BUCKET_BYTES",
     "DDP_OVERLAP",
     "FSDP_GATHERED_UNITS",

@@ -134,9 +134,13 @@ def resolve_shape(
     return JobShape(nn, npn, b, base, data)
 
 
-def _job_env() -> dict[str, str]:
-    """The environment of the planner's jobs: ours, without a surrounding job's contract."""
+def _job_env(shape: JobShape) -> dict[str, str]:
+    """The environment of the planner's jobs: ours, without a surrounding job's contract, plus
+    the job file's ``env:`` (what its trainers would see)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "PADDLE_"))}
+    extra = (shape.job_data or {}).get("env") or {}
+    if isinstance(extra, dict):
+        env.update({str(k): str(v) for k, v in extra.items()})
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -146,24 +150,10 @@ def run_job(
 ) -> None:
     """Run ``fleetrun ... -m ENTRY`` of the planned shape on this node, output kept in
     ``log_dir``; PlanJobError with ``what`` and the job's root-cause summary when it fails."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "launcher",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        str(shape.nproc_per_node),
-        "--backend",
-        shape.backend,
-        "--log_dir",
-        log_dir,
-        "--tee",
-        "none",
-        "--no-metrics",
-        "--job_name",
-        os.path.basename(log_dir),
-    ]
+    cmd = [sys.executable, "-m", "launcher", "--nnodes", "1"]
+    cmd += ["--nproc_per_node", str(shape.nproc_per_node), "--backend", shape.backend]
+    cmd += ["--log_dir", log_dir, "--tee", "none", "--no-metrics"]
+    cmd += ["--job_name", os.path.basename(log_dir)]
     if strategy_file:
         cmd += ["--strategy", strategy_file]
     cmd += ["-m", *entry]
@@ -171,7 +161,7 @@ def run_job(
     out_path = os.path.join(log_dir, "fleetrun.out")
     with open(out_path, "w", encoding="utf-8") as out:
         proc = subprocess.run(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=_job_env(), check=False, text=True
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=_job_env(shape), check=False, text=True
         )
     if proc.returncode == 0:
         return
@@ -283,7 +273,9 @@ def verify(
         os.makedirs(trial_dir, exist_ok=True)
         strategy_path = os.path.join(trial_dir, "strategy.yaml")
         with open(strategy_path, "w", encoding="utf-8") as f:
-            yaml.safe_dump(strategy_for(est.candidate, plan.base_strategy), f, sort_keys=False)
+            yaml.safe_dump(
+                auto.strategy_dict(est.candidate, plan.base_strategy), f, sort_keys=False
+            )
         out = os.path.join(trial_dir, "result.json")
         entry = ["fleet.planner.trial", "--spec", spec_path, "--steps", str(steps)]
         entry += ["--warmup", str(TRIAL_WARMUP), "--out", out]
@@ -300,15 +292,10 @@ def verify(
     return results
 
 
-def strategy_for(candidate: Any, base: dict[str, Any]) -> dict[str, Any]:
-    """The strategy a job runs a candidate under (:func:`fleet.planner.auto.strategy_dict`)."""
-    return auto.strategy_dict(candidate, base)
-
-
 def write_apply(path: str, plan: Plan, shape: JobShape, spec: ModelSpec) -> None:
     """A job file ``fleetrun -c path`` runs as is: the ``-c`` job with the chosen strategy, or a
     job training the planned model (``python -m fleet.planner.trial``) under it."""
-    strategy = strategy_for(plan.chosen.candidate, plan.base_strategy)
+    strategy = auto.strategy_dict(plan.chosen.candidate, plan.base_strategy)
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if shape.job_data is not None:

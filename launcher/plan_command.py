@@ -539,7 +539,11 @@ def run_plan(params: dict[str, Any]) -> int:
         f"calibration: {source} ({cal.seconds:.1f} s of measuring; "
         f"fingerprint {fp[:12]}; logs in {log_dir})"
     )
-    plan = search.plan(cal, spec, shape.base_strategy, memory_limit)
+    try:
+        plan = search.plan(cal, spec, shape.base_strategy, memory_limit)
+    except search.NothingFitsError as err:
+        click.echo(search.format_table(err.plan, top=params["top"]))  # what came closest
+        raise
     plan.fingerprint = fp
     plan.base_strategy = dict(shape.base_strategy)
     click.echo(search.format_table(plan, top=params["top"]))

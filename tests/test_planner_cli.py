@@ -172,6 +172,7 @@ def test_memory_too_small_says_what_is_short(tmp_path: Path, cache: Path) -> Non
     assert proc.returncode == 2, proc.stderr + proc.stdout
     assert "no configuration fits" in proc.stderr and "short by" in proc.stderr
     assert "closest" in proc.stderr
+    assert "none fits; the closest by memory:" in proc.stdout  # the table of what came closest
 
 
 @pytest.mark.timeout(60)

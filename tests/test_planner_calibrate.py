@@ -296,6 +296,29 @@ def test_profile_tiny_mlp_tensor_parallel_bytes(
     assert prof.optimizer_step_s_per_byte > 0
 
 
+@pytest.mark.timeout(120)
+def test_profile_under_amp(world_of_one: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.planner.profile import profile_model
+    from fleet.strategy.configs import AmpConfig
+
+    for k, v in TINY_MLP.items():
+        monkeypatch.setenv(k, v)
+    spec = ModelSpec(
+        "examples.planner.mlp:model", "examples.planner.mlp:sample", 4, path=(str(REPO),)
+    )
+    bf16 = AmpConfig(dtype="bfloat16")
+    o0 = profile_model(spec, world_of_one, [4], reps=1)
+    o1 = profile_model(spec, world_of_one, [4], amp="O1", amp_config=bf16, reps=1)
+    o2 = profile_model(spec, world_of_one, [4], amp="O2", amp_config=bf16, reps=1)
+    for prof in (o1, o2):
+        assert all(e.fwd_s[4] > 0 and e.bwd_s[4] > 0 for e in prof.entries)
+    # O1 keeps float32 parameters; O2 holds them in bfloat16
+    assert [e.param_bytes for e in o1.entries] == [e.param_bytes for e in o0.entries]
+    assert [2 * e.param_bytes for e in o2.entries] == [e.param_bytes for e in o0.entries]
+    with pytest.raises(ConfigError, match="amp level"):
+        profile_model(spec, world_of_one, [4], amp="O3")
+
+
 # ---- a calibration job ------------------------------------------------------------------------
 
 

@@ -261,3 +261,19 @@ def test_auto_strategy_reproduces_the_cached_plan(tmp_path: Path) -> None:
     planned = json.loads(line.split(": ", 1)[1])
     assert planned["micro_batch_size"] == chosen.micro_batch_size
     assert planned["recompute"] == chosen.recompute and planned["auto"] is True
+
+    # the same through a job's strategy file, and training on the groups fleet.init rebuilt
+    auto_yaml = {"auto": True, "auto_configs": {"model": GPT[1], "sample": GPT[3]}}
+    auto_yaml["auto_configs"].update(global_batch_size=8, memory_per_device_MB=2)
+    (tmp_path / "auto.yaml").write_text(yaml.safe_dump(auto_yaml))
+    spec = {"model": GPT[1], "sample": GPT[3], "global_batch_size": 8, "path": [str(REPO)]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    job = ["--nproc_per_node", "2", "--backend", "gloo", "--log_dir", str(tmp_path / "trial")]
+    job += ["--strategy", str(tmp_path / "auto.yaml"), "-m", "fleet.planner.trial"]
+    job += ["--spec", str(tmp_path / "spec.json"), "--steps", "3", "--warmup", "1"]
+    run = _fleetrun([*job, "--out", str(tmp_path / "result.json")], env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"fleet: auto strategy: {chosen.key} (cached plan" in run.stdout, run.stdout
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["strategy"].get("hybrid_configs.sharding_degree", 1) == chosen.sharding
+    assert result["loss"][-1] < result["loss"][0]

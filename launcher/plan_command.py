@@ -346,16 +346,18 @@ def _write_json(path: str, data: Any) -> None:
 
 
 def _counts(plan: Plan, verbose: bool) -> list[str]:
-    lines = [
-        f"{len(plan.ranked)} configuration(s) fit, {len(plan.too_big)} too big for "
-        f"{format_bytes(plan.memory_limit_bytes)} per device, {len(plan.refused)} refused"
-        + ("" if verbose or not plan.refused else " (--verbose lists why)")
+    """The refused and too-big configurations (the table's first line counts them): with
+    ``--verbose`` each with why, else a hint when there are any."""
+    if not verbose:
+        if plan.refused or plan.too_big:
+            return ["(--verbose lists the refused and the too big configurations)"]
+        return []
+    lines = [f"  refused {r.what}: {r.why}" for r in plan.refused]
+    limit = format_bytes(plan.memory_limit_bytes)
+    lines += [
+        f"  too big {e.candidate.key}: {format_bytes(e.memory_bytes)} > {limit}"
+        for e in plan.too_big
     ]
-    if verbose:
-        lines += [f"  refused {r.what}: {r.why}" for r in plan.refused]
-        lines += [
-            f"  too big {e.candidate.key}: {format_bytes(e.memory_bytes)}" for e in plan.too_big
-        ]
     return lines
 
 

@@ -279,11 +279,16 @@ def verify(
         out = os.path.join(trial_dir, "result.json")
         entry = ["fleet.planner.trial", "--spec", spec_path, "--steps", str(steps)]
         entry += ["--warmup", str(TRIAL_WARMUP), "--out", out]
-        click.echo(f"verify {i + 1}/{k}: {key} ...", err=True)
         run_job(shape, trial_dir, entry, f"trial job of {key}", strategy_file=strategy_path)
         with open(out, encoding="utf-8") as f:
             results[key] = json.load(f)
         plan.measured[key] = float(results[key]["median_step_s"])
+        peak = max(results[key].get("peak_bytes") or [0])
+        click.echo(
+            f"verify {i + 1}/{min(k, len(plan.ranked))} {key}: measured "
+            f"{plan.measured[key] * 1e3:.2f} ms/step, peak {format_bytes(peak)} "
+            f"(predicted {est.step_s * 1e3:.2f} ms, {format_bytes(est.memory_bytes)})"
+        )
     measured = sorted(
         (e for e in plan.ranked if e.candidate.key in plan.measured),
         key=lambda e: plan.measured[e.candidate.key],

@@ -222,7 +222,8 @@ def test_verify_measures_the_top_candidates(tmp_path: Path, cache: Path) -> None
     args += ["--json", str(tmp_path / "plan.json")]
     proc = _plan(tmp_path, "verify", args, _env(cache))
     assert proc.returncode == 0, proc.stderr + proc.stdout
-    assert "verified the top 2 (measured)" in proc.stdout
+    assert "verified the top 2 (measured)" in proc.stdout and "measured ms" in proc.stdout
+    assert "verify 2/2 " in proc.stdout and "ms/step, peak" in proc.stdout
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["measured"]) == 2 and all(v > 0 for v in plan["measured"].values())
     # the measured candidates lead the re-ranked list, fastest first

@@ -48,13 +48,18 @@ def _apply_auto(runtime: FleetRuntime) -> None:
     strategy (the data-parallel degree, the hybrid groups). The resolved keys are set on the
     strategy object itself, so the script's object, the runtime's and the job's later
     ``distributed_model`` / ``distributed_optimizer`` calls see the same strategy."""
-    from fleet.planner.auto import resolve  # lazy: auto jobs only
+    from fleet.planner.auto import remember_resolved, resolve, was_resolved  # auto jobs only
 
+    if was_resolved(runtime.strategy):
+        # fleet.init again with the strategy object an earlier call resolved: init_runtime
+        # has built the groups of its (planned) degrees already
+        return
     env = runtime.env
     resolved = resolve(runtime.strategy, env.num_nodes, env.local_world_size)
     check_strategy_supported(resolved, "fleet.init (strategy.auto)")
     for f in dataclasses.fields(resolved):
         setattr(runtime.strategy, f.name, getattr(resolved, f.name))
+    remember_resolved(runtime.strategy)
     hybrid = runtime.strategy.hybrid_configs
     runtime.dp_degree = hybrid.resolve_dp_degree(env.world_size)
     runtime.hcg = (

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import weakref
 from typing import Any
 
 from collective.errors import ConfigError
@@ -109,6 +110,22 @@ def strategy_dict(candidate: Candidate, base: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("gradient_merge", False)
     out["sharding"] = candidate.sharding > 1
     return out
+
+
+_RESOLVED: dict[int, tuple[weakref.ref[DistributedStrategy], Any]] = {}
+
+
+def remember_resolved(strategy: DistributedStrategy) -> None:
+    """Record that ``strategy`` (the object) now holds a plan's degrees, so a later
+    ``fleet.init`` with the same object keeps them instead of refusing them as hand-set."""
+    _RESOLVED[id(strategy)] = (weakref.ref(strategy), strategy.hybrid_configs)
+
+
+def was_resolved(strategy: DistributedStrategy) -> bool:
+    """True when ``strategy`` is an object :func:`remember_resolved` recorded and its hybrid
+    degrees are still the plan's."""
+    entry = _RESOLVED.get(id(strategy))
+    return entry is not None and entry[0]() is strategy and entry[1] == strategy.hybrid_configs
 
 
 def spec_from_configs(strategy: DistributedStrategy) -> ModelSpec:

@@ -60,9 +60,14 @@ def _source_digest(ref: str | None, path: Sequence[str]) -> str:
     if origin is None:
         return f"missing:{module}"
     try:
-        return hashlib.sha256(Path(origin).read_bytes()).hexdigest()
+        text = Path(origin).read_bytes()
     except OSError:
         return f"unreadable:{module}"
+    # A model sized from environment variables (os.environ.get("HIDDEN")) is another model
+    # when they change: the variables whose names the source quotes are part of the digest.
+    source = text.decode(errors="replace")
+    env = sorted((k, v) for k, v in os.environ.items() if f'"{k}"' in source or f"'{k}'" in source)
+    return hashlib.sha256(text + json.dumps(env).encode()).hexdigest()
 
 
 def cpu_model() -> str:

@@ -289,10 +289,21 @@ def plan(
     return result
 
 
+def size(nbytes: float) -> str:
+    """``1.50 GiB``, ``12.3 MiB``, ``640 KiB`` or ``512 B``: the unit that keeps the figure
+    readable."""
+    for unit, scale in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return (
+                f"{nbytes / scale:.3g} {unit}" if unit != "GiB" else f"{nbytes / scale:.2f} {unit}"
+            )
+    return f"{int(nbytes)} B"
+
+
 def _nothing_fits(p: Plan, cal: Calibration) -> str:
     best = p.too_big[0]
     c, short = best.candidate, best.memory_bytes - p.memory_limit_bytes
-    parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in best.memory_parts.items())
+    parts = ", ".join(f"{k} {size(v)}" for k, v in best.memory_parts.items())
     knobs = ["raise memory_per_device"]
     if c.stage < 3 and p.world_size > 1:
         knobs.append("use sharding stage 3 (more sharding ranks)")
@@ -302,9 +313,9 @@ def _nothing_fits(p: Plan, cal: Calibration) -> str:
         knobs.append("use more pp stages or more devices")
     knobs.append("or lower the global batch size")
     return (
-        f"no configuration fits {p.memory_limit_bytes / GiB:.2f} GiB per device: short by "
-        f"{short / GiB:.2f} GiB on the fullest rank; the closest is {describe(c)} at "
-        f"{best.memory_bytes / GiB:.2f} GiB ({parts} GiB); {', '.join(knobs)}"
+        f"no configuration fits {size(p.memory_limit_bytes)} per device: short by "
+        f"{size(short)} on the fullest rank; the closest is {describe(c)} at "
+        f"{size(best.memory_bytes)} ({parts}); {', '.join(knobs)}"
     )
 
 

@@ -46,6 +46,10 @@ def main() -> None:
         "stage": strategy.sharding_configs.stage if strategy.sharding else 0,
         "auto": strategy.auto,
     }
+    # fleet.init again with the same (now resolved) object keeps the plan's degrees
+    fleet.init(is_collective=True, strategy=strategy)
+    again = get_runtime("planner_auto").strategy.hybrid_configs
+    assert again == strategy.hybrid_configs, (again, strategy.hybrid_configs)
     if fleet.worker_index() == 0:
         print("auto degrees: " + json.dumps(degrees, sort_keys=True), flush=True)
         print("auto planned: " + json.dumps(planned, sort_keys=True), flush=True)

@@ -85,6 +85,17 @@ def test_no_import_cycle_counting_function_local_imports() -> None:
     assert not cycles, f"import cycles: {cycles}"
 
 
+def _import_at(module: str, line: int) -> ast.stmt:
+    """The import statement of ``module`` that starts on ``line`` (parsed from the whole file:
+    grimp gives only the first line of a parenthesised multi-line import)."""
+    path = ROOT.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import | ast.ImportFrom) and node.lineno == line:
+            return node
+    raise AssertionError(f"no import statement at {path}:{line}")
+
+
 def _only_compiled(graph: object, importer: str, imported: str) -> bool:
     """True when every import of package ``imported`` by ``importer`` is ``from imported import
     X`` of a compiled extension X (grimp sees those as imports of the package itself; an
@@ -94,7 +105,7 @@ def _only_compiled(graph: object, importer: str, imported: str) -> bool:
         return False
     details = graph.get_import_details(importer=importer, imported=imported)  # type: ignore[attr-defined]
     for detail in details:
-        node = ast.parse(detail["line_contents"].strip()).body[0]
+        node = _import_at(importer, int(detail["line_number"]))
         if not isinstance(node, ast.ImportFrom):
             return False
         for alias in node.names:

@@ -83,12 +83,13 @@ def test_trial_runs_the_candidate_and_writes_a_complete_result(tmp_path: Path, n
     assert json.loads(last) == res
     assert len(res["step_s"]) == 3 and all(t > 0 for t in res["step_s"])
     assert min(res["step_s"]) <= res["median_step_s"] <= max(res["step_s"])
-    for key in ("peak_bytes", "state_bytes", "activation_peak_bytes", "memory_parts"):
+    keys = ("peak_bytes", "state_bytes", "activation_peak_bytes", "memory_parts")
+    keys += ("gathered_and_activation_peak_bytes", "transient_bytes")
+    for key in keys:
         assert len(res[key]) == 2, key
-    for peak, state, act, parts in zip(
-        res["peak_bytes"], res["state_bytes"], res["activation_peak_bytes"], res["memory_parts"]
-    ):
-        assert peak == state + act and act > 0
+    for peak, state, act, parts, both, transient in zip(*(res[k] for k in keys), strict=True):
+        assert act > 0 and both >= act
+        assert peak == state + max(both, transient)
         assert state == sum(parts.values())
         assert parts["params"] > 0 and parts["grads"] > 0
         assert parts["optimizer"] == pytest.approx(2 * parts["params"], rel=0.01)  # AdamW
@@ -102,6 +103,8 @@ def test_trial_runs_the_candidate_and_writes_a_complete_result(tmp_path: Path, n
         assert parts0["params"] == parts1["params"]
     if name == "sharding2_s3":  # FSDP2: each rank holds half of every parameter
         assert parts0["params"] == parts1["params"]
+        # the parameters gathered for the forward count apart from the activations
+        assert res["gathered_and_activation_peak_bytes"][0] > res["activation_peak_bytes"][0]
     if name.startswith("dp2"):  # DDP's gradient buckets
         assert parts0["buffers"] == parts0["grads"]
     if name == "pp2":  # two stages, different parameters

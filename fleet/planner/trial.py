@@ -24,12 +24,15 @@ one global batch of the spec's sample function. Timing: a barrier, then ``--warm
 steps, then ``--steps`` timed ones; a step's time is the slowest rank's. Memory per rank: on
 CUDA ``torch.cuda.max_memory_allocated``; on CPU the bytes of the live tensors the rank holds when
 the optimizer steps (parameters, gradients, optimizer state, AMP master weights, DDP's gradient
-buckets, the pipeline's flat gradient buffer) plus the peak of the saved activations
-(:class:`~fleet.meta_parallel.pp_memory.SavedActivationMeter`) over one more step (under
-sharding stage 3 that includes the gathered parameters the layers save for backward).
+buckets, the pipeline's flat gradient buffer) plus the larger of two peaks: the saved
+activations over one more step (:class:`~fleet.meta_parallel.pp_memory.SavedActivationMeter`)
+together with the parameters sharding stage 3 has gathered at that moment, and the flat
+communication buckets of a stage-1/2 sharded optimizer around its step (activations are gone
+by then).
 
 Rank 0 writes ``--out`` and prints the same JSON as its last line: ``step_s``,
-``median_step_s``, ``peak_bytes``, ``state_bytes``, ``activation_peak_bytes`` (lists over ranks),
+``median_step_s``, ``peak_bytes``, ``state_bytes``, ``activation_peak_bytes``,
+``gathered_and_activation_peak_bytes``, ``transient_bytes`` (lists over ranks),
 ``memory_parts`` (per rank), ``loss``, ``strategy`` (the settings that differ from the
 defaults, flattened: ``hybrid_configs.mp_degree``). A strategy fleet refuses exits non-zero with
 the error's message.
@@ -54,6 +57,7 @@ from collective.errors import ConfigError, FleetError
 from fleet.base.runtime import get_runtime
 from fleet.base.topology import HybridCommunicateGroup, build_topology
 from fleet.meta_optimizers.amp import MasterWeightOptimizer
+from fleet.meta_optimizers.sharding import ShardedOptimizer
 from fleet.meta_parallel import PipelineLayer
 from fleet.meta_parallel.pp_memory import SavedActivationMeter
 from fleet.planner.spec import build_model, sample_batch
@@ -125,6 +129,7 @@ class MemoryProbe:
     def __init__(self, params: list[torch.Tensor], opt: Any, model: Any, flat_buffer: bool):
         self.params, self.opt, self.model, self.flat_buffer = params, opt, model, flat_buffer
         self.parts: dict[str, int] = {}
+        self.transient = 0
 
     def __call__(self, *_: Any) -> None:
         params = sum(_nbytes(p) for p in self.params)
@@ -147,6 +152,55 @@ class MemoryProbe:
             "optimizer": state + masters,
             "buffers": buffers,
         }
+        self.transient = sharding_transient_bytes(self.opt, grads)
+
+
+def sharding_transient_bytes(opt: Any, grads_at_step: int) -> int:
+    """Bytes the sharded optimizer's flat communication buckets add around its step (one
+    phase at a time: the gradient reduce before it, every gradient still there; the parameter
+    broadcast after it); 0 without one. A bucket of one contiguous tensor is sent in place."""
+    sh = _find_inner(opt, ShardedOptimizer)
+    if sh is None:
+        return 0
+    flat = sum(
+        sum(_nbytes(p) for p in bucket)
+        for _, bucket in sh._bucket_list
+        if len(bucket) > 1 or not bucket[0].is_contiguous()
+    )
+    reduce = 0
+    if sh.stage == 2 or sh.reduce_grads:
+        full = sum(_nbytes(p) for p in sh._params if p.requires_grad)
+        reduce = flat + max(0, full - grads_at_step)
+    return max(flat, reduce)
+
+
+class ActivationMeter(SavedActivationMeter):
+    """Saved activations of one step, without the parameters FSDP2 gathers for the layers
+    (sharding stage 3 swaps the full tensors in while a unit runs): those are tracked apart as
+    ``gathered``, and :attr:`combined_peak` is the peak of activations + gathered parameters."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        params = list(module.parameters())
+        self._fsdp = any(hasattr(p, "to_local") for p in params)
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        super().__init__(local)
+        self._module = module
+        self._base = set(self._param_storages)
+        self.combined_peak = 0
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        gathered = 0
+        if self._fsdp:  # the unsharded parameters swapped in right now
+            full = {
+                p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                for p in self._module.parameters()
+                if not hasattr(p, "to_local")
+            }
+            self._param_storages = self._base | set(full)
+            gathered = sum(full.values())
+        out = super()._pack(t)
+        self.combined_peak = max(self.combined_peak, self.live_bytes + gathered)
+        return out
 
 
 def _innermost(opt: Any) -> torch.optim.Optimizer:
@@ -209,7 +263,9 @@ class Trial:
             # The planner's recompute is the PipelineLayer's (every entry checkpointed); the
             # strategy switch without named sub-modules would be refused by the wrapper.
             strategy.recompute = False
-        seg = f"layer:^{built.block_class}$" if built.block_class else "uniform"
+        # stages are cut at the repeated block (a plain nn.Module is one entry: uniform)
+        block = built.block_class if built.layer_list else None
+        seg = f"layer:^{block}$" if block else "uniform"
         self.pipe = PipelineLayer(
             built.entries,
             topology=hcg.topology(),
@@ -218,15 +274,16 @@ class Trial:
             recompute_interval=1 if recompute else 0,
         )
         self.loss_fn = built.loss_fn
+        device = _device(runtime)
+        if device.type == "cuda":  # the model must be on its device before it is wrapped
+            self.pipe.to(device)
         self.model = fleet.distributed_model(self.pipe)
         params = [p for p in self.pipe.parameters()]
         opt = make_optimizer(spec.optimizer, params, spec.lr)
         self.opt = fleet.distributed_optimizer(opt)
         x, y = sample_batch(spec, spec.global_batch_size)
         self.x, self.y = x[idx * local : (idx + 1) * local], y[idx * local : (idx + 1) * local]
-        device = _device(runtime)
         if device.type == "cuda":
-            self.pipe.to(device)  # already there when the model function built on it
             self.x, self.y = self.x.to(device), self.y.to(device)
         flat = self.pp > 1 and hcg.get_data_parallel_world_size() > 1 and not _stage3(strategy)
         self.probe = MemoryProbe(params, self.opt, self.model, flat)
@@ -263,10 +320,10 @@ def run(spec: ModelSpec, steps: int, warmup: int) -> dict[str, Any] | None:
     fleet.init(is_collective=True)
     runtime = get_runtime("planner trial")
     strategy_dict = runtime.strategy.non_default_settings()
-    trial = Trial(spec)
     cuda = _device(runtime).type == "cuda"
     if cuda:
         torch.cuda.set_device(_device(runtime))
+    trial = Trial(spec)
     losses: list[float] = []
     for _ in range(warmup):
         losses.append(trial.step())
@@ -285,8 +342,7 @@ def run(spec: ModelSpec, steps: int, warmup: int) -> dict[str, Any] | None:
         t0 = t1
     cuda_peak = torch.cuda.max_memory_allocated() if cuda else 0
     # one more step under the saved-activation meter (its hooks would slow the timed steps)
-    local = [p.to_local() if hasattr(p, "to_local") else p for p in trial.pipe.parameters()]
-    with SavedActivationMeter(local) as meter:
+    with ActivationMeter(trial.pipe) as meter:
         losses.append(trial.step())
     parts = dict(trial.probe.parts)
     state = sum(parts.values())
@@ -294,6 +350,8 @@ def run(spec: ModelSpec, steps: int, warmup: int) -> dict[str, Any] | None:
         "times": times,
         "state": state,
         "act": int(meter.peak_bytes),
+        "combined": int(meter.combined_peak),
+        "transient": int(trial.probe.transient),
         "parts": parts,
         "cuda_peak": int(cuda_peak),
     }
@@ -302,7 +360,11 @@ def run(spec: ModelSpec, steps: int, warmup: int) -> dict[str, Any] | None:
     if tdist.get_rank() != 0:
         return None
     step_s = [max(r["times"][i] for r in gathered) for i in range(steps)]
-    peak = [r["cuda_peak"] if cuda else r["state"] + r["act"] for r in gathered]
+    # the flat buckets of a sharded optimizer live after backward, when activations are gone
+    peak = [
+        r["cuda_peak"] if cuda else r["state"] + max(r["combined"], r["transient"])
+        for r in gathered
+    ]
     return {
         "step_s": step_s,
         "median_step_s": statistics.median(step_s) if step_s else math.nan,
@@ -311,6 +373,8 @@ def run(spec: ModelSpec, steps: int, warmup: int) -> dict[str, Any] | None:
         "peak_bytes": peak,
         "state_bytes": [r["state"] for r in gathered],
         "activation_peak_bytes": [r["act"] for r in gathered],
+        "gathered_and_activation_peak_bytes": [r["combined"] for r in gathered],
+        "transient_bytes": [r["transient"] for r in gathered],
         "memory_parts": [r["parts"] for r in gathered],
         "device": "cuda" if cuda else "cpu",
         "world_size": tdist.get_world_size(),

@@ -115,3 +115,27 @@ def test_recompute_errors_and_no_grad() -> None:
         assert recompute(layer.eval(), torch.ones(2, 4)).shape == (2, 4)
     assert fleet.utils.recompute is recompute
     assert fleet.util.get_file_shard  # Paddle's UtilBase stays
+
+
+@pytest.mark.timeout(30)
+def test_recompute_without_checkpoints_recomputes_every_entry_of_a_pipeline_layer() -> None:
+    from fleet.meta_parallel import LayerDesc, PipelineLayer
+
+    torch.manual_seed(0)
+    descs = [LayerDesc(nn.Linear, 8, 8) for _ in range(3)]
+    ref = PipelineLayer(descs, num_stages=1, stage_id=0)
+    net = PipelineLayer(descs, num_stages=1, stage_id=0)
+    net.load_state_dict(ref.state_dict())
+    assert net.recompute_interval == 0
+    wrap_model_features(net, DistributedStrategy(recompute=True))
+    assert net.recompute_interval == 1  # the planner's meaning of recompute on a layer list
+    x = torch.randn(4, 8)
+    ref(x).square().sum().backward()
+    net(x).square().sum().backward()
+    for a, b in zip(ref.parameters(), net.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad)
+    own = PipelineLayer(descs, num_stages=1, stage_id=0, recompute_interval=2)
+    wrap_model_features(own, DistributedStrategy(recompute=True))
+    assert own.recompute_interval == 2  # its own interval is kept
+    with pytest.raises(ConfigError, match="recompute_interval must be >= 0"):
+        own.recompute_interval = -1

@@ -327,6 +327,20 @@ class PipelineLayer(nn.Module):
         """True on the last stage."""
         return self._stage_id == self._num_stages - 1
 
+    @property
+    def recompute_interval(self) -> int:
+        """Entries run under one activation checkpoint (0: none); ``strategy.recompute``
+        without ``checkpoints`` sets 0 to 1 at ``fleet.distributed_model``."""
+        return self._recompute_interval
+
+    @recompute_interval.setter
+    def recompute_interval(self, value: int) -> None:
+        if value < 0:
+            raise ConfigError(
+                f"recompute_interval must be >= 0, got {value}", key="recompute_interval"
+            )
+        self._recompute_interval = value
+
     # forward -----------------------------------------------------------------------------------
     def forward(self, x: Any) -> Any:
         """Run this stage's entries in order (tuples are passed on as one argument)."""

@@ -38,6 +38,7 @@ from fleet.meta_optimizers import asp
 from fleet.meta_optimizers.amp import MasterWeightOptimizer, autocast, torch_dtype
 from fleet.meta_optimizers.clip import ClipGradByGlobalNorm
 from fleet.meta_optimizers.lars_lamb import LAMB, LARS
+from fleet.meta_parallel.pipeline_layer import PipelineLayer
 from fleet.meta_parallel.recompute import OffloadSavedInputs, recompute
 from fleet.meta_parallel.sync_batch_norm import convert_sync_batchnorm
 from fleet.strategy import DistributedStrategy, sharding_stage
@@ -141,8 +142,14 @@ def wrap_model_features(
     for name, p in model.named_parameters():
         if not hasattr(p, "fleet_name"):
             p.fleet_name = name
-    if strategy.recompute:
-        names = strategy.recompute_configs.checkpoints
+    names = strategy.recompute_configs.checkpoints
+    if strategy.recompute and not names and isinstance(model, PipelineLayer):
+        # A layer list recomputes entry by entry (what the planner's recompute means): every
+        # entry checkpointed unless the PipelineLayer chose its own recompute_interval.
+        if model.recompute_interval == 0:
+            model.recompute_interval = 1
+        logger.debug("recompute every %d entries of the PipelineLayer", model.recompute_interval)
+    elif strategy.recompute:
         if not names:
             raise ConfigError(
                 "strategy.recompute is on but no sub-module is named; set "

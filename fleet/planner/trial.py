@@ -52,14 +52,15 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-import fleet
 from collective.errors import ConfigError, FleetError
-from fleet.base.runtime import get_runtime
+from fleet.base.runtime import get_runtime, init_runtime
 from fleet.base.topology import HybridCommunicateGroup, build_topology
 from fleet.meta_optimizers.amp import MasterWeightOptimizer
 from fleet.meta_optimizers.sharding import ShardedOptimizer
 from fleet.meta_parallel import PipelineLayer
 from fleet.meta_parallel.pp_memory import SavedActivationMeter
+from fleet.parallelize.model import distributed_model
+from fleet.parallelize.optimizer import distributed_optimizer
 from fleet.planner.spec import build_model, sample_batch
 from fleet.planner.types import ModelSpec
 
@@ -258,11 +259,6 @@ class Trial:
                 "nn.Module; set pp_degree to 1",
                 key="hybrid_configs.pp_degree",
             )
-        recompute = bool(strategy.recompute) and not strategy.recompute_configs.checkpoints
-        if recompute:
-            # The planner's recompute is the PipelineLayer's (every entry checkpointed); the
-            # strategy switch without named sub-modules would be refused by the wrapper.
-            strategy.recompute = False
         # stages are cut at the repeated block (a plain nn.Module is one entry: uniform)
         block = built.block_class if built.layer_list else None
         seg = f"layer:^{block}$" if block else "uniform"
@@ -271,16 +267,17 @@ class Trial:
             topology=hcg.topology(),
             loss_fn=built.loss_fn,
             seg_method=seg,
-            recompute_interval=1 if recompute else 0,
+            # strategy.recompute without named checkpoints: fleet.distributed_model makes it
+            # every entry (recompute_interval 1), as a job running the planned strategy gets
         )
         self.loss_fn = built.loss_fn
         device = _device(runtime)
         if device.type == "cuda":  # the model must be on its device before it is wrapped
             self.pipe.to(device)
-        self.model = fleet.distributed_model(self.pipe)
+        self.model = distributed_model(self.pipe)
         params = [p for p in self.pipe.parameters()]
         opt = make_optimizer(spec.optimizer, params, spec.lr)
-        self.opt = fleet.distributed_optimizer(opt)
+        self.opt = distributed_optimizer(opt)
         x, y = sample_batch(spec, spec.global_batch_size)
         self.x, self.y = x[idx * local : (idx + 1) * local], y[idx * local : (idx + 1) * local]
         if device.type == "cuda":
@@ -317,7 +314,7 @@ def _device(runtime: Any) -> torch.device:
 
 def run(spec: ModelSpec, steps: int, warmup: int) -> dict[str, Any] | None:
     """The trial on this rank (collective); the result on rank 0, None elsewhere."""
-    fleet.init(is_collective=True)
+    init_runtime(True, None, None)  # fleet.init of a collective job (no auto, no PS roles)
     runtime = get_runtime("planner trial")
     strategy_dict = runtime.strategy.non_default_settings()
     cuda = _device(runtime).type == "cuda"

@@ -458,9 +458,9 @@ def _opt(*names: str, **kw: Any) -> Any:
     "--verify_steps",
     "verify_steps",
     type=click.IntRange(min=1),
-    default=5,
+    default=10,
     show_default=True,
-    help="Timed steps of each trial (after 2 warm-up steps).",
+    help="Timed steps of each trial (after 2 warm-up steps); the median counts.",
 )
 @_opt(
     "--apply",

@@ -219,9 +219,10 @@ def test_memory_parts_of_each_sharding_stage() -> None:
     s1 = _mem(Candidate(1, 1, 1, 4, 1, 1, 4, False), cal)
     assert s1["params"] == P and s1["grads"] == P and s1["optimizer"] == 2 * P / 4
     s2 = _mem(Candidate(1, 1, 1, 4, 2, 4, 1, False), cal)
-    # every gradient is still held while step() reduces it to its owner (next to the buckets)
-    assert s2["grads"] == P
-    assert s2["optimizer"] == 2 * P / 4 and s2["buffers"] == P - s2["activations"]
+    # reduced to their owners inside step(); until then they sit next to the buckets
+    assert s2["grads"] == P / 4
+    assert s2["optimizer"] == 2 * P / 4
+    assert s2["buffers"] == max(0.0, P + (P - P / 4) - s2["activations"])
     # gradient merge: the whole gradient accumulates next to the later micro-batches
     assert _mem(Candidate(1, 1, 1, 4, 2, 1, 4, False), cal)["grads"] == P
     s3 = _mem(Candidate(1, 1, 1, 4, 3, 4, 1, False), cal)

@@ -34,7 +34,8 @@ Memory (bytes on one rank = params + grads + optimizer + buffers + activations)
     ShardedOptimizer reduces gradients to their owners inside ``step()``, so at the update a
     rank holds 1/N of them; with several micro-batches (gradient merge, or a pipeline) the
     whole gradient accumulates while the later micro-batches' activations are alive, so it
-    counts in full (and with one micro-batch too: :data:`STAGE2_PEAK_FULL_GRADS`). Stage 3 (FSDP2): float32
+    counts in full (always with :data:`STAGE2_PEAK_FULL_GRADS`); while ``step()`` reduces, the
+    gradients it is about to drop are still there, next to the buckets (the transient below). Stage 3 (FSDP2): float32
     shards of params/grads/state / sharding; without a pipeline every unit reshards after
     forward, so the root unit (the shared layers) and :data:`FSDP_GATHERED_UNITS` of the
     largest entry are gathered at once; under a pipeline the stage's parameters stay gathered
@@ -115,12 +116,11 @@ CROWDED_CPU_OVERLAP = 0.0
 finds no free core to run beside the compute, so (by default) nothing hides."""
 CPU_BUBBLE_REUSE = True
 """On CPU, a rank idle in the pipeline bubble gives its core to the busy ones (see above)."""
-STAGE2_PEAK_FULL_GRADS = True
-"""Stage 2 reduces gradients inside ``step()``: while it reduces them to their owners a rank
-still holds every gradient next to the flat buckets that carry them (measured: a stage-2 MLP
-at sharding 4 peaked at the full gradient plus the buckets, 229 MiB against 179 MiB counted
-with 1/N of the gradient). True counts the full gradient; False only 1/N (the steady state
-after the update)."""
+STAGE2_PEAK_FULL_GRADS = False
+"""Stage 2 reduces gradients inside ``step()``: after the update a rank holds 1/N of them;
+while it reduces them to their owners it still holds every one next to the flat buckets that
+carry them, which the transient part counts (after backward, when the activations are gone).
+True counts the full gradient at the update as well."""
 FSDP_GATHERED_UNITS = 1
 """FSDP2 units (besides the root) held gathered at once without a pipeline."""
 AMP_O2_PARAM_RATIO = 0.5
@@ -328,7 +328,9 @@ def _stage_cost(
     buffers = P if ddp else 0.0
     if c.pp > 1 and c.dp > 1 and c.stage < 3:
         buffers += P  # PipelineParallel's flat gradient all-reduce over dp
-    transient = P if c.stage in (1, 2) else 0.0  # reduce / all-reduce / broadcast buckets
+    # reduce / all-reduce / broadcast buckets; stage 2 reduces while every gradient is still
+    # there, so the gradients it will drop count with its buckets
+    transient = P + (P - grads if c.stage == 2 else 0.0) if c.stage in (1, 2) else 0.0
     inflight = 1
     if c.pp > 1:
         inflight = m if c.schedule == "FThenB" else min(m, c.pp - s)

@@ -359,7 +359,7 @@ def _calibrate_job(tmp_path: Path, spec: ModelSpec, env: dict[str, str]) -> Cali
 
 
 @pytest.mark.timeout(180)
-def test_calibration_job_world_two(tmp_path: Path) -> None:
+def test_calibration_job_world_two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = ModelSpec(
         "examples.planner.gpt:model", "examples.planner.gpt:sample", 4, path=(str(REPO),)
     )
@@ -380,7 +380,11 @@ def test_calibration_job_world_two(tmp_path: Path) -> None:
         fit = cluster.links[f"{op}/2/intra"]
         assert fit.alpha_s >= 0 and fit.beta_s_per_byte >= 0
         assert fit.time(1 << 20) > 0
+    for k, v in TINY_GPT.items():  # the sizes the model's source reads are in the fingerprint
+        monkeypatch.setenv(k, v)
     assert cal.fingerprint == cache.fingerprint(spec, 1, 2, "gloo", "cpu", "O0")
+    monkeypatch.setenv("PLAN_GPT_HIDDEN", "64")
+    assert cal.fingerprint != cache.fingerprint(spec, 1, 2, "gloo", "cpu", "O0")
     assert cal.seconds > 0
 
 

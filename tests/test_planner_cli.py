@@ -230,6 +230,14 @@ def test_verify_measures_the_top_candidates(tmp_path: Path, cache: Path) -> None
     keys = [Candidate.from_dict(e["candidate"]).key for e in plan["ranked"][:2]]
     assert set(keys) == set(plan["measured"])
     assert plan["measured"][keys[0]] <= plan["measured"][keys[1]]
+    # the memory model against the trials' measured peaks (the fullest rank): within 15 %
+    predicted = {Candidate.from_dict(e["candidate"]).key: e["memory_bytes"] for e in plan["ranked"]}
+    results = sorted((tmp_path / "verify").glob("trial*/result.json"))
+    assert len(results) == 2, results
+    for path in results:
+        key = path.parent.name.split("-", 1)[1]
+        measured = max(json.loads(path.read_text())["peak_bytes"])
+        assert abs(predicted[key] - measured) <= 0.15 * measured, (key, predicted[key], measured)
 
 
 @pytest.mark.slow

@@ -7,13 +7,10 @@ each other.
 
 from __future__ import annotations
 
-import dataclasses
-
 from fleet.base.role_maker import PaddleCloudRoleMaker
 from fleet.base.runtime import FleetRuntime, init_runtime
-from fleet.base.topology import HybridCommunicateGroup, build_topology
 from fleet.ps.runtime import start_ps
-from fleet.strategy import DistributedStrategy, check_strategy_supported
+from fleet.strategy import DistributedStrategy
 
 
 def init(
@@ -44,29 +41,9 @@ def init(
 
 
 def _apply_auto(runtime: FleetRuntime) -> None:
-    """Resolve ``auto`` on every rank and rebuild what :func:`init_runtime` derived from the
-    strategy (the data-parallel degree, the hybrid groups). The resolved keys are set on the
-    strategy object itself, so the script's object, the runtime's and the job's later
-    ``distributed_model`` / ``distributed_optimizer`` calls see the same strategy."""
-    from fleet.planner.auto import remember_resolved, resolve, was_resolved  # auto jobs only
+    from fleet.planner.auto import apply_to_runtime  # lazy: auto jobs only
 
-    if was_resolved(runtime.strategy):
-        # fleet.init again with the strategy object an earlier call resolved: init_runtime
-        # has built the groups of its (planned) degrees already
-        return
-    env = runtime.env
-    resolved = resolve(runtime.strategy, env.num_nodes, env.local_world_size)
-    check_strategy_supported(resolved, "fleet.init (strategy.auto)")
-    for f in dataclasses.fields(resolved):
-        setattr(runtime.strategy, f.name, getattr(resolved, f.name))
-    remember_resolved(runtime.strategy)
-    hybrid = runtime.strategy.hybrid_configs
-    runtime.dp_degree = hybrid.resolve_dp_degree(env.world_size)
-    runtime.hcg = (
-        None
-        if hybrid.mp_degree == hybrid.pp_degree == hybrid.sharding_degree == 1
-        else HybridCommunicateGroup(build_topology(hybrid, env.world_size))
-    )
+    apply_to_runtime(runtime)
 
 
 __all__ = ["init"]

@@ -240,7 +240,39 @@ def apply_strategy_dict(strategy: DistributedStrategy, keys: dict[str, Any]) -> 
     return DistributedStrategy.from_dict(data)
 
 
+def apply_to_runtime(runtime: Any) -> None:
+    """Resolve ``strategy.auto`` on every rank of ``runtime`` (a ``FleetRuntime`` fresh from
+    ``init_runtime``) and rebuild what it derived from the strategy: the data-parallel degree
+    and the hybrid groups. The resolved keys are set on the strategy object itself, so the
+    script's object, the runtime's and the later ``distributed_model`` /
+    ``distributed_optimizer`` calls see the same strategy. ``fleet.init`` and the trial
+    runner call it."""
+    import dataclasses
+
+    from fleet.base.topology import HybridCommunicateGroup, build_topology
+    from fleet.strategy import check_strategy_supported
+
+    if was_resolved(runtime.strategy):
+        # fleet.init again with the strategy object an earlier call resolved: init_runtime
+        # has built the groups of its (planned) degrees already
+        return
+    env = runtime.env
+    resolved = resolve(runtime.strategy, env.num_nodes, env.local_world_size)
+    check_strategy_supported(resolved, "fleet.init (strategy.auto)")
+    for f in dataclasses.fields(resolved):
+        setattr(runtime.strategy, f.name, getattr(resolved, f.name))
+    remember_resolved(runtime.strategy)
+    hybrid = runtime.strategy.hybrid_configs
+    runtime.dp_degree = hybrid.resolve_dp_degree(env.world_size)
+    runtime.hcg = (
+        None
+        if hybrid.mp_degree == hybrid.pp_degree == hybrid.sharding_degree == 1
+        else HybridCommunicateGroup(build_topology(hybrid, env.world_size))
+    )
+
+
 __all__ = [
+    "apply_to_runtime",
     "PLANNED_KEYS",
     "amp_level",
     "apply_strategy_dict",

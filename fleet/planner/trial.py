@@ -61,6 +61,7 @@ from fleet.meta_parallel import PipelineLayer
 from fleet.meta_parallel.pp_memory import SavedActivationMeter
 from fleet.parallelize.model import distributed_model
 from fleet.parallelize.optimizer import distributed_optimizer
+from fleet.planner.auto import apply_to_runtime
 from fleet.planner.spec import build_model, sample_batch
 from fleet.planner.types import ModelSpec
 
@@ -314,7 +315,11 @@ def _device(runtime: Any) -> torch.device:
 
 def run(spec: ModelSpec, steps: int, warmup: int) -> dict[str, Any] | None:
     """The trial on this rank (collective); the result on rank 0, None elsewhere."""
-    init_runtime(True, None, None)  # fleet.init of a collective job (no auto, no PS roles)
+    # fleet.init of a collective job (the trial has no PS roles): the runtime, then the plan
+    # when the job's strategy says auto
+    runtime = init_runtime(True, None, None)
+    if runtime.strategy.auto:
+        apply_to_runtime(runtime)
     runtime = get_runtime("planner trial")
     strategy_dict = runtime.strategy.non_default_settings()
     cuda = _device(runtime).type == "cuda"

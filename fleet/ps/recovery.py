@@ -27,6 +27,7 @@ from typing import Any
 from collective.env import TrainingRole
 from collective.errors import FleetError
 from fleet.base import coordination
+from fleet.ps import pass_cache
 from fleet.ps.communicator import GeoCommunicator
 from fleet.ps.runtime import _require, get_client, get_communicator
 
@@ -89,6 +90,7 @@ def checkpoint(
     :class:`~ps_server.rpc.checkpoint_client.PendingCheckpoint` (``result()`` waits for the
     commit; ``wait=True`` waits here), None on the others."""
     st = _require("ps.checkpoint()", TrainingRole.TRAINER)
+    pass_cache.refuse_in_pass("fleet.ps.checkpoint()")  # checkpoints are cut at pass ends
     rank = st.env.rank
     get_communicator().flush()
     try:

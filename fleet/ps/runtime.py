@@ -348,6 +348,9 @@ def save_persistables(dirname: str, mode: int = 0) -> None:
     if mode not in (0, 1):
         raise ConfigError(f"got {mode!r}; allowed: 0 (all), 1 (delta)", key="mode")
     st = _require("save_persistables()", TrainingRole.TRAINER)
+    from fleet.ps import pass_cache  # imports this module: at call time
+
+    pass_cache.refuse_in_pass("fleet.save_persistables()")  # checkpoints are cut at pass ends
     get_communicator().flush()
     _barrier()
     if st.env.rank == 0 and not coordination.replaying():  # a restarted trainer 0 saved it before

@@ -1,0 +1,561 @@
+"""The pass cache: a pass's sparse rows in trainer-local device memory (Paddle's PS-GPU pass).
+
+Paddle's GPU parameter server builds the keys of a pass into device memory before the pass
+(``PSGPUWrapper::BuildGPUTask`` / ``BeginPass``), trains against that table, and writes it back
+at the end (``EndPass``). Here::
+
+    dataset.load_into_memory()
+    fleet.begin_pass(dataset)      # unique keys per table -> one pull per table -> local table
+    fleet.train_from_dataset(model, opt, dataset, loss_fn, label="click")
+    fleet.end_pass()               # one delta push per table; the servers merge (GEO's merge)
+
+``fleet.train_from_dataset`` (so ``fleet.train_days``) calls both for the user when a
+:class:`~fleet.ps.embedding.DistributedEmbedding` has ``cache="pass"`` or the strategy sets
+``a_sync_configs.use_ps_gpu``.
+
+:func:`begin_pass` collects the unique keys of the dataset's sparse slots per table (all
+sparse slots, or the embedding's ``cache_slots``; vectorised over the loaded columns), checks
+that the pass fits the device (:func:`memory_budget`: free CUDA memory, or a fraction of the
+available RAM; a :class:`~collective.errors.ConfigError` saying how many keys the pass has and
+how many fit, before anything is pulled), pulls each table's rows in one logical request
+(``PSClient.pull_sparse`` splits it into messages) and keeps them in a :class:`PassTable` on
+the trainer's device (CUDA when available): a sorted key array looked up with
+``searchsorted``. During the pass a lookup reads the local table; its backward's gradient is
+applied by the table's own optimizer rule at the next step boundary (the server's
+:mod:`ps_server.core.optimizers` formulas: on CPU the very same ``update``, on CUDA their torch
+equivalents), as a SYNC server would apply one trainer's push. Show (occurrences) and click
+(occurrences in examples whose label is positive) are counted per row from the pass's data.
+
+:func:`end_pass` pushes each table's value delta (``local - pulled``) once, with
+``mode="delta"``: the servers add the deltas of every trainer (``SparseTable.add_delta``, the
+GEO merge), reset ``unseen_days`` and count one show per pushed row, so ``shrink`` and show
+decay keep working. Then the trainers meet in a barrier, so the next pass pulls every
+trainer's updates.
+
+Checkpoints are cut at pass ends: ``fleet.ps.checkpoint`` and ``fleet.save_persistables``
+refuse inside a pass (:func:`refuse_in_pass`; an automatic checkpoint is skipped and taken at
+its next interval), so a recovered job restarts the pass it was in.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from collective.errors import ConfigError, FleetError
+from fleet.ps.pass_rules import apply_rule
+
+logger = logging.getLogger(__name__)
+
+CPU_MEMORY_FRACTION = 0.5
+"""Share of the available RAM a CPU pass may take (``begin_pass(max_memory_fraction=)``)."""
+CUDA_MEMORY_FRACTION = 0.8
+"""Share of the free CUDA memory a CUDA pass may take."""
+LABEL_SLOTS = ("click", "label")
+"""Dense slots taken as the click label when ``begin_pass`` is given none."""
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """One table's pass: what was pulled, trained and pushed."""
+
+    keys: int
+    """Unique keys of the pass (rows pulled and held)."""
+    pushed: int
+    """Rows pushed back (rows the pass updated)."""
+    shows: int
+    """Occurrences of the table's keys in the pass's examples."""
+    clicks: int
+    """Occurrences in examples with a positive label."""
+    pulls: int
+    """Pull calls to the servers (1)."""
+    pushes: int
+    """Push calls to the servers (1; 0 when nothing was updated)."""
+    nbytes: int
+    """Device memory the table held."""
+
+
+@dataclass
+class PassStats:
+    """What :func:`end_pass` did, per table, and how long the pass's two exchanges took."""
+
+    tables: dict[str, TableStats] = field(default_factory=dict)
+    begin_seconds: float = 0.0
+    """Key collection, memory check and pulls."""
+    end_seconds: float = 0.0
+    """Pushes and the barrier."""
+
+    @property
+    def rpcs(self) -> int:
+        """Pull and push calls of the pass, all tables."""
+        return sum(t.pulls + t.pushes for t in self.tables.values())
+
+
+class PassTable:
+    """One table's rows for a pass, on ``device``: sorted ``keys``, ``values`` (trained),
+    ``base`` (as pulled), the rule's ``state``, per-row ``show`` / ``click`` / ``updates``."""
+
+    def __init__(
+        self,
+        name: str,
+        rule: Any,
+        keys: np.ndarray,
+        rows: np.ndarray,
+        shows: np.ndarray,
+        clicks: np.ndarray,
+        device: torch.device,
+        steps: Any,
+    ) -> None:
+        self.name = name
+        self.rule = rule
+        self.device = device
+        self.dim = int(rows.shape[1])
+        self.keys_np = keys
+        self.keys = torch.from_numpy(keys).to(device)
+        self.values = torch.from_numpy(rows).to(device)
+        self.base = self.values.clone()
+        state = np.empty((keys.shape[0], rule.state_dim(self.dim)), np.float32)
+        rule.init_state(state)
+        self.state = torch.from_numpy(state).to(device)
+        self.show = shows
+        self.click = clicks
+        self.updates = torch.zeros(keys.shape[0], dtype=torch.int32, device=device)
+        self._steps = steps  # () -> the communicator's step count
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._pending_step = -1
+        self._lock = threading.RLock()  # training threads share the table
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held on the device."""
+        tensors = (self.keys, self.values, self.base, self.state, self.updates)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def pull(self, keys: np.ndarray) -> np.ndarray:
+        """float32 ``[len(keys), dim]`` (CPU numpy) for unique ``keys``: the local rows."""
+        self.apply_due()
+        idx = self._index(keys)
+        with self._lock:
+            rows = self.values.index_select(0, idx)
+        return rows.cpu().numpy() if rows.device.type != "cpu" else rows.numpy()
+
+    def record(self, keys: np.ndarray, grads: np.ndarray) -> None:
+        """The gradient of a lookup of unique ``keys``: applied at the next step boundary."""
+        idx = self._index(keys)
+        grad = torch.from_numpy(np.asarray(grads, np.float32)).to(self.device)
+        with self._lock:
+            self._pending.append((idx, grad))
+            self._pending_step = self._steps()
+
+    def _index(self, keys: np.ndarray) -> torch.Tensor:
+        query = torch.from_numpy(np.ascontiguousarray(keys, np.int64)).to(self.device)
+        n = self.keys.shape[0]
+        idx = torch.searchsorted(self.keys, query).clamp_(max=max(n - 1, 0))
+        if n == 0 or not bool(torch.equal(self.keys.index_select(0, idx), query)):
+            found = self.keys.index_select(0, idx) == query if n else torch.zeros_like(query).bool()
+            missing = keys[~found.cpu().numpy()]
+            raise FleetError(
+                f"table {self.name!r}: {missing.shape[0]} key(s) of this lookup are not in the "
+                f"pass (e.g. {missing[:4].tolist()}): begin_pass built the pass from other "
+                "slots; set cache_slots= on the DistributedEmbedding to the slots it reads, or "
+                "call fleet.begin_pass with the dataset the pass trains on"
+            )
+        return idx
+
+    def apply_due(self, force: bool = False) -> None:
+        """Apply the recorded gradients once their step has ended (``force``: now)."""
+        with self._lock:
+            if not self._pending or (not force and self._steps() == self._pending_step):
+                return
+            pending, self._pending = self._pending, []
+            self._apply(pending)
+
+    def _apply(self, pending: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if len(pending) == 1:
+            idx, grads = pending[0]
+        else:  # several lookups in one step: sum per row, as the server sums a push
+            idx, inverse = torch.unique(torch.cat([p[0] for p in pending]), return_inverse=True)
+            grads = torch.zeros(idx.shape[0], self.dim, device=self.device)
+            grads.index_add_(0, inverse, torch.cat([p[1] for p in pending]))
+        weights = self.values.index_select(0, idx)
+        state = self.state.index_select(0, idx)
+        self.updates.index_add_(0, idx, torch.ones_like(idx, dtype=torch.int32))
+        apply_rule(self.rule, weights, state, grads, self.updates.index_select(0, idx))
+        self.values.index_copy_(0, idx, weights)
+        if state.shape[1]:
+            self.state.index_copy_(0, idx, state)
+
+    def delta(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, ``values - base``) of the rows the pass updated (CPU numpy)."""
+        self.apply_due(force=True)
+        touched = (self.updates > 0).cpu().numpy()
+        delta = (self.values - self.base).cpu().numpy()
+        return self.keys_np[touched], np.ascontiguousarray(delta[touched])
+
+
+class PassCache:
+    """The tables of the open pass (:func:`begin_pass` makes it, :func:`end_pass` ends it).
+
+    While open it stands in front of the trainer's communicator for its tables: the
+    communicator's ``pull_sparse``, ``record_sparse`` and ``prefetch`` (what a
+    DistributedEmbedding calls) read and train the local tables, and the communicator's step
+    no longer pushes them (they leave its ``tables`` until :meth:`close`). Other tables and the
+    dense parameters go through the communicator as before.
+    """
+
+    _ROUTED = ("pull_sparse", "record_sparse", "prefetch")
+
+    def __init__(self, client: Any, communicator: Any, tables: dict[str, PassTable]) -> None:
+        self.client = client
+        self.communicator = communicator
+        self.tables = tables
+        self.stats = PassStats()
+        self._dims: dict[str, int] = {}
+        self._inner: dict[str, Any] = {}
+
+    def open(self) -> None:
+        """Route the communicator's calls for the pass's tables here."""
+        comm = self.communicator
+        for name in self.tables:
+            dim = comm.tables.pop(name, None)
+            if dim is not None:
+                self._dims[name] = dim
+        self._inner = {name: getattr(comm, name) for name in self._ROUTED}
+        for name in self._ROUTED:
+            setattr(comm, name, getattr(self, name))
+
+    def close(self) -> None:
+        """Give the tables back to the communicator."""
+        comm = self.communicator
+        for name in self._ROUTED:
+            if comm.__dict__.get(name) is not None:
+                delattr(comm, name)
+        comm.tables.update(self._dims)
+
+    def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
+        local = self.tables.get(table)
+        return local.pull(keys) if local is not None else self._inner["pull_sparse"](table, keys)
+
+    def record_sparse(self, table: str, keys: np.ndarray, grads: np.ndarray) -> None:
+        local = self.tables.get(table)
+        if local is not None:
+            local.record(keys, grads)
+        else:
+            self._inner["record_sparse"](table, keys, grads)
+
+    def prefetch(self, table: str, keys: np.ndarray) -> None:
+        if table not in self.tables:  # the pass's rows are local: nothing to fetch
+            self._inner["prefetch"](table, keys)
+
+
+_ACTIVE: PassCache | None = None
+
+
+def in_pass() -> bool:
+    """Whether a pass is open (between :func:`begin_pass` and :func:`end_pass`)."""
+    return _ACTIVE is not None
+
+
+def refuse_in_pass(what: str) -> None:
+    """Raise a ConfigError naming ``what`` when a pass is open: checkpoints are cut at pass
+    ends (the pass's updates reach the servers only at :func:`end_pass`)."""
+    if _ACTIVE is not None:
+        raise ConfigError(
+            f"{what} inside a pass: the pass's sparse updates are on this trainer until "
+            "fleet.end_pass() pushes them; checkpoint after end_pass (checkpoints are cut at "
+            "pass ends, a recovered job restarts the pass)",
+            key="pass_cache",
+        )
+
+
+# -- building a pass ------------------------------------------------------------------------------
+def _sparse_columns(dataset: Any, label: str | None) -> Iterable[tuple[str, np.ndarray, Any]]:
+    """(slot, values int64, label per value or None) of every sparse int64 slot of the data."""
+    chunks = getattr(dataset, "_chunks", None)
+    if chunks is not None:  # an InMemoryDataset: its loaded columns
+        for cols in chunks:
+            names = [s.name for s in cols.slots]
+            labels = _labels(names, cols.data, label)
+            for slot, col in zip(cols.slots, cols.data):
+                if slot.dense or np.dtype(slot.dtype.numpy) != np.int64:  # type: ignore[union-attr]
+                    continue
+                values, offsets = col
+                vals = values[offsets[0] : offsets[-1]]
+                per_value = None
+                if labels is not None:
+                    per_value = np.repeat(labels, np.diff(offsets))
+                yield slot.name, vals, per_value
+        return
+    for batch in dataset:  # any iterable of batches: slot -> tensor or sparse slot
+        names = list(batch)
+        dense = [batch[n] for n in names]
+        labels = _labels(names, [getattr(d, "numpy", lambda: None)() for d in dense], label)
+        for name, value in batch.items():
+            if not (hasattr(value, "values") and hasattr(value, "offsets")):
+                continue
+            vals = value.values.detach().cpu().numpy()
+            if vals.dtype != np.int64:
+                continue
+            offsets = value.offsets.cpu().numpy()
+            per_value = np.repeat(labels, np.diff(offsets)) if labels is not None else None
+            yield name, vals, per_value
+
+
+def _labels(names: list[str], data: list[Any], label: str | None) -> np.ndarray | None:
+    """1 for a positive example, 0 otherwise, from the label slot (None: no label slot)."""
+    wanted = [label] if label else [n for n in LABEL_SLOTS if n in names]
+    for name in wanted:
+        if name in names:
+            col = data[names.index(name)]
+            if isinstance(col, np.ndarray):
+                return (col.reshape(col.shape[0], -1)[:, 0] > 0).astype(np.float64)
+    return None
+
+
+def collect_keys(
+    dataset: Any, slots_of: Mapping[str, Sequence[str] | None], label: str | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per table: (sorted unique keys, show, click) of its slots (None: every sparse slot)."""
+    values: dict[str, list[np.ndarray]] = {t: [] for t in slots_of}
+    clicks: dict[str, list[np.ndarray]] = {t: [] for t in slots_of}
+    for slot, vals, per_value in _sparse_columns(dataset, label):
+        for table, slots in slots_of.items():
+            if slots is None or slot in slots:
+                values[table].append(vals)
+                clicks[table].append(per_value if per_value is not None else np.zeros(len(vals)))
+    out = {}
+    for table in slots_of:
+        flat = np.concatenate(values[table]) if values[table] else np.zeros(0, np.int64)
+        keys, inverse = np.unique(flat, return_inverse=True)
+        show = np.bincount(inverse, minlength=keys.shape[0]).astype(np.int64)
+        weights = np.concatenate(clicks[table]) if clicks[table] else None
+        click = np.bincount(inverse, weights=weights, minlength=keys.shape[0]).astype(np.int64)
+        out[table] = (keys.astype(np.int64, copy=False), show, click)
+    return out
+
+
+def bytes_per_key(dim: int, rule: Any) -> int:
+    """Device bytes one key of a pass takes: key, values, pulled values, rule state, counter."""
+    return 8 + 4 * (2 * dim + rule.state_dim(dim)) + 4
+
+
+def memory_budget(device: torch.device, max_memory_fraction: float | None = None) -> int:
+    """Bytes a pass may take on ``device``: the fraction of the free CUDA memory, or of the
+    available RAM on CPU (:data:`CPU_MEMORY_FRACTION`)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        fraction = CUDA_MEMORY_FRACTION if max_memory_fraction is None else max_memory_fraction
+        return int(free * fraction)
+    import psutil
+
+    fraction = CPU_MEMORY_FRACTION if max_memory_fraction is None else max_memory_fraction
+    return int(psutil.virtual_memory().available * fraction)
+
+
+def check_fits(tables: Mapping[str, tuple[int, int]], budget: int, device: torch.device) -> None:
+    """``tables``: name -> (keys, bytes per key). Raise the ConfigError when the pass needs
+    more than ``budget`` bytes."""
+    need = sum(n * b for n, b in tables.values())
+    if need <= budget:
+        return
+    keys = sum(n for n, _ in tables.values())
+    mean = need / max(keys, 1)
+    fit = int(budget // mean) if mean else 0
+    detail = ", ".join(f"{t}: {n} keys x {b} B" for t, (n, b) in tables.items())
+    raise ConfigError(
+        f"the pass has {keys} unique keys ({detail}) = {need / 2**20:.1f} MiB, but {device} "
+        f"has a budget of {budget / 2**20:.1f} MiB for it: about {fit} keys fit. Train on "
+        "fewer files per pass (split the day into more passes), or raise "
+        "begin_pass(max_memory_fraction=) / memory_budget_bytes=",
+        key="pass_cache",
+    )
+
+
+def start(
+    modules: Sequence[Any],
+    dataset: Any,
+    client: Any,
+    communicator: Any,
+    *,
+    label: str | None = None,
+    device: str | torch.device | None = None,
+    max_memory_fraction: float | None = None,
+    memory_budget_bytes: int | None = None,
+) -> PassCache:
+    """Open a pass for ``modules`` (DistributedEmbeddings) over ``dataset`` with this client and
+    communicator (what :func:`begin_pass` does with the trainer's own)."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        raise ConfigError(
+            "a pass is already open: call fleet.end_pass() before the next begin_pass",
+            key="pass_cache",
+        )
+    if not modules:
+        raise ConfigError(
+            "no DistributedEmbedding to cache: build the model's DistributedEmbeddings first",
+            key="pass_cache",
+        )
+    t0 = time.perf_counter()
+    dev = torch.device(device) if device is not None else _default_device()
+    slots_of = {m.table: getattr(m, "cache_slots", None) for m in modules}
+    collected = collect_keys(dataset, slots_of, label)
+    sizes = {
+        m.table: (int(collected[m.table][0].shape[0]), bytes_per_key(m.embedding_dim, m.optimizer))
+        for m in modules
+    }
+    budget = (
+        memory_budget(dev, max_memory_fraction)
+        if memory_budget_bytes is None
+        else int(memory_budget_bytes)
+    )
+    check_fits(sizes, budget, dev)
+    communicator.flush()  # updates made before the pass reach the servers before its pulls
+    steps = lambda: communicator.steps  # noqa: E731
+    tables = {}
+    for m in modules:
+        keys, show, click = collected[m.table]
+        rows = (
+            client.pull_sparse(m.table, keys)
+            if keys.shape[0]
+            else np.zeros((0, m.embedding_dim), np.float32)
+        )
+        tables[m.table] = PassTable(
+            m.table,
+            m.optimizer,
+            keys,
+            np.ascontiguousarray(rows, np.float32),
+            show,
+            click,
+            dev,
+            steps,
+        )
+    cache = PassCache(client, communicator, tables)
+    cache.open()
+    cache.stats.begin_seconds = time.perf_counter() - t0
+    _ACTIVE = cache
+    logger.info(
+        "pass begun on %s: %s",
+        dev,
+        ", ".join(f"{t} {p.keys_np.shape[0]} keys" for t, p in tables.items()),
+    )
+    return cache
+
+
+def finish(barrier: bool = True) -> PassStats:
+    """Close the open pass: push each table's delta once (``mode="delta"``), give the tables
+    back to the communicator, meet the other trainers (``barrier``). Returns its stats."""
+    global _ACTIVE
+    cache = _ACTIVE
+    if cache is None:
+        raise ConfigError("no pass is open: call fleet.begin_pass(dataset) first", key="pass_cache")
+    t0 = time.perf_counter()
+    try:
+        for name, table in cache.tables.items():
+            keys, delta = table.delta()
+            pushes = 0
+            if keys.shape[0]:
+                cache.client.push_sparse(name, keys, delta, mode="delta")
+                pushes = 1
+            cache.stats.tables[name] = TableStats(
+                keys=int(table.keys_np.shape[0]),
+                pushed=int(keys.shape[0]),
+                shows=int(table.show.sum()),
+                clicks=int(table.click.sum()),
+                pulls=1 if table.keys_np.shape[0] else 0,
+                pushes=pushes,
+                nbytes=table.nbytes,
+            )
+    finally:
+        _ACTIVE = None
+        cache.close()
+    comm = cache.communicator
+    if barrier and getattr(comm, "num_trainers", 1) > 1:
+        comm.barrier()  # the next pass pulls every trainer's deltas
+    cache.stats.end_seconds = time.perf_counter() - t0
+    return cache.stats
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+# -- the trainer's calls -----------------------------------------------------------------------
+def cached_modules(all_tables: bool = False) -> list[Any]:
+    """The trainer's DistributedEmbeddings that a pass caches: ``cache="pass"`` ones, every one
+    under ``a_sync_configs.use_ps_gpu`` (or ``all_tables``)."""
+    from fleet.ps import runtime
+
+    st = runtime._state
+    if st is None:
+        return []
+    modules = [st.tables[name] for name in sorted(st.tables.keys())]
+    if all_tables or st.strategy.a_sync_configs.use_ps_gpu:
+        return modules
+    return [m for m in modules if getattr(m, "cache", None) == "pass"]
+
+
+def begin_pass(
+    dataset: Any,
+    *,
+    label: str | None = None,
+    device: str | torch.device | None = None,
+    max_memory_fraction: float | None = None,
+    memory_budget_bytes: int | None = None,
+) -> None:
+    """Build the pass of ``dataset`` (a loaded InMemoryDataset, or any iterable of batches)
+    into this trainer's device memory (the module docstring). Caches the ``cache="pass"``
+    DistributedEmbeddings (all of them when none is marked). ``label``: the dense slot whose
+    positive values count as clicks (default ``click`` / ``label``). ``device``: default CUDA
+    when available. The memory check uses ``memory_budget_bytes``, else
+    ``max_memory_fraction`` of the free device memory (CPU: of the available RAM)."""
+    from fleet.ps import runtime
+
+    modules = cached_modules() or cached_modules(all_tables=True)
+    start(
+        modules,
+        dataset,
+        runtime.get_client(),
+        runtime.get_communicator(),
+        label=label,
+        device=device,
+        max_memory_fraction=max_memory_fraction,
+        memory_budget_bytes=memory_budget_bytes,
+    )
+
+
+def end_pass() -> PassStats:
+    """Push the pass's deltas (one push per table) and close it (the module docstring)."""
+    return finish()
+
+
+def auto_begin(dataset: Any, label: str | None) -> bool:
+    """``train_from_dataset``'s hook: open a pass over ``dataset`` when this PS trainer has
+    pass-cached embeddings and none is open. Returns whether it opened one."""
+    from fleet.ps import runtime
+
+    if _ACTIVE is not None or not runtime.in_ps_mode() or runtime.current_communicator() is None:
+        return False
+    modules = cached_modules()
+    if not modules:
+        return False
+    start(modules, dataset, runtime.get_client(), runtime.get_communicator(), label=label)
+    return True
+
+
+__all__ = [
+    "PassCache",
+    "PassStats",
+    "PassTable",
+    "TableStats",
+    "begin_pass",
+    "end_pass",
+    "in_pass",
+    "refuse_in_pass",
+]

@@ -30,8 +30,9 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -43,6 +44,8 @@ import fleet.telemetry as telemetry
 from collective.errors import ConfigError
 from fleet.base import lookahead
 from fleet.base.runtime import current_runtime
+from fleet.ps import runtime as ps_runtime
+from fleet.ps import threads as ps_threads
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +92,7 @@ def train_from_dataset(
     output_is_logits: bool = True,
     max_steps: int | None = None,
     out: TextIO | None = None,
+    thread_num: int | None = None,
 ) -> TrainStats:
     """Train ``model`` one pass over ``dataset``; print a line every ``print_period`` batches.
 
@@ -96,29 +100,175 @@ def train_from_dataset(
     values for the progress line, name → ``f(output, batch, loss)``. ``auc``: keep the
     4096-bucket AUC histograms (binary labels). ``max_steps``: stop early (e.g. smoke runs).
     ``out``: where the progress lines go (default stderr, rank 0 of the trainers only).
+    ``thread_num``: training threads (Paddle's name; None = the dataset's ``thread_num``, 1
+    when it has none): in async, half-async and GEO mode each thread takes whole batches and
+    runs forward, backward and the step on a copy of the model sharing its parameters
+    (hogwild, :mod:`fleet.ps.threads`); sync mode and jobs without parameter servers train
+    with one thread. The counts, losses, AUC and step-time phases add up over the threads.
     Returns the :class:`TrainStats`; every trainer must call it (the final AUC is a collective).
     """
     if not isinstance(print_period, int) or print_period < 1:
         raise ConfigError(f"must be a positive integer, got {print_period!r}", key="print_period")
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 0):
         raise ConfigError(f"must be None or an integer >= 0, got {max_steps!r}", key="max_steps")
-    fetch = dict(fetch or {})
-    total = _dataset_size(dataset)
+    comm = ps_runtime.current_communicator()
+    n_threads = ps_threads.resolve(thread_num, dataset, comm.mode if comm is not None else None)
     rank = _trainer_rank()
-    stream = out if out is not None else (sys.stderr if rank == 0 else None)
-    state = metrics.AucState() if auc else None
+    run = _Pass(
+        loss_fn,
+        label,
+        print_period,
+        dict(fetch or {}),
+        metrics.AucState() if auc else None,
+        output_is_logits,
+        max_steps,
+        _dataset_size(dataset),
+        out if out is not None else (sys.stderr if rank == 0 else None),
+    )
     model.train()
-    steps = examples = 0
-    loss_sum = 0.0
-    period_loss, period_examples = 0.0, 0
-    clock = time.perf_counter
-    timer = telemetry.PhaseTimer()
-    with timer:
+    opened_pass = _begin_pass(dataset, label)  # pass-cached PS embeddings: fleet.ps.pass_cache
+    with run.timer:
         batches = iter(dataset if lookahead.looks_ahead(dataset) else lookahead.batches(dataset))
-        start = period_start = t_step = clock()
-        printing = 0.0
-        while max_steps is None or steps < max_steps:
+        run.start = run.period_start = time.perf_counter()
+        if n_threads == 1:
+            run.train(batches, model, optimizer, None, threaded=False)
+        else:
+            _train_threads(run, batches, model, optimizer, comm, n_threads)
+        run.timer.total[-1] += run.printing
+    if opened_pass:
+        _end_pass()
+    seconds = time.perf_counter() - run.start
+    steps, examples, state = run.steps, run.examples, run.state
+    local_auc = _local_auc(state)
+    global_auc = _global_auc(state) if state is not None else math.nan
+    stats = TrainStats(
+        steps,
+        examples,
+        seconds,
+        run.loss_sum / steps if steps else math.nan,
+        local_auc,
+        global_auc,
+        dict(zip(telemetry.LOOP_PHASES, run.timer.total)),
+    )
+    stream = run.stream
+    if stream is not None:
+        threads_note = f" on {n_threads} threads" if n_threads > 1 else ""
+        stream.write(
+            f"[train] done: {steps} batches, {examples} examples in {seconds:.1f} s{threads_note} "
+            f"({stats.examples_per_second:.0f} ex/s), mean loss {stats.mean_loss:.5f}, "
+            f"auc {global_auc:.5f} (all trainers)\n"
+        )
+        if steps:
+            stream.write(
+                f"[train] step-time (whole pass): {format_shares(run.timer.total, steps)}\n"
+            )
+        stream.flush()
+    return stats
+
+
+def _train_threads(
+    run: _Pass,
+    batches: Iterator[Mapping[str, Any]],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    comm: Any,
+    n_threads: int,
+) -> None:
+    """``n_threads`` hogwild threads over the shared iterator, each on its own model copy."""
+    copies = []
+    for _ in range(n_threads):
+        replica, aliases = ps_threads.replicate(model)
+        dense = [aliases.get(id(p), p) for p in comm.dense]
+        copies.append((replica, dense))
+    take = threading.Lock()
+    depth = comm.prefetch_depth
+    comm.prefetch_depth = max(depth, n_threads + 1)
+
+    def work(index: int, stop: threading.Event) -> None:
+        replica, dense = copies[index]
+        ps_threads.set_dense(dense)
+        try:
+            run.train(batches, replica, optimizer, (take, stop), threaded=True)
+        finally:
+            ps_threads.set_dense(None)
+
+    try:
+        ps_threads.Workers(n_threads, work).run()
+    finally:
+        comm.prefetch_depth = depth
+
+
+class _Pass:
+    """One pass of :func:`train_from_dataset`: the counts and sums every training thread adds
+    to (under :attr:`lock`), and the step loop each thread runs (:meth:`train`)."""
+
+    def __init__(
+        self,
+        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+        label: str,
+        print_period: int,
+        fetch: dict[str, Fetch],
+        state: metrics.AucState | None,
+        output_is_logits: bool,
+        max_steps: int | None,
+        total: int | None,
+        stream: TextIO | None,
+    ) -> None:
+        self.loss_fn, self.label, self.print_period, self.fetch = (
+            loss_fn,
+            label,
+            print_period,
+            fetch,
+        )
+        self.state, self.output_is_logits, self.max_steps = state, output_is_logits, max_steps
+        self.total, self.stream = total, stream
+        self.lock = threading.Lock()
+        self.timer = telemetry.PhaseTimer()
+        self.taken = self.steps = self.examples = 0
+        self.loss_sum = self.period_loss = 0.0
+        self.period_examples = 0
+        self.start = self.period_start = 0.0
+        self.printing = 0.0
+
+    def _next(
+        self, batches: Iterator[Mapping[str, Any]], shared: tuple[threading.Lock, Any] | None
+    ) -> Mapping[str, Any] | None:
+        """The next batch (None: the pass, ``max_steps`` or a failed thread ended it)."""
+        if shared is None:
+            if self.max_steps is not None and self.taken >= self.max_steps:
+                return None
             batch = next(batches, None)
+            self.taken += batch is not None
+            return batch
+        take, stop = shared
+        ps_threads.GATE.enter()
+        with take:
+            if stop.is_set() or (self.max_steps is not None and self.taken >= self.max_steps):
+                batch = None
+            else:
+                batch = next(batches, None)
+                self.taken += batch is not None
+        if batch is None:
+            ps_threads.GATE.leave()
+        return batch
+
+    def train(
+        self,
+        batches: Iterator[Mapping[str, Any]],
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shared: tuple[threading.Lock, Any] | None,
+        threaded: bool,
+    ) -> None:
+        """Train batches from ``batches`` until they end (one thread's loop)."""
+        clock = time.perf_counter
+        label, loss_fn = self.label, self.loss_fn
+        pulls = ps_threads.pull_wait_seconds if threaded else telemetry.pull_wait_seconds
+        params = [p for p in model.parameters()] if threaded else []
+        first = True
+        t_step = clock()
+        while True:
+            batch = self._next(batches, shared)
             t_data = clock()
             if batch is None:
                 break
@@ -129,90 +279,80 @@ def train_from_dataset(
                     key="label",
                 )
             inputs = {k: v for k, v in batch.items() if k != label}
-            pulled = telemetry.pull_wait_seconds()
+            pulled = pulls()
             ended = telemetry.steps_ended()
             output = model(inputs)
             target = loss_target(loss_fn, output, batch[label], label)
-            loss = _loss(loss_fn, output, target, label, first=steps == 0)
+            loss = _loss(loss_fn, output, target, label, first=first)
+            first = False
             t_forward = clock()
-            pull_wait = telemetry.pull_wait_seconds() - pulled
+            pull_wait = pulls() - pulled
             loss.backward()
             t_backward = clock()
             optimizer.step()
-            optimizer.zero_grad()
+            if threaded:
+                for p in params:
+                    p.grad = None
+                ps_threads.GATE.leave()  # a step boundary: a checkpoint may cut here
+            else:
+                optimizer.zero_grad()
             t_optimizer = clock()
             size = int(target.shape[0])
             value = float(loss.detach())
-            steps += 1
-            examples += size
-            loss_sum += value
-            period_loss += value
-            period_examples += size
             # a step ends here unless the optimizer or the PS communicator ended it already
             telemetry.report(loss=value, samples=size, step=telemetry.steps_ended() == ended)
-            if state is not None:
-                preds = positive_scores(output, output_is_logits)
-                if preds is None:
-                    logger.warning(
-                        "train_from_dataset: the model's output has shape %s, neither one score "
-                        "nor two class scores per example; no AUC (pass auc=False to silence "
-                        "this)",
-                        tuple(output.shape),
-                    )
-                    state = None
-                else:
-                    state.update(preds, target.detach().reshape(-1))
-            t_end = clock()
-            timer.add(
-                t_data - t_step,
-                pull_wait,
-                t_forward - t_data - pull_wait,
-                t_backward - t_forward,
-                t_optimizer - t_backward,
-                t_end - t_optimizer + printing,
-            )
-            t_step, printing = t_end, 0.0
-            if steps % print_period == 0 and stream is not None:
-                extras = {name: f(output, batch, loss) for name, f in fetch.items()}
-                _print_line(
-                    stream,
-                    steps,
-                    examples,
-                    total,
-                    period_examples / (t_end - period_start),
-                    period_loss / print_period,
-                    _local_auc(state),
-                    extras,
+            preds = positive_scores(output, self.output_is_logits)
+            with self.lock:
+                self.steps += 1
+                self.examples += size
+                self.loss_sum += value
+                self.period_loss += value
+                self.period_examples += size
+                state = self.state
+                if state is not None:
+                    if preds is None:
+                        logger.warning(
+                            "train_from_dataset: the model's output has shape %s, neither one "
+                            "score nor two class scores per example; no AUC (pass auc=False to "
+                            "silence this)",
+                            tuple(output.shape),
+                        )
+                        self.state = None
+                    else:
+                        state.update(preds, target.detach().reshape(-1))
+                t_end = clock()
+                self.timer.add(
+                    t_data - t_step,
+                    pull_wait,
+                    t_forward - t_data - pull_wait,
+                    t_backward - t_forward,
+                    t_optimizer - t_backward,
+                    t_end - t_optimizer + self.printing,
                 )
-                stream.write(f"[train] step-time: {format_shares(timer.period, print_period)}\n")
-                stream.flush()
-                timer.reset_period()
-                period_loss, period_examples, period_start = 0.0, 0, t_end
-                t_step = clock()
-                printing = t_step - t_end  # the next step's "other": every second is counted
-        timer.total[-1] += printing
-    seconds = time.perf_counter() - start
-    local_auc = _local_auc(state)
-    global_auc = _global_auc(state) if state is not None else math.nan
-    stats = TrainStats(
-        steps,
-        examples,
-        seconds,
-        loss_sum / steps if steps else math.nan,
-        local_auc,
-        global_auc,
-        dict(zip(telemetry.LOOP_PHASES, timer.total)),
-    )
-    if stream is not None:
-        stream.write(
-            f"[train] done: {steps} batches, {examples} examples in {seconds:.1f} s "
-            f"({stats.examples_per_second:.0f} ex/s), mean loss {stats.mean_loss:.5f}, "
-            f"auc {global_auc:.5f} (all trainers)\n"
+                t_step, self.printing = t_end, 0.0
+                if self.steps % self.print_period == 0 and self.stream is not None:
+                    self._print(output, batch, loss, t_end)
+                    t_step = clock()
+                    self.printing = t_step - t_end  # the next step's "other": every second counts
+
+    def _print(self, output: Any, batch: Mapping[str, Any], loss: Any, now: float) -> None:
+        stream = self.stream
+        assert stream is not None
+        extras = {name: f(output, batch, loss) for name, f in self.fetch.items()}
+        _print_line(
+            stream,
+            self.steps,
+            self.examples,
+            self.total,
+            self.period_examples / (now - self.period_start),
+            self.period_loss / self.print_period,
+            _local_auc(self.state),
+            extras,
         )
-        if steps:
-            stream.write(f"[train] step-time (whole pass): {format_shares(timer.total, steps)}\n")
+        stream.write(f"[train] step-time: {format_shares(self.timer.period, self.print_period)}\n")
         stream.flush()
-    return stats
+        self.timer.reset_period()
+        self.period_loss, self.period_examples, self.period_start = 0.0, 0, now
 
 
 _FLOAT_TARGET_LOSSES = (
@@ -299,6 +439,21 @@ def positive_scores(output: Any, output_is_logits: bool) -> torch.Tensor | None:
         if out.dim() == 2 and out.shape[1] == 2:
             return torch.softmax(out, dim=1)[:, 1] if output_is_logits else out[:, 1]
     return None
+
+
+def _begin_pass(dataset: Any, label: str) -> bool:
+    """Open a pass of :mod:`fleet.ps.pass_cache` over ``dataset`` when this PS trainer has
+    pass-cached embeddings (``cache="pass"`` or ``a_sync_configs.use_ps_gpu``)."""
+    from fleet.ps import pass_cache
+
+    return pass_cache.auto_begin(dataset, label)
+
+
+def _end_pass() -> None:
+    """Push the pass opened by :func:`_begin_pass` back to the servers."""
+    from fleet.ps import pass_cache
+
+    pass_cache.end_pass()
 
 
 def _trainer_rank() -> int:

@@ -58,7 +58,7 @@ from collective.env import (
 from collective.errors import ConfigError, FleetError
 from fleet.base import coordination
 from fleet.base.data_position import DataPosition, tracker
-from fleet.ps import recovery
+from fleet.ps import recovery, threads
 from fleet.ps.runtime import _require, get_client, get_communicator
 
 logger = logging.getLogger(__name__)
@@ -179,6 +179,11 @@ class AutoCheckpointer:
         """A step boundary: count it; at a probe step agree on a checkpoint with the others."""
         track = tracker()
         track.on_step()
+        threads.GATE.leave()  # this training thread's step is pushed and counted: cuts may pass
+        with threads.CHECKPOINT_LOCK:  # one training thread at a time decides and cuts
+            self._after_counted_step(track)
+
+    def _after_counted_step(self, track: Any) -> None:
         if self.first_step_unix is None:
             self.first_step_unix = time.time()
             self._write_progress(force=True)
@@ -195,14 +200,15 @@ class AutoCheckpointer:
         rate = steps0 / max(elapsed0, 1e-6)  # trainer 0's steps per second: the same everywhere
         interval = self.cfg.interval_s
         if elapsed0 >= interval * 0.95:
-            position = track.position()
             try:
-                recovery.checkpoint(
-                    self.cfg.dir,
-                    step,
-                    trainer_state={"data": position.to_dict()},
-                    keep=self.cfg.keep,
-                )
+                with threads.quiesce():  # the other training threads at a step boundary
+                    position = track.position()
+                    recovery.checkpoint(
+                        self.cfg.dir,
+                        step,
+                        trainer_state={"data": position.to_dict()},
+                        keep=self.cfg.keep,
+                    )
                 self.checkpoint_step = step
             except FleetError as err:  # every trainer gets the same error (recovery._agree)
                 self.failed += 1
@@ -239,7 +245,8 @@ class AutoCheckpointer:
         epoch = self._epoch_seen
         if epoch > self._epoch_handled:
             self._epoch_handled = epoch
-            self._cut(client, epoch)
+            with threads.quiesce():  # the other training threads at a step boundary
+                self._cut(client, epoch)
 
     def _poll(self, client: coordination.CoordinationClient) -> None:
         """Background: learn of checkpoint epochs (the step boundary only reads an int)."""

@@ -13,15 +13,22 @@ list / dict of such) are recorded by slot name as a plan for that embedding. For
 names, so its forward finds the rows pulled. A forward given ids computed from the batch (hashed,
 sliced) is not recognised and pulls at its step as before. The first batch of a pass teaches the
 plans (and its forward prefetches the second batch right away); every later batch is prefetched.
+
+Under several training threads (:mod:`fleet.ps.threads`) the batch a forward belongs to is the
+one its thread took: the lookahead hands (batch, next batch) to the prefetcher in the thread
+that takes the batch, and the prefetcher keeps them per thread. Plans are kept per original
+module (a thread's model copy teaches and uses its original's plans).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet.base import lookahead
+from fleet.ps import threads
 from fleet.ps.runtime import current_communicator
 
 MAX_PLANS = 4
@@ -32,15 +39,19 @@ class SlotPrefetcher:
     """The :class:`fleet.base.lookahead.Prefetcher` of the parameter-server trainer."""
 
     def __init__(self) -> None:
-        self._current: Mapping[str, Any] | None = None
-        self._following: Mapping[str, Any] | None = None
-        self._index: dict[int, str] | None = None
+        self._local = _Batches()
         # embedding -> list of (slot names, single): single = the forward took one slot/tensor
         self._plans: weakref.WeakKeyDictionary[Any, list[tuple[tuple[str, ...], bool]]] = (
             weakref.WeakKeyDictionary()
         )
         self.prefetched = 0
         """Prefetches started (for tests and logs)."""
+        self._lock = threading.Lock()
+
+    @property
+    def _current(self) -> Mapping[str, Any] | None:
+        """The batch this thread is training (None outside a looking-ahead iteration)."""
+        return self._local.current
 
     # -- lookahead.Prefetcher ------------------------------------------------------------------
     def active(self) -> bool:
@@ -50,35 +61,41 @@ class SlotPrefetcher:
     def on_batch(
         self, current: Mapping[str, Any] | None, following: Mapping[str, Any] | None
     ) -> None:
-        self._current, self._following, self._index = current, following, None
+        local = self._local
+        local.current, local.following, local.index = current, following, None
         if following is None:
             return
-        for module, plans in list(self._plans.items()):
+        with self._lock:
+            todo = [(m, list(plans)) for m, plans in self._plans.items()]
+        for module, plans in todo:
             for names, single in plans:
                 self._prefetch(module, names, single, following)
 
     # -- called by DistributedEmbedding.forward ------------------------------------------------
     def seen(self, module: Any, slots: Sequence[Any], single: bool) -> None:
         """``module``'s forward got ``slots`` (a one-element list when ``single``)."""
-        current = self._current
+        local = self._local
+        current = local.current
         if current is None:
             return
-        if self._index is None:
-            self._index = {id(v): k for k, v in current.items()}
+        if local.index is None:
+            local.index = {id(v): k for k, v in current.items()}
         names = []
         for s in slots:
-            name = self._index.get(id(s))
+            name = local.index.get(id(s))
             if name is None:
                 return  # not the batch's own slot objects: nothing to plan
             names.append(name)
         plan = (tuple(names), single)
-        plans = self._plans.setdefault(module, [])
-        if plan in plans:
-            return
-        plans.append(plan)
-        del plans[:-MAX_PLANS]
-        if self._following is not None:  # learned now: the next batch is already known
-            self._prefetch(module, plan[0], single, self._following)
+        module = threads.original(module)
+        with self._lock:
+            plans = self._plans.setdefault(module, [])
+            if plan in plans:
+                return
+            plans.append(plan)
+            del plans[:-MAX_PLANS]
+        if local.following is not None:  # learned now: the next batch is already known
+            self._prefetch(module, plan[0], single, local.following)
 
     def _prefetch(
         self, module: Any, names: tuple[str, ...], single: bool, batch: Mapping[str, Any]
@@ -88,7 +105,17 @@ class SlotPrefetcher:
         except KeyError:
             return  # this batch lacks a slot the plan names: its forward pulls as usual
         module.prefetch(slots[0] if single else slots)
-        self.prefetched += 1
+        with self._lock:
+            self.prefetched += 1
+
+
+class _Batches(threading.local):
+    """Per thread: the batch it trains, the one the lookahead read after it, slot ids."""
+
+    def __init__(self) -> None:
+        self.current: Mapping[str, Any] | None = None
+        self.following: Mapping[str, Any] | None = None
+        self.index: dict[int, str] | None = None
 
 
 PREFETCHER = SlotPrefetcher()

@@ -33,6 +33,11 @@ GEO             ``a_sync=True``, ``k_steps = K > 0``       training is local (to
 Sparse gradients reach the communicator from :class:`fleet.ps.embedding.DistributedEmbedding`'s
 backward (already merged per unique key); dense gradients from the parameters of the optimizer
 wrapped by ``fleet.distributed_optimizer``.
+
+Several training threads (:mod:`fleet.ps.threads`) may share one communicator: the gradients a
+thread records are kept per thread until its own ``step()``, a thread's dense gradient is read
+from its model copy's parameters (:func:`fleet.ps.threads.set_dense`), the prefetch list and
+the step counter are locked, and GEO's local copies are changed under one lock.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import fleet.telemetry as telemetry
 from collective.errors import FleetError
 from fleet.base import coordination
 from fleet.base.data_position import tracker
+from fleet.ps import threads
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +100,12 @@ class Communicator:
         self.table_lr: dict[str, float] = {}
         self.dense: list[torch.nn.Parameter] = []
         self.dense_base: np.ndarray | None = None  # GEO: the dense values at the last exchange
-        self.pending: dict[str, SparseGrads] = {}
+        self._pending = threading.local()
         self.steps = 0
+        self.prefetch_depth = PREFETCH_DEPTH
+        """Prefetches kept pending per table (raised to threads + 1 while several threads
+        train: each thread's next batch may be prefetched before another thread's forward)."""
+        self._prefetch_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._prefetched: dict[str, list[tuple[np.ndarray, Future[np.ndarray]]]] = {}
         self._last_prefetch: dict[str, tuple[int, np.ndarray]] = {}  # table -> (steps, keys)
@@ -119,14 +129,36 @@ class Communicator:
     """Whether looking-ahead batch iterators prefetch the next batch's rows by themselves
     (:mod:`fleet.ps.auto_prefetch`; async modes with ``a_sync_configs.prefetch``)."""
 
+    @property
+    def pending(self) -> dict[str, SparseGrads]:
+        """The sparse gradients this thread recorded since its last step (table -> pieces)."""
+        try:
+            return self._pending.grads
+        except AttributeError:
+            self._pending.grads = {}
+            return self._pending.grads
+
+    @pending.setter
+    def pending(self, value: dict[str, SparseGrads]) -> None:
+        self._pending.grads = value
+
     def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
         """Rows for unique ``keys`` (float32 [n, dim]); a prefetch of exactly these keys is
         used when one was started."""
-        pending = self._prefetched.get(table, []) if self.prefetches else []
-        for i, (early_keys, future) in enumerate(pending):
-            if np.array_equal(early_keys, keys):
-                del pending[: i + 1]  # this one, and any older one nobody asked for
-                return future.result()
+        future = None
+        if self.prefetches:
+            with self._prefetch_lock:
+                pending = self._prefetched.get(table, [])
+                for i, (early_keys, early) in enumerate(pending):
+                    if np.array_equal(early_keys, keys):
+                        future = early
+                        if self.prefetch_depth > PREFETCH_DEPTH:  # threads: others' are ahead
+                            del pending[i]
+                        else:  # this one, and any older one nobody asked for
+                            del pending[: i + 1]
+                        break
+        if future is not None:
+            return future.result()
         return self.client.pull_sparse(table, keys)
 
     def prefetch(self, table: str, keys: np.ndarray) -> None:
@@ -138,15 +170,17 @@ class Communicator:
         :meth:`AsyncCommunicator._prefetch_pull`)."""
         if not self.prefetches:
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleet-prefetch")
-        pending = self._prefetched.setdefault(table, [])
-        last = self._last_prefetch.get(table)
-        if last is not None and last[0] == self.steps and np.array_equal(last[1], keys):
-            return  # made twice in one step (an automatic and a hand-written prefetch)
-        self._last_prefetch[table] = (self.steps, keys)
-        pending.append((keys, self._pool.submit(self._prefetch_pull, table, keys, self.steps)))
-        del pending[:-PREFETCH_DEPTH]
+        with self._prefetch_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleet-prefetch")
+            pending = self._prefetched.setdefault(table, [])
+            last = self._last_prefetch.get(table)
+            steps = self.steps
+            if last is not None and last[0] == steps and np.array_equal(last[1], keys):
+                return  # made twice in one step (an automatic and a hand-written prefetch)
+            self._last_prefetch[table] = (steps, keys)
+            pending.append((keys, self._pool.submit(self._prefetch_pull, table, keys, steps)))
+            del pending[: -self.prefetch_depth]
 
     def _prefetch_pull(self, table: str, keys: np.ndarray, steps: int) -> np.ndarray:
         """The background pull of a prefetch made after ``steps`` steps."""
@@ -173,13 +207,15 @@ class Communicator:
     def forget_server_values(self) -> None:
         """Forget every value pulled earlier (prefetches, a background dense pull): the servers'
         tables were replaced (a checkpoint was loaded)."""
-        self._prefetched, self._last_prefetch = {}, {}
+        with self._prefetch_lock:
+            self._prefetched, self._last_prefetch = {}, {}
 
     def _stop_prefetch(self) -> None:
-        self._prefetched, self._last_prefetch = {}, {}
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        with self._prefetch_lock:
+            self._prefetched, self._last_prefetch = {}, {}
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     # -- helpers --------------------------------------------------------------------------------
     def _take_pending(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -196,11 +232,13 @@ class Communicator:
         )
 
     def _dense_grad(self) -> np.ndarray:
+        """This thread's dense gradient, flat (its model copy's parameters when it has one)."""
+        params = threads.thread_dense() or self.dense
         parts = [
             p.grad.detach().reshape(-1).to(torch.float32)
             if p.grad is not None
             else torch.zeros(p.numel())
-            for p in self.dense
+            for p in params
         ]
         return torch.cat(parts).cpu().numpy().copy() if parts else np.zeros(0, np.float32)
 
@@ -269,6 +307,9 @@ class AsyncCommunicator(Communicator):
         self._error: BaseException | None = None
         self._sent = 0  # steps the sender has applied (or failed on)
         self._sent_cv = threading.Condition()
+        self._step_lock = threading.Lock()
+        """Training threads queue their steps and count them one at a time (half-async: a
+        barrier holds the other threads' steps until it is passed)."""
         self.steps_before: int | None = None
         """Half-async: global steps trained before this process (the data position it resumed
         at, :mod:`fleet.base.data_position`), read at its first step."""
@@ -338,21 +379,23 @@ class AsyncCommunicator(Communicator):
 
     def step(self) -> None:
         self._check()
-        if self.steps_before is None:  # the tracker counts this step after it (optimizer.step)
-            self.steps_before = tracker().step
-        self._queue.put((self._take_pending(), self._dense_grad()))  # blocks when full
-        self.steps += 1
-        done = self.steps_before + self.steps  # global steps, this one included
-        if self.barrier_interval > 0 and done % self.barrier_interval == 0:
-            self.flush()
-            client = coordination.active()
-            if client is not None:  # round by global step: a restarted trainer meets the same ones
-                client.interval_barrier(done // self.barrier_interval - 1)
-            else:
-                self.barrier()
-            if self.dense:
-                self._set_dense(self.pull_dense())
-            return
+        item = (self._take_pending(), self._dense_grad())
+        with self._step_lock:
+            if self.steps_before is None:  # the tracker counts this step after it
+                self.steps_before = tracker().step
+            self._queue.put(item)  # blocks when full
+            self.steps += 1
+            done = self.steps_before + self.steps  # global steps, this one included
+            if self.barrier_interval > 0 and done % self.barrier_interval == 0:
+                self.flush()
+                client = coordination.active()
+                if client is not None:  # by global step: a restarted trainer meets the same ones
+                    client.interval_barrier(done // self.barrier_interval - 1)
+                else:
+                    self.barrier()
+                if self.dense:
+                    self._set_dense(self.pull_dense())
+                return
         with self._lock:
             latest, self._latest_dense = self._latest_dense, None
         if latest is not None:
@@ -396,8 +439,14 @@ class GeoCommunicator(Communicator):
         self._index: dict[str, dict[int, int]] = {}
         self._rows: dict[str, np.ndarray] = {}
         self._base: dict[str, np.ndarray] = {}
+        self._geo_lock = threading.RLock()
+        """The local copies are read and changed by one training thread at a time."""
 
     def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
+        with self._geo_lock:
+            return self._pull_local(table, keys)
+
+    def _pull_local(self, table: str, keys: np.ndarray) -> np.ndarray:
         index = self._index.setdefault(table, {})
         dim = self.tables[table]
         missing = np.array([k for k in keys.tolist() if k not in index], dtype=np.int64)
@@ -415,7 +464,12 @@ class GeoCommunicator(Communicator):
         return self._rows[table][idx]
 
     def step(self) -> None:
-        for table, (keys, grads) in self._take_pending().items():
+        pending = self._take_pending()
+        with self._geo_lock:
+            self._step_locked(pending)
+
+    def _step_locked(self, pending: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        for table, (keys, grads) in pending.items():
             if len(keys):
                 index = self._index[table]
                 idx = np.fromiter(
@@ -423,12 +477,26 @@ class GeoCommunicator(Communicator):
                 )
                 np.subtract.at(self._rows[table], idx, self.table_lr[table] * grads)
         if self.dense_step is not None:
-            self.dense_step()  # the user's optimizer, locally
+            mine = threads.thread_dense()
+            if mine is None:
+                self.dense_step()  # the user's optimizer, locally
+            else:  # a training thread: its model copy's gradients, the shared values
+                for p, q in zip(self.dense, mine):
+                    p.grad = q.grad
+                try:
+                    self.dense_step()
+                finally:
+                    for p in self.dense:
+                        p.grad = None
         self.steps += 1
         if self.steps % self.k_steps == 0:
             self.flush()
 
     def flush(self) -> None:
+        with self._geo_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         for table, index in self._index.items():
             if index:
                 keys = np.fromiter(index.keys(), dtype=np.int64, count=len(index))

@@ -16,6 +16,8 @@ never holds the full table.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
 from typing import Any
@@ -25,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from collective.errors import ConfigError
-from fleet.ps import auto_prefetch
+from fleet.ps import auto_prefetch, threads
 from fleet.ps.runtime import get_communicator, register_table
 from ps_server import SGD, SparseTableConfig, Uniform
 
@@ -48,6 +50,7 @@ class _UniqueIds:
 
     def __init__(self) -> None:
         self._entries: list[tuple[tuple[torch.Tensor, ...], tuple, np.ndarray, torch.Tensor]] = []
+        self._lock = threading.Lock()  # training threads share the cache
 
     def get(self, *tensors: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
         """(sorted unique int64 keys, int64 inverse of the tensors' flat ids, concatenated in
@@ -55,15 +58,17 @@ class _UniqueIds:
         key = tuple(
             (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version) for t in tensors
         )
-        for _, k, keys, inverse in self._entries:
-            if k == key:
-                return keys, inverse
+        with self._lock:
+            for _, k, keys, inverse in self._entries:
+                if k == key:
+                    return keys, inverse
         flats = [t.detach().reshape(-1).to(torch.int64).cpu().numpy() for t in tensors]
         flat = flats[0] if len(flats) == 1 else np.concatenate(flats)
         keys, inv = np.unique(flat, return_inverse=True)
         inverse = torch.from_numpy(inv.reshape(-1).astype(np.int64, copy=False))
-        self._entries.append((tensors, key, keys, inverse))
-        del self._entries[: -self.SIZE]
+        with self._lock:
+            self._entries.append((tensors, key, keys, inverse))
+            del self._entries[: -self.SIZE]
         return keys, inverse
 
 
@@ -76,8 +81,10 @@ class DistributedEmbedding(torch.nn.Module):
     ``table``: table name (unique per job); ``embedding_dim``: row width; ``optimizer``,
     ``initializer``, ``entry``: the server-side rule objects of :mod:`ps_server`
     (``SGD(0.01)``, ``Uniform(-0.01, 0.01)``, ``CountFilterEntry(n)``...); ``pooling``: None,
-    ``"sum"`` or ``"mean"`` over each bag; ``table_options``: more ``SparseTableConfig`` fields
-    (``num_shards``, ``seed``, ``nonfinite``, ``max_capacity``).
+    ``"sum"`` or ``"mean"`` over each bag; ``cache``: ``"pass"`` trains each pass against a
+    trainer-local copy of the pass's rows (:mod:`fleet.ps.pass_cache`), ``cache_slots``: the
+    dataset slots whose ids this table reads (default: every sparse slot); ``table_options``:
+    more ``SparseTableConfig`` fields (``num_shards``, ``seed``, ``nonfinite``, ``max_capacity``).
     """
 
     def __init__(
@@ -89,9 +96,15 @@ class DistributedEmbedding(torch.nn.Module):
         initializer: Any = None,
         entry: Any = None,
         pooling: str | None = None,
+        cache: str | None = None,
+        cache_slots: Sequence[str] | None = None,
         **table_options: Any,
     ) -> None:
         super().__init__()
+        if cache not in (None, "pass"):
+            raise ConfigError(f"got {cache!r}; allowed: None, 'pass'", key=f"{table}.cache")
+        self.cache = cache
+        self.cache_slots = None if cache_slots is None else tuple(cache_slots)
         if pooling not in _POOLINGS:
             raise ConfigError(f"got {pooling!r}; allowed: None, 'sum', 'mean'", key="pooling")
         if not isinstance(embedding_dim, int) or embedding_dim < 1:
@@ -151,7 +164,10 @@ class DistributedEmbedding(torch.nn.Module):
     def _pull(self, keys: np.ndarray) -> torch.Tensor:
         """One pull of ``keys``' rows, with a hook that records their gradient for the push."""
         comm = get_communicator()
-        rows = torch.from_numpy(np.ascontiguousarray(comm.pull_sparse(self.table, keys)))
+        t0 = time.perf_counter()
+        pulled = comm.pull_sparse(self.table, keys)
+        threads.add_pull_wait(time.perf_counter() - t0)
+        rows = torch.from_numpy(np.ascontiguousarray(pulled))
         rows.requires_grad_(self.training and torch.is_grad_enabled())
         if rows.requires_grad:
             table = self.table
@@ -331,6 +347,7 @@ class _KeyedCache:
 
     def __init__(self) -> None:
         self._entries: list[tuple[list[torch.Tensor], tuple, _KeyedSlots]] = []
+        self._lock = threading.Lock()  # training threads share the cache
 
     def get(self, slots: list[Any], table: str, form: str) -> _KeyedSlots:
         """The layout of ``slots`` (sparse slots; ``form`` and ``table`` name them in errors)."""
@@ -354,12 +371,14 @@ class _KeyedCache:
             tensors.append(values)
             tensors.append(offsets)
         key = tuple((id(t), t._version, t.shape) for t in tensors)
-        for _, k, layout in self._entries:
-            if k == key:
-                return layout
+        with self._lock:
+            for _, k, layout in self._entries:
+                if k == key:
+                    return layout
         layout = _lay_out(tensors[0::2], tensors[1::2], table)
-        self._entries.append((tensors, key, layout))
-        del self._entries[: -self.SIZE]
+        with self._lock:
+            self._entries.append((tensors, key, layout))
+            del self._entries[: -self.SIZE]
         return layout
 
 

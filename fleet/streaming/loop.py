@@ -215,6 +215,7 @@ class StreamingTrainer(StreamCheckpoints):
             label=cfg.label,
             print_period=cfg.print_period,
             out=self.out,
+            thread_num=getattr(dataset, "thread_num", None),  # the dataset's training threads
         )
         release = getattr(dataset, "release_memory", None)
         if release is not None:

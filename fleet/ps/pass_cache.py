@@ -388,11 +388,14 @@ def start(
     device: str | torch.device | None = None,
     max_memory_fraction: float | None = None,
     memory_budget_bytes: int | None = None,
+    register: bool = True,
 ) -> PassCache:
     """Open a pass for ``modules`` (DistributedEmbeddings) over ``dataset`` with this client and
-    communicator (what :func:`begin_pass` does with the trainer's own)."""
+    communicator (what :func:`begin_pass` does with the trainer's own). ``register=False``
+    leaves it out of the process's open pass (several in one process: tests of several
+    trainers); :func:`finish` takes it then."""
     global _ACTIVE
-    if _ACTIVE is not None:
+    if register and _ACTIVE is not None:
         raise ConfigError(
             "a pass is already open: call fleet.end_pass() before the next begin_pass",
             key="pass_cache",
@@ -439,7 +442,8 @@ def start(
     cache = PassCache(client, communicator, tables)
     cache.open()
     cache.stats.begin_seconds = time.perf_counter() - t0
-    _ACTIVE = cache
+    if register:
+        _ACTIVE = cache
     logger.info(
         "pass begun on %s: %s",
         dev,
@@ -448,11 +452,12 @@ def start(
     return cache
 
 
-def finish(barrier: bool = True) -> PassStats:
-    """Close the open pass: push each table's delta once (``mode="delta"``), give the tables
-    back to the communicator, meet the other trainers (``barrier``). Returns its stats."""
+def finish(cache: PassCache | None = None, barrier: bool = True) -> PassStats:
+    """Close the open pass (or ``cache``): push each table's delta once (``mode="delta"``), give
+    the tables back to the communicator, meet the other trainers (``barrier``). Its stats."""
     global _ACTIVE
-    cache = _ACTIVE
+    if cache is None:
+        cache = _ACTIVE
     if cache is None:
         raise ConfigError("no pass is open: call fleet.begin_pass(dataset) first", key="pass_cache")
     t0 = time.perf_counter()
@@ -473,7 +478,8 @@ def finish(barrier: bool = True) -> PassStats:
                 nbytes=table.nbytes,
             )
     finally:
-        _ACTIVE = None
+        if cache is _ACTIVE:
+            _ACTIVE = None
         cache.close()
     comm = cache.communicator
     if barrier and getattr(comm, "num_trainers", 1) > 1:

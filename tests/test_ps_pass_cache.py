@@ -1,0 +1,227 @@
+"""The pass cache (``fleet.ps.pass_cache``): a pass's rows pulled once into a trainer-local
+table, trained with the table's own rule, pushed back once as a delta.
+
+On real in-process parameter servers (127.0.0.1, port 0) through a SYNC communicator: a
+pass-cached single-trainer run and a non-cached one over the same batches end with the same
+rows (SGD over two passes, Adagrad over one: the accumulators restart each pass); one pull and
+one push per table per pass; two trainers' deltas both reach the rows; a pass too large for its
+budget is a ConfigError before anything is pulled; checkpoints refuse inside a pass.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from collective.errors import ConfigError
+from fleet.data.batch import Batch, SparseBatch
+from fleet.ps import pass_cache
+from fleet.ps.communicator import SyncCommunicator
+from fleet.ps.embedding import DistributedEmbedding
+from fleet.ps.runtime import lookups_from
+from ps_server import SGD, Adagrad, Uniform
+
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+from ps_cluster import cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+DIM = 4
+SLOTS = ("a", "b")
+
+
+def _slot(rng: np.random.Generator, batch: int, vocab: int) -> SparseBatch:
+    lens = torch.from_numpy(rng.integers(0, 4, batch).astype(np.int64))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+    values = torch.from_numpy(rng.integers(0, vocab, int(lens.sum())).astype(np.int64))
+    return SparseBatch(values, lens, offsets)
+
+
+def _batches(seed: int, n: int = 12, batch: int = 16, vocab: int = 60) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        b = Batch({s: _slot(rng, batch, vocab) for s in SLOTS})
+        b["click"] = torch.from_numpy(rng.integers(0, 2, (batch, 1)).astype(np.int64))
+        out.append(b)
+    return out
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, emb: DistributedEmbedding) -> None:
+        super().__init__()
+        self.emb = emb
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(len(SLOTS) * DIM, 1)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.fc(torch.cat(self.emb([batch[s] for s in SLOTS]), dim=1))
+
+
+def _train(net: _Net, comm: SyncCommunicator, batches: list[Batch]) -> None:
+    opt = torch.optim.SGD(net.fc.parameters(), lr=0.1)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    with lookups_from(comm):
+        for b in batches:
+            loss = loss_fn(net(b), b["click"].float())
+            loss.backward()
+            comm.step()
+            opt.step()
+            opt.zero_grad()
+
+
+class _Counted:
+    """Counts the client's logical sparse calls per table."""
+
+    def __init__(self, client: Any) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.client = client
+        self._pull, self._push = client.pull_sparse, client.push_sparse
+
+        def pull(table: str, keys: Any) -> Any:
+            self.calls.append(("pull", table))
+            return self._pull(table, keys)
+
+        def push(table: str, *a: Any, **kw: Any) -> Any:
+            self.calls.append(("push", table))
+            return self._push(table, *a, **kw)
+
+        client.pull_sparse, client.push_sparse = pull, push
+
+
+def _run(rule: Any, passes: list[list[Batch]], cached: bool, name: str) -> tuple[Any, list]:
+    emb = DistributedEmbedding(
+        name, DIM, optimizer=rule, initializer=Uniform(-0.5, 0.5), pooling="sum"
+    )
+    net = _Net(emb)
+    keys = np.arange(60, dtype=np.int64)
+    with cluster(1) as (_, client):
+        client.create_table_from_config(emb.table_config())
+        comm = SyncCommunicator(client, 1, lambda: None)
+        comm.add_table(name, DIM, 0.1)
+        counted = _Counted(client)
+        per_pass = []
+        for batches in passes:
+            counted.calls.clear()
+            if cached:
+                pass_cache.start([emb], batches, client, comm, device="cpu")
+                _train(net, comm, batches)
+                stats = pass_cache.finish()
+                assert stats.rpcs == 2 and stats.tables[name].pulls == 1
+            else:
+                _train(net, comm, batches)
+            per_pass.append(list(counted.calls))
+        rows = counted._pull(name, keys)
+    return rows, per_pass
+
+
+@pytest.mark.parametrize(
+    ("rule", "num_passes"), [(SGD(0.3), 2), (Adagrad(0.2, initial_accumulator_value=0.1), 1)]
+)
+def test_cached_pass_equals_sync_training(rule: Any, num_passes: int) -> None:
+    passes = [_batches(seed) for seed in range(num_passes)]
+    name = f"pc_eq_{rule.TYPE}"
+    plain, _ = _run(rule, passes, cached=False, name=name)
+    cached, calls = _run(rule, passes, cached=True, name=name)
+    np.testing.assert_allclose(cached, plain, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(plain, _run(rule, [], cached=False, name=name)[0])  # it trained
+    for c in calls:  # one pull and one push per table per pass, nothing per step
+        assert c == [("pull", name), ("push", name)], c
+
+
+def test_two_trainers_deltas_merge() -> None:
+    emb = DistributedEmbedding("pc_merge", DIM, optimizer=SGD(0.5), pooling="sum")
+    net = _Net(emb)
+    data = [_batches(10, n=4), _batches(11, n=4)]
+    keys = np.arange(60, dtype=np.int64)
+    with cluster(2) as (_, client):
+        client.create_table_from_config(emb.table_config())
+        before = client.pull_sparse("pc_merge", keys)
+        comms = [SyncCommunicator(client, 1, lambda: None) for _ in data]
+        caches = []
+        for comm, batches in zip(comms, data):  # both pull the same rows before either pushes
+            comm.add_table("pc_merge", DIM, 0.5)
+            caches.append(pass_cache.start([emb], batches, client, comm, register=False))
+        deltas = []
+        for comm, cache, batches in zip(comms, caches, data):
+            _train(net, comm, batches)
+            table = cache.tables["pc_merge"]
+            k, d = table.delta()
+            full = np.zeros_like(before)
+            full[k] = d
+            deltas.append(full)
+            pass_cache.finish(cache, barrier=False)
+            assert "pc_merge" in comm.tables  # given back to the communicator
+        after = client.pull_sparse("pc_merge", keys)
+    assert np.abs(deltas[0]).sum() > 0 and np.abs(deltas[1]).sum() > 0
+    np.testing.assert_allclose(after, before + deltas[0] + deltas[1], rtol=1e-5, atol=1e-6)
+
+
+def test_too_large_pass_is_a_clear_error_before_any_pull() -> None:
+    emb = DistributedEmbedding("pc_big", DIM, optimizer=Adagrad(0.1), pooling="sum")
+    batches = _batches(3)
+    with cluster(1) as (_, client):
+        client.create_table_from_config(emb.table_config())
+        comm = SyncCommunicator(client, 1, lambda: None)
+        counted = _Counted(client)
+        with pytest.raises(ConfigError) as err:
+            pass_cache.start([emb], batches, client, comm, memory_budget_bytes=1000)
+        assert counted.calls == []
+        assert not pass_cache.in_pass()
+    text = str(err.value)
+    n = len(np.unique(np.concatenate([b[s].values.numpy() for b in batches for s in SLOTS])))
+    per_key = pass_cache.bytes_per_key(DIM, emb.optimizer)
+    assert f"{n} unique keys" in text and f"about {1000 // per_key} keys fit" in text, text
+
+
+def test_checkpoints_refuse_inside_a_pass_and_counts() -> None:
+    emb = DistributedEmbedding("pc_ckpt", DIM, pooling="sum", cache="pass", cache_slots=["a"])
+    batches = _batches(4, n=3)
+    with cluster(1) as (_, client):
+        client.create_table_from_config(emb.table_config())
+        comm = SyncCommunicator(client, 1, lambda: None)
+        comm.add_table("pc_ckpt", DIM, 0.01)
+        cache = pass_cache.start([emb], batches, client, comm)
+        try:
+            with pytest.raises(ConfigError, match="fleet.end_pass"):
+                pass_cache.refuse_in_pass("fleet.ps.checkpoint()")
+            table = cache.tables["pc_ckpt"]
+            a_ids = np.concatenate([b["a"].values.numpy() for b in batches])
+            assert np.array_equal(table.keys_np, np.unique(a_ids))  # only its slot's keys
+            assert int(table.show.sum()) == a_ids.shape[0]
+            labels = np.concatenate(
+                [np.repeat(b["click"].numpy()[:, 0], b["a"].lengths.numpy()) for b in batches]
+            )
+            assert int(table.click.sum()) == int(labels.sum())
+            with pytest.raises(Exception, match="not in the pass"):
+                table.pull(np.array([10**9], np.int64))
+        finally:
+            pass_cache.finish()
+        pass_cache.refuse_in_pass("fleet.ps.checkpoint()")  # after end_pass: allowed
+
+
+@pytest.mark.gpu
+def test_cuda_pass_equals_cpu_pass() -> None:
+    rule = Adagrad(0.2)
+    out = {}
+    emb = DistributedEmbedding("pc_dev", DIM, optimizer=rule, pooling="sum")
+    for device in ("cpu", "cuda"):
+        net = _Net(emb)
+        batches = _batches(7)
+        with cluster(1) as (_, client):
+            client.create_table_from_config(emb.table_config())
+            comm = SyncCommunicator(client, 1, lambda: None)
+            comm.add_table(emb.table, DIM, 0.2)
+            cache = pass_cache.start([emb], batches, client, comm, device=device)
+            assert cache.tables[emb.table].values.device.type == device
+            _train(net, comm, batches)
+            k, d = cache.tables[emb.table].delta()
+            pass_cache.finish()
+        out[device] = (k, d)
+    assert np.array_equal(out["cpu"][0], out["cuda"][0])
+    np.testing.assert_allclose(out["cpu"][1], out["cuda"][1], rtol=1e-4, atol=1e-6)

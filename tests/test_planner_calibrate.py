@@ -319,6 +319,30 @@ def test_profile_under_amp(world_of_one: object, monkeypatch: pytest.MonkeyPatch
         profile_model(spec, world_of_one, [4], amp="O3")
 
 
+def test_combine_scales_the_slowest_entries_to_the_median_whole_pass() -> None:
+    from fleet.planner.calibrate import _combine
+    from fleet.planner.profile import EntryFigures, MpProfile
+
+    def rank(times: list[tuple[float, float]], whole: float) -> MpProfile:
+        entries = []
+        for i, (f, b) in enumerate(times):
+            e = EntryFigures(f"E{i}", 8, 0, None)
+            e.fwd_s, e.bwd_s = {1: f}, {1: b}
+            e.act_bytes, e.out_bytes = {1: 4.0}, {1: 4.0}
+            entries.append(e)
+        return MpProfile(1, entries, True, None, 1e-9, {1: 8.0}, whole_pass_s={1: whole})
+
+    # per entry, the slowest rank: (2, 1) and (1, 2), adding up to 6; the median pass is 3.5
+    ranks = [rank([(1.0, 1.0), (1.0, 1.0)], 3.0), rank([(2.0, 0.5), (0.5, 2.0)], 4.0)]
+    layers = _combine({1: ranks, 2: ranks})
+    scale = 3.5 / 6.0
+    assert layers[0].fwd_s[1].at(1) == pytest.approx(2.0 * scale)
+    assert layers[0].bwd_s[1].at(1) == pytest.approx(1.0 * scale)
+    assert layers[1].bwd_s[2].at(1) == pytest.approx(2.0 * scale)
+    total = sum(x.fwd_s[1].at(1) + x.bwd_s[1].at(1) for x in layers)
+    assert total == pytest.approx(3.5)
+
+
 # ---- a calibration job ------------------------------------------------------------------------
 
 
@@ -363,9 +387,17 @@ def test_calibration_job_world_two(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     spec = ModelSpec(
         "examples.planner.gpt:model", "examples.planner.gpt:sample", 4, path=(str(REPO),)
     )
-    cal = _calibrate_job(tmp_path, spec, TINY_GPT)
+    # on one CPU: two ranks crowd it, so group 0 also times its pass alone (idle_speedup)
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # the job's processes inherit it
+    try:
+        cal = _calibrate_job(tmp_path, spec, TINY_GPT)
+    finally:
+        os.sched_setaffinity(0, cpus)
     model, cluster = cal.model, cal.cluster
     assert model.mp_degrees == {1: "", 2: ""}
+    assert set(model.idle_speedup) == {1} and model.idle_speedup[1] >= 1.0
+    assert cluster.cores_per_node == 1
     assert model.micro_batch_sizes == (1, 2, 4)
     assert model.block_class == "GPTBlock" and model.layer_list and model.amp == "O0"
     assert len(model.layers) == 6
@@ -382,9 +414,13 @@ def test_calibration_job_world_two(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert fit.time(1 << 20) > 0
     for k, v in TINY_GPT.items():  # the sizes the model's source reads are in the fingerprint
         monkeypatch.setenv(k, v)
-    assert cal.fingerprint == cache.fingerprint(spec, 1, 2, "gloo", "cpu", "O0")
-    monkeypatch.setenv("PLAN_GPT_HIDDEN", "64")
-    assert cal.fingerprint != cache.fingerprint(spec, 1, 2, "gloo", "cpu", "O0")
+    os.sched_setaffinity(0, {min(cpus)})  # the core count is in the fingerprint too
+    try:
+        assert cal.fingerprint == cache.fingerprint(spec, 1, 2, "gloo", "cpu", "O0")
+        monkeypatch.setenv("PLAN_GPT_HIDDEN", "64")
+        assert cal.fingerprint != cache.fingerprint(spec, 1, 2, "gloo", "cpu", "O0")
+    finally:
+        os.sched_setaffinity(0, cpus)
     assert cal.seconds > 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -303,6 +304,21 @@ def test_a_cpu_bubble_frees_cores_for_busy_ranks() -> None:
     crowded = estimate(c, make_cal(4, blocks=4, cores=1))
     assert crowded.parts["bubble"] < roomy.parts["bubble"]
     assert crowded.parts["compute"] == pytest.approx(roomy.parts["compute"], rel=0.5)
+
+
+def test_a_measured_idle_speedup_replaces_the_core_ratio() -> None:
+    c = Candidate(1, 2, 2, 1, 0, 16, 1, False)  # mp 2 x pp 2, one micro-batch
+    cal = make_cal(4, blocks=4, cores=2)  # 4 ranks on 2 cores: k = 2
+    default = estimate(c, cal)
+    model = dataclasses.replace(cal.model, idle_speedup={2: 2.5})
+    measured = estimate(c, dataclasses.replace(cal, model=model))
+    slow = max(stage_costs(c, cal), key=lambda s: s.t)
+    # (m + pp - 1) slots of the slowest stage, at the measured speedup instead of k = 2
+    section = lambda p: p["compute"] + p["bubble"]  # noqa: E731
+    assert section(default.parts) == pytest.approx(2 * slow.t / 2)
+    assert section(measured.parts) == pytest.approx(2 * slow.t / 2.5, rel=0.05)
+    assert measured.step_s < default.step_s
+    assert ModelProfile.from_dict(model.to_dict()) == model  # kept in the cached JSON
 
 
 def test_ddp_all_reduce_overlaps_backward_and_spans_nodes() -> None:

@@ -95,13 +95,18 @@ def _torch_version() -> str:
         return "none"
 
 
+CALIBRATION_FORMAT = 2
+"""Bumped when what a calibration measures changes, so older cached ones are measured again."""
+
+
 def fingerprint(
     spec: ModelSpec, nnodes: int, nproc_per_node: int, backend: str, device: str, amp: str
 ) -> str:
     """sha256 over what a calibration depends on: the spec's strings, global batch and
     optimizer, the source text of the model/sample/loss modules, the world shape, the backend,
-    the device's name, the CPU model and core count, torch's version and the AMP level."""
+    the device's name, the CPU model and core count, torch's version, the AMP level and :data:`CALIBRATION_FORMAT`."""
     parts: dict[str, Any] = {
+        "format": CALIBRATION_FORMAT,
         "model": spec.model,
         "sample": spec.sample,
         "loss": spec.loss,

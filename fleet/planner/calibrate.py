@@ -10,8 +10,13 @@ collectives fitted per group shape, gathered into one :class:`~fleet.planner.typ
 group's model at the same time (:func:`fleet.planner.profile.profile_model`), so the figures
 include the contention of the job's ranks for the machine, as the real job has it. A degree the
 model cannot be built at (heads not divisible by ``k``, say) is recorded with its error and
-skipped. Times are the slowest rank's; the collectives are measured the same way
-(:func:`fleet.planner.links.measure_links`). Rank 0 assembles the calibration and broadcasts it,
+skipped. An entry's time is the slowest rank's, scaled so that the entries add up to the median
+rank's whole forward + backward pass; the collectives are measured with every rank taking part
+(:func:`fleet.planner.links.measure_links`). On a CPU node with more ranks than cores, group 0
+also times its whole pass while the other ranks wait (``ModelProfile.idle_speedup``: what a
+pipeline stage gains while its neighbours idle in the bubble). The optimizer step is timed on
+every rank at once over ``1 / world`` of the model (the share one rank updates once the model is
+split), the median rank's per-byte figure kept. Rank 0 assembles the calibration and broadcasts it,
 so every rank returns the same object.
 
 The micro-batch sizes profiled come from the global batch ``G``: each replica count ``r``
@@ -26,6 +31,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,7 +44,13 @@ from collective.env import read_worker_env, usable_cpus
 from collective.errors import ConfigError
 from fleet.planner.cache import fingerprint, write_json_atomic
 from fleet.planner.links import measure_links
-from fleet.planner.profile import MpProfile, build_stage, profile_model
+from fleet.planner.profile import (
+    MpProfile,
+    build_stage,
+    optimizer_step_s_per_byte,
+    profile_model,
+    time_alone,
+)
 from fleet.planner.spec import build_model
 from fleet.planner.types import (
     Calibration,
@@ -102,18 +114,39 @@ def _ram_bytes() -> int:
 
 
 def _combine(profiles: dict[int, list[MpProfile]]) -> list[LayerProfile]:
-    """One LayerProfile per entry: times the max over ranks, bytes the max over ranks, each
-    fitted over the micro-batch sizes; parameter and output bytes from the lowest degree."""
+    """One LayerProfile per entry: times the max over ranks, then scaled so that at each
+    micro-batch size the entries add up to the median rank's whole pass (the max of every
+    entry over the ranks sums to more than any one rank's pass); bytes the max over ranks;
+    each figure fitted over the micro-batch sizes; parameter and output bytes from the lowest
+    degree."""
     degrees = sorted(profiles)
     base = profiles[degrees[0]][0]
+    fwd_at: dict[int, list[dict[int, float]]] = {}
+    bwd_at: dict[int, list[dict[int, float]]] = {}
+    for k in degrees:
+        ranks = profiles[k]
+        sizes = sorted(ranks[0].entries[0].fwd_s) if ranks[0].entries else []
+        fwd_at[k] = [{} for _ in base.entries]
+        bwd_at[k] = [{} for _ in base.entries]
+        for b in sizes:
+            for i in range(len(base.entries)):
+                fwd_at[k][i][b] = max(p.entries[i].fwd_s[b] for p in ranks)
+                bwd_at[k][i][b] = max(p.entries[i].bwd_s[b] for p in ranks)
+            summed = sum(fwd_at[k][i][b] + bwd_at[k][i][b] for i in range(len(base.entries)))
+            wholes = [p.whole_pass_s[b] for p in ranks if b in p.whole_pass_s]
+            if wholes and summed > 0:
+                scale = statistics.median(wholes) / summed
+                for i in range(len(base.entries)):
+                    fwd_at[k][i][b] *= scale
+                    bwd_at[k][i][b] *= scale
     layers = []
     for i, entry in enumerate(base.entries):
         fwd, bwd, act = {}, {}, {}
         for k in degrees:
             per_rank = [p.entries[i] for p in profiles[k]]
             sizes = sorted(per_rank[0].fwd_s)
-            fwd[k] = Linear.fit([(b, max(e.fwd_s[b] for e in per_rank)) for b in sizes])
-            bwd[k] = Linear.fit([(b, max(e.bwd_s[b] for e in per_rank)) for b in sizes])
+            fwd[k] = Linear.fit([(b, fwd_at[k][i][b]) for b in sizes])
+            bwd[k] = Linear.fit([(b, bwd_at[k][i][b]) for b in sizes])
             act[k] = Linear.fit([(b, max(e.act_bytes[b] for e in per_rank)) for b in sizes])
         layers.append(
             LayerProfile(
@@ -165,7 +198,9 @@ def calibrate_in_job(
     device, device_name, device_memory = _device(backend, env.local_rank)
     sizes = micro_batch_sizes(spec.global_batch_size, world)
 
+    crowded = device.type == "cpu" and nproc > usable_cpus()
     mp_degrees: dict[int, str] = {}
+    idle_speedup: dict[int, float] = {}
     profiles: dict[int, list[MpProfile]] = {}
     link_groups: dict[tuple[int, bool], Any] = {}
     phases: dict[str, float] = {}
@@ -203,8 +238,25 @@ def calibrate_in_job(
         tdist.barrier()
         t_k = time.perf_counter()
         mine = profile_model(
-            spec, group, sizes, amp, amp_config, device=device, built=built, pipe=pipe
-        )
+            spec, group, sizes, amp, amp_config, device=device, built=built, pipe=pipe,
+            time_optimizer=False,
+        )  # fmt: skip
+        if k == 1:
+            # every rank steps over its share of the model at the same moment, as a job does
+            tdist.barrier()
+            share = 1.0 / world
+            mine.optimizer_step_s_per_byte = optimizer_step_s_per_byte(
+                list(pipe.parameters()), spec.optimizer, spec.lr, share=share
+            )
+        if crowded and k < nproc:
+            # group 0 alone (the other ranks wait): a pipeline stage while its neighbours idle
+            b = max(sizes)
+            tdist.barrier()
+            alone = time_alone(spec, built, pipe, b, amp, amp_config, device) if rank < k else 0.0
+            tdist.barrier()
+            speedups: list[Any] = [None] * world
+            tdist.all_gather_object(speedups, mine.whole_pass_s[b] / alone if alone else 0.0)
+            idle_speedup[k] = max(1.0, statistics.median(speedups[:k]))
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         tdist.gather_object(mine, gathered, dst=0)
         profiles[k] = gathered or []
@@ -223,7 +275,7 @@ def calibrate_in_job(
     if rank == 0:
         base = profiles[1][0]
         input_bytes = Linear.fit(sorted(base.input_bytes.items()))
-        step = max(p.optimizer_step_s_per_byte for p in profiles[1])
+        step = statistics.median(p.optimizer_step_s_per_byte for p in profiles[1])
         model = ModelProfile(
             layers=tuple(_combine(profiles)),
             block_class=base.block_class,
@@ -234,6 +286,7 @@ def calibrate_in_job(
             micro_batch_sizes=tuple(sizes),
             input_bytes=input_bytes,
             amp=amp,
+            idle_speedup=idle_speedup,
         )
         if device_memory is not None:
             memory = device_memory

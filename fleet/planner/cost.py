@@ -63,8 +63,11 @@ Time (seconds per optimizer step = one global batch)
     ``pp - 1`` cuts (fill and drain), and one pair per further micro-batch (the steady state,
     :data:`P2P_OVERLAP` of it hidden). On CPU, when a node has more ranks
     than cores (contention ``k = ranks / cores > 1``), a rank idle in the bubble frees its
-    core and the busy ranks run up to ``k`` times faster (:data:`CPU_BUBBLE_REUSE`): the
-    pipeline takes ``max(m * mean_s t_s, (m + pp - 1) * max_s t_s / k)``.
+    core and the busy ranks run faster (:data:`CPU_BUBBLE_REUSE`): by the speedup ``u``
+    calibration measured for one model-parallel group running while the others idle
+    (``ModelProfile.idle_speedup``; ``k`` where it was not measured; tensor-parallel ranks gain
+    more than ``k``, as their collectives stop waiting for descheduled peers): the pipeline
+    takes ``max(m * mean_s t_s * min(1, k / u), (m + pp - 1) * max_s t_s / u)``.
     Gradient reduction: no pipeline and stage 0/1: DDP's all-reduce over the gradient group
     (dp, or dp x sharding for stage 1) overlaps :data:`DDP_OVERLAP` of the last micro-batch's
     backward (:data:`CROWDED_CPU_OVERLAP` on a CPU node with more ranks than cores, for this
@@ -457,8 +460,11 @@ def estimate(c: Candidate, cal: Calibration) -> Estimate:
         section = (m + pp - 1) * T
         k = _crowding(cal)
         if CPU_BUBBLE_REUSE and k > 1:
+            speedup = max(1.0, cal.model.idle_speedup.get(c.mp, k))
             mean = sum(st.t for st in stages) / len(stages)
-            section = max(m * mean, section / k)
+            # the floor: every stage busy at once, at the crowded figures; when tensor-parallel
+            # ranks gain more than k alone, the crowded figures waste that much of the machine
+            section = max(m * mean * min(1.0, k / speedup), section / speedup)
         bounds = stage_bounds(cal.model, pp)
         link = _fit(cal, "send_recv", 2, spans["pipe"])
         cut = max(cal.model.layers[bounds[s] - 1].out_bytes.at(b) for s in range(1, pp))

@@ -82,6 +82,9 @@ class MpProfile:
     block_class: str | None
     optimizer_step_s_per_byte: float
     input_bytes: dict[int, float]
+    whole_pass_s: dict[int, float] = field(default_factory=dict)
+    """Micro-batch size -> seconds of one whole forward + loss + backward on this rank (the
+    median of :data:`WHOLE_PASS_REPS`): what the entries' figures at that size add up to."""
 
 
 def _sync(device: torch.device) -> None:
@@ -285,8 +288,59 @@ def _time_entry(
     return statistics.median(fwd), statistics.median(bwd), act, out
 
 
-WHOLE_PASS_REPS = 2
+WHOLE_PASS_REPS = 3
 """Timed whole forward + backward passes per micro-batch size (after one untimed)."""
+
+
+def time_whole_pass(
+    pipe: PipelineLayer,
+    loss_fn: Callable[..., Any],
+    inputs: Any,
+    labels: Any,
+    amp_ctx: Callable[[], Any],
+    device: torch.device,
+    reps: int = WHOLE_PASS_REPS,
+    warmup: int = 1,
+) -> float:
+    """Median seconds of ``reps`` whole forward + loss + backward passes of ``pipe`` (after
+    ``warmup`` untimed ones); the gradients are dropped after each."""
+    x = _to(inputs, device)
+    times = []
+    for rep in range(reps + warmup):
+        _sync(device)
+        t0 = time.perf_counter()
+        with amp_ctx():
+            loss = loss_fn(pipe(x), labels)
+        loss.backward()
+        _sync(device)
+        if rep >= warmup:
+            times.append(time.perf_counter() - t0)
+        pipe.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+def time_alone(
+    spec: ModelSpec,
+    built: BuiltModel,
+    pipe: PipelineLayer,
+    b: int,
+    amp: str = "O0",
+    amp_config: AmpConfig | None = None,
+    device: torch.device | None = None,
+    reps: int = 2,
+) -> float:
+    """Median seconds of ``reps`` whole passes at micro-batch size ``b`` of a model
+    :func:`profile_model` has just measured (so warm: nothing untimed first). The calibration
+    runs it on one model-parallel group while the other ranks wait."""
+    device = device or torch.device("cpu")
+    amp_config = amp_config or AmpConfig()
+    inputs, labels = sample_batch(spec, b)
+    labels = _to(labels, device)
+
+    def ctx() -> Any:
+        return _amp_context(amp, amp_config, device)
+
+    return time_whole_pass(pipe, built.loss_fn, inputs, labels, ctx, device, reps, warmup=0)
 
 
 def _rescale_to_whole_pass(
@@ -298,31 +352,22 @@ def _rescale_to_whole_pass(
     b: int,
     amp_ctx: Callable[[], Any],
     device: torch.device,
-) -> None:
+) -> float:
     """Scale the entries' forward and backward seconds at micro-batch size ``b`` so that they
-    add up to a whole forward + loss + backward of the stage timed in one pass: timing entry by
-    entry adds a synchronisation and a detach per entry that the job does not pay (measured
-    10-20 % too slow for tensor-parallel stacks on a crowded CPU), while the per-entry figures
-    keep how the time divides among the entries (where pipeline stages cut)."""
+    add up to a whole forward + loss + backward of the stage timed in one pass, and return that
+    pass's seconds: timing entry by entry adds a synchronisation and a detach per entry that
+    the job does not pay (measured 10-20 % too slow for tensor-parallel stacks on a crowded
+    CPU), while the per-entry figures keep how the time divides among the entries (where
+    pipeline stages cut)."""
     per_entry = sum(f.fwd_s[b] + f.bwd_s[b] for f in figures)
+    whole = time_whole_pass(pipe, loss_fn, inputs, labels, amp_ctx, device)
     if per_entry <= 0:
-        return
-    x = _to(inputs, device)
-    times = []
-    for rep in range(WHOLE_PASS_REPS + 1):
-        _sync(device)
-        t0 = time.perf_counter()
-        with amp_ctx():
-            loss = loss_fn(pipe(x), labels)
-        loss.backward()
-        _sync(device)
-        if rep > 0:
-            times.append(time.perf_counter() - t0)
-        pipe.zero_grad(set_to_none=True)
-    ratio = statistics.median(times) / per_entry
+        return whole
+    ratio = whole / per_entry
     for f in figures:
         f.fwd_s[b] *= ratio
         f.bwd_s[b] *= ratio
+    return whole
 
 
 def _step_function(optimizer: str, params: list[torch.Tensor], lr: float) -> Callable[[], None]:
@@ -368,11 +413,28 @@ def _step_function(optimizer: str, params: list[torch.Tensor], lr: float) -> Cal
 
 
 def optimizer_step_s_per_byte(
-    params: list[torch.Tensor], optimizer: str, lr: float = 1e-3, reps: int = 3
+    params: list[torch.Tensor],
+    optimizer: str,
+    lr: float = 1e-3,
+    reps: int = 3,
+    share: float = 1.0,
 ) -> float:
     """Seconds of one optimizer step over ``params`` (float32 copies with gradients set) per
-    parameter byte: median of ``reps`` steps after one that creates the state."""
-    copies = [p.detach().float().clone() for p in params if p.numel()]
+    parameter byte: median of ``reps`` steps after one that creates the state. ``share`` < 1
+    steps over the leading parameters up to that fraction of the bytes (at least one tensor):
+    the part of a model one rank updates once the model is split, whose bytes stay in the
+    caches a whole model's would not."""
+    live = [p for p in params if p.numel()]
+    if share < 1.0 and live:
+        budget = share * sum(p.numel() * 4 for p in live)
+        kept, size = [], 0
+        for p in live:
+            if kept and size >= budget:
+                break
+            kept.append(p)
+            size += p.numel() * 4
+        live = kept
+    copies = [p.detach().float().clone() for p in live]
     if not copies:
         return 0.0
     for p in copies:
@@ -402,6 +464,7 @@ def profile_model(
     device: torch.device | None = None,
     built: BuiltModel | None = None,
     pipe: PipelineLayer | None = None,
+    time_optimizer: bool = True,
 ) -> MpProfile:
     """Measure every entry of the model built with ``mp_group`` (see the module docstring).
 
@@ -409,6 +472,8 @@ def profile_model(
     every rank of it must call this at the same time (the tensor-parallel layers communicate).
     ``built``: the model already built with ``mp_group`` (else :func:`build_model` is called);
     ``pipe``: its single-stage PipelineLayer (else :func:`build_stage` makes it).
+    ``time_optimizer``: False leaves ``optimizer_step_s_per_byte`` at 0 (the caller times the
+    step itself, e.g. with every rank starting together).
     """
     if amp not in AMP_LEVELS:
         raise ConfigError(f"amp level {amp!r} is unknown; use one of {AMP_LEVELS}", key="amp")
@@ -447,6 +512,7 @@ def profile_model(
         return _amp_context(amp, amp_config, device)
 
     input_bytes: dict[int, float] = {}
+    whole_pass: dict[int, float] = {}
     for b in micro_batch_sizes:
         inputs, labels = sample_batch(spec, b)
         input_bytes[b] = float(nbytes(inputs) + nbytes(labels))
@@ -473,8 +539,10 @@ def profile_model(
             fig.out_bytes[b] = float(nbytes(out))
             x = _detach(out, device)
         pipe.zero_grad(set_to_none=True)
-        _rescale_to_whole_pass(pipe, built.loss_fn, inputs, labels, figures, b, amp_ctx, device)
-    step = optimizer_step_s_per_byte(params, spec.optimizer, spec.lr)
+        whole_pass[b] = _rescale_to_whole_pass(
+            pipe, built.loss_fn, inputs, labels, figures, b, amp_ctx, device
+        )
+    step = optimizer_step_s_per_byte(params, spec.optimizer, spec.lr) if time_optimizer else 0.0
     return MpProfile(
         mp_degree=k,
         entries=figures,
@@ -482,6 +550,7 @@ def profile_model(
         block_class=built.block_class,
         optimizer_step_s_per_byte=step,
         input_bytes=input_bytes,
+        whole_pass_s=whole_pass,
     )
 
 
@@ -501,5 +570,7 @@ __all__ = [
     "optimizer_step_s_per_byte",
     "build_stage",
     "profile_model",
+    "time_alone",
+    "time_whole_pass",
     "tp_param_bytes_local",
 ]

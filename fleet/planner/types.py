@@ -123,6 +123,10 @@ class ModelProfile:
     """Bytes of one micro-batch of the sample (inputs and labels)."""
     amp: str = "O0"
     """AMP level the profile was taken under (from the base strategy): O0, O1 or O2."""
+    idle_speedup: dict[int, float] = field(default_factory=dict)
+    """mp degree -> how much faster one model-parallel group's whole pass runs while the other
+    ranks idle than while every rank computes (CPU nodes with more ranks than cores; 1.0 or
+    absent elsewhere): what a pipeline stage gains while its neighbours wait in the bubble."""
 
     @property
     def param_bytes(self) -> int:
@@ -154,6 +158,7 @@ class ModelProfile:
             micro_batch_sizes=tuple(int(b) for b in d["micro_batch_sizes"]),
             input_bytes=Linear(**d["input_bytes"]),
             amp=str(d.get("amp", "O0")),
+            idle_speedup={int(k): float(v) for k, v in d.get("idle_speedup", {}).items()},
         )
 
 

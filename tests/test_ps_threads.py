@@ -54,13 +54,14 @@ def run_job(tmp_path: Path, name: str, data: Path, *args: str, ok: bool = True) 
         timeout=120,
     )
     if not ok:
-        return {"returncode": r.returncode, "log": _logs(tmp_path / f"log_{name}") + r.stderr}
+        return {"returncode": r.returncode, "log": logs(tmp_path / f"log_{name}") + r.stderr}
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-def _logs(folder: Path) -> str:
-    return "".join(p.read_text(errors="replace") for p in sorted(folder.rglob("*.log")))
+def logs(folder: Path) -> str:
+    """Every file of a job's log folder, concatenated."""
+    return "".join(p.read_text(errors="replace") for p in sorted(folder.rglob("*")) if p.is_file())
 
 
 @pytest.mark.timeout(300)

@@ -471,10 +471,18 @@ class GeoCommunicator(Communicator):
     def _step_locked(self, pending: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         for table, (keys, grads) in pending.items():
             if len(keys):
-                index = self._index[table]
+                index = self._index.get(table, {})
                 idx = np.fromiter(
-                    (index[k] for k in keys.tolist()), dtype=np.int64, count=len(keys)
+                    (index.get(k, -1) for k in keys.tolist()), dtype=np.int64, count=len(keys)
                 )
+                if len(idx) and idx.min() < 0:
+                    # another training thread's exchange sent the rows this thread pulled:
+                    # its gradient goes to fresh copies (hogwild: computed on older values)
+                    self._pull_local(table, keys)
+                    index = self._index[table]
+                    idx = np.fromiter(
+                        (index[k] for k in keys.tolist()), dtype=np.int64, count=len(keys)
+                    )
                 np.subtract.at(self._rows[table], idx, self.table_lr[table] * grads)
         if self.dense_step is not None:
             mine = threads.thread_dense()

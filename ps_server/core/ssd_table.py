@@ -3,36 +3,42 @@
 :class:`SsdSparseTable` is a :class:`~ps_server.core.sparse_table.SparseTable` whose row store
 holds at most ``config.cache_rows`` rows after every call; the others live in its
 :class:`~ps_server.core.ssd_tier.ColdTier` (Paddle's ``SSDSparseTable``). A key is in exactly one
-tier. Every call that takes keys runs in three batched steps under the table's lock:
+place: memory, an op of the write-behind queue not yet written (:mod:`ps_server.core.ssd_evict`,
+the newest op wins) or RocksDB. Every call that takes keys runs in batched steps under the
+table's lock:
 
-1. *promote*: the keys missing from memory are read from RocksDB in one ``multi_get``; the rows
-   found move to memory (and are deleted from disk in one write batch);
-2. the memory table's own code runs unchanged, so the optimizer math, admission (count-filter
-   pending keys stay in memory), initial values and counters are exactly a memory table's;
-3. *evict*: if more than ``cache_rows`` rows are in memory, rows chosen by the policy below are
-   written to RocksDB in one write batch, down to 90 % of ``cache_rows`` (the slack makes the
-   next calls' new rows cost no eviction).
+1. *promote*: the keys missing from memory are looked up in the write-behind queue (numpy
+   ``searchsorted``), then the rest in RocksDB in one ``multi_get``; the rows found move to
+   memory, and one delete op for their keys is queued (written later, behind any put of theirs);
+2. the memory table's own code runs unchanged (its C kernels for the lookup and the optimizer),
+   so the optimizer math, admission (count-filter pending keys stay in memory), initial values
+   and counters are exactly a memory table's;
+3. *evict*: past the high watermark (:data:`EVICT_HIGH` of ``cache_rows``) the background thread
+   is woken; it picks rows (policy below) down to the low watermark (:data:`EVICT_LOW`), moves
+   their records to a put op and frees them, then writes every queued op in one RocksDB write
+   batch without the table's lock. A call that leaves more than ``cache_rows`` rows in memory
+   picks the rows itself (the write still goes to the thread); a call that finds more than
+   ``cache_rows`` keys queued and not written writes them itself (back pressure).
 
 Eviction policy: lowest show count first (the ``count`` column: pushes, decayed by
 ``show_decay_rate`` at ``end_day``), ties broken by least recent use (a per-row access tick set by
-every pull, push and GEO delta); the rows of the call that overflowed the cache go last, so a key
-pulled for the first time is not written to disk before its push. Chosen over pure recency by a
-cache simulation of Zipf(1.1) key streams (cache 2 k rows, 2 k-key batches, 50 batches a day):
-count keeps more hits unless most traffic moves to new ids every day, and ``show_decay_rate``
-closes most of that gap (the numbers are in ``docs/ps/ssd-storage.md``).
+every pull, push and GEO delta); the rows of the latest call go last, so a key pulled for the first
+time is not written to disk before its push. One ``argpartition`` over a packed 64-bit score per
+pick. Chosen over pure recency (``eviction="recency"``) by the hit rate on the benchmark's
+Zipf(1.1) stream (the numbers are in ``docs/ps/ssd-storage.md``).
 
-Aging is lazy on disk: a cold row records the table's day number when it was written;
+Aging is lazy on disk: a cold row records the table's day number when it was evicted;
 ``end_day`` ages the rows in memory and bumps the day number, and a row read back gets the days
 it missed applied (unseen_days and show decay, with the same float arithmetic as
 ``end_day``). ``shrink`` deletes old rows from both tiers (a scan of RocksDB).
 
-Checkpoints: a full snapshot holds the rows of both tiers (the cold ones read by a scan, aged
-to today), so save / load / resharding work as for a memory table; delta snapshots (delta saves,
-delta serving exports) are refused with :class:`~ps_server.errors.SsdTierError`.
+Checkpoints: a full snapshot holds the rows of both tiers (the queue written first, the cold rows
+read by a scan, aged to today), so save / load / resharding work as for a memory table; delta
+snapshots (delta saves, delta serving exports) are refused with
+:class:`~ps_server.errors.SsdTierError`.
 
-Not built yet: eviction off the request path (eviction writes run in the calling request; a
-writer thread would not overlap with requests, as ``rocksdict`` holds the GIL while it writes a
-batch), ``max_capacity`` (refused by the config), delta checkpoints.
+``close()`` stops the thread (a write in progress finishes) and closes RocksDB. Not built yet:
+``max_capacity`` (refused by the config), delta checkpoints.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from ps_server.core.row_flags import LIVE, SEEN
 from ps_server.core.row_store import RowSnapshot, RowStore
 from ps_server.core.shard_data import SparseShardData
 from ps_server.core.sparse_table import SparseTable
+from ps_server.core.ssd_evict import PUT, WriteBehind
 from ps_server.core.ssd_tier import ColdTier, record_dtype
 from ps_server.core.table import ChangeLog, PushStats
 from ps_server.errors import SsdTierError
@@ -57,8 +64,12 @@ from ps_server.errors import SsdTierError
 logger = logging.getLogger(__name__)
 
 _U16_MAX = np.iinfo(np.uint16).max
-EVICT_TO = 0.9
+_U31_MAX = (1 << 31) - 1
+EVICT_HIGH = 0.95
+"""Past this fraction of ``cache_rows`` in memory the background thread evicts."""
+EVICT_LOW = 0.85
 """An eviction leaves this fraction of ``cache_rows`` in memory."""
+EVICTION_POLICIES = ("count", "recency")
 _COLUMNS = ("values", "state", "count", "unseen_days")
 
 
@@ -72,13 +83,23 @@ class SsdSparseTable(SparseTable):
         *,
         ssd_root: str | None = None,
         index_factory: Callable[[], KeyIndex] = HashIndex,
+        eviction: str = "count",
+        background: bool = True,
     ) -> None:
         """``ssd_root``: the server's SSD directory (the tier goes to
-        ``<ssd_root>/<table>/shards-<first shard>``, emptied first)."""
+        ``<ssd_root>/<table>/shards-<first shard>``, emptied first); ``eviction``: ``"count"``
+        (lowest show count first, the default) or ``"recency"`` (least recently used first);
+        ``background=False`` evicts and writes in the calling request (for comparisons)."""
         if not isinstance(config, SparseTableConfig) or config.storage is not SparseStorage.SSD:
             raise TypeError("SsdSparseTable needs a SparseTableConfig with storage='ssd'")
+        if eviction not in EVICTION_POLICIES:
+            raise SsdTierError(
+                config.name, "", f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}"
+            )
         super().__init__(config, shards, index_factory=index_factory)
         self.cache_rows = int(config.cache_rows or 0)
+        self.eviction = eviction
+        self.background = background
         # the memory store gains an access tick per row (the eviction order)
         spec = {
             "values": ((self.dim,), np.float32),
@@ -91,60 +112,85 @@ class SsdSparseTable(SparseTable):
         self.cold = ColdTier(
             self.name, ssd_root, self.shards, record_dtype(self.dim, self.state_dim)
         )
+        self.queue = WriteBehind(self.cold.write, self._background_step)
         self.day = 0
         """end_day calls so far (cold rows record the day they were written)."""
+        self._cold_rows = 0
+        """Rows in the cold tier: in RocksDB or in a put op not yet written."""
         self._tick = 0
         self._depth = 0
+        self._closed = False
         self._tier = dict.fromkeys(("hot_hits", "hot_misses", "cold_hits", "tier_evictions"), 0)
 
     # -- sizes and stats ----------------------------------------------------------------------
     @property
     def num_rows(self) -> int:
         """Rows in both tiers (pending count-filter keys not included)."""
-        return self.store.num_rows + self.cold.num_rows
+        return self.store.num_rows + self._cold_rows
 
     def stats(self) -> dict[str, Any]:
         """The memory table's stats (``num_rows`` over both tiers) plus the tiers': hot and
-        cold rows, hits and misses of the memory tier, cold rows read back, evictions, bytes on
-        disk and RocksDB read time."""
+        cold rows, hits and misses of the memory tier (``hot_hit_rate``), cold rows read back,
+        evictions, bytes on disk, RocksDB read and write counts and times, keys queued and not
+        yet written."""
         with self.lock:
             out = super().stats()
+            looked = self._tier["hot_hits"] + self._tier["hot_misses"]
             out.update(
                 storage="ssd",
                 cache_rows=self.cache_rows,
                 hot_rows=self.store.num_rows,
-                cold_rows=self.cold.num_rows,
+                cold_rows=self._cold_rows,
+                hot_hit_rate=self._tier["hot_hits"] / looked if looked else 0.0,
                 ssd_bytes=self.cold.disk_bytes,
                 ssd_reads=self.cold.reads,
                 ssd_read_seconds=self.cold.read_seconds,
+                **self.queue.stats(),
                 **self._tier,
             )
             return out
 
     # -- the tier around every keyed call -----------------------------------------------------
-    def _promote(self, keys: np.ndarray) -> None:
-        """Move the rows of ``keys`` found on disk into memory (batched)."""
-        rows = self.store.lookup(keys)
+    def _promote(self, keys: np.ndarray) -> np.ndarray | None:
+        """Move the rows of ``keys`` held in the cold tier into memory (batched) and stamp the
+        rows of ``keys`` with this call's tick; returns the distinct keys still missing (rows
+        the call may create), None if none."""
+        self._tick += 1
+        st = self.store
+        rows = st.lookup(keys)
         miss = rows < 0
-        nmiss = int(miss.sum())
+        nmiss = int(np.count_nonzero(miss))
         self._tier["hot_hits"] += int(keys.shape[0]) - nmiss
         if not nmiss:
-            return
+            st.cols["tick"][rows] = self._tick
+            return None
         self._tier["hot_misses"] += nmiss
-        if self.cold.num_rows == 0:
-            return
+        st.cols["tick"][rows[~miss]] = self._tick
         mkeys = np.unique(keys[miss])
-        found, rec = self.cold.get(mkeys)
-        if rec.shape[0] == 0:
-            return
-        fkeys = mkeys[found]
-        rec = self._aged(rec)
-        new = self.store.allocate(fkeys)
+        if self._cold_rows == 0:
+            return mkeys
+        state, queued = self.queue.lookup(mkeys, self.cold.dtype)
+        ask = state == 0
+        found, rec = self.cold.get(mkeys[ask])
+        at_disk = np.flatnonzero(ask)[found]
+        at_queue = np.flatnonzero(state == PUT)
+        if at_disk.shape[0] + at_queue.shape[0] == 0:
+            return mkeys
+        fkeys = np.concatenate([mkeys[at_queue], mkeys[at_disk]])
+        rec = self._aged(np.concatenate([queued, rec]))
+        new = st.allocate(fkeys)
         for name in _COLUMNS:
-            self.store.scatter(name, new, rec[name])
-        self.store.flags[new] = rec["flags"] | LIVE
-        self.cold.delete(fkeys)
-        self._tier["cold_hits"] += int(fkeys.shape[0])
+            st.scatter(name, new, rec[name])
+        st.cols["tick"][new] = self._tick
+        st.flags[new] = rec["flags"] | LIVE
+        self.queue.delete(fkeys)
+        n = int(fkeys.shape[0])
+        self._cold_rows -= n
+        self._tier["cold_hits"] += n
+        still = np.ones(mkeys.shape[0], dtype=bool)
+        still[at_queue] = False
+        still[at_disk] = False
+        return mkeys[still]
 
     def _aged(self, rec: np.ndarray) -> np.ndarray:
         """Records with the end_day steps since they were written applied (as ``end_day``)."""
@@ -173,27 +219,70 @@ class SsdSparseTable(SparseTable):
         return rec
 
     def _touch(self, keys: np.ndarray) -> None:
-        self._tick += 1
         rows = self.store.lookup(keys)
         self.store.cols["tick"][rows[rows >= 0]] = self._tick
 
-    def _evict(self) -> None:
-        """Write rows to disk until 90 % of ``cache_rows`` remain: lowest show count first,
-        then least recently used; the current call's rows last."""
+    def _coldest(self, live: np.ndarray, n: int) -> np.ndarray:
+        """Indexes into ``live`` of the ``n`` rows to evict first (policy: module docstring)."""
         st = self.store
-        if st.num_rows <= self.cache_rows:
-            return
-        keep = max(1, int(self.cache_rows * EVICT_TO))
+        tick = st.cols["tick"][live]
+        latest = (tick == np.uint64(self._tick)).astype(np.uint64) << np.uint64(63)
+        if self.eviction == "count":
+            count = np.minimum(st.cols["count"][live], _U31_MAX).astype(np.uint64)
+            score = latest | (count << np.uint64(32)) | (tick & np.uint64(0xFFFFFFFF))
+        else:
+            score = latest | tick
+        if n >= live.shape[0]:
+            return np.arange(live.shape[0])
+        return np.argpartition(score, n - 1)[:n]
+
+    def _evict(self) -> None:
+        """Move rows to a put op until :data:`EVICT_LOW` of ``cache_rows`` remain in memory
+        (hold the lock)."""
+        st = self.store
+        keep = max(1, int(self.cache_rows * EVICT_LOW))
         n = st.num_rows - keep
+        if n <= 0:
+            return
         live = st.live_rows()
-        ticks = st.cols["tick"][live]
-        order = np.lexsort((ticks, st.cols["count"][live], ticks == self._tick))
-        victims = np.sort(live[order[:n]])
-        self.cold.put(st.keys[victims], self._records(st, victims), new=int(victims.shape[0]))
+        victims = np.sort(live[self._coldest(live, n)])
+        self.queue.put(st.keys[victims], self._records(st, victims))
         st.remove_rows(victims, log=False)
-        self._tier["tier_evictions"] += int(victims.shape[0])
+        self._cold_rows += n
+        self._tier["tier_evictions"] += n
         if st.num_rows < 0.5 * st.high_water:
             st.compact()
+
+    def _background_step(self) -> None:
+        """The eviction thread's pick (under the lock), before it writes the queue."""
+        with self.lock:
+            if not self._closed and self.store.num_rows > self.cache_rows * EVICT_HIGH:
+                self._evict()
+
+    def _after_call(self) -> None:
+        """Eviction and back pressure after a call (hold the lock)."""
+        hot = self.store.num_rows
+        if not self.background:
+            if hot > self.cache_rows:
+                self._evict()
+            self.queue.write_queued()
+            return
+        if hot > self.cache_rows:
+            self._evict()  # over the bound: the call picks; the thread writes
+        if hot > self.cache_rows * EVICT_HIGH or self.queue.queued_rows:
+            if self.queue.queued_rows > self.cache_rows:
+                self.queue.write_queued()
+            else:
+                self.queue.kick()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SsdTierError(self.name, self.cold.path, "the table is closed")
+        err = self.queue.error
+        if err is not None:
+            raise SsdTierError(
+                self.name, self.cold.path, f"writing evicted rows to RocksDB failed: {err!r}"
+            )
 
     def _records(self, st: RowStore | RowSnapshot, rows: np.ndarray) -> np.ndarray:
         rec = np.empty(rows.shape[0], dtype=self.cold.dtype)
@@ -204,20 +293,31 @@ class SsdSparseTable(SparseTable):
         return rec
 
     def _keyed(self, keys: Any, call: Any) -> Any:
-        """Run ``call()`` between promote and evict (once: nested calls skip both)."""
+        """Run ``call()`` after the promotion, then evict (once: nested calls skip both)."""
         with self.lock:
             if self._depth:
                 return call()
+            self._check_open()
             valid = self._check_keys(keys)
             self._depth += 1
             try:
-                self._promote(valid)
+                created = self._counters["rows_created"]
+                missing = self._promote(valid)
                 result = call()
-                self._touch(valid)
+                if missing is not None and self._counters["rows_created"] != created:
+                    self._touch(missing)  # rows the call created
             finally:
                 self._depth -= 1
-            self._evict()
+            self._after_call()
             return result
+
+    def flush(self) -> None:
+        """Evict down to the watermark and write every queued op to RocksDB now."""
+        with self.lock:
+            self._check_open()
+            if self.store.num_rows > self.cache_rows * EVICT_HIGH:
+                self._evict()
+            self.queue.write_queued()
 
     def pull(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """As :meth:`SparseTable.pull`, over both tiers."""
@@ -241,13 +341,16 @@ class SsdSparseTable(SparseTable):
     def shrink(self, max_unseen_days: int) -> int:
         """As :meth:`SparseTable.shrink`, over both tiers (scans RocksDB)."""
         with self.lock:
+            self._check_open()
             removed = super().shrink(max_unseen_days)
+            self.queue.write_queued()  # RocksDB holds every cold row; no op is queued now
             old = [
                 keys[self._aged(rec)["unseen_days"] > max_unseen_days]
                 for keys, rec in self.cold.scan()
             ]
             gone = np.concatenate(old) if old else np.zeros(0, dtype=np.int64)
             self.cold.delete(gone)
+            self._cold_rows -= int(gone.shape[0])
             self._counters["rows_shrunk"] += int(gone.shape[0])
             return removed + int(gone.shape[0])
 
@@ -261,7 +364,9 @@ class SsdSparseTable(SparseTable):
                 "delta checkpoints and delta exports of storage='ssd' tables are not supported "
                 "yet: save or export with mode 0 (all rows)",
             )
+        self._check_open()
         snap = super()._snapshot(delta, log)
+        self.queue.write_queued()  # RocksDB holds every cold row
         chunks = list(self.cold.scan())
         if chunks:
             hot = snap.store
@@ -276,22 +381,30 @@ class SsdSparseTable(SparseTable):
     def import_shard(self, payload: SparseShardData, delta: bool) -> int:
         """As :meth:`SparseTable.import_shard`; rows beyond ``cache_rows`` go to disk."""
         with self.lock:
+            self._check_open()
             keys = np.concatenate([payload.keys, payload.deleted_keys])
             self._promote(np.unique(keys))
             read = super().import_shard(payload, delta)
             self._touch(payload.keys)
-            self._evict()
+            self._after_call()
             return read
 
     def clear(self) -> None:
         """Drop every row of both tiers."""
         with self.lock:
+            self._check_open()
             super().clear()
-            self.cold.clear()
+            self.queue.discard(self.cold.clear)
+            self._cold_rows = 0
 
     def close(self) -> None:
-        """Close the RocksDB database (the table is unusable afterwards)."""
-        self.cold.close()
+        """Stop the eviction thread (a write in progress finishes first) and close RocksDB;
+        the table is unusable afterwards."""
+        with self.lock:
+            self._closed = True
+        self.queue.close()
+        with self.lock:
+            self.cold.close()
 
 
 __all__ = ["SsdSparseTable"]

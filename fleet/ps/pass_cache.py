@@ -43,6 +43,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,7 @@ class PassTable:
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._pending_step = -1
         self._lock = threading.RLock()  # training threads share the table
+        self._recent: list[tuple[np.ndarray, torch.Tensor]] = []
 
     @property
     def nbytes(self) -> int:
@@ -155,12 +157,29 @@ class PassTable:
             self._pending_step = self._steps()
 
     def _index(self, keys: np.ndarray) -> torch.Tensor:
-        query = torch.from_numpy(np.ascontiguousarray(keys, np.int64)).to(self.device)
-        n = self.keys.shape[0]
-        idx = torch.searchsorted(self.keys, query).clamp_(max=max(n - 1, 0))
-        if n == 0 or not bool(torch.equal(self.keys.index_select(0, idx), query)):
-            found = self.keys.index_select(0, idx) == query if n else torch.zeros_like(query).bool()
-            missing = keys[~found.cpu().numpy()]
+        """Rows of ``keys`` (a lookup's pull and its gradient's record ask for the same array:
+        the last few answers are kept)."""
+        for known, idx in self._recent:
+            if known is keys:
+                return idx
+        idx = self._search(keys)
+        self._recent = [*self._recent[-3:], (keys, idx)]
+        return idx
+
+    def _search(self, keys: np.ndarray) -> torch.Tensor:
+        keys = np.ascontiguousarray(keys, np.int64)
+        n = self.keys_np.shape[0]
+        if self.device.type == "cpu":
+            pos = np.searchsorted(self.keys_np, keys).clip(max=max(n - 1, 0))
+            found = self.keys_np[pos] == keys if n else np.zeros(keys.shape[0], bool)
+            idx = torch.from_numpy(pos)
+        else:
+            query = torch.from_numpy(keys).to(self.device)
+            idx = torch.searchsorted(self.keys, query).clamp_(max=max(n - 1, 0))
+            found = (self.keys.index_select(0, idx) == query).cpu().numpy() if n else None
+            found = found if found is not None else np.zeros(keys.shape[0], bool)
+        if not found.all():
+            missing = keys[~found]
             raise FleetError(
                 f"table {self.name!r}: {missing.shape[0]} key(s) of this lookup are not in the "
                 f"pass (e.g. {missing[:4].tolist()}): begin_pass built the pass from other "
@@ -277,7 +296,7 @@ def refuse_in_pass(what: str) -> None:
 
 # -- building a pass ------------------------------------------------------------------------------
 def _sparse_columns(dataset: Any, label: str | None) -> Iterable[tuple[str, np.ndarray, Any]]:
-    """(slot, values int64, label per value or None) of every sparse int64 slot of the data."""
+    """(slot, values int64, positive label per value or None) of every sparse int64 slot."""
     chunks = getattr(dataset, "_chunks", None)
     if chunks is not None:  # an InMemoryDataset: its loaded columns
         for cols in chunks:
@@ -309,35 +328,42 @@ def _sparse_columns(dataset: Any, label: str | None) -> Iterable[tuple[str, np.n
 
 
 def _labels(names: list[str], data: list[Any], label: str | None) -> np.ndarray | None:
-    """1 for a positive example, 0 otherwise, from the label slot (None: no label slot)."""
+    """True for a positive example, from the label slot (None: no label slot)."""
     wanted = [label] if label else [n for n in LABEL_SLOTS if n in names]
     for name in wanted:
         if name in names:
             col = data[names.index(name)]
             if isinstance(col, np.ndarray):
-                return (col.reshape(col.shape[0], -1)[:, 0] > 0).astype(np.float64)
+                return col.reshape(col.shape[0], -1)[:, 0] > 0
     return None
 
 
 def collect_keys(
     dataset: Any, slots_of: Mapping[str, Sequence[str] | None], label: str | None = None
 ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per table: (sorted unique keys, show, click) of its slots (None: every sparse slot)."""
-    values: dict[str, list[np.ndarray]] = {t: [] for t in slots_of}
-    clicks: dict[str, list[np.ndarray]] = {t: [] for t in slots_of}
-    for slot, vals, per_value in _sparse_columns(dataset, label):
-        for table, slots in slots_of.items():
-            if slots is None or slot in slots:
-                values[table].append(vals)
-                clicks[table].append(per_value if per_value is not None else np.zeros(len(vals)))
+    """Per table: (sorted unique keys, show, click) of its slots (None: every sparse slot).
+    Tables reading the same slots share one pass over the data and one sort."""
+    groups: dict[tuple[str, ...] | None, list[str]] = {}
+    for table, slots in slots_of.items():
+        groups.setdefault(None if slots is None else tuple(sorted(slots)), []).append(table)
+    values: dict[Any, list[np.ndarray]] = {g: [] for g in groups}
+    positives: dict[Any, list[np.ndarray]] = {g: [] for g in groups}
+    for slot, vals, positive in _sparse_columns(dataset, label):
+        for group in groups:
+            if group is None or slot in group:
+                values[group].append(vals)
+                if positive is not None:
+                    positives[group].append(vals[positive])
     out = {}
-    for table in slots_of:
-        flat = np.concatenate(values[table]) if values[table] else np.zeros(0, np.int64)
-        keys, inverse = np.unique(flat, return_inverse=True)
-        show = np.bincount(inverse, minlength=keys.shape[0]).astype(np.int64)
-        weights = np.concatenate(clicks[table]) if clicks[table] else None
-        click = np.bincount(inverse, weights=weights, minlength=keys.shape[0]).astype(np.int64)
-        out[table] = (keys.astype(np.int64, copy=False), show, click)
+    for group, tables in groups.items():
+        flat = np.concatenate(values[group]) if values[group] else np.zeros(0, np.int64)
+        keys, show = np.unique(flat, return_counts=True)
+        click = np.zeros(keys.shape[0], np.int64)
+        if positives[group]:
+            pos_keys, pos_counts = np.unique(np.concatenate(positives[group]), return_counts=True)
+            click[np.searchsorted(keys, pos_keys)] = pos_counts
+        for table in tables:
+            out[table] = (keys.astype(np.int64, copy=False), show.astype(np.int64), click)
     return out
 
 
@@ -421,14 +447,19 @@ def start(
     check_fits(sizes, budget, dev)
     communicator.flush()  # updates made before the pass reach the servers before its pulls
     steps = lambda: communicator.steps  # noqa: E731
+    with ThreadPoolExecutor(max_workers=len(modules), thread_name_prefix="fleet-pass") as pool:
+        # the tables' pulls run together (each one logical pull, split into messages by the
+        # client); the servers create the rows they do not hold yet meanwhile
+        pulled = {
+            m.table: pool.submit(client.pull_sparse, m.table, collected[m.table][0])
+            for m in modules
+            if collected[m.table][0].shape[0]
+        }
     tables = {}
     for m in modules:
         keys, show, click = collected[m.table]
-        rows = (
-            client.pull_sparse(m.table, keys)
-            if keys.shape[0]
-            else np.zeros((0, m.embedding_dim), np.float32)
-        )
+        future = pulled.get(m.table)
+        rows = future.result() if future is not None else np.zeros((0, m.embedding_dim), np.float32)
         tables[m.table] = PassTable(
             m.table,
             m.optimizer,

@@ -1,0 +1,238 @@
+"""CTR training with the pass cache vs the async RPC path and single-process torch.
+
+One pass over slot files (``examples/ctr/gen_slot_files.py``, the CTR example's synthetic data)
+loaded into an InMemoryDataset, the CTR example's wide & deep model (rows Adagrad, dense Adam),
+1 server + 1 trainer under fleetrun:
+
+* ``pass``: ``a_sync_configs.use_ps_gpu`` (async dense), ``fleet.begin_pass(ds)`` before the
+  pass and ``fleet.end_pass()`` after it, both inside the timed span: one pull and one push per
+  table per pass;
+* ``async``: the async RPC path (a pull per table per step, prefetched, pushes in the background);
+* the peer: ``python -m examples.ctr.baseline`` (one process, hashed sparse ``nn.Embedding``).
+
+Runs alternate; median of >= 5 with min/max. Reports examples/s (pass vs baseline, pass vs
+async), the test AUC of each, and the sparse RPCs of a pass.
+
+Usage: ``python bench/bench_ps_pass_cache.py [--reps 5] [--train 100000] [--test 20000]``
+(``--worker`` is the fleetrun script's mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import REPO, Stats, bench_env, fleetrun_cmd, report, run_checked
+
+FILES = 2
+
+
+def worker(args: argparse.Namespace) -> None:
+    """The fleetrun script: train one pass, evaluate, write JSON (trainer 0)."""
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    import fleet
+    from examples.ctr.data import CTRDataConfig, generate
+    from examples.ctr.model import WideDeep
+    from examples.ctr.slots import batch_to_inputs, make_slots
+    from fleet.ps.runtime import get_client
+    from ps_server import Adagrad, Constant, Normal
+
+    strategy = fleet.DistributedStrategy()
+    strategy.a_sync = True
+    if args.worker == "pass":
+        strategy.a_sync_configs = {"use_ps_gpu": True}
+    fleet.init(is_collective=False, strategy=strategy)
+    torch.manual_seed(0)
+
+    def embedding(num_slots: int, dim: int) -> torch.nn.Module:
+        init = Constant(0.0) if dim == 1 else Normal(0.0, 0.05)
+        return fleet.DistributedEmbedding(
+            f"ctr_dim{dim}", dim, optimizer=Adagrad(0.05), initializer=init
+        )
+
+    data = CTRDataConfig(seed=0)
+    model = WideDeep(data.num_slots, data.num_dense, 16, (256, 128), embedding_factory=embedding)
+    if fleet.is_server():
+        fleet.init_server()
+        fleet.run_server()
+        return
+    fleet.init_worker()
+    opt = fleet.distributed_optimizer(torch.optim.Adam(list(model.dense_parameters()), lr=1e-3))
+    ds = fleet.InMemoryDataset()
+    ds.init(batch_size=512, thread_num=1, use_var=make_slots(), pipe_command="cat")
+    ds.set_filelist(sorted(glob.glob(os.path.join(args.data, "part-*"))))
+    ds.load_into_memory()
+    client = get_client()
+    calls = {"pull": 0, "push": 0}
+    pull, push = client.pull_sparse, client.push_sparse
+
+    def counted_pull(*a, **kw):
+        calls["pull"] += 1
+        return pull(*a, **kw)
+
+    def counted_push(*a, **kw):
+        calls["push"] += 1
+        return push(*a, **kw)
+
+    client.pull_sparse, client.push_sparse = counted_pull, counted_push
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    fleet.barrier_worker()
+    t0 = time.perf_counter()
+    examples = 0
+    phases = {}
+    if args.worker == "pass":
+        fleet.begin_pass(ds, label="click")
+    phases["begin"] = time.perf_counter() - t0
+    for batch in ds:
+        ids, dense, labels = batch_to_inputs(batch)
+        loss = loss_fn(model(ids, dense), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        examples += labels.shape[0]
+    phases["loop"] = time.perf_counter() - t0 - phases["begin"]
+    if args.worker == "pass":
+        fleet.end_pass()
+    opt.comm.flush()
+    seconds = time.perf_counter() - t0
+    phases["end"] = seconds - phases["loop"] - phases["begin"]
+    rpcs = calls["pull"] + calls["push"]  # the pass's (evaluation pulls not counted)
+    test = generate(data, args.test, args.train)
+    state = fleet.metrics.AucState()
+    model.eval()
+    with torch.no_grad():
+        for lo in range(0, args.test, 8192):
+            p = torch.sigmoid(
+                model(
+                    torch.from_numpy(test.sparse_ids[lo : lo + 8192]),
+                    torch.from_numpy(test.dense[lo : lo + 8192]),
+                )
+            )
+            state.update(p, test.labels[lo : lo + 8192])
+    with open(args.out, "w") as f:
+        json.dump(
+            {
+                "examples_per_s": examples / seconds,
+                "auc": fleet.metrics.auc(state.stat_pos, state.stat_neg),
+                "sparse_rpcs": rpcs,
+                "phases": phases,
+            },
+            f,
+        )
+    fleet.stop_worker()
+
+
+def run_ps(kind: str, data: str, train: int, test: int, tmp: str) -> dict:
+    out = os.path.join(tmp, f"{kind}.json")
+    run_checked(
+        fleetrun_cmd(
+            "--server_num",
+            "1",
+            "--worker_num",
+            "1",
+            "--log_dir",
+            os.path.join(tmp, f"log_{kind}"),
+            "--tee",
+            "none",
+            "bench/bench_ps_pass_cache.py",
+            "--worker",
+            kind,
+            "--data",
+            data,
+            "--out",
+            out,
+            "--train",
+            str(train),
+            "--test",
+            str(test),
+        ),
+        cwd=REPO,
+        env=bench_env(),
+    )
+    with open(out) as f:
+        return json.load(f)
+
+
+def run_baseline(train: int, test: int) -> dict:
+    out = run_checked(
+        [sys.executable, "-m", "examples.ctr.baseline", "--train", str(train), "--test", str(test)]
+        + ["--threads", "1", "--json"],
+        cwd=REPO,
+    ).stdout
+    d = json.loads(next(ln for ln in out.splitlines() if ln.startswith("{")))
+    return {"examples_per_s": d["train_examples_per_s"], "auc": d["test_auc"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--train", type=int, default=100_000)
+    ap.add_argument("--test", type=int, default=20_000)
+    ap.add_argument("--worker", choices=["pass", "async"])
+    ap.add_argument("--data")
+    ap.add_argument("--out")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    res: dict[str, list[dict]] = {"pass": [], "async": [], "baseline": []}
+    order = ("pass", "async", "baseline")
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "data")
+        run_checked(
+            [sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", data]
+            + ["--num_files", str(FILES), "--lines_per_file", str(args.train // FILES)],
+            cwd=REPO,
+        )
+        for rep in range(args.reps):
+            for kind in order if rep % 2 == 0 else order[::-1]:
+                r = (
+                    run_baseline(args.train, args.test)
+                    if kind == "baseline"
+                    else run_ps(kind, data, args.train, args.test, tmp)
+                )
+                res[kind].append(r)
+    speed = {k: Stats.of([r["examples_per_s"] for r in v]) for k, v in res.items()}
+    auc = {k: Stats.of([r["auc"] for r in v]) for k, v in res.items()}
+    rpcs = Stats.of([r["sparse_rpcs"] for r in res["pass"]])
+    report(
+        f"CTR training over {args.train} examples in {FILES} slot files, 1 server + 1 trainer: "
+        "pass cache vs single-process torch and vs the async RPC path",
+        [
+            (
+                "pass cache examples/s vs baseline",
+                speed["pass"],
+                speed["baseline"],
+                "pass/baseline",
+            ),
+            ("pass cache examples/s vs async", speed["pass"], speed["async"], "pass/async"),
+        ],
+        goal="pass/baseline >= 1.0; AUC within 0.003 of async",
+        unit="ex/s",
+        json_path=args.json,
+        extra={
+            "auc_pass": auc["pass"].__dict__,
+            "auc_async": auc["async"].__dict__,
+            "auc_baseline": auc["baseline"].__dict__,
+            "sparse_rpcs_per_pass": rpcs.__dict__,
+        },
+    )
+    print(
+        f"test AUC: pass cache {auc['pass'].fmt('', digits=4)} | async "
+        f"{auc['async'].fmt('', digits=4)} | baseline {auc['baseline'].fmt('', digits=4)}"
+    )
+    print(f"sparse RPCs per pass (2 tables): {rpcs.median:.0f} (async path: per step)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""``bench/bench_ps_pass_cache.py``'s entry (:data:`BENCHMARK`, listed in
+:mod:`bench.catalog_ps`) and extractor: its two examples/s rows, the test AUC of the pass cache
+against the async RPC path, and the sparse RPCs of a pass. Nothing here imports torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.extract import Figure, as_stats, figure, report_rows
+from bench.spec import Benchmark, ge, le
+from bench.spec import claim as _c
+
+
+def ps_pass_cache(raw: dict[str, Any]) -> list[Figure]:
+    """bench_ps_pass_cache.py: examples/s rows, AUC (pass cache vs async), RPCs per pass."""
+    out = report_rows(raw)
+    if "auc_pass" in raw:
+        out.append(
+            figure(
+                "test AUC, pass cache vs async",
+                "AUC",
+                as_stats(raw["auc_pass"]),
+                as_stats(raw["auc_async"]),
+            )
+        )
+    if "sparse_rpcs_per_pass" in raw:
+        out.append(figure("sparse RPCs per pass", "RPCs", as_stats(raw["sparse_rpcs_per_pass"])))
+    return out
+
+
+BENCHMARK = Benchmark(
+    "ps_pass_cache",
+    "ps",
+    "CTR training with the pass cache",
+    "bench/bench_ps_pass_cache.py",
+    ("--reps", "5"),
+    None,
+    (
+        _c(
+            "pass_vs_baseline",
+            "CTR examples/s, pass cache (1 server + 1 trainer)",
+            "vs baseline$",
+            "higher",
+            "single-process torch (sparse nn.Embedding + sparse Adagrad)",
+            ge(1.0),
+            needs_full=True,
+        ),
+        _c(
+            "pass_vs_async",
+            "CTR examples/s, pass cache vs the async RPC path",
+            "vs async$",
+            "higher",
+            "async PS with prefetch",
+        ),
+        _c(
+            "pass_auc",
+            "Test AUC, pass cache vs async",
+            "^test AUC",
+            "higher",
+            "async PS",
+            le(0.003, "absdiff"),
+            goal_text="within 0.003",
+        ),
+        _c(
+            "pass_rpcs",
+            "Sparse RPCs per pass (2 tables)",
+            "^sparse RPCs",
+            "lower",
+            "",
+            le(4, "ours"),
+            goal_text="≤ 2 per table",
+        ),
+    ),
+    extract=ps_pass_cache,
+    not_quick="fifteen PS and single-process jobs, about 5 minutes on a loaded 2-core machine",
+)
+
+
+__all__ = ["BENCHMARK", "ps_pass_cache"]

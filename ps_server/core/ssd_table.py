@@ -265,24 +265,37 @@ class SsdSparseTable(SparseTable):
         if not self.background:
             if hot > self.cache_rows:
                 self._evict()
-            self.queue.write_queued()
+            self._write_queued()
             return
         if hot > self.cache_rows:
             self._evict()  # over the bound: the call picks; the thread writes
         if hot > self.cache_rows * EVICT_HIGH or self.queue.queued_rows:
             if self.queue.queued_rows > self.cache_rows:
-                self.queue.write_queued()
+                self._write_queued()
             else:
                 self.queue.kick()
+
+    def _write_queued(self) -> None:
+        """Write the queue now (hold the lock); a failed write as :class:`SsdTierError`."""
+        try:
+            self.queue.write_queued()
+        except Exception as err:
+            raise self._write_error(err) from err
+
+    def _write_error(self, err: BaseException) -> SsdTierError:
+        return SsdTierError(
+            self.name,
+            self.cold.path,
+            f"writing evicted rows to RocksDB failed: {err!r} (the rows stay readable in "
+            "memory; free disk space or fix the directory, then restore from a checkpoint)",
+        )
 
     def _check_open(self) -> None:
         if self._closed:
             raise SsdTierError(self.name, self.cold.path, "the table is closed")
         err = self.queue.error
         if err is not None:
-            raise SsdTierError(
-                self.name, self.cold.path, f"writing evicted rows to RocksDB failed: {err!r}"
-            )
+            raise self._write_error(err)
 
     def _records(self, st: RowStore | RowSnapshot, rows: np.ndarray) -> np.ndarray:
         rec = np.empty(rows.shape[0], dtype=self.cold.dtype)
@@ -317,7 +330,7 @@ class SsdSparseTable(SparseTable):
             self._check_open()
             if self.store.num_rows > self.cache_rows * EVICT_HIGH:
                 self._evict()
-            self.queue.write_queued()
+            self._write_queued()
 
     def pull(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """As :meth:`SparseTable.pull`, over both tiers."""
@@ -343,7 +356,7 @@ class SsdSparseTable(SparseTable):
         with self.lock:
             self._check_open()
             removed = super().shrink(max_unseen_days)
-            self.queue.write_queued()  # RocksDB holds every cold row; no op is queued now
+            self._write_queued()  # RocksDB holds every cold row; no op is queued now
             old = [
                 keys[self._aged(rec)["unseen_days"] > max_unseen_days]
                 for keys, rec in self.cold.scan()
@@ -366,7 +379,7 @@ class SsdSparseTable(SparseTable):
             )
         self._check_open()
         snap = super()._snapshot(delta, log)
-        self.queue.write_queued()  # RocksDB holds every cold row
+        self._write_queued()  # RocksDB holds every cold row
         chunks = list(self.cold.scan())
         if chunks:
             hot = snap.store

@@ -389,7 +389,8 @@ class ASyncConfig(StrategySection):
     (``fleet.data`` iterators and ``fleet.train_from_dataset`` read one batch ahead). Sync and
     GEO ignore it. Not a Paddle key (Paddle overlaps through its ``thread_num`` workers)."""
     use_ps_gpu: bool = False
-    """Keep the sparse tables in GPU memory (PS-GPU mode)."""
+    """PS-GPU mode: every ``DistributedEmbedding`` trains each pass against a trainer-local
+    copy of the pass's rows, on CUDA when available (:mod:`fleet.ps.pass_cache`)."""
 
     def __post_init__(self) -> None:
         p = self.SECTION

@@ -23,8 +23,10 @@ from fleet.data.batch import Batch, SparseBatch
 from fleet.ps import pass_cache
 from fleet.ps.communicator import SyncCommunicator
 from fleet.ps.embedding import DistributedEmbedding
+from fleet.ps.pass_store import TorchRows
 from fleet.ps.runtime import lookups_from
 from ps_server import SGD, Adagrad, Uniform
+from ps_server.core import kernels
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from ps_cluster import cluster
@@ -120,14 +122,25 @@ def _run(rule: Any, passes: list[list[Batch]], cached: bool, name: str) -> tuple
     return rows, per_pass
 
 
+@pytest.mark.parametrize("store", ["kernels", "torch"])
 @pytest.mark.parametrize(
     ("rule", "num_passes"), [(SGD(0.3), 2), (Adagrad(0.2, initial_accumulator_value=0.1), 1)]
 )
-def test_cached_pass_equals_sync_training(rule: Any, num_passes: int) -> None:
+def test_cached_pass_equals_sync_training(
+    rule: Any, num_passes: int, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both stores: the server's compiled kernels on the local columns, and the torch tensors
+    with the rule's numpy update (what CUDA and other rules use)."""
+    if store == "torch":
+        monkeypatch.setattr(pass_cache, "make_rows", TorchRows)
+    else:
+        assert kernels.ENABLED
     passes = [_batches(seed) for seed in range(num_passes)]
     name = f"pc_eq_{rule.TYPE}"
     plain, _ = _run(rule, passes, cached=False, name=name)
     cached, calls = _run(rule, passes, cached=True, name=name)
+    if store == "kernels" and rule.TYPE == "sgd":  # the server's own push, locally
+        np.testing.assert_array_equal(cached, plain)
     np.testing.assert_allclose(cached, plain, rtol=1e-6, atol=1e-7)
     assert not np.allclose(plain, _run(rule, [], cached=False, name=name)[0])  # it trained
     for c in calls:  # one pull and one push per table per pass, nothing per step
@@ -218,7 +231,7 @@ def test_cuda_pass_equals_cpu_pass() -> None:
             comm = SyncCommunicator(client, 1, lambda: None)
             comm.add_table(emb.table, DIM, 0.2)
             cache = pass_cache.start([emb], batches, client, comm, device=device)
-            assert cache.tables[emb.table].values.device.type == device
+            assert cache.tables[emb.table].rows.values.device.type == device
             _train(net, comm, batches)
             k, d = cache.tables[emb.table].delta()
             pass_cache.finish()

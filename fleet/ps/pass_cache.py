@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from collective.errors import ConfigError, FleetError
-from fleet.ps.pass_rules import apply_rule
+from fleet.ps.pass_store import make_rows
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,9 @@ class PassStats:
 
 
 class PassTable:
-    """One table's rows for a pass, on ``device``: sorted ``keys``, ``values`` (trained),
-    ``base`` (as pulled), the rule's ``state``, per-row ``show`` / ``click`` / ``updates``."""
+    """One table's rows for a pass: sorted ``keys_np``, the rows in a store on ``device``
+    (:mod:`fleet.ps.pass_store`: trained values, values as pulled, the rule's state), per-row
+    ``show`` / ``click``; gradients wait for their step's end before the rule applies them."""
 
     def __init__(
         self,
@@ -119,73 +120,51 @@ class PassTable:
         self.device = device
         self.dim = int(rows.shape[1])
         self.keys_np = keys
-        self.keys = torch.from_numpy(keys).to(device)
-        self.values = torch.from_numpy(rows).to(device)
-        self.base = self.values.clone()
-        state = np.empty((keys.shape[0], rule.state_dim(self.dim)), np.float32)
-        rule.init_state(state)
-        self.state = torch.from_numpy(state).to(device)
+        self.rows = make_rows(rule, keys, rows, device)
         self.show = shows
         self.click = clicks
-        self.updates = torch.zeros(keys.shape[0], dtype=torch.int32, device=device)
         self._steps = steps  # () -> the communicator's step count
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._pending: list[tuple[Any, Any]] = []
         self._pending_step = -1
         self._lock = threading.RLock()  # training threads share the table
-        self._recent: list[tuple[np.ndarray, torch.Tensor]] = []
+        self._recent: list[tuple[np.ndarray, Any]] = []
 
     @property
     def nbytes(self) -> int:
         """Bytes held on the device."""
-        tensors = (self.keys, self.values, self.base, self.state, self.updates)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return int(self.rows.nbytes)
 
     def pull(self, keys: np.ndarray) -> np.ndarray:
         """float32 ``[len(keys), dim]`` (CPU numpy) for unique ``keys``: the local rows."""
         self.apply_due()
         idx = self._index(keys)
         with self._lock:
-            rows = self.values.index_select(0, idx)
-        return rows.cpu().numpy() if rows.device.type != "cpu" else rows.numpy()
+            return self.rows.gather(idx)
 
     def record(self, keys: np.ndarray, grads: np.ndarray) -> None:
         """The gradient of a lookup of unique ``keys``: applied at the next step boundary."""
         idx = self._index(keys)
-        grad = torch.from_numpy(np.asarray(grads, np.float32)).to(self.device)
+        grad = self.rows.grads(grads)
         with self._lock:
             self._pending.append((idx, grad))
             self._pending_step = self._steps()
 
-    def _index(self, keys: np.ndarray) -> torch.Tensor:
+    def _index(self, keys: np.ndarray) -> Any:
         """Rows of ``keys`` (a lookup's pull and its gradient's record ask for the same array:
         the last few answers are kept)."""
         for known, idx in self._recent:
             if known is keys:
                 return idx
-        idx = self._search(keys)
-        self._recent = [*self._recent[-3:], (keys, idx)]
-        return idx
-
-    def _search(self, keys: np.ndarray) -> torch.Tensor:
-        keys = np.ascontiguousarray(keys, np.int64)
-        n = self.keys_np.shape[0]
-        if self.device.type == "cpu":
-            pos = np.searchsorted(self.keys_np, keys).clip(max=max(n - 1, 0))
-            found = self.keys_np[pos] == keys if n else np.zeros(keys.shape[0], bool)
-            idx = torch.from_numpy(pos)
-        else:
-            query = torch.from_numpy(keys).to(self.device)
-            idx = torch.searchsorted(self.keys, query).clamp_(max=max(n - 1, 0))
-            found = (self.keys.index_select(0, idx) == query).cpu().numpy() if n else None
-            found = found if found is not None else np.zeros(keys.shape[0], bool)
+        idx, found = self.rows.find(keys)
         if not found.all():
-            missing = keys[~found]
+            missing = np.asarray(keys)[~found]
             raise FleetError(
                 f"table {self.name!r}: {missing.shape[0]} key(s) of this lookup are not in the "
                 f"pass (e.g. {missing[:4].tolist()}): begin_pass built the pass from other "
                 "slots; set cache_slots= on the DistributedEmbedding to the slots it reads, or "
                 "call fleet.begin_pass with the dataset the pass trains on"
             )
+        self._recent = [*self._recent[-3:], (keys, idx)]
         return idx
 
     def apply_due(self, force: bool = False) -> None:
@@ -194,29 +173,13 @@ class PassTable:
             if not self._pending or (not force and self._steps() == self._pending_step):
                 return
             pending, self._pending = self._pending, []
-            self._apply(pending)
-
-    def _apply(self, pending: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        if len(pending) == 1:
-            idx, grads = pending[0]
-        else:  # several lookups in one step: sum per row, as the server sums a push
-            idx, inverse = torch.unique(torch.cat([p[0] for p in pending]), return_inverse=True)
-            grads = torch.zeros(idx.shape[0], self.dim, device=self.device)
-            grads.index_add_(0, inverse, torch.cat([p[1] for p in pending]))
-        weights = self.values.index_select(0, idx)
-        state = self.state.index_select(0, idx)
-        self.updates.index_add_(0, idx, torch.ones_like(idx, dtype=torch.int32))
-        apply_rule(self.rule, weights, state, grads, self.updates.index_select(0, idx))
-        self.values.index_copy_(0, idx, weights)
-        if state.shape[1]:
-            self.state.index_copy_(0, idx, state)
+            self.rows.apply(pending)
 
     def delta(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, ``values - base``) of the rows the pass updated (CPU numpy)."""
         self.apply_due(force=True)
-        touched = (self.updates > 0).cpu().numpy()
-        delta = (self.values - self.base).cpu().numpy()
-        return self.keys_np[touched], np.ascontiguousarray(delta[touched])
+        with self._lock:
+            return self.rows.delta()
 
 
 class PassCache:

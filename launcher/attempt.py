@@ -18,6 +18,7 @@ adds server specs. The rules, in :func:`watch`:
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -29,8 +30,12 @@ from enum import Enum
 
 from collective.errors import LaunchError
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all, wait_any
-from launcher.spec import JobSpec, Tee
+from launcher.spec import JobSpec, Tee, WarmStart
 from launcher.summary import Failure, read_error_file
+from launcher.warm import WarmPool
+from launcher.warm import supported as warm_supported
+
+logger = logging.getLogger(__name__)
 
 TRAINER = "trainer"
 SERVER = "server"
@@ -71,9 +76,14 @@ class Running:
 
 
 def start_all(
-    specs: Sequence[ProcSpec], argv: Sequence[str], attempt: int, console: ConsoleWriter
+    specs: Sequence[ProcSpec],
+    argv: Sequence[str],
+    attempt: int,
+    console: ConsoleWriter,
+    warm: WarmPool | None = None,
 ) -> list[Running]:
-    """Start every spec (servers first, so trainers find them sooner)."""
+    """Start every spec (servers first, so trainers find them sooner); forked from ``warm``'s
+    warm process where it can."""
     running: list[Running] = []
     for spec in sorted(specs, key=lambda s: s.role != SERVER):
         if os.path.exists(spec.error_file):
@@ -89,6 +99,7 @@ def start_all(
                 spec.prefix,
                 header,
                 append=attempt > 0,
+                warm=warm,
             )
         except OSError as err:
             terminate_all([r.proc for r in running], 0.0)
@@ -212,6 +223,21 @@ def worker_argv(spec: JobSpec) -> list[str]:
     if entry.no_python:
         return [entry.script, *entry.args]
     return [sys.executable, "-u", "-m", "collective.bootstrap", entry.script, *entry.args]
+
+
+def warm_pool(spec: JobSpec, env: dict[str, str], node_rank: int = 0) -> WarmPool | None:
+    """The job's warm process on this node when ``warm_start`` is on and the entry point is
+    Python (``log_dir/warmlog.<node_rank>``); None otherwise, or where the platform cannot
+    fork workers from one (said once). ``env``: the environment the node's workers share (a
+    worker's own is applied when it is forked)."""
+    if spec.warm_start is not WarmStart.ON or spec.entrypoint.no_python:
+        return None
+    ok, why = warm_supported()
+    if not ok:
+        logger.warning("fleetrun: warm start unavailable, starting workers afresh: %s", why)
+        return None
+    log_path = os.path.join(spec.log_dir, f"warmlog.{node_rank}")
+    return WarmPool(env, log_path, spec.warm_imports)
 
 
 def base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:

@@ -51,6 +51,7 @@ FLAG_TO_KEY = {
     "workers": "ps.workers",
     "pod_ip": "ps.pod_ip",
     "metrics": "metrics",
+    "warm_start": "warm_start",
     # elastic jobs (launcher/elastic/config.py folds the spellings): torchrun's, then Paddle's
     "rdzv_backend": "elastic.rdzv_backend",
     "rdzv_endpoint": "elastic.rdzv_endpoint",
@@ -294,6 +295,14 @@ def _opt(*names: str, **kw: Any) -> Any:
     "dry_run",
     is_flag=True,
     help="k8s: print the manifests instead of applying them; other schedulers: print the plan.",
+)
+@_opt(
+    "--warm_start",
+    "warm_start",
+    type=click.Choice(["on", "off"]),
+    help="on: fork Python workers and their restarts from a per-node process that imported "
+    "torch and fleet once (job file warm_start:, warm_imports:); off: start each afresh "
+    "(default off).",
 )
 @click.option(
     "--metrics/--no-metrics",

@@ -8,6 +8,10 @@ Orphan safety, in layers:
 1. each worker leads its own process group, so ``killpg`` reaches everything it forked;
 2. ``PR_SET_PDEATHSIG=SIGKILL`` kills a worker if fleetrun itself dies (even by SIGKILL);
 3. teardown kills every group, and its stragglers, after the worker exits.
+
+A :class:`~launcher.warm.WarmPool` given to :class:`WorkerProcess` forks Python workers from the
+job's warm process instead (the same three layers hold: the forked worker leads its own session,
+dies with fleetrun, and is this process's child); anything it cannot serve starts afresh.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
+
+from launcher.warm import WarmChild, WarmPool, WarmStartError
 
 _PR_SET_PDEATHSIG = 1
 
@@ -91,6 +97,7 @@ class WorkerProcess:
         console_prefix: bytes = b"",
         header: str = "",
         append: bool = False,
+        warm: WarmPool | None = None,
     ) -> None:
         self.argv = list(argv)
         self.log_path = log_path
@@ -100,15 +107,24 @@ class WorkerProcess:
         self._log = open(log_path, "ab" if append else "wb", buffering=0)  # noqa: SIM115
         if header:
             self._log.write(header.encode())
-        self.proc = subprocess.Popen(
-            self.argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - only prctl, async-signal-safe
-        )
+        self.proc: subprocess.Popen[bytes] | WarmChild | None = None
+        self.warm = False
+        if warm is not None and warm.usable(self.argv):
+            try:
+                self.proc = warm.spawn(self.argv, env, os.getcwd())
+                self.warm = True
+            except WarmStartError as err:
+                warm.fall_back(str(err))
+        if self.proc is None:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - only prctl, async-signal-safe
+            )
         self.pid = self.proc.pid
         self.exit: ExitInfo | None = None
         self._pidfd: int | None = None

@@ -60,6 +60,16 @@ class Tee(StrEnum):
     """Nothing; read ``log_dir/workerlog.N``."""
 
 
+class WarmStart(StrEnum):
+    """Whether workers are forked from the job's warm process (``launcher.warm``)."""
+
+    ON = "on"
+    """Python workers (and their restarts) are forked from a per-node process that imported
+    torch, fleet and ``warm_imports`` once; anything else starts afresh."""
+    OFF = "off"
+    """Every worker starts afresh (default)."""
+
+
 def detect_gpu_count() -> int:
     """Number of visible NVIDIA GPUs without importing torch (CUDA_VISIBLE_DEVICES, /dev, nvidia-smi)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -430,6 +440,12 @@ class JobSpec:
     ``log_dir/metrics_targets.json``; false = no endpoints (job_state.json is still written)."""
     grace_period_s: float = 5.0
     """After SIGTERM, seconds before remaining processes get SIGKILL."""
+    warm_start: WarmStart = WarmStart.OFF
+    """``on``: fork Python workers and their restarts from a per-node warm process that
+    imported torch, fleet and ``warm_imports`` once (local and elastic agents, the agent in each
+    Kubernetes pod); ``off``: start every worker afresh."""
+    warm_imports: list[str] = field(default_factory=list)
+    """Extra modules the warm process imports (the job's own heavy imports)."""
     elastic: ElasticConfig = ElasticConfig()
     """Elastic collective job (``--nnodes MIN:MAX --rdzv_backend c10d|etcd|etcd-v2``); the
     default ``static`` backend is a fixed job."""

@@ -33,6 +33,7 @@ from launcher.attempt import (
     Running,
     decide,
     start_all,
+    warm_pool,
     watch,
     worker_argv,
 )
@@ -42,6 +43,7 @@ from launcher.schedulers.local.plan import CollectivePlan, Placement, Plan
 from launcher.spec import JobSpec
 from launcher.summary import Failure, format_summary
 from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of
+from launcher.warm import WarmPool
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +116,7 @@ class Agent:
     ):
         self.spec, self.plan, self.node_rank = spec, plan, node_rank
         self.console = console or ConsoleWriter()
+        self.warm: WarmPool | None = None  # made with the first attempt's environment
 
     def run(self) -> int:
         """Run all attempts; return fleetrun's exit code. Keeps ``log_dir/job_state.json`` and
@@ -123,6 +126,8 @@ class Agent:
             with monitored(monitor, "every process was stopped"):
                 return self._run(monitor)
         finally:
+            if self.warm is not None:
+                self.warm.close()
             if getattr(self.plan, "recovery", None) is not None:
                 self.plan.recovery.close()  # type: ignore[attr-defined]
 
@@ -189,6 +194,7 @@ class Agent:
                 new.prefix,
                 header,
                 append=True,
+                warm=self.warm,
             )
         except OSError as err:
             raise LaunchError(f"could not restart {new.label}: {err}") from None
@@ -215,7 +221,9 @@ class Agent:
         remote_tick = isinstance(plan, CollectivePlan) and plan.rdzv is not None
         while True:
             specs = [self._with_metrics(s, monitor) for s in plan.specs(attempt)]
-            running = start_all(specs, argv, attempt, self.console)
+            if attempt == 0 and specs:
+                self.warm = warm_pool(spec, specs[0].env, self.node_rank)
+            running = start_all(specs, argv, attempt, self.console, self.warm)
             monitor.attempt_started(attempt, running)
             stopped: list[tuple[str, int]] = []
             failures, remote = [], None

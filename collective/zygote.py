@@ -1,0 +1,305 @@
+"""The warm process (a zygote): imports the heavy modules once, then forks workers that run as a
+fresh ``python -u -m collective.bootstrap ARGS`` would, without paying the imports again.
+
+fleetrun's agent starts it once per job (``launcher.warm.WarmPool``)::
+
+    python -u -m collective.zygote --socket PATH --agent PID [--import MODULE ...]
+
+It imports the modules (torch, ``torch._dynamo``, fleet, the PS client and the job file's
+``warm_imports:``), prints one line ``{"ready": ...}`` on stdout, then serves spawn requests on the
+Unix socket until the agent closes it or dies (``PR_SET_PDEATHSIG``). It never touches CUDA,
+starts no thread and opens no process group, so a fork of it is safe.
+
+A request is a length-prefixed JSON object ``{"argv": [...], "env": {...}, "cwd": "..."}`` with one
+file descriptor attached (``SCM_RIGHTS``): the write end of the pipe that becomes the worker's
+stdout and stderr. The zygote forks an intermediate that forks the worker and exits at once, so
+the worker is adopted by the agent (a child subreaper while it asks): the agent waits for it,
+reads its exit status and gets its pidfd exactly as for a worker it started itself. The reply is
+``{"pid": N}`` (or ``{"error": "..."}``).
+
+The worker, before it runs the entry point:
+
+* starts its own session (``setsid``: the agent signals its process group);
+* waits until the agent has adopted it, then sets ``PR_SET_PDEATHSIG=SIGKILL`` (it dies with the
+  agent, as a worker the agent started does); if the agent is already gone it exits;
+* takes the pipe as fd 1 and 2 and ``/dev/null`` as fd 0, and closes every other descriptor it
+  inherited (as ``Popen(close_fds=True)``);
+* resets the signal dispositions the zygote changed to a fresh interpreter's;
+* takes the request's environment and working directory;
+* reseeds Python's ``random``, numpy's global generator and torch's default CPU generator from
+  the OS, as a fresh process seeds them (forked siblings would otherwise share the zygote's
+  state). Device generators are not touched: they seed themselves when the device is first
+  used, in the worker, as in a fresh process;
+* applies ``OMP_NUM_THREADS`` to torch when the request's value differs from the zygote's;
+* then runs :func:`collective.bootstrap.main` with the request's arguments: ``-m MODULE`` or a
+  script as ``__main__``, the error file, the clean exit.
+
+What a fork cannot give a worker: its own ``PYTHONHASHSEED`` (siblings share the zygote's hash
+seed: ``set`` iteration order of strings agrees between them, as with ``PYTHONHASHSEED`` set),
+and a module's import-time reading of a variable that differs per process. The zygote starts
+with the job's environment (fleetrun's plus the job's ``env:``), so only the per-process env
+contract (``RANK``, ``LOCAL_RANK``, ``PADDLE_*``, ``FLEET_*``, ...) differs, and no fleet module
+reads those at import.
+
+Standard library only at import; the preloaded modules are imported by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+MAX_MESSAGE_BYTES = 64 << 20
+"""A request or reply larger than this is refused (an environment is a few kilobytes)."""
+ADOPTION_TIMEOUT_S = 5.0
+"""How long a forked worker waits to be adopted by the agent before it gives up."""
+ORPHANED_EXIT = 70
+"""Exit code of a forked worker whose agent was gone before it could run."""
+
+
+class _Become(BaseException):
+    """Raised in the forked worker to unwind the zygote's serving stack before it runs."""
+
+    def __init__(self, request: dict[str, Any], out_fd: int) -> None:
+        super().__init__()
+        self.request = request
+        self.out_fd = out_fd
+
+
+def _set_pdeathsig(sig: int = signal.SIGKILL) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except OSError:
+        pass
+
+
+def send_message(sock: socket.socket, data: dict[str, Any], fds: list[int] | None = None) -> None:
+    """One length-prefixed JSON message, with ``fds`` attached (``SCM_RIGHTS``)."""
+    body = json.dumps(data).encode()
+    head = struct.pack("!I", len(body))
+    if fds:
+        socket.send_fds(sock, [head + body], fds)
+    else:
+        sock.sendall(head + body)
+
+
+def _recv_exact(sock: socket.socket, n: int, fds: list[int]) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        data, new_fds, _flags, _addr = socket.recv_fds(sock, n - got, 4)
+        fds.extend(new_fds)
+        if not data:
+            raise ConnectionError("the peer closed the connection mid-message")
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
+
+
+def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The next message and the file descriptors that came with it."""
+    fds: list[int] = []
+    (n,) = struct.unpack("!I", _recv_exact(sock, 4, fds))
+    if n > MAX_MESSAGE_BYTES:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"message of {n} bytes refused (limit {MAX_MESSAGE_BYTES})")
+    data = json.loads(_recv_exact(sock, n, fds))
+    if not isinstance(data, dict):
+        raise ValueError("a message must be a JSON object")
+    return data, fds
+
+
+def _check(request: dict[str, Any], fds: list[int]) -> str:
+    """Why the request cannot be served ("" when it can)."""
+    if len(fds) != 1:
+        return f"a spawn request carries exactly one descriptor (its stdout), got {len(fds)}"
+    argv, env, cwd = request.get("argv"), request.get("env"), request.get("cwd")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return "argv must be a non-empty list of strings"
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        return "env must map strings to strings"
+    if not isinstance(cwd, str) or not os.path.isdir(cwd):
+        return f"cwd {cwd!r} is not a directory"
+    return ""
+
+
+def _spawn(request: dict[str, Any], out_fd: int) -> int:
+    """Fork the worker through an intermediate that exits at once; the worker's pid."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the intermediate: fork the worker, say its pid, leave it to the agent
+        os.close(r)
+        try:
+            worker = os.fork()
+        except OSError:
+            os._exit(3)
+        if worker == 0:
+            os.close(w)
+            raise _Become(request, out_fd)
+        os.write(w, str(worker).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        text = f.read()
+    os.waitpid(middle, 0)
+    if not text:
+        raise OSError("the worker could not be forked")
+    return int(text)
+
+
+def serve(listener: socket.socket) -> None:
+    """Serve spawn requests until the agent closes its end (an empty ``{"exit": true}`` ends it
+    too). Runs in the zygote; returns only there."""
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            try:
+                request, fds = recv_message(conn)
+            except (OSError, ValueError) as err:
+                _reply(conn, {"error": f"bad request: {err}"})
+                continue
+            if request.get("exit"):
+                for fd in fds:
+                    os.close(fd)
+                _reply(conn, {"bye": True})
+                return
+            why = _check(request, fds)
+            if why:
+                for fd in fds:
+                    os.close(fd)
+                _reply(conn, {"error": why})
+                continue
+            try:
+                pid = _spawn(request, fds[0])  # the forked worker leaves here by _Become
+            except OSError as err:
+                os.close(fds[0])
+                _reply(conn, {"error": f"fork failed: {err}"})
+                continue
+            os.close(fds[0])
+            _reply(conn, {"pid": pid})
+
+
+def _reply(conn: socket.socket, data: dict[str, Any]) -> None:
+    try:
+        send_message(conn, data)
+    except OSError:
+        pass  # the agent went away; it sees no reply and starts the worker afresh
+
+
+def _become_worker(request: dict[str, Any], out_fd: int, agent: int, zygote_env: dict) -> None:
+    """Turn this forked process into the worker (module docstring), then run the entry."""
+    os.setsid()
+    deadline = time.monotonic() + ADOPTION_TIMEOUT_S
+    while os.getppid() != agent and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    _set_pdeathsig()
+    if os.getppid() != agent:
+        os._exit(ORPHANED_EXIT)  # never run unsupervised
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    os.closerange(3, _max_fd())  # as Popen(close_fds=True): only 0, 1 and 2 stay open
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()
+    threads = request["env"].get("OMP_NUM_THREADS")
+    if torch is not None and threads and threads != zygote_env.get("OMP_NUM_THREADS"):
+        try:
+            torch.set_num_threads(int(threads))
+        except ValueError:
+            pass  # torch ignores a malformed value at import too
+    from collective import bootstrap
+
+    bootstrap.main(list(request["argv"]))
+
+
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 4096
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m collective.zygote")
+    p.add_argument("--socket", required=True, help="Unix socket path to serve on")
+    p.add_argument("--agent", type=int, required=True, help="pid of the agent that adopts workers")
+    p.add_argument("--import", dest="imports", action="append", default=[], help="module to load")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    """The zygote's life: preload, say ready, serve; in a forked worker, run the entry."""
+    args = _parse(argv)
+    _set_pdeathsig()  # dies with the agent
+    if os.getppid() != args.agent:
+        raise SystemExit(f"collective.zygote: agent {args.agent} is gone")
+    started = time.monotonic()
+    loaded, failed = [], {}
+    for name in args.imports:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except Exception as err:  # noqa: BLE001 - reported to the agent, the rest still load
+            failed[name] = f"{type(err).__name__}: {err}"
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "cuda", None) is not None:
+        if torch.cuda.is_initialized():
+            raise SystemExit("collective.zygote: a preloaded module initialised CUDA; not forking")
+    zygote_env = dict(os.environ)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(args.socket)
+    listener.listen(64)
+    ready = {"ready": True, "loaded": loaded, "failed": failed}
+    ready["seconds"] = round(time.monotonic() - started, 3)
+    sys.stdout.write(json.dumps(ready) + "\n")
+    sys.stdout.flush()
+    try:
+        serve(listener)
+    except _Become as become:
+        listener.close()
+        _become_worker(become.request, become.out_fd, args.agent, zygote_env)
+        return
+    listener.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+
+
+__all__ = [
+    "ADOPTION_TIMEOUT_S",
+    "MAX_MESSAGE_BYTES",
+    "ORPHANED_EXIT",
+    "main",
+    "recv_message",
+    "send_message",
+    "serve",
+]

@@ -1,0 +1,279 @@
+"""Warm starts: the agent's side of :mod:`collective.zygote`.
+
+:class:`WarmPool` starts the job's warm process once (``python -u -m collective.zygote``, in its own
+session, killed with the agent by ``PR_SET_PDEATHSIG``); it imports torch, ``torch._dynamo``,
+fleet, the PS client and the job's ``warm_imports:`` while the agent goes on setting the job up.
+:meth:`WarmPool.spawn` asks it for a worker: this process becomes a child subreaper for the
+moment of the request, so the forked worker (whose intermediate parent exits at once) is adopted
+here, and :class:`WarmChild` waits for it, reads its exit status and its pidfd as
+``subprocess.Popen`` would for a worker started afresh. :class:`launcher.process.WorkerProcess`
+uses the pool for Python entry points (``python -u -m collective.bootstrap ...``) and starts
+everything else as before.
+
+When the warm process cannot serve (it failed to start or import, died, or the platform has no
+``fork``/``SCM_RIGHTS``), workers start afresh and the console says so once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import IO, Any
+
+from collective.errors import LaunchError
+from collective.zygote import recv_message, send_message
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_IMPORTS: tuple[str, ...] = (
+    "numpy",
+    "torch",
+    "torch._dynamo",
+    "torch.distributed",
+    "collective",
+    "fleet",
+    "ps_server.client",
+)
+"""What every warm process imports before the job's ``warm_imports:``. ``torch._dynamo`` is the
+second it costs the first construction of any ``torch.optim`` optimizer."""
+READY_TIMEOUT_S = 120.0
+"""How long the first spawn waits for the warm process's imports before starting afresh."""
+REQUEST_TIMEOUT_S = 30.0
+"""How long one spawn request may take once the warm process is ready."""
+BOOTSTRAP = ("-u", "-m", "collective.bootstrap")
+"""The arguments after the interpreter that mark a Python entry point the pool can serve."""
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
+
+
+class WarmStartError(LaunchError):
+    """The warm process cannot start this worker (the caller starts it afresh)."""
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _set_pdeathsig() -> None:  # in the warm process between fork and exec
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
+def supported() -> tuple[bool, str]:
+    """Whether this platform can fork workers from a warm process, and why not."""
+    if not sys.platform.startswith("linux"):
+        return False, f"warm starts need Linux (this is {sys.platform})"
+    if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
+        return False, "this Python has no fork or SCM_RIGHTS"
+    return True, ""
+
+
+class WarmChild:
+    """The part of ``subprocess.Popen`` :class:`~launcher.process.WorkerProcess` uses, for a
+    worker the warm process forked and this process adopted (so it is our child)."""
+
+    def __init__(self, pid: int, stdout: IO[bytes]) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+
+    def _reaped(self, status: int) -> int:
+        self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        """The Popen-style exit code once it exited (reaps it), else None."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -int(signal.SIGKILL)  # reaped elsewhere: status unknown
+                return self.returncode
+            if pid:
+                return self._reaped(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until it exits (``timeout`` as ``Popen.wait``)."""
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                self.returncode = -int(signal.SIGKILL)
+                return self.returncode
+            return self._reaped(status)
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class WarmPool:
+    """One warm process per job on this node (module docstring)."""
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: str,
+        imports: Sequence[str] = (),
+        ready_timeout_s: float = READY_TIMEOUT_S,
+    ) -> None:
+        self.env = dict(env)
+        self.imports = [*DEFAULT_IMPORTS, *[m for m in imports if m not in DEFAULT_IMPORTS]]
+        self.ready_timeout_s = ready_timeout_s
+        self.spawned = 0
+        self.fallbacks = 0
+        self.ready_info: dict[str, Any] | None = None
+        self._down = ""  # why the pool cannot serve ("" while it can)
+        self._said = False
+        self._dir = tempfile.mkdtemp(prefix="fleetrun-warm-")
+        self.socket_path = os.path.join(self._dir, "zygote.sock")
+        os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+        self.log_path = log_path
+        self._log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
+        self._log.write(
+            f"==== fleetrun: warm process, {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode()
+        )
+        argv = [sys.executable, "-u", "-m", "collective.zygote", "--socket", self.socket_path]
+        argv += ["--agent", str(os.getpid())]
+        for name in self.imports:
+            argv += ["--import", name]
+        self.proc = subprocess.Popen(
+            argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            start_new_session=True,
+            preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - only prctl, async-signal-safe
+        )
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def usable(self, argv: Sequence[str]) -> bool:
+        """Whether ``argv`` is a Python entry point the warm process can run (the interpreter
+        the warm process runs, through collective.bootstrap)."""
+        return (
+            not self._down
+            and len(argv) > len(BOOTSTRAP) + 1
+            and argv[0] == sys.executable
+            and tuple(argv[1 : 1 + len(BOOTSTRAP)]) == BOOTSTRAP
+        )
+
+    def _wait_ready(self) -> None:
+        if self.ready_info is not None:
+            if self.proc.poll() is not None:
+                self._down = f"the warm process (pid {self.pid}) exited with {self.proc.returncode}"
+                raise WarmStartError(self._down)
+            return
+        assert self.proc.stdout is not None
+        deadline = self.started + self.ready_timeout_s
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(max(0.0, deadline - time.monotonic())):
+                self._down = f"the warm process was not ready after {self.ready_timeout_s:.0f} s"
+                raise WarmStartError(self._down)
+        line = self.proc.stdout.readline()
+        try:
+            info = json.loads(line)
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or not info.get("ready"):
+            self.proc.poll()
+            self._down = (
+                f"the warm process failed to start (exit {self.proc.returncode}); "
+                f"see {self.log_path}"
+            )
+            raise WarmStartError(self._down)
+        self.ready_info = info
+        for name, why in (info.get("failed") or {}).items():
+            logger.warning("fleetrun: warm start: could not preload %s (%s)", name, why)
+
+    def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> WarmChild:
+        """Fork a worker running ``argv`` (a :meth:`usable` one) with ``env`` in ``cwd``."""
+        self._wait_ready()
+        r, w = os.pipe()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(REQUEST_TIMEOUT_S)
+                s.connect(self.socket_path)
+                request = {"argv": list(argv[1 + len(BOOTSTRAP) :]), "env": env, "cwd": cwd}
+                # adopt what the warm process forks while it answers (its intermediate exits)
+                _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+                try:
+                    send_message(s, request, [w])
+                    reply, fds = recv_message(s)
+                finally:
+                    _prctl(_PR_SET_CHILD_SUBREAPER, 0)
+                for fd in fds:
+                    os.close(fd)
+        except (OSError, ValueError) as err:
+            os.close(r)
+            self.proc.poll()
+            if self.proc.returncode is not None:
+                self._down = f"the warm process exited with {self.proc.returncode}"
+            raise WarmStartError(f"the warm process did not answer: {err}") from None
+        finally:
+            os.close(w)
+        if not isinstance(reply.get("pid"), int):
+            os.close(r)
+            raise WarmStartError(f"the warm process refused: {reply.get('error', reply)}")
+        self.spawned += 1
+        return WarmChild(int(reply["pid"]), os.fdopen(r, "rb"))
+
+    def fall_back(self, why: str) -> None:
+        """Note a worker started afresh; the console hears of it once per job."""
+        self.fallbacks += 1
+        if not self._said:
+            self._said = True
+            logger.warning("fleetrun: warm start unavailable, starting workers afresh: %s", why)
+
+    def close(self) -> None:
+        """Stop the warm process and remove its socket (workers it forked are not touched)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+__all__ = [
+    "BOOTSTRAP",
+    "DEFAULT_IMPORTS",
+    "READY_TIMEOUT_S",
+    "WarmChild",
+    "WarmPool",
+    "WarmStartError",
+    "supported",
+]

@@ -1,0 +1,63 @@
+"""Prints what a worker sees of its own process as one JSON line (tests of warm starts), then
+acts as PROBE_ACTION says: ``exit:N``, ``raise``, ``signal:NAME``, ``sleep:S``, ``collective``,
+``fail_first:S:PATH`` (sleep S seconds, then exit 1 unless PATH exists, creating it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+
+facts = {
+    "rank": int(os.environ.get("RANK", "-1")),
+    "pid": os.getpid(),
+    "ppid": os.getppid(),
+    "sid": os.getsid(0),
+    "pgid": os.getpgid(0),
+    "cwd": os.getcwd(),
+    "argv": sys.argv,
+    "main_file": getattr(sys.modules["__main__"], "__file__", None),
+    "name": __name__,
+    "random": random.random(),
+    "numpy": float(np.random.rand()),
+    "torch_seed": torch.initial_seed(),
+    "torch_draw": float(torch.rand(1)),
+    "threads": torch.get_num_threads(),
+    "marker": os.environ.get("PROBE_MARKER"),
+    "fds": sorted(int(x) for x in os.listdir("/proc/self/fd")),
+    "sigint": str(signal.getsignal(signal.SIGINT)),
+    "sigterm": str(signal.getsignal(signal.SIGTERM)),
+    "modules_preloaded": "torch._dynamo" in sys.modules,
+}
+print("PROBE " + json.dumps(facts), flush=True)
+
+action = os.environ.get("PROBE_ACTION", "")
+if action.startswith("exit:"):
+    sys.exit(int(action.split(":")[1]))
+if action == "raise":
+    raise RuntimeError("probe failed on purpose")
+if action.startswith("signal:"):
+    os.kill(os.getpid(), getattr(signal, action.split(":")[1]))
+    time.sleep(5)
+if action.startswith("sleep:"):
+    time.sleep(float(action.split(":")[1]))
+if action.startswith("fail_first:"):
+    _, secs, path = action.split(":", 2)
+    time.sleep(float(secs))
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("failed once")
+        sys.exit(1)
+if action == "collective":
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(2) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    print("SUM", float(t[0]), flush=True)

@@ -1,0 +1,200 @@
+"""Warm starts (``--warm_start on``): workers forked from the job's warm process behave as fresh
+ones: real fleetrun jobs, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, live_pids, run_fleetrun, start_fleetrun, wait_gone
+
+PROBE = str(REPO / "tests" / "scripts" / "warm_probe.py")
+
+
+def _probes(log_dir: Path, nproc: int) -> list[list[dict]]:
+    """Per rank, the PROBE facts of each attempt (in order)."""
+    out = []
+    for rank in range(nproc):
+        text = (log_dir / f"workerlog.{rank}").read_text()
+        out.append(
+            [json.loads(line[6:]) for line in text.splitlines() if line.startswith("PROBE ")]
+        )
+    return out
+
+
+def _job(tmp: Path, name: str, warm: str, nproc: int, *extra: str, env: dict | None = None):
+    log = tmp / name
+    r = run_fleetrun(
+        "--nproc_per_node", str(nproc), "--warm_start", warm, "--log_dir", str(log),
+        *extra, PROBE, "--flag", "x",
+        timeout=150, env=env or {},
+    )  # fmt: skip
+    return r, log
+
+
+@pytest.mark.timeout(300)
+def test_forked_workers_look_like_fresh_ones(tmp_path: Path) -> None:
+    env = {"PROBE_ACTION": "collective", "PROBE_MARKER": "m1"}
+    warm, warm_log = _job(tmp_path, "warm", "on", 2, env=env)
+    cold, cold_log = _job(tmp_path, "cold", "off", 2, env=env)
+    assert warm.returncode == 0, warm.stdout + warm.stderr
+    assert cold.returncode == 0, cold.stdout + cold.stderr
+    assert (warm_log / "warmlog.0").exists() and not (cold_log / "warmlog.0").exists()
+    w = [p[0] for p in _probes(warm_log, 2)]
+    c = [p[0] for p in _probes(cold_log, 2)]
+    for rank, (fw, fc) in enumerate(zip(w, c)):
+        assert fw["rank"] == rank
+        assert fw["modules_preloaded"] and not fc["modules_preloaded"]  # forked vs fresh
+        assert fw["sid"] == fw["pid"] == fw["pgid"]  # leads its own session, as a fresh one
+        assert fw["ppid"] == w[0]["ppid"] != fw["pid"]  # the agent's child, as a fresh one
+        for key in ("argv", "main_file", "name", "cwd", "marker", "threads", "sigint", "sigterm"):
+            assert fw[key] == fc[key], key
+        assert fw["argv"] == [PROBE, "--flag", "x"] and fw["name"] == "__main__"
+        assert len(fw["fds"]) <= len(fc["fds"])  # nothing of the warm process leaks in
+    # Python's, numpy's and torch's global generators are seeded from the OS in each process
+    for key in ("random", "numpy", "torch_seed", "torch_draw"):
+        assert w[0][key] != w[1][key] and c[0][key] != c[1][key], key
+    assert "SUM 3.0" in (warm_log / "workerlog.0").read_text()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("action", "expect"),
+    [
+        ("exit:3", "exit code 3"),
+        ("signal:SIGSEGV", "SIGSEGV"),
+        ("raise", "RuntimeError: probe failed on purpose"),
+    ],
+)
+def test_exits_signals_and_root_cause_as_fresh(tmp_path: Path, action: str, expect: str) -> None:
+    r, log = _job(tmp_path, "warm", "on", 1, env={"PROBE_ACTION": action})
+    assert r.returncode != 0
+    text = r.stdout + r.stderr
+    assert expect in text, text
+    assert _probes(log, 1)[0][0]["modules_preloaded"]
+
+
+@pytest.mark.timeout(300)
+def test_restart_loop_keeps_the_warm_process_flat(tmp_path: Path) -> None:
+    restarts = 20
+    log = tmp_path / "log"
+    p = start_fleetrun(
+        "--nproc_per_node", "1", "--warm_start", "on", "--max_restarts", str(restarts),
+        "--log_dir", str(log), PROBE,
+        env={"PROBE_ACTION": "exit:1"},
+    )  # fmt: skip
+    samples: dict[int, tuple[int, int]] = {}
+    zygote = None
+    deadline = time.monotonic() + 240
+    while p.poll() is None and time.monotonic() < deadline:
+        zygote = zygote or _zygote_of(p.pid)
+        if zygote is not None:
+            attempts = _count_probes(log)
+            stats = _stats(zygote)
+            if stats and attempts not in samples:
+                samples[attempts] = stats
+        time.sleep(0.05)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1, out + err
+    assert _count_probes(log) == restarts + 1
+    assert all(f["modules_preloaded"] for f in _probes(log, 1)[0])
+    early = [v for k, v in samples.items() if 1 <= k <= 3]
+    late = [v for k, v in samples.items() if k >= restarts - 2]
+    assert early and late, samples
+    rss_early, fds_early = min(early)
+    rss_late, fds_late = max(late)
+    assert fds_late <= fds_early, samples
+    assert rss_late <= rss_early * 1.05 + 4096, samples  # kB; no growth per restart
+    assert zygote is not None and wait_gone([zygote], 10) == []
+
+
+def _zygote_of(agent: int) -> int | None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == agent and b"collective.zygote" in cmd:
+            return int(pid)
+    return None
+
+
+def _stats(pid: int) -> tuple[int, int] | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+    rss = [int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")]
+    return (rss[0], fds) if rss else None  # none: a zombie
+
+
+def _count_probes(log: Path) -> int:
+    try:
+        text = (log / "workerlog.0").read_text()
+    except OSError:
+        return 0
+    return sum(1 for line in text.splitlines() if line.startswith("PROBE "))
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_warm_process_leaves_the_job_running_and_restarts_fresh(tmp_path: Path) -> None:
+    marker = tmp_path / "failed-once"
+    log = tmp_path / "log"
+    p = start_fleetrun(
+        "--nproc_per_node", "2", "--warm_start", "on", "--max_restarts", "1",
+        "--log_dir", str(log), PROBE,
+        env={"PROBE_ACTION": f"fail_first:4:{marker}"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while _count_probes(log) < 1 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    zygote = _zygote_of(p.pid)
+    assert zygote is not None
+    os.kill(zygote, signal.SIGKILL)
+    out, err = p.communicate(timeout=150)
+    assert p.returncode == 0, out + err  # the running workers did not notice
+    assert "warm start unavailable, starting workers afresh" in out + err
+    first, second = _probes(log, 2)[0]
+    assert first["modules_preloaded"] and not second["modules_preloaded"]
+    assert wait_gone([zygote], 5) == []
+
+
+@pytest.mark.timeout(300)
+def test_killing_fleetrun_leaves_no_orphans(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    p = start_fleetrun(
+        "--nproc_per_node", "2", "--warm_start", "on", "--log_dir", str(log), PROBE,
+        env={"PROBE_ACTION": "sleep:60"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while _count_probes(log) < 1 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    zygote = _zygote_of(p.pid)
+    workers = [f["pid"] for f in (x[0] for x in _probes(log, 2) if x)]
+    assert zygote is not None and len(workers) == 2
+    os.kill(p.pid, signal.SIGKILL)
+    p.communicate(timeout=30)
+    assert wait_gone([zygote, *workers], 15) == [], live_pids([zygote, *workers])
+
+
+@pytest.mark.timeout(120)
+def test_no_python_entries_start_as_before(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    r = run_fleetrun(
+        "--nproc_per_node", "1", "--warm_start", "on", "--no_python", "--log_dir", str(log),
+        "/bin/echo", "hello-fresh",
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "hello-fresh" in (log / "workerlog.0").read_text()
+    assert not (log / "warmlog.0").exists()

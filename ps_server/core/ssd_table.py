@@ -67,7 +67,7 @@ _U16_MAX = np.iinfo(np.uint16).max
 _U31_MAX = (1 << 31) - 1
 EVICT_HIGH = 0.95
 """Past this fraction of ``cache_rows`` in memory the background thread evicts."""
-EVICT_LOW = 0.85
+EVICT_LOW = 0.9
 """An eviction leaves this fraction of ``cache_rows`` in memory."""
 EVICTION_POLICIES = ("count", "recency")
 _COLUMNS = ("values", "state", "count", "unseen_days")

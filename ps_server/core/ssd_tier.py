@@ -81,6 +81,27 @@ def _rocksdict() -> Any:
     return rocksdict
 
 
+def open_rocksdb(rd: Any, path: str) -> Any:
+    """A ``rocksdict.Rdict`` at ``path`` with the tier's options (module docstring)."""
+    opts = rd.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.set_write_buffer_size(16 << 20)
+    # point lookups: a bloom filter per file (a key not on disk costs no block read), a
+    # block cache, uncompressed blocks (the cost of a read is CPU on a busy server)
+    table = rd.BlockBasedOptions()
+    table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+    table.set_block_cache(rd.Cache(BLOCK_CACHE_BYTES))
+    opts.set_block_based_table_factory(table)
+    opts.set_compression_type(rd.DBCompressionType.none())
+    opts.set_allow_mmap_reads(True)  # no read() call and copy per block read
+    db = rd.Rdict(path, opts)
+    # the directory is scratch (never read after a restart): no write-ahead log
+    write_opts = rd.WriteOptions()
+    write_opts.disable_wal = True
+    db.set_write_options(write_opts)
+    return db
+
+
 def tier_dir(ssd_root: str, table: str, shards: tuple[int, ...]) -> str:
     """The directory of table ``table``'s cold tier for the server owning ``shards``."""
     return os.path.join(ssd_root, table, f"shards-{shards[0]:05d}")
@@ -191,26 +212,10 @@ class ColdTier:
             self._lock_file = None
 
     def _open(self) -> None:
-        rd = self._rd
-        opts = rd.Options(raw_mode=True)
-        opts.create_if_missing(True)
-        opts.set_write_buffer_size(16 << 20)
-        # point lookups: a bloom filter per file (a key not on disk costs no block read), a
-        # block cache, uncompressed blocks (the cost of a read is CPU on a busy server)
-        table = rd.BlockBasedOptions()
-        table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
-        table.set_block_cache(rd.Cache(BLOCK_CACHE_BYTES))
-        opts.set_block_based_table_factory(table)
-        opts.set_compression_type(rd.DBCompressionType.none())
-        opts.set_allow_mmap_reads(True)  # no read() call and copy per block read
         try:
-            self._db = rd.Rdict(os.path.join(self.path, "db"), opts)
+            self._db = open_rocksdb(self._rd, os.path.join(self.path, "db"))
         except Exception as err:  # rocksdict raises plain Exceptions for I/O and lock errors
             raise SsdTierError(self.table, self.path, f"cannot open RocksDB: {err}") from None
-        # the directory is scratch (never read after a restart): no write-ahead log
-        write_opts = rd.WriteOptions()
-        write_opts.disable_wal = True
-        self._db.set_write_options(write_opts)
 
     def close(self) -> None:
         """Close the database (the files stay until the next table creation)."""
@@ -314,4 +319,4 @@ class ColdTier:
         return total
 
 
-__all__ = ["MARKER", "ColdTier", "check_root", "record_dtype", "tier_dir"]
+__all__ = ["MARKER", "ColdTier", "check_root", "open_rocksdb", "record_dtype", "tier_dir"]

@@ -19,11 +19,12 @@ that the pass fits the device (:func:`memory_budget`: free CUDA memory, or a fra
 available RAM; a :class:`~collective.errors.ConfigError` saying how many keys the pass has and
 how many fit, before anything is pulled), pulls each table's rows in one logical request
 (``PSClient.pull_sparse`` splits it into messages) and keeps them in a :class:`PassTable` on
-the trainer's device (CUDA when available): a sorted key array looked up with
-``searchsorted``. During the pass a lookup reads the local table; its backward's gradient is
-applied by the table's own optimizer rule at the next step boundary (the server's
-:mod:`ps_server.core.optimizers` formulas: on CPU the very same ``update``, on CUDA their torch
-equivalents), as a SYNC server would apply one trainer's push. Show (occurrences) and click
+the trainer's device (CUDA when available; :mod:`fleet.ps.pass_store`). During the pass a
+lookup reads the local table; its backward's gradient is applied by the table's own optimizer
+rule at the next step boundary, as a SYNC server would apply one trainer's push: on CPU with the
+built-in rules by the server's own compiled push on local copies of its columns, otherwise by
+the :mod:`ps_server.core.optimizers` formulas (their torch form on CUDA).
+Show (occurrences) and click
 (occurrences in examples whose label is positive) are counted per row from the pass's data.
 
 :func:`end_pass` pushes each table's value delta (``local - pulled``) once, with
@@ -331,8 +332,10 @@ def collect_keys(
 
 
 def bytes_per_key(dim: int, rule: Any) -> int:
-    """Device bytes one key of a pass takes: key, values, pulled values, rule state, counter."""
-    return 8 + 4 * (2 * dim + rule.state_dim(dim)) + 4
+    """Device bytes one key of a pass takes: the key, its values twice (trained and as
+    pulled), the rule's state, and 16 B of counters and index (the CPU store's count,
+    unseen-days and flag columns and hash slots; the CUDA store's counter)."""
+    return 8 + 4 * (2 * dim + rule.state_dim(dim)) + 16
 
 
 def memory_budget(device: torch.device, max_memory_fraction: float | None = None) -> int:

@@ -25,7 +25,7 @@ from fleet.ps.communicator import SyncCommunicator
 from fleet.ps.embedding import DistributedEmbedding
 from fleet.ps.pass_store import TorchRows
 from fleet.ps.runtime import lookups_from
-from ps_server import SGD, Adagrad, Uniform
+from ps_server import SGD, Adagrad, Adam, Uniform
 from ps_server.core import kernels
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
@@ -238,3 +238,34 @@ def test_cuda_pass_equals_cpu_pass() -> None:
         out[device] = (k, d)
     assert np.array_equal(out["cpu"][0], out["cuda"][0])
     np.testing.assert_allclose(out["cpu"][1], out["cuda"][1], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        SGD(0.3),
+        Adagrad(0.2, initial_accumulator_value=0.1),
+        Adam(0.01),
+        SGD(1.0, weight_bounds=(-0.5, 0.5)),
+    ],
+)
+def test_torch_rules_match_the_server_formulas(rule: Any) -> None:
+    """The torch form of each built-in rule (what a CUDA pass runs), here on CPU tensors,
+    against the server's numpy ``update`` over three steps."""
+    from fleet.ps import pass_rules
+    from ps_server.core.optimizers import RowsMeta
+
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 1, (50, DIM)).astype(np.float32)
+    s = np.empty((50, rule.state_dim(DIM)), np.float32)
+    rule.init_state(s)
+    tw, ts = torch.from_numpy(w.copy()), torch.from_numpy(s.copy())
+    meta = RowsMeta(count=np.ones(50, np.uint32), unseen_days=np.zeros(50, np.uint16))
+    for _ in range(3):
+        g = rng.normal(0, 1, (50, DIM)).astype(np.float32)
+        rule.update(w, s, g, meta)
+        pass_rules._TORCH_RULES[type(rule)](rule, tw, ts, torch.from_numpy(g))
+        if rule.weight_bounds is not None:
+            tw.clamp_(*rule.weight_bounds)
+    np.testing.assert_allclose(tw.numpy(), w, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ts.numpy(), s, rtol=1e-6, atol=1e-6)

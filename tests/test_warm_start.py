@@ -127,6 +127,13 @@ def _zygote_of(agent: int) -> int | None:
     return None
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _stats(pid: int) -> tuple[int, int] | None:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -198,3 +205,43 @@ def test_no_python_entries_start_as_before(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "hello-fresh" in (log / "workerlog.0").read_text()
     assert not (log / "warmlog.0").exists()
+
+
+@pytest.mark.timeout(480)
+def test_elastic_node_lost_resumes_from_forked_workers(tmp_path: Path) -> None:
+    """Two elastic agents with warm starts; B is SIGKILLed; A re-forms alone and its worker of
+    the new round is forked from A's warm process."""
+    from test_elastic import Agent, assert_no_orphans, c10d_flags, steps_since, wait_for
+
+    from collective.env import find_free_port
+
+    ckpt, stop = tmp_path / "ckpt", tmp_path / "stop"
+    ckpt.mkdir()
+    args = [str(ckpt), "--steps", "4", "--step_time", "0.1", "--stop_file", str(stop)]
+    flags = [*c10d_flags(find_free_port(), "warm-lost"), "--warm_start", "on"]
+    agents: list = []
+    try:
+        agents.append(Agent(tmp_path, "a", flags, args))
+        wait_for("the store", lambda: "hosts the store" in agents[0].output(), agents)
+        agents.append(Agent(tmp_path, "b", flags, args))
+        wait_for("steps at world 2", lambda: steps_since(ckpt, 0, 2), agents)
+        zygote = _zygote_of(agents[0].proc.pid)
+        assert zygote is not None
+        agents[1].kill_with_workers()
+        killed = time.time()
+        wait_for("steps at world 1", lambda: steps_since(ckpt, killed, 1), agents[:1])
+        # a forked worker keeps the warm process's command line (a fresh one shows the script)
+        forked = [
+            pid
+            for pid in agents[0].note_children()
+            if pid != zygote and b"collective.zygote" in _cmdline(pid)
+        ]
+        assert forked, agents[0].output()
+        stop.write_text("")
+        assert agents[0].wait(60) == 0, agents[0].output()
+        assert "warm start unavailable" not in agents[0].output()
+        assert list((agents[0].log_dir).glob("warmlog.agent*"))
+        assert_no_orphans(agents)
+    finally:
+        for a in agents:
+            a.stop()

@@ -42,6 +42,7 @@ from launcher.attempt import (
     base_env,
     console_prefix,
     start_all,
+    warm_pool,
     watch,
     worker_argv,
 )
@@ -53,6 +54,7 @@ from launcher.schedulers.local.agent import monitored
 from launcher.spec import JobSpec
 from launcher.summary import format_membership, format_summary
 from launcher.telemetry import JobMonitor, JobState, cause_of
+from launcher.warm import WarmPool
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class ElasticAgent:
         self._joined_round: int | None = None
         self._group_rank: int | None = None
         self._dropped = False
+        self.warm: WarmPool | None = None  # made when the rounds start (warm_start on)
 
     # -- rounds -----------------------------------------------------------------------------------
     def _next_round(self, round_no: int) -> Membership:
@@ -295,6 +298,9 @@ class ElasticAgent:
                 )
                 monitor.finished(JobState.SUCCEEDED)
                 return 0
+            finally:
+                if self.warm is not None:
+                    self.warm.close()
 
     def _record(self, change: MembershipChange | None, monitor: JobMonitor) -> None:
         if change is None:
@@ -308,12 +314,20 @@ class ElasticAgent:
         argv = worker_argv(spec)
         restarts, round_no, cause = 0, 0, "start"
         history: list[str] = []
+        # the warm process imports while the first rendezvous round gathers the nodes
+        self.warm = warm_pool(
+            spec, base_env(spec, spec.sizes.nproc_per_node), f"agent{os.getpid()}"
+        )
         while True:
             members = self._next_round(round_no)
             self._record(diff(self.members, members, cause), monitor)
             self.members = members
             running = start_all(
-                self._specs(members, restarts, round_no, monitor), argv, round_no, self.console
+                self._specs(members, restarts, round_no, monitor),
+                argv,
+                round_no,
+                self.console,
+                self.warm,
             )
             monitor.attempt_started(round_no, running)
             stopped: list[tuple[str, int]] = []

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from collective.errors import ConfigError
+from fleet.base.data_position import DataPosition
 from fleet.data.batch import Batch, SparseBatch
 from fleet.ps import pass_cache
 from fleet.ps.communicator import SyncCommunicator
@@ -193,6 +194,7 @@ def test_too_large_pass_is_a_clear_error_before_any_pull() -> None:
 
 
 def test_checkpoints_refuse_inside_a_pass_and_counts() -> None:
+    """Explicit checkpoints refuse; automatic ones record the pass's start; show/click."""
     emb = DistributedEmbedding("pc_ckpt", DIM, pooling="sum", cache="pass", cache_slots=["a"])
     batches = _batches(4, n=3)
     with cluster(1) as (_, client):
@@ -203,6 +205,10 @@ def test_checkpoints_refuse_inside_a_pass_and_counts() -> None:
         try:
             with pytest.raises(ConfigError, match="fleet.end_pass"):
                 pass_cache.refuse_in_pass("fleet.ps.checkpoint()")
+            with pass_cache.automatic_cut():  # an automatic checkpoint: at the pass's start
+                pass_cache.refuse_in_pass("fleet.ps.checkpoint()")
+            inside = DataPosition(pass_index=2, step_in_pass=5, step=40)
+            assert pass_cache.cut_position(inside) == DataPosition(2, 0, 35)
             table = cache.tables["pc_ckpt"]
             a_ids = np.concatenate([b["a"].values.numpy() for b in batches])
             assert np.array_equal(table.keys_np, np.unique(a_ids))  # only its slot's keys
@@ -216,6 +222,7 @@ def test_checkpoints_refuse_inside_a_pass_and_counts() -> None:
         finally:
             pass_cache.finish()
         pass_cache.refuse_in_pass("fleet.ps.checkpoint()")  # after end_pass: allowed
+        assert pass_cache.cut_position(inside) == inside
 
 
 @pytest.mark.gpu

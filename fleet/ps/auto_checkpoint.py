@@ -58,7 +58,7 @@ from collective.env import (
 from collective.errors import ConfigError, FleetError
 from fleet.base import coordination
 from fleet.base.data_position import DataPosition, tracker
-from fleet.ps import recovery, threads
+from fleet.ps import pass_cache, recovery, threads
 from fleet.ps.runtime import _require, get_client, get_communicator
 
 logger = logging.getLogger(__name__)
@@ -201,8 +201,8 @@ class AutoCheckpointer:
         interval = self.cfg.interval_s
         if elapsed0 >= interval * 0.95:
             try:
-                with threads.quiesce():  # the other training threads at a step boundary
-                    position = track.position()
+                with threads.quiesce(), pass_cache.automatic_cut():  # inside a pass: its start
+                    position = pass_cache.cut_position(track.position())
                     recovery.checkpoint(
                         self.cfg.dir,
                         step,
@@ -263,7 +263,8 @@ class AutoCheckpointer:
         """Epoch ``epoch``: flush, cut at this position; the leader snapshots every trainer's."""
         st = _require("automatic checkpoint", TrainingRole.TRAINER)
         get_communicator().flush()  # pushes of the steps before the cut are on the servers
-        got = client.cut(epoch, tracker().position().to_dict())
+        position = pass_cache.cut_position(tracker().position())  # inside a pass: its start
+        got = client.cut(epoch, position.to_dict())
         if not got.get("taken"):
             return
         positions = {int(r): p for r, p in got["positions"].items() if isinstance(p, dict)}

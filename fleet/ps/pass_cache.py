@@ -34,16 +34,18 @@ decay keep working. Then the trainers meet in a barrier, so the next pass pulls 
 trainer's updates.
 
 Checkpoints are cut at pass ends: ``fleet.ps.checkpoint`` and ``fleet.save_persistables``
-refuse inside a pass (:func:`refuse_in_pass`; an automatic checkpoint is skipped and taken at
-its next interval), so a recovered job restarts the pass it was in.
+refuse inside a pass (:func:`refuse_in_pass`). An automatic checkpoint taken inside a pass
+records the pass's start as the trainer's position (:func:`cut_position`; the servers hold
+none of the pass's sparse updates yet), so a recovered job restarts the pass it was in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +54,7 @@ import numpy as np
 import torch
 
 from collective.errors import ConfigError, FleetError
+from fleet.base.data_position import DataPosition
 from fleet.ps.pass_store import make_rows
 
 logger = logging.getLogger(__name__)
@@ -246,16 +249,41 @@ def in_pass() -> bool:
     return _ACTIVE is not None
 
 
+_automatic = threading.local()
+
+
 def refuse_in_pass(what: str) -> None:
     """Raise a ConfigError naming ``what`` when a pass is open: checkpoints are cut at pass
-    ends (the pass's updates reach the servers only at :func:`end_pass`)."""
-    if _ACTIVE is not None:
+    ends (the pass's updates reach the servers only at :func:`end_pass`). Inside
+    :func:`automatic_cut` it lets the automatic checkpoint through."""
+    if _ACTIVE is not None and not getattr(_automatic, "on", False):
         raise ConfigError(
             f"{what} inside a pass: the pass's sparse updates are on this trainer until "
             "fleet.end_pass() pushes them; checkpoint after end_pass (checkpoints are cut at "
             "pass ends, a recovered job restarts the pass)",
             key="pass_cache",
         )
+
+
+@contextlib.contextmanager
+def automatic_cut() -> Iterator[None]:
+    """An automatic checkpoint (:mod:`fleet.ps.auto_checkpoint`) inside a pass: it goes ahead
+    with the trainer's position rewound to the pass's start (:func:`cut_position`)."""
+    _automatic.on = True
+    try:
+        yield
+    finally:
+        _automatic.on = False
+
+
+def cut_position(position: DataPosition) -> DataPosition:
+    """The data position an automatic checkpoint records: ``position`` itself between passes;
+    inside a pass the pass's first step, since the servers hold none of the pass's sparse
+    updates yet (they are on this trainer until :func:`end_pass`): a job recovered from the
+    checkpoint restarts the pass."""
+    if _ACTIVE is None:
+        return position
+    return DataPosition(position.pass_index, 0, position.step - position.step_in_pass)
 
 
 # -- building a pass ------------------------------------------------------------------------------

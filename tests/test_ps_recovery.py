@@ -66,8 +66,10 @@ class Job:
         interval: float,
         extra: tuple[str, ...] = (),
         keep: int = 2,
+        flags: tuple[str, ...] = (),
     ) -> None:
-        """``data``: the slot files' folder; None: the same examples generated in memory."""
+        """``data``: the slot files' folder; None: the same examples generated in memory;
+        ``extra``: the script's arguments; ``flags``: more of fleetrun's."""
         self.log, self.ckpt = tmp / "log", tmp / "ckpt"
         self.out, self.err = tmp / "stdout.txt", tmp / "stderr.txt"
         self.pids: set[int] = set()
@@ -90,6 +92,7 @@ class Job:
             "none",
             "--grace_period",
             "2",
+            *flags,
             "examples/ctr/train_ps.py",
             *(["--data_dir", str(data)] if data else ["--train", str(2 * LINES)]),
             "--test",

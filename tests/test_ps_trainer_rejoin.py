@@ -148,12 +148,15 @@ def _trainer_pids(job: Job) -> dict[int, set[int]]:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("mode", ["async", "geo"])
+@pytest.mark.parametrize(("mode", "warm"), [("async", "off"), ("geo", "off"), ("async", "on")])
 def test_trainer_killed_mid_pass_is_restarted_alone(
     tmp_path: Path,
     slot_dir: Path,  # noqa: F811  (the fixture imported from test_ps_recovery)
     mode: str,
+    warm: str,
 ) -> None:
+    """(With ``warm`` on, every process and the restarted trainer are forked from the warm
+    process: the same outcome.)"""
     final = tmp_path / "log" / "final"
     # the restarted trainer skips what it trained: async trains from the examples generated in
     # memory (the files' examples), GEO reads the files through a QueueDataset
@@ -165,6 +168,7 @@ def test_trainer_killed_mid_pass_is_restarted_alone(
         max_restarts=1,
         interval=0.5,
         extra=("--save", str(final), *dataset),
+        flags=("--warm_start", warm),
     )
     steps0: list[int] = []
     try:
@@ -211,6 +215,8 @@ def test_trainer_killed_mid_pass_is_restarted_alone(
     assert mode == "async" or any("fleet.metrics SUM" in ln for ln in replays), replays  # files
     state = json.loads((job.log / "job_state.json").read_text())
     assert state["state"] == "succeeded" and len(state["recoveries"]) == 1
+    assert (job.log / "warmlog.0").exists() == (warm == "on")
+    assert "warm start unavailable" not in err
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["test_auc"] > 0.6, result  # undisturbed runs of this data: ~0.69-0.73
     from examples.ctr.data import CTRDataConfig, generate

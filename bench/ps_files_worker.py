@@ -12,10 +12,11 @@ The files are loaded once into a ``fleet.InMemoryDataset`` (``thread_num`` =
 
 * ``--variant tfd``: ``fleet.train_from_dataset(model, opt, ds, torch.nn.CrossEntropyLoss(),
   label="click", print_period=100)`` as docs/ps/datasets.md shows it (its progress lines in
-  the trainer's log); the epoch's AUC is the ``TrainStats``'
+  the trainer's log), so with the dataset's ``thread_num`` training threads (hogwild, as
+  Paddle's; ``--thread_num`` overrides it); the epoch's AUC is the ``TrainStats``'
   ``local_auc`` (one trainer: the job's AUC);
 * ``--variant loop``: the guide's loop ``for batch in ds: out = model(batch minus click); loss
-  = ...; loss.backward(); opt.step(); opt.zero_grad()``, the AUC of the softmax's class-1
+  = ...; loss.backward(); opt.step(); opt.zero_grad()`` (one thread), the AUC of the softmax's class-1
   probability in a ``fleet.metrics.AucState`` (4096 buckets) made per epoch.
 
 Trainer 0 writes one JSON line per epoch to ``--out``; an exception in training writes
@@ -51,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variant", choices=["tfd", "loop"], required=True)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--threads", type=int, default=2, help="the dataset's thread_num")
+    p.add_argument(
+        "--thread_num",
+        type=int,
+        default=None,
+        help="train_from_dataset's training threads (default: the dataset's thread_num)",
+    )
     p.add_argument("--batch_size", type=int, default=512)
     p.add_argument("--dim", type=int, default=8)
     p.add_argument("--sparse_lr", type=float, default=0.05)
@@ -81,15 +88,22 @@ class SlotsMLP(nn.Module):
         return list(self.mlp.parameters())
 
 
-def epoch_tfd(model: nn.Module, opt: Any, ds: Any) -> float:
-    """One epoch of ``fleet.train_from_dataset`` as the docs show it; its AUC."""
+def epoch_tfd(model: nn.Module, opt: Any, ds: Any, thread_num: int | None = None) -> float:
+    """One epoch of ``fleet.train_from_dataset`` as the docs show it (training threads: the
+    dataset's ``thread_num`` unless ``thread_num`` is given); its AUC."""
     stats = fleet.train_from_dataset(
-        model, opt, ds, torch.nn.CrossEntropyLoss(), label=LABEL, print_period=100
+        model,
+        opt,
+        ds,
+        torch.nn.CrossEntropyLoss(),
+        label=LABEL,
+        print_period=100,
+        thread_num=thread_num,
     )
     return float(stats.local_auc)
 
 
-def epoch_loop(model: nn.Module, opt: Any, ds: Any) -> float:
+def epoch_loop(model: nn.Module, opt: Any, ds: Any, thread_num: int | None = None) -> float:
     """One epoch of the guide's loop; the AUC of the class-1 probability over it."""
     loss_fn = nn.CrossEntropyLoss()
     state = fleet.metrics.AucState()
@@ -151,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for epoch in range(1, args.epochs + 1):
             t1 = time.perf_counter()
-            auc = run_epoch(model, opt, ds)
+            auc = run_epoch(model, opt, ds, args.thread_num)
             train_s = time.perf_counter() - t1
             write(
                 {

@@ -32,6 +32,7 @@ import math
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -46,6 +47,7 @@ from fleet.base import lookahead
 from fleet.base.runtime import current_runtime
 from fleet.ps import runtime as ps_runtime
 from fleet.ps import threads as ps_threads
+from fleet.ps.auto_prefetch import PREFETCHER
 
 logger = logging.getLogger(__name__)
 
@@ -181,8 +183,10 @@ def _train_threads(
         dense = [aliases.get(id(p), p) for p in comm.dense]
         copies.append((replica, dense))
     take = threading.Lock()
-    depth = comm.prefetch_depth
-    comm.prefetch_depth = max(depth, n_threads + 1)
+    run.read_ahead = n_threads
+    depth, stale = comm.prefetch_depth, comm.stale_steps
+    comm.prefetch_depth = max(depth, 2 * n_threads + 1)
+    comm.stale_steps = max(stale, n_threads - 1)
 
     def work(index: int, stop: threading.Event) -> None:
         replica, dense = copies[index]
@@ -195,7 +199,7 @@ def _train_threads(
     try:
         ps_threads.Workers(n_threads, work).run()
     finally:
-        comm.prefetch_depth = depth
+        comm.prefetch_depth, comm.stale_steps = depth, stale
 
 
 class _Pass:
@@ -229,6 +233,12 @@ class _Pass:
         self.period_examples = 0
         self.start = self.period_start = 0.0
         self.printing = 0.0
+        self.ahead: deque[Mapping[str, Any]] = deque()
+        """Training threads: batches read and not yet taken."""
+        self.read_ahead = 1
+        """Training threads: batches kept read (one per thread: each batch is read, and its
+        rows prefetched, about one step time of a thread before its forward)."""
+        self.exhausted = False
 
     def _next(
         self, batches: Iterator[Mapping[str, Any]], shared: tuple[threading.Lock, Any] | None
@@ -242,12 +252,21 @@ class _Pass:
             return batch
         take, stop = shared
         ps_threads.GATE.enter()
+        ahead = self.ahead
         with take:
-            if stop.is_set() or (self.max_steps is not None and self.taken >= self.max_steps):
-                batch = None
-            else:
-                batch = next(batches, None)
-                self.taken += batch is not None
+            batch = None
+            if not stop.is_set() and (self.max_steps is None or self.taken < self.max_steps):
+                while len(ahead) < self.read_ahead and not self.exhausted:
+                    read = next(batches, None)
+                    if read is None:
+                        self.exhausted = True
+                    else:
+                        ahead.append(read)
+                if ahead:
+                    batch = ahead.popleft()
+                    self.taken += 1
+                    PREFETCHER.take(batch, ahead[0] if ahead else None)
+        PREFETCHER.run_deferred()  # prefetches of the batches read, outside the hand-off lock
         if batch is None:
             ps_threads.GATE.leave()
         return batch

@@ -14,10 +14,13 @@ names, so its forward finds the rows pulled. A forward given ids computed from t
 sliced) is not recognised and pulls at its step as before. The first batch of a pass teaches the
 plans (and its forward prefetches the second batch right away); every later batch is prefetched.
 
-Under several training threads (:mod:`fleet.ps.threads`) the batch a forward belongs to is the
-one its thread took: the lookahead hands (batch, next batch) to the prefetcher in the thread
-that takes the batch, and the prefetcher keeps them per thread. Plans are kept per original
-module (a thread's model copy teaches and uses its original's plans).
+Under several training threads (:mod:`fleet.ps.threads`) the loop reads batches into a buffer
+of one batch per thread; the batch a read hands to the prefetcher as the next one is
+prefetched once the reading thread has left the hand-off lock (:meth:`SlotPrefetcher.run_deferred`),
+so a batch's rows are pulled about one step time of a thread before its forward. The batch a
+forward belongs to is the one its thread took (:meth:`SlotPrefetcher.take`, kept per thread).
+Plans are kept per original module (a thread's model copy teaches and uses its original's
+plans).
 """
 
 from __future__ import annotations
@@ -62,9 +65,30 @@ class SlotPrefetcher:
         self, current: Mapping[str, Any] | None, following: Mapping[str, Any] | None
     ) -> None:
         local = self._local
-        local.current, local.following, local.index = current, following, None
-        if following is None:
+        if threads.GATE.running:  # training threads: see take() and run_deferred()
+            if following is not None:
+                local.deferred.append(following)
             return
+        local.current, local.following, local.index = current, following, None
+        if following is not None:
+            self._start(following)
+
+    def take(self, current: Mapping[str, Any], following: Mapping[str, Any] | None) -> None:
+        """Training threads: this thread trains ``current`` (read ahead into the loop's buffer
+        by any thread), ``following`` is the next batch in that buffer (or None)."""
+        local = self._local
+        local.current, local.following, local.index = current, following, None
+
+    def run_deferred(self) -> None:
+        """Training threads: start the prefetches of the batches this thread read ahead (called
+        once it holds its batch, so the lookups' layout is not made while the batch hand-off is
+        locked)."""
+        local = self._local
+        todo, local.deferred = local.deferred, []
+        for following in todo:
+            self._start(following)
+
+    def _start(self, following: Mapping[str, Any]) -> None:
         with self._lock:
             todo = [(m, list(plans)) for m, plans in self._plans.items()]
         for module, plans in todo:
@@ -115,6 +139,7 @@ class _Batches(threading.local):
     def __init__(self) -> None:
         self.current: Mapping[str, Any] | None = None
         self.following: Mapping[str, Any] | None = None
+        self.deferred: list[Mapping[str, Any]] = []
         self.index: dict[int, str] | None = None
 
 

@@ -106,6 +106,10 @@ class Communicator:
         """Prefetches kept pending per table (raised to threads + 1 while several threads
         train: each thread's next batch may be prefetched before another thread's forward)."""
         self._prefetch_lock = threading.Lock()
+        self.stale_steps = 0
+        """Async prefetches: steps queued before the prefetch that its pull need not wait for
+        (threads - 1 while several threads train: the other threads' steps in flight, as a
+        hogwild pull at the forward would miss them too)."""
         self._pool: ThreadPoolExecutor | None = None
         self._prefetched: dict[str, list[tuple[np.ndarray, Future[np.ndarray]]]] = {}
         self._last_prefetch: dict[str, tuple[int, np.ndarray]] = {}  # table -> (steps, keys)
@@ -372,9 +376,11 @@ class AsyncCommunicator(Communicator):
         """Pull once the sender has applied the ``steps`` steps queued before the prefetch, so a
         prefetched row misses at most this trainer's current step (without the wait it could
         miss every step still queued: up to ``send_queue_size``, growing as the trainer gets
-        faster than its sender). Bounded: after :data:`PREFETCH_WAIT_S` it pulls anyway."""
+        faster than its sender), less :attr:`stale_steps`. Bounded: after
+        :data:`PREFETCH_WAIT_S` it pulls anyway."""
+        applied = steps - self.stale_steps
         with self._sent_cv:
-            self._sent_cv.wait_for(lambda: self._sent >= steps, timeout=PREFETCH_WAIT_S)
+            self._sent_cv.wait_for(lambda: self._sent >= applied, timeout=PREFETCH_WAIT_S)
         return self.client.pull_sparse(table, keys)
 
     def step(self) -> None:

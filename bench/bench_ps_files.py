@@ -11,9 +11,10 @@ Three jobs per round, in an order that rotates from round to round:
 * **ours, train_from_dataset:** ``fleetrun --server_num 1 --worker_num 1
   bench/ps_files_worker.py --variant tfd``: ``fleet.train_from_dataset(model, opt, ds,
   torch.nn.CrossEntropyLoss(), label="click", print_period=100)`` per epoch over
-  ``fleet.InMemoryDataset`` (``thread_num=2``), default settings (nothing tuned by hand);
+  ``fleet.InMemoryDataset`` (``thread_num=2``), default settings (nothing tuned by hand): the
+  dataset's ``thread_num`` gives it two hogwild training threads, as Paddle's ``thread=2``;
 * **ours, the guide's loop:** the same job with ``--variant loop``: ``for batch in ds: ...
-  loss.backward(); opt.step(); opt.zero_grad()``.
+  loss.backward(); opt.step(); opt.zero_grad()``, on one thread.
 
 Data: ``--files`` x ``--lines`` MultiSlot lines (``1 <click> 1 <id> x 26``), written once per run
 into a temp dir from :mod:`examples.ctr.data` (seed 0; Zipf(1.15) ids over 100k ranks per

@@ -11,11 +11,12 @@ Every call takes a whole batch: the keys are turned into Python ``bytes`` with o
 ``tolist()`` and the records come back as one ``b"".join`` decoded by ``np.frombuffer``, so no
 Python bytecode runs per key (``map`` drives the ``WriteBatch.put`` calls). Reads go in RocksDB's
 key order; the files carry bloom filters (a key that was never evicted costs no block read) and
-uncompressed blocks behind a block cache of :data:`BLOCK_CACHE_BYTES`, read through mmap; writes
-skip the write-ahead log (the directory is scratch). Measured on a loaded 2-core machine, 10^6
-rows of 75 bytes, 31 k-key reads: bloom filters, the block cache, no compression and sorted keys
-read 2.3x faster than RocksDB's defaults with keys in random order (0.18 against 0.077 M keys/s);
-mmap reads another 1.3x (3 * 10^6 rows, 37 k-key reads: 0.132 against 0.099 M keys/s). Writes are batches of ops
+LZ4 blocks behind a block cache of :data:`BLOCK_CACHE_BYTES`; writes skip the write-ahead log
+(the directory is scratch). Measured on a loaded 2-core machine, 10^6 rows of 75 bytes, 31 k-key
+reads: bloom filters, the block cache, no compression and sorted keys read 2.3x faster than
+RocksDB's defaults with keys in random order (0.18 against 0.077 M keys/s). Uncompressed blocks
+took 1.65x the payload on disk (4 * 10^6 rows), hence LZ4; mmap reads (1.3x faster reads in a
+3 * 10^6-row test) are off because the mapped files count in the server's RSS. Writes are batches of ops
 (:meth:`ColdTier.write`) that :mod:`ps_server.core.ssd_evict` queues and writes in order.
 
 The directory is scratch: it is emptied when the table is created and never read back after a
@@ -87,13 +88,12 @@ def open_rocksdb(rd: Any, path: str) -> Any:
     opts.create_if_missing(True)
     opts.set_write_buffer_size(16 << 20)
     # point lookups: a bloom filter per file (a key not on disk costs no block read), a
-    # block cache, uncompressed blocks (the cost of a read is CPU on a busy server)
+    # block cache of uncompressed blocks, LZ4 on disk (the cheapest to decompress)
     table = rd.BlockBasedOptions()
     table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
     table.set_block_cache(rd.Cache(BLOCK_CACHE_BYTES))
     opts.set_block_based_table_factory(table)
-    opts.set_compression_type(rd.DBCompressionType.none())
-    opts.set_allow_mmap_reads(True)  # no read() call and copy per block read
+    opts.set_compression_type(rd.DBCompressionType.lz4())
     db = rd.Rdict(path, opts)
     # the directory is scratch (never read after a restart): no write-ahead log
     write_opts = rd.WriteOptions()

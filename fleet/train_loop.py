@@ -115,6 +115,8 @@ def train_from_dataset(
         raise ConfigError(f"must be None or an integer >= 0, got {max_steps!r}", key="max_steps")
     comm = ps_runtime.current_communicator()
     n_threads = ps_threads.resolve(thread_num, dataset, comm.mode if comm is not None else None)
+    if n_threads > 1:
+        n_threads = ps_threads.check_shareable(n_threads, optimizer, comm)
     rank = _trainer_rank()
     run = _Pass(
         loss_fn,

@@ -159,3 +159,15 @@ def test_resolve_thread_num() -> None:
 
     with pytest.raises(ConfigError, match="thread_num"):
         threads.resolve(0, Ds(), "async")
+
+
+def test_threads_need_the_distributed_optimizer() -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    class Comm:
+        dense: list = []
+
+    assert threads.check_shareable(2, opt, Comm()) == 1  # its step would miss each thread's grads
+    Comm.dense = list(model.parameters())
+    assert threads.check_shareable(2, opt, Comm()) == 2

@@ -73,6 +73,29 @@ def resolve(thread_num: int | None, dataset: Any, mode: str | None) -> int:
     return thread_num
 
 
+def check_shareable(n: int, optimizer: Any, comm: Any) -> int:
+    """``n``, or 1 (with a warning) where the threads cannot share this trainer: an optimizer
+    stepping parameters that are not the communicator's dense ones (a thread's step would miss
+    its own gradients), or a lookup source in force (``lookups_from``: the pass cache)."""
+    from fleet.ps import pass_cache
+    from fleet.ps.runtime import _lookups
+
+    if _lookups.get() is not None or pass_cache.in_pass():
+        logger.warning("training on one thread: a lookup source (the pass cache) is in use")
+        return 1
+    dense = {id(p) for p in comm.dense}
+    params = [p for group in getattr(optimizer, "param_groups", []) for p in group["params"]]
+    if any(id(p) not in dense for p in params):
+        logger.warning(
+            "training on one thread (thread_num=%d asked): the optimizer is not the one "
+            "fleet.distributed_optimizer wrapped, so its step would not see each thread's own "
+            "gradients; wrap it with fleet.distributed_optimizer to train on threads",
+            n,
+        )
+        return 1
+    return n
+
+
 # -- replicas ------------------------------------------------------------------------------------
 def replicate(model: torch.nn.Module) -> tuple[torch.nn.Module, dict[int, torch.nn.Parameter]]:
     """A copy of ``model`` for one training thread, and ``id(original parameter)`` -> its alias.
@@ -268,6 +291,7 @@ __all__ = [
     "StepGate",
     "Workers",
     "add_pull_wait",
+    "check_shareable",
     "original",
     "pull_wait_seconds",
     "quiesce",

@@ -186,6 +186,7 @@ def _train_threads(
         copies.append((replica, dense))
     take = threading.Lock()
     run.read_ahead = n_threads
+    run.prefetching = PREFETCHER.active()
     depth, stale = comm.prefetch_depth, comm.stale_steps
     comm.prefetch_depth = max(depth, 2 * n_threads + 1)
     comm.stale_steps = max(stale, n_threads - 1)
@@ -241,6 +242,8 @@ class _Pass:
         """Training threads: batches kept read (one per thread: each batch is read, and its
         rows prefetched, about one step time of a thread before its forward)."""
         self.exhausted = False
+        self.prefetching = False
+        """Training threads: the automatic prefetch is on (async modes, ``prefetch`` on)."""
 
     def _next(
         self, batches: Iterator[Mapping[str, Any]], shared: tuple[threading.Lock, Any] | None
@@ -267,7 +270,8 @@ class _Pass:
                 if ahead:
                     batch = ahead.popleft()
                     self.taken += 1
-                    PREFETCHER.take(batch, ahead[0] if ahead else None)
+                    if self.prefetching:
+                        PREFETCHER.take(batch, ahead[0] if ahead else None)
         PREFETCHER.run_deferred()  # prefetches of the batches read, outside the hand-off lock
         if batch is None:
             ps_threads.GATE.leave()

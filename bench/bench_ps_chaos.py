@@ -159,6 +159,8 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
         "none",
         "--grace_period",
         "2",
+        "--warm_start",
+        args.warm_start,
         str(REPO / "examples/ctr/train_ps.py"),
         "--data_dir",
         str(data),
@@ -350,6 +352,12 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--runs", default="undisturbed,server,trainer")
+    p.add_argument(
+        "--warm_start",
+        default="off",
+        choices=["on", "off"],
+        help="fleetrun's --warm_start (restarted processes forked from the warm process)",
+    )
     p.add_argument("--json", default="")
     args = p.parse_args()
     args.in_place = args.mode == "async"  # fleetrun restarts a dead server or trainer alone

@@ -10,7 +10,8 @@ step with time and world size in progress.jsonl):
 3. **join**: start agent C; time from its start until the first step at world 2;
 4. write the stop file; A and C exit 0.
 
-Variants: ``fleetrun-c10d``; ``fleetrun-etcd`` (a private etcd from scripts/etcd.sh);
+Variants: ``fleetrun-c10d``; ``fleetrun-c10d-warm`` (the same with ``--warm_start on``: the
+surviving agent's next-round worker is forked from its warm process); ``fleetrun-etcd`` (a private etcd from scripts/etcd.sh);
 ``torchrun-c10d`` with the same rendezvous options as fleetrun's defaults
 (launcher.elastic.config.FAST_RDZV_CONF) and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (without it
 torch 2.13's joining node blocks, see launcher/schedulers/local/elastic_launch.py); ``torchrun-c10d-default``
@@ -78,10 +79,12 @@ class Run:
             backend = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{self.port}"]
             if self.variant == "fleetrun-etcd":
                 backend = ["--rdzv_backend", "etcd", "--rdzv_endpoint", str(self.etcd)]
+            warm = ["--warm_start", "on"] if self.variant.endswith("-warm") else []
             return fleetrun_cmd(
                 "--nnodes",
                 "1:2",
                 *backend,
+                *warm,
                 "--rdzv_id",
                 self.rdzv_id,
                 "--max_restarts",
@@ -303,6 +306,7 @@ def main() -> None:
         )
     for ours, peer in (
         ("fleetrun-c10d", "torchrun-c10d"),
+        ("fleetrun-c10d-warm", "torchrun-c10d"),
         ("fleetrun-etcd", "torchrun-c10d"),
         ("fleetrun-c10d", "torchrun-c10d-default"),
     ):

@@ -215,7 +215,7 @@ def elastic(raw: dict[str, Any]) -> list[Figure]:
     rows = {r["variant"]: r for r in raw.get("rows", [])}
     peer = rows.get("torchrun-c10d", {})
     out = []
-    for variant in ("fleetrun-c10d", "fleetrun-etcd"):
+    for variant in ("fleetrun-c10d", "fleetrun-etcd", "fleetrun-c10d-warm"):
         r = rows.get(variant)
         if not r:
             continue

@@ -209,6 +209,8 @@ class WarmPool:
             )
             raise WarmStartError(self._down)
         self.ready_info = info
+        loaded = ", ".join(info.get("loaded") or [])
+        self._log.write(f"ready in {info.get('seconds', 0):.2f} s; imported {loaded}\n".encode())
         for name, why in (info.get("failed") or {}).items():
             logger.warning("fleetrun: warm start: could not preload %s (%s)", name, why)
 

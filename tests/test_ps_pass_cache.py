@@ -276,3 +276,10 @@ def test_torch_rules_match_the_server_formulas(rule: Any) -> None:
             tw.clamp_(*rule.weight_bounds)
     np.testing.assert_allclose(tw.numpy(), w, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(ts.numpy(), s, rtol=1e-6, atol=1e-6)
+
+
+def test_a_streamed_dataset_is_refused() -> None:
+    from fleet.data.dataset import QueueDataset
+
+    with pytest.raises(ConfigError, match="InMemoryDataset"):
+        pass_cache.collect_keys(QueueDataset(), {"t": None})

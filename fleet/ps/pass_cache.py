@@ -304,6 +304,12 @@ def _sparse_columns(dataset: Any, label: str | None) -> Iterable[tuple[str, np.n
                     per_value = np.repeat(labels, np.diff(offsets))
                 yield slot.name, vals, per_value
         return
+    if hasattr(dataset, "set_filelist"):  # a streamed dataset: reading it would use it up
+        raise ConfigError(
+            f"a pass is built from a loaded InMemoryDataset; got a {type(dataset).__name__}, "
+            "which streams its files: use fleet.InMemoryDataset and load_into_memory()",
+            key="pass_cache",
+        )
     for batch in dataset:  # any iterable of batches: slot -> tensor or sparse slot
         names = list(batch)
         dense = [batch[n] for n in names]

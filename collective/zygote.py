@@ -3,14 +3,11 @@ fresh ``python -u -m collective.bootstrap ARGS`` would, without paying the impor
 
 fleetrun's agent starts it once per job (``launcher.warm.WarmPool``)::
 
-    python -u -m collective.zygote --socket PATH --agent PID [--import M ...] [--later M ...]
+    python -u -m collective.zygote --socket PATH --agent PID [--import MODULE ...]
 
-It imports the ``--import`` modules (numpy, torch, ``torch.distributed``, collective), prints one
-line ``{"ready": ...}`` on stdout, then serves spawn requests on the Unix socket until the agent
-closes it or dies (``PR_SET_PDEATHSIG``). Whenever no request has come for
-:data:`IDLE_BEFORE_IMPORT_S`, it imports the next ``--later`` module (``torch._dynamo``, fleet,
-the PS client, the job file's ``warm_imports:``): a job's first workers are forked as soon as
-torch is in, and the restarts find the rest in too. It never touches CUDA,
+It imports the modules (torch, ``torch._dynamo``, fleet, the PS client and the job file's
+``warm_imports:``), prints one line ``{"ready": ...}`` on stdout, then serves spawn requests on the
+Unix socket until the agent closes it or dies (``PR_SET_PDEATHSIG``). It never touches CUDA,
 starts no thread and opens no process group, so a fork of it is safe.
 
 A request is a length-prefixed JSON object ``{"argv": [...], "env": {...}, "cwd": "..."}`` with one
@@ -55,7 +52,6 @@ import importlib
 import json
 import os
 import random
-import select
 import signal
 import socket
 import struct
@@ -68,9 +64,6 @@ MAX_MESSAGE_BYTES = 64 << 20
 """A request or reply larger than this is refused (an environment is a few kilobytes)."""
 ADOPTION_TIMEOUT_S = 5.0
 """How long a forked worker waits to be adopted by the agent before it gives up."""
-IDLE_BEFORE_IMPORT_S = 0.3
-"""Seconds without a spawn request before the warm process imports its next ``--later``
-module (the agent asks for a node's workers back to back)."""
 ORPHANED_EXIT = 70
 """Exit code of a forked worker whose agent was gone before it could run."""
 
@@ -168,36 +161,10 @@ def _spawn(request: dict[str, Any], out_fd: int) -> int:
     return int(text)
 
 
-def _load(name: str) -> str:
-    """Import ``name``; "" or why it failed (the rest still load)."""
-    try:
-        importlib.import_module(name)
-    except Exception as err:  # noqa: BLE001 - reported, never fatal
-        return f"{type(err).__name__}: {err}"
-    _check_no_cuda()
-    return ""
-
-
-def _check_no_cuda() -> None:
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None) if torch is not None else None
-    if cuda is not None and cuda.is_initialized():
-        raise SystemExit("collective.zygote: a preloaded module initialised CUDA; not forking")
-
-
-def serve(listener: socket.socket, later: list[str] | None = None) -> None:
-    """Serve spawn requests until an ``{"exit": true}`` one. Runs in the zygote; returns only
-    there. ``later``: modules imported while no request waits (after :data:`IDLE_BEFORE_IMPORT_S`
-    without one), so the first workers are forked as soon as the early imports are done."""
-    later = list(later or [])
+def serve(listener: socket.socket) -> None:
+    """Serve spawn requests until the agent closes its end (an empty ``{"exit": true}`` ends it
+    too). Runs in the zygote; returns only there."""
     while True:
-        if later:
-            if not select.select([listener], [], [], IDLE_BEFORE_IMPORT_S)[0]:
-                name = later.pop(0)
-                why = _load(name)
-                sys.stderr.write(f"imported {name}\n" if not why else f"{name}: {why}\n")
-                sys.stderr.flush()
-                continue
         conn, _ = listener.accept()
         with conn:
             try:
@@ -285,9 +252,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--socket", required=True, help="Unix socket path to serve on")
     p.add_argument("--agent", type=int, required=True, help="pid of the agent that adopts workers")
     p.add_argument("--import", dest="imports", action="append", default=[], help="module to load")
-    p.add_argument(
-        "--later", action="append", default=[], help="module to load while no request waits"
-    )
     return p.parse_args(argv)
 
 
@@ -300,11 +264,15 @@ def main(argv: list[str]) -> None:
     started = time.monotonic()
     loaded, failed = [], {}
     for name in args.imports:
-        why = _load(name)
-        if why:
-            failed[name] = why
-        else:
+        try:
+            importlib.import_module(name)
             loaded.append(name)
+        except Exception as err:  # noqa: BLE001 - reported to the agent, the rest still load
+            failed[name] = f"{type(err).__name__}: {err}"
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "cuda", None) is not None:
+        if torch.cuda.is_initialized():
+            raise SystemExit("collective.zygote: a preloaded module initialised CUDA; not forking")
     zygote_env = dict(os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(args.socket)
@@ -314,7 +282,7 @@ def main(argv: list[str]) -> None:
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
     try:
-        serve(listener, args.later)
+        serve(listener)
     except _Become as become:
         listener.close()
         _become_worker(become.request, become.out_fd, args.agent, zygote_env)
@@ -328,7 +296,6 @@ if __name__ == "__main__":
 
 __all__ = [
     "ADOPTION_TIMEOUT_S",
-    "IDLE_BEFORE_IMPORT_S",
     "MAX_MESSAGE_BYTES",
     "ORPHANED_EXIT",
     "main",

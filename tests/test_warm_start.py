@@ -88,13 +88,13 @@ def test_restart_loop_keeps_the_warm_process_flat(tmp_path: Path) -> None:
         env={"PROBE_ACTION": "exit:1"},
     )  # fmt: skip
     samples: dict[int, tuple[int, int]] = {}
-    zygote, settled = None, None  # settled: the attempt by which its later imports were done
+    zygote, settled = None, None  # settled: the first attempt after its imports were done
     deadline = time.monotonic() + 240
     while p.poll() is None and time.monotonic() < deadline:
         zygote = zygote or _zygote_of(p.pid)
         if zygote is not None:
             attempts = _count_probes(log)
-            if settled is None and "imported ps_server.client" in _read(log / "warmlog.0"):
+            if settled is None and "ready in" in _read(log / "warmlog.0"):
                 settled = attempts + 1
             stats = _stats(zygote)
             if settled is not None and stats and attempts not in samples:

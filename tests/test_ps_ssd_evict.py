@@ -218,3 +218,51 @@ def test_a_failed_write_is_raised_by_the_next_call(tmp_path: Path) -> None:
 def test_unknown_eviction_policy_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SsdTierError, match="eviction must be one of"):
         SsdSparseTable(_config("ssd"), ssd_root=str(tmp_path), eviction="lfu")
+
+
+@pytest.mark.timeout(60)
+def test_server_serves_while_its_ssd_table_writes(tmp_path: Path) -> None:
+    from ps_server import PSClient, PSServer
+    from ps_server.core.initializers import Uniform
+    from ps_server.core.optimizers import Adagrad
+
+    server = PSServer(host="127.0.0.1", port=0, ssd_root=str(tmp_path))
+    port = server.start()
+    client = PSClient([f"127.0.0.1:{port}"], timeout_s=20)
+    try:
+        client.create_table(
+            "emb",
+            8,
+            Adagrad(lr=0.05),
+            Uniform(-0.01, 0.01),
+            num_shards=8,
+            seed=3,
+            storage="ssd",
+            cache_rows=1000,
+        )
+        table = server.state.tables["emb"]
+        assert isinstance(table, SsdSparseTable)
+        stuck = StuckWrites(table)
+        ref = make_table(_config())
+        keys = np.arange(1200, dtype=np.int64)
+        assert np.array_equal(client.pull_sparse("emb", keys), ref.pull(keys))
+        assert stuck.entered.wait(10)  # the eviction's write is stuck
+        rng = np.random.default_rng(5)
+        t0 = time.monotonic()
+        for _ in range(5):  # rows in memory and in the stuck put: served meanwhile
+            some = rng.choice(1200, 150, replace=False).astype(np.int64)
+            grads = rng.standard_normal((150, 8)).astype(np.float32)
+            client.push_sparse("emb", some, grads)
+            ref.push(some, grads)
+            assert np.array_equal(client.pull_sparse("emb", some), ref.pull(some))
+        assert time.monotonic() - t0 < 15
+        assert table.stats()["ssd_unwritten_keys"] > 0
+        stuck.release()
+        table.flush()
+        assert np.array_equal(client.pull_sparse("emb", keys), ref.pull(keys))
+    finally:
+        client.close()
+        server.stop()
+    thread = table.queue.thread
+    table.close()
+    assert thread is not None and not thread.is_alive()

@@ -1,4 +1,4 @@
-"""The pass cache in a real fleetrun job: 1 server + 2 SYNC trainers, ``cache="pass"``,
+"""The pass cache in a real fleetrun job: 1 server + 2 trainers, ``cache="pass"``,
 ``fleet.train_from_dataset`` opening and closing the pass. Each trainer makes one pull and one
 push of its table in the pass, and the rows after the pass are the rows before plus both
 trainers' deltas (the GEO merge on the server), over keys only one trainer saw and keys both
@@ -32,7 +32,10 @@ def _write_files(root: Path) -> Path:
 
 
 @pytest.mark.timeout(300)
-def test_two_trainers_pass_cache_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("mode", "threads"), [("sync", 1), ("async", 2)])
+def test_two_trainers_pass_cache_job(tmp_path: Path, mode: str, threads: int) -> None:
+    """SYNC, and async with two training threads per trainer (the steps the async sender
+    still holds at the pass's end are sent before the table goes back to it)."""
     data = _write_files(tmp_path)
     out = tmp_path / "out"
     r = run_fleetrun(
@@ -47,6 +50,10 @@ def test_two_trainers_pass_cache_job(tmp_path: Path) -> None:
         str(out),
         "--data",
         str(data),
+        "--mode",
+        mode,
+        "--threads",
+        str(threads),
         timeout=240,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

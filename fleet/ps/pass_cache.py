@@ -493,6 +493,9 @@ def finish(cache: PassCache | None = None, barrier: bool = True) -> PassStats:
         raise ConfigError("no pass is open: call fleet.begin_pass(dataset) first", key="pass_cache")
     t0 = time.perf_counter()
     try:
+        # steps the async sender still holds were taken without these tables: send them
+        # before the tables are given back
+        cache.communicator.flush()
         for name, table in cache.tables.items():
             keys, delta = table.delta()
             pushes = 0

@@ -22,10 +22,14 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--data", required=True)
 p.add_argument("--keys", type=int, default=120)
+p.add_argument("--mode", default="sync", choices=["sync", "async"])
+p.add_argument("--threads", type=int, default=1, help="train_from_dataset thread_num (async)")
 args = p.parse_args()
 
 slots = [Slot("click", dense=True), Slot("a"), Slot("b")]
-fleet.init(is_collective=False, strategy=fleet.DistributedStrategy())  # sync
+strategy = fleet.DistributedStrategy()
+strategy.a_sync = args.mode == "async"
+fleet.init(is_collective=False, strategy=strategy)
 
 
 class Net(torch.nn.Module):
@@ -74,7 +78,13 @@ else:
 
     pass_cache.PassTable.delta = recorded
     stats = fleet.train_from_dataset(
-        model, opt, ds, torch.nn.BCEWithLogitsLoss(), label="click", print_period=1000
+        model,
+        opt,
+        ds,
+        torch.nn.BCEWithLogitsLoss(),
+        label="click",
+        print_period=1000,
+        thread_num=args.threads,
     )
     client.pull_sparse, client.push_sparse = pull, push
     fleet.barrier_worker()

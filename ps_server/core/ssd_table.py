@@ -56,7 +56,7 @@ from ps_server.core.row_flags import LIVE, SEEN
 from ps_server.core.row_store import RowSnapshot, RowStore
 from ps_server.core.shard_data import SparseShardData
 from ps_server.core.sparse_table import SparseTable
-from ps_server.core.ssd_evict import PUT, WriteBehind
+from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_tier import ColdTier, record_dtype
 from ps_server.core.table import ChangeLog, PushStats
 from ps_server.errors import SsdTierError
@@ -181,7 +181,7 @@ class SsdSparseTable(SparseTable):
         if self._cold_rows == 0:
             return mkeys
         state, queued = self.queue.lookup(mkeys, self.cold.dtype)
-        ask = state == 0
+        ask = state == ABSENT
         found, rec = self.cold.get(mkeys[ask])
         at_disk = np.flatnonzero(ask)[found]
         at_queue = np.flatnonzero(state == PUT)

@@ -35,8 +35,11 @@ def write_files(root: Path) -> Path:
     return data
 
 
-def run_job(tmp_path: Path, name: str, data: Path, *args: str, ok: bool = True) -> dict:
-    """Run the script (``args`` after --data); its JSON, or the process result when not ``ok``."""
+def run_job(
+    tmp_path: Path, name: str, data: Path, *args: str, ok: bool = True, launch: tuple = ()
+) -> dict:
+    """Run the script (``args`` after --data, ``launch``: more fleetrun flags); its JSON, or the
+    process result when not ``ok``."""
     out = tmp_path / f"{name}.json"
     r = run_fleetrun(
         "--server_num",
@@ -45,6 +48,7 @@ def run_job(tmp_path: Path, name: str, data: Path, *args: str, ok: bool = True) 
         "1",
         "--log_dir",
         str(tmp_path / f"log_{name}"),
+        *launch,
         SCRIPT,
         "--out",
         str(out),

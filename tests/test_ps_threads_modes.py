@@ -5,6 +5,7 @@ that thread's traceback instead of hanging."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,15 @@ def test_an_exception_in_a_training_thread_ends_the_job_with_its_traceback(
     assert "RuntimeError: boom in the forward of batch 7" in log, log[-3000:]
     # the worker's own frames (the model's forward) are in the traceback, and which thread
     assert "in forward" in log and "raised in training thread" in log, log[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_automatic_checkpoints_cut_between_the_threads_steps(tmp_path: Path) -> None:
+    data = write_files(tmp_path)
+    launch = ("--ps_checkpoint_dir", str(tmp_path / "ckpt"), "--ps_checkpoint_interval", "0.3")
+    run = run_job(tmp_path, "ckpt", data, "--threads", "2", launch=launch)
+    for epoch in run["epochs"]:
+        assert epoch["examples"] == LINES and len(epoch["threads"]) == 2, epoch
+    assert run["count_rows"] == [[2.0, LINES]], run["count_rows"]  # no push lost to a cut
+    progress = json.loads((tmp_path / "log_ckpt" / "ps_progress.0.json").read_text())
+    assert progress.get("checkpoint_step"), progress  # cuts were taken while threads trained

@@ -257,6 +257,11 @@ def calibrate_in_job(
             speedups: list[Any] = [None] * world
             tdist.all_gather_object(speedups, mine.whole_pass_s[b] / alone if alone else 0.0)
             idle_speedup[k] = max(1.0, statistics.median(speedups[:k]))
+            if rank == 0:
+                logger.info(
+                    "mp_degree=%d: a group's pass %.3f s with every rank busy, %.3f s alone",
+                    k, mine.whole_pass_s[b], alone,
+                )  # fmt: skip
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         tdist.gather_object(mine, gathered, dst=0)
         profiles[k] = gathered or []

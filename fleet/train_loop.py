@@ -116,7 +116,10 @@ def train_from_dataset(
     comm = ps_runtime.current_communicator()
     n_threads = ps_threads.resolve(thread_num, dataset, comm.mode if comm is not None else None)
     if n_threads > 1:
-        n_threads = ps_threads.check_shareable(n_threads, optimizer, comm)
+        from fleet.ps import pass_cache
+
+        busy = ps_runtime.lookup_source_in_force() or pass_cache.in_pass()
+        n_threads = ps_threads.check_shareable(n_threads, optimizer, comm, busy)
     rank = _trainer_rank()
     run = _Pass(
         loss_fn,
@@ -469,16 +472,16 @@ def positive_scores(output: Any, output_is_logits: bool) -> torch.Tensor | None:
 def _begin_pass(dataset: Any, label: str) -> bool:
     """Open a pass of :mod:`fleet.ps.pass_cache` over ``dataset`` when this PS trainer has
     pass-cached embeddings (``cache="pass"`` or ``a_sync_configs.use_ps_gpu``)."""
-    from fleet.ps import pass_cache
+    from fleet.ps import pass_api
 
-    return pass_cache.auto_begin(dataset, label)
+    return pass_api.auto_begin(dataset, label)
 
 
 def _end_pass() -> None:
     """Push the pass opened by :func:`_begin_pass` back to the servers."""
-    from fleet.ps import pass_cache
+    from fleet.ps import pass_api
 
-    pass_cache.end_pass()
+    pass_api.end_pass()
 
 
 def _trainer_rank() -> int:

@@ -526,76 +526,11 @@ def _default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-# -- the trainer's calls -----------------------------------------------------------------------
-def cached_modules(all_tables: bool = False) -> list[Any]:
-    """The trainer's DistributedEmbeddings that a pass caches: ``cache="pass"`` ones, every one
-    under ``a_sync_configs.use_ps_gpu`` (or ``all_tables``)."""
-    from fleet.ps import runtime
-
-    st = runtime._state
-    if st is None:
-        return []
-    modules = [st.tables[name] for name in sorted(st.tables.keys())]
-    if all_tables or st.strategy.a_sync_configs.use_ps_gpu:
-        return modules
-    return [m for m in modules if getattr(m, "cache", None) == "pass"]
-
-
-def begin_pass(
-    dataset: Any,
-    *,
-    label: str | None = None,
-    device: str | torch.device | None = None,
-    max_memory_fraction: float | None = None,
-    memory_budget_bytes: int | None = None,
-) -> None:
-    """Build the pass of ``dataset`` (a loaded InMemoryDataset, or any iterable of batches)
-    into this trainer's device memory (the module docstring). Caches the ``cache="pass"``
-    DistributedEmbeddings (all of them when none is marked). ``label``: the dense slot whose
-    positive values count as clicks (default ``click`` / ``label``). ``device``: default CUDA
-    when available. The memory check uses ``memory_budget_bytes``, else
-    ``max_memory_fraction`` of the free device memory (CPU: of the available RAM)."""
-    from fleet.ps import runtime
-
-    modules = cached_modules() or cached_modules(all_tables=True)
-    start(
-        modules,
-        dataset,
-        runtime.get_client(),
-        runtime.get_communicator(),
-        label=label,
-        device=device,
-        max_memory_fraction=max_memory_fraction,
-        memory_budget_bytes=memory_budget_bytes,
-    )
-
-
-def end_pass() -> PassStats:
-    """Push the pass's deltas (one push per table) and close it (the module docstring)."""
-    return finish()
-
-
-def auto_begin(dataset: Any, label: str | None) -> bool:
-    """``train_from_dataset``'s hook: open a pass over ``dataset`` when this PS trainer has
-    pass-cached embeddings and none is open. Returns whether it opened one."""
-    from fleet.ps import runtime
-
-    if _ACTIVE is not None or not runtime.in_ps_mode() or runtime.current_communicator() is None:
-        return False
-    modules = cached_modules()
-    if not modules:
-        return False
-    start(modules, dataset, runtime.get_client(), runtime.get_communicator(), label=label)
-    return True
-
-
 __all__ = [
     "PassCache",
     "PassStats",
     "PassTable",
     "TableStats",
-    "begin_pass",
-    "end_pass",
     "in_pass",
     "refuse_in_pass",
 ]

@@ -42,6 +42,7 @@ from collective.clean_exit import register_shutdown, unregister_shutdown
 from collective.env import TrainingRole, WorkerEnv
 from collective.errors import ConfigError, FleetError
 from fleet.base import coordination
+from fleet.ps import pass_cache
 from fleet.ps.communicator import (
     DENSE_TABLE,
     AsyncCommunicator,
@@ -342,14 +343,17 @@ def stop_worker() -> None:
         raise failed
 
 
+def lookup_source_in_force() -> bool:
+    """Whether an enclosing :func:`lookups_from` sends this thread's lookups elsewhere."""
+    return _lookups.get() is not None
+
+
 def save_persistables(dirname: str, mode: int = 0) -> None:
     """Save every table (sparse and dense) on the servers: ``mode`` 0 = all, 1 = delta since the
     last save. Every trainer calls it; trainer 0 asks the servers after all flushed."""
     if mode not in (0, 1):
         raise ConfigError(f"got {mode!r}; allowed: 0 (all), 1 (delta)", key="mode")
     st = _require("save_persistables()", TrainingRole.TRAINER)
-    from fleet.ps import pass_cache  # imports this module: at call time
-
     pass_cache.refuse_in_pass("fleet.save_persistables()")  # checkpoints are cut at pass ends
     get_communicator().flush()
     _barrier()

@@ -73,14 +73,12 @@ def resolve(thread_num: int | None, dataset: Any, mode: str | None) -> int:
     return thread_num
 
 
-def check_shareable(n: int, optimizer: Any, comm: Any) -> int:
+def check_shareable(n: int, optimizer: Any, comm: Any, lookup_source: bool = False) -> int:
     """``n``, or 1 (with a warning) where the threads cannot share this trainer: an optimizer
     stepping parameters that are not the communicator's dense ones (a thread's step would miss
-    its own gradients), or a lookup source in force (``lookups_from``: the pass cache)."""
-    from fleet.ps import pass_cache
-    from fleet.ps.runtime import _lookups
-
-    if _lookups.get() is not None or pass_cache.in_pass():
+    its own gradients), or a lookup source in force (``lookup_source``: ``lookups_from`` or an
+    open pass of the pass cache)."""
+    if lookup_source:
         logger.warning("training on one thread: a lookup source (the pass cache) is in use")
         return 1
     dense = {id(p) for p in comm.dense}

@@ -171,3 +171,4 @@ def test_threads_need_the_distributed_optimizer() -> None:
     assert threads.check_shareable(2, opt, Comm()) == 1  # its step would miss each thread's grads
     Comm.dense = list(model.parameters())
     assert threads.check_shareable(2, opt, Comm()) == 2
+    assert threads.check_shareable(2, opt, Comm(), lookup_source=True) == 1  # the pass cache

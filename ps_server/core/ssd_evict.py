@@ -100,6 +100,11 @@ class WriteBehind:
         with self._lock:
             return sum(int(op.keys.shape[0]) for op in self._inflight)
 
+    def put_keys(self) -> list[np.ndarray]:
+        """The keys of every put op not yet in RocksDB (queued or being written)."""
+        with self._lock:
+            return [op.keys for op in self._inflight if op.records is not None]
+
     def lookup(self, keys: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """(state int8[n]: :data:`ABSENT`, :data:`PUT` or :data:`DELETED`; the records of the
         PUT keys, in key order) of distinct ``keys`` in the ops not yet written, the newest op

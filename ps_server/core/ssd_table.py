@@ -8,8 +8,10 @@ the newest op wins) or RocksDB. Every call that takes keys runs in batched steps
 table's lock:
 
 1. *promote*: the keys missing from memory are looked up in the write-behind queue (numpy
-   ``searchsorted``), then the rest in RocksDB in one ``multi_get``; the rows found move to
-   memory, and one delete op for their keys is queued (written later, behind any put of theirs);
+   ``searchsorted``), then the rest in RocksDB in one ``multi_get``, except those the key filter
+   (:mod:`ps_server.core.ssd_filter`: every key ever queued for RocksDB) rules out, such as keys
+   seen for the first time; the rows found move to memory, and one delete op for their keys is
+   queued (written later, behind any put of theirs);
 2. the memory table's own code runs unchanged (its C kernels for the lookup and the optimizer),
    so the optimizer math, admission (count-filter pending keys stay in memory), initial values
    and counters are exactly a memory table's;
@@ -43,8 +45,9 @@ snapshots (delta saves, delta serving exports) are refused with
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -57,6 +60,7 @@ from ps_server.core.row_store import RowSnapshot, RowStore
 from ps_server.core.shard_data import SparseShardData
 from ps_server.core.sparse_table import SparseTable
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
+from ps_server.core.ssd_filter import KeyFilter
 from ps_server.core.ssd_tier import ColdTier, record_dtype
 from ps_server.core.table import ChangeLog, PushStats
 from ps_server.errors import SsdTierError
@@ -124,6 +128,8 @@ class SsdSparseTable(SparseTable):
             self.name, ssd_root, self.shards, record_dtype(self.dim, self.state_dim)
         )
         self.queue = WriteBehind(self.cold.write, self._background_step)
+        self.keyfilter = self._new_filter()
+        """Every key queued for RocksDB since the tier was emptied (:mod:`.ssd_filter`)."""
         self.day = 0
         """end_day calls so far (cold rows record the day they were written)."""
         self._cold_rows = 0
@@ -131,7 +137,18 @@ class SsdSparseTable(SparseTable):
         self._tick = 0
         self._depth = 0
         self._closed = False
-        self._tier = dict.fromkeys(("hot_hits", "hot_misses", "cold_hits", "tier_evictions"), 0)
+        self._tier = dict.fromkeys(
+            (
+                "hot_hits",
+                "hot_misses",
+                "cold_hits",
+                "cold_misses",
+                "filter_skips",
+                "filter_rebuilds",
+                "tier_evictions",
+            ),
+            0,
+        )
 
     # -- sizes and stats ----------------------------------------------------------------------
     @property
@@ -156,6 +173,9 @@ class SsdSparseTable(SparseTable):
                 ssd_bytes=self.cold.disk_bytes,
                 ssd_reads=self.cold.reads,
                 ssd_read_seconds=self.cold.read_seconds,
+                filter_keys=self.keyfilter.num_keys,
+                filter_bytes=self.keyfilter.nbytes,
+                filter_chain=self.keyfilter.chain_length,
                 **self.queue.stats(),
                 **self._tier,
             )
@@ -181,9 +201,13 @@ class SsdSparseTable(SparseTable):
         if self._cold_rows == 0:
             return mkeys
         state, queued = self.queue.lookup(mkeys, self.cold.dtype)
-        ask = state == ABSENT
+        ask = np.flatnonzero(state == ABSENT)
+        maybe = self.keyfilter.may_contain(mkeys[ask])
+        self._tier["filter_skips"] += int(ask.shape[0] - np.count_nonzero(maybe))
+        ask = ask[maybe]
         found, rec = self.cold.get(mkeys[ask])
-        at_disk = np.flatnonzero(ask)[found]
+        at_disk = ask[found]
+        self._tier["cold_misses"] += int(ask.shape[0] - at_disk.shape[0])
         at_queue = np.flatnonzero(state == PUT)
         if at_disk.shape[0] + at_queue.shape[0] == 0:
             return mkeys
@@ -257,12 +281,29 @@ class SsdSparseTable(SparseTable):
             return
         live = st.live_rows()
         victims = np.sort(live[self._coldest(live, n)])
-        self.queue.put(st.keys[victims], self._records(st, victims))
+        vkeys = st.keys[victims]
+        self.queue.put(vkeys, self._records(st, victims))
+        self.keyfilter.add(vkeys)
+        if self.keyfilter.needs_rebuild:
+            self._rebuild_filter()
         st.remove_rows(victims, log=False)
         self._cold_rows += n
         self._tier["tier_evictions"] += n
         if st.num_rows < 0.5 * st.high_water:
             st.compact()
+
+    def _new_filter(self) -> KeyFilter:
+        return KeyFilter(max(2 * self.cache_rows, 1))
+
+    def _rebuild_filter(self, keys: Iterator[np.ndarray] | None = None) -> None:
+        """One filter of the keys in RocksDB and in put ops not yet written (hold the lock).
+        ``keys``: the RocksDB keys, when the caller scans anyway (the queue written first)."""
+        queued = self.queue.put_keys()  # before the scan: a write ending between is in both
+        scanned = self.cold.scan_keys() if keys is None else keys
+        self.keyfilter = KeyFilter.rebuilt(
+            itertools.chain(queued, scanned), max(self._cold_rows, self.cache_rows)
+        )
+        self._tier["filter_rebuilds"] += 1
 
     def _background_step(self) -> None:
         """The eviction thread's pick (under the lock), before it writes the queue."""
@@ -368,10 +409,15 @@ class SsdSparseTable(SparseTable):
             self._check_open()
             removed = super().shrink(max_unseen_days)
             self._write_queued()  # RocksDB holds every cold row; no op is queued now
-            old = [
-                keys[self._aged(rec)["unseen_days"] > max_unseen_days]
-                for keys, rec in self.cold.scan()
-            ]
+            old: list[np.ndarray] = []
+
+            def kept() -> Iterator[np.ndarray]:
+                for keys, rec in self.cold.scan():
+                    out = self._aged(rec)["unseen_days"] > max_unseen_days
+                    old.append(keys[out])
+                    yield keys[~out]
+
+            self._rebuild_filter(kept())  # the filter forgets the deleted keys
             gone = np.concatenate(old) if old else np.zeros(0, dtype=np.int64)
             self.cold.delete(gone)
             self._cold_rows -= int(gone.shape[0])
@@ -420,6 +466,7 @@ class SsdSparseTable(SparseTable):
             super().clear()
             self.queue.discard(self.cold.clear)
             self._cold_rows = 0
+            self.keyfilter = self._new_filter()
 
     def close(self) -> None:
         """Stop the eviction thread (a write in progress finishes first) and close RocksDB;

@@ -302,6 +302,18 @@ class ColdTier:
         if kbuf:
             yield self._chunk(kbuf, vbuf)
 
+    def scan_keys(self) -> Any:
+        """Yield int64 chunks of every key in RocksDB (a consistent view from the call's
+        first step)."""
+        kbuf: list[bytes] = []
+        for k in self._db.keys():
+            kbuf.append(k)
+            if len(kbuf) >= SCAN_CHUNK:
+                yield np.frombuffer(b"".join(kbuf), dtype=_KEY).astype(np.int64)
+                kbuf = []
+        if kbuf:
+            yield np.frombuffer(b"".join(kbuf), dtype=_KEY).astype(np.int64)
+
     def _chunk(self, kbuf: list[bytes], vbuf: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         keys = np.frombuffer(b"".join(kbuf), dtype=_KEY).astype(np.int64)
         return keys, self._decode(vbuf)

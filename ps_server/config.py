@@ -278,12 +278,199 @@ class DenseTableConfig:
         return from_dict(cls, data, path)
 
 
+GRAPH_FEATURE_DTYPES = ("float32", "int64")
+"""The dtypes a graph node feature may have."""
+
+
+def _graph_edge_type(value: Any, i: int, node_types: tuple[str, ...]) -> tuple[str, str, str]:
+    """``(name, src_type, dst_type)`` from a name or a 3-sequence; a bare name takes the only
+    node type when there is one, else ``""`` (types unknown: metapaths are not checked)."""
+    key = f"edge_types[{i}]"
+    if isinstance(value, str):
+        only = node_types[0] if len(node_types) == 1 else ""
+        value = (value, only, only)
+    require(
+        isinstance(value, (list, tuple))
+        and len(value) == 3
+        and all(isinstance(v, str) for v in value),
+        key,
+        f"must be a name or (name, src_type, dst_type) of strings, got {value!r}",
+    )
+    name, src, dst = value
+    require(
+        bool(_NAME_RE.match(name)),
+        key,
+        f"edge type name must be letters, digits, '_ . -', got {name!r}",
+    )
+    for end, t in (("src_type", src), ("dst_type", dst)):
+        require(
+            t == "" or t in node_types,
+            key,
+            f"{end} {t!r} of edge type {name!r} is not one of node_types {list(node_types)}; "
+            "add it to node_types or fix the edge type",
+        )
+    return (name, src, dst)
+
+
+def _graph_features(value: Any, node_types: tuple[str, ...]) -> tuple:
+    """``((node_type, ((name, dtype, width), ...)), ...)`` sorted, from a mapping
+    ``{node_type: {name: (dtype, width)}}``."""
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        value = {t: dict((f[0], (f[1], f[2])) for f in feats) for t, feats in value}
+    require(
+        isinstance(value, Mapping),
+        "features",
+        f"must map node type -> {{name: (dtype, width)}}, got {value!r}",
+    )
+    out = []
+    for node_type in sorted(value):
+        feats = value[node_type]
+        key = f"features.{node_type}"
+        require(
+            node_type in node_types,
+            key,
+            f"node type {node_type!r} is not one of node_types {list(node_types)}",
+        )
+        require(isinstance(feats, Mapping), key, f"must map name -> (dtype, width), got {feats!r}")
+        items = []
+        for name in feats:  # file order of the features is this order
+            spec = feats[name]
+            fkey = f"{key}.{name}"
+            require(
+                isinstance(name, str) and bool(_NAME_RE.match(name)),
+                fkey,
+                f"feature name must be letters, digits, '_ . -', got {name!r}",
+            )
+            require(
+                isinstance(spec, (list, tuple)) and len(spec) == 2,
+                fkey,
+                f"must be (dtype, width), e.g. ('float32', 16), got {spec!r}",
+            )
+            dtype, width = spec
+            require(
+                dtype in GRAPH_FEATURE_DTYPES,
+                fkey,
+                f"dtype must be one of {list(GRAPH_FEATURE_DTYPES)}, got {dtype!r}",
+            )
+            require(
+                isinstance(width, int) and not isinstance(width, bool) and 1 <= width <= 65536,
+                fkey,
+                f"width must be an integer in [1, 65536], got {width!r}",
+            )
+            items.append((name, dtype, width))
+        out.append((node_type, tuple(items)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class GraphTableConfig:
+    """A graph table: int64 node ids of ``node_types``, edges of ``edge_types`` (each
+    ``(name, src_type, dst_type)``, or a bare name when there is one node type), node features
+    per node type (``{node_type: {name: (dtype, width)}}``, dtype ``float32`` or ``int64``).
+    Nodes are sharded over the servers by id as sparse keys are (``num_shards``)."""
+
+    name: str
+    """Table name (letters, digits, ``_ . -``); unique among the server's graph tables."""
+    node_types: tuple[str, ...] = ("node",)
+    """Node type names (at least one)."""
+    edge_types: tuple = ()
+    """Edge types: ``(name, src_type, dst_type)`` after validation (a bare name is kept with the
+    only node type, or ``""`` types when there are several: metapaths then go unchecked)."""
+    features: Any = None
+    """Node features per node type; normalised to sorted ``((type, ((name, dtype, width), ...)),
+    ...)``; a feature's position is its column in node files."""
+    num_shards: int = 64
+    """Fixed number of shards nodes are hashed to (a shard's server is ``shard % servers``)."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        node_types = self.node_types
+        if isinstance(node_types, str):
+            node_types = (node_types,)
+        require(
+            isinstance(node_types, (list, tuple))
+            and len(node_types) >= 1
+            and all(isinstance(t, str) and _NAME_RE.match(t) for t in node_types)
+            and len(set(node_types)) == len(node_types),
+            "node_types",
+            f"must be a non-empty list of distinct names (letters, digits, '_ . -'), got "
+            f"{self.node_types!r}",
+        )
+        node_types = tuple(node_types)
+        object.__setattr__(self, "node_types", node_types)
+        edges = self.edge_types
+        require(
+            isinstance(edges, (list, tuple)) and len(edges) >= 1,
+            "edge_types",
+            f"must list at least one edge type (a name or (name, src_type, dst_type)), got "
+            f"{edges!r}",
+        )
+        edges = tuple(_graph_edge_type(e, i, node_types) for i, e in enumerate(edges))
+        names = [e[0] for e in edges]
+        require(
+            len(set(names)) == len(names),
+            "edge_types",
+            f"edge type names must be distinct, got {names}",
+        )
+        object.__setattr__(self, "edge_types", edges)
+        object.__setattr__(self, "features", _graph_features(self.features, node_types))
+        _check_shards(self.num_shards)
+
+    def edge_type(self, name: str) -> tuple[str, str, str]:
+        """``(name, src_type, dst_type)`` of edge type ``name`` (ConfigError naming the known)."""
+        for e in self.edge_types:
+            if e[0] == name:
+                return e
+        raise ConfigError(
+            f"unknown edge type {name!r} of graph table {self.name!r}; edge types: "
+            f"{[e[0] for e in self.edge_types]}",
+            key="edge_type",
+        )
+
+    def node_features(self, node_type: str) -> tuple[tuple[str, str, int], ...]:
+        """``((name, dtype, width), ...)`` of ``node_type`` (ConfigError for an unknown type)."""
+        if node_type not in self.node_types:
+            raise ConfigError(
+                f"unknown node type {node_type!r} of graph table {self.name!r}; node types: "
+                f"{list(self.node_types)}",
+                key="node_type",
+            )
+        return dict(self.features).get(node_type, ())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return {
+            "name": self.name,
+            "node_types": list(self.node_types),
+            "edge_types": [list(e) for e in self.edge_types],
+            "features": {t: {n: [d, w] for n, d, w in f} for t, f in self.features},
+            "num_shards": self.num_shards,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str = "") -> GraphTableConfig:
+        """Build from plain data (the :meth:`to_dict` form, ``"kind"`` ignored)."""
+        _check_required(cls, data, path)
+        allowed = {f.name for f in fields(cls)}
+        extra = [k for k in data if k not in allowed and k != "kind"]
+        if extra:
+            raise ConfigError(
+                f"unknown key(s) {extra} of a GraphTableConfig; allowed: {sorted(allowed)}",
+                key=path or None,
+            )
+        return cls(**{k: v for k, v in data.items() if k in allowed})
+
+
 TableConfig = SparseTableConfig | DenseTableConfig
 _KINDS: dict[str, type] = {"sparse": SparseTableConfig, "dense": DenseTableConfig}
 
 
 def config_kind(config: TableConfig) -> str:
-    """``"sparse"`` or ``"dense"``."""
+    """``"sparse"``, ``"dense"`` or ``"graph"``."""
+    if isinstance(config, GraphTableConfig):
+        return "graph"
     return "sparse" if isinstance(config, SparseTableConfig) else "dense"
 
 
@@ -336,7 +523,9 @@ def check_same_config(existing: TableConfig, requested: TableConfig) -> None:
 
 
 __all__ = [
+    "GRAPH_FEATURE_DTYPES",
     "DenseTableConfig",
+    "GraphTableConfig",
     "NonFinitePolicy",
     "SparseStorage",
     "SparseTableConfig",

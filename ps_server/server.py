@@ -74,6 +74,7 @@ from ps_server.rpc.channel_options import (
     DEFAULT_MAX_MESSAGE_MB,
     grpc_message_options,
 )
+from ps_server.rpc.graph_service import add_graph_service
 from ps_server.rpc.service import SERVICE_NAME, ServerState, load_dir
 from ps_server.rpc.servicer import ParameterServerServicer, add_servicer_to_server
 from ps_server.rpc.tls import TLSConfig, server_credentials
@@ -293,6 +294,7 @@ class PSServer:
             options=[*self._options, ("grpc.so_reuseport", 0)],
         )
         add_servicer_to_server(ParameterServerServicer(self.state), server)
+        self.graph = add_graph_service(server, self.state, self.token, self.tls)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = _address(self.host, self.port)

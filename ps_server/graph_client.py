@@ -1,0 +1,416 @@
+"""The client of graph tables: :class:`GraphClient`, one request per server for every query.
+
+Nodes are routed to servers as sparse keys are (:func:`ps_server.core.routing.split_by_server`
+with the table's ``num_shards``), and replies are put back in the caller's order. Jagged replies
+use the layout of :mod:`fleet.data`: ``values`` (all items, node after node) and ``offsets``
+(int64, ``len(nodes) + 1``; node ``i``'s items are ``values[offsets[i]:offsets[i + 1]]``).
+
+Queries are idempotent and retried as the parameter server's pulls are; loads and edits are not
+(a retried add would add twice). Errors are :class:`ps_server.rpc.status.PSRpcError` subclasses
+naming the method, the server and the server's message (a bad request: INVALID_ARGUMENT naming
+the value; an unknown table: NOT_FOUND).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ps_server.config import GraphTableConfig
+from ps_server.core.graph_files import GraphInputError
+from ps_server.core.graph_table import GraphTable, as_ids
+from ps_server.core.routing import split_by_server
+from ps_server.rpc.graph_service import GRAPH_SERVICE, HANDLERS, decode, encode
+from ps_server.rpc.rpc_client import Call, RpcClient
+
+IDEMPOTENT = frozenset(
+    {"Describe", "SampleNeighbors", "Degree", "NodeFeatures", "RandomNodes", "NodePage", "WalkStep"}
+)
+"""Graph calls that are retried like pulls."""
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(counts.shape[0] + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _regroup(
+    positions: list[np.ndarray], counts: list[np.ndarray], items: list[list[np.ndarray]], n: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Jagged per-server replies (server ``s`` answered for ``positions[s]``) back in the
+    caller's order: (offsets, one concatenated array per item kind)."""
+    all_counts = np.zeros(n, np.int64)
+    for p, c in zip(positions, counts):
+        all_counts[p] = c
+    offsets = _offsets(all_counts)
+    out = []
+    for kind in range(len(items[0]) if items else 0):
+        total = int(offsets[-1])
+        dtype = items[0][kind].dtype if items else np.int64
+        arr = np.empty(total, dtype)
+        for p, c, it in zip(positions, counts, items):
+            if p.shape[0] == 0:
+                continue
+            starts = offsets[p]
+            lens = c.astype(np.int64)
+            ends = np.cumsum(lens)
+            idx = np.arange(int(ends[-1]) if ends.shape[0] else 0) + np.repeat(
+                starts - (ends - lens), lens
+            )
+            arr[idx] = it[kind]
+        out.append(arr)
+    return offsets, out
+
+
+def _node_type(cfg: GraphTableConfig, node_type: str | None) -> str:
+    """``node_type``, or the only node type when None (GraphInputError otherwise)."""
+    if node_type is None and len(cfg.node_types) == 1:
+        return cfg.node_types[0]
+    if node_type not in cfg.node_types:
+        raise GraphInputError(
+            cfg.name,
+            "node_type",
+            f"unknown node type {node_type!r}; node types: {list(cfg.node_types)}",
+        )
+    return node_type
+
+
+class GraphClient(RpcClient):
+    """Graph-table calls to the servers at ``endpoints`` (options as :class:`RpcClient`'s:
+    ``timeout_s``, ``retries``, ``token``, ``tls_*``, ...)."""
+
+    def __init__(self, endpoints: Sequence[str] | str, **options: Any) -> None:
+        super().__init__(endpoints, **options)
+        for methods, channel in zip(self._methods, self._channels):
+            for op in HANDLERS:
+                methods[f"Graph.{op}"] = channel.unary_unary(f"/{GRAPH_SERVICE}/{op}")
+        self._configs: dict[str, GraphTableConfig] = {}
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _calls(
+        self, op: str, bodies: dict[int, bytes], timeout_s: float | None = None
+    ) -> dict[int, tuple[dict, dict]]:
+        servers = list(bodies)
+        calls = [Call(s, f"Graph.{op}", bodies[s]) for s in servers]
+        replies = self._invoke(calls, op in IDEMPOTENT, timeout_s)
+        return {s: decode(r) for s, r in zip(servers, replies)}
+
+    def _all(self, op: str, header: dict, arrays: dict | None = None, **kw: Any) -> list:
+        body = encode(header, arrays)
+        got = self._calls(op, dict.fromkeys(range(self.num_servers), body), **kw)
+        return [got[s] for s in range(self.num_servers)]
+
+    def config(self, table: str) -> GraphTableConfig:
+        """Graph table ``table``'s config (asked of server 0 once)."""
+        cfg = self._configs.get(table)
+        if cfg is None:
+            h, _ = self._calls("Describe", {0: encode({"table": table})})[0]
+            cfg = self._configs[table] = GraphTableConfig.from_dict(h["config"])
+        return cfg
+
+    def _split(self, table: str, ids: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        return split_by_server(ids, self.num_servers, self.config(table).num_shards)
+
+    def _routed(
+        self, op: str, table: str, ids: np.ndarray, header: dict, name: str = "nodes"
+    ) -> tuple[list[np.ndarray], dict[int, tuple[dict, dict]]]:
+        positions, keys = self._split(table, ids)
+        bodies = {
+            s: encode({"table": table, **header}, {name: keys[s]})
+            for s in range(self.num_servers)
+            if keys[s].shape[0]
+        }
+        return positions, self._calls(op, bodies)
+
+    # -- tables and loading ----------------------------------------------------------------
+    def create_graph_table(self, config: GraphTableConfig) -> bool:
+        """Create ``config`` on every server (idempotent; ALREADY_EXISTS for another config).
+        True if any server created it now."""
+        if not isinstance(config, GraphTableConfig):
+            raise GraphInputError("?", "config", f"must be a GraphTableConfig, got {config!r}")
+        replies = self._all("CreateGraphTable", {"config": config.to_dict()})
+        self._configs[config.name] = config
+        return any(h["created"] for h, _ in replies)
+
+    def load_edges(
+        self,
+        table: str,
+        paths: str | Sequence[str],
+        edge_type: str | None = None,
+        reverse: bool = False,
+        on_error: str = "raise",
+    ) -> dict[str, int]:
+        """Every server reads the edge files (``src<TAB>dst[<TAB>weight]``; paths, globs, fsspec
+        URLs as the servers see them) and keeps the edges whose source it owns. Returns
+        ``{"files", "edges", "skipped", "kept"}`` (kept: summed over servers)."""
+        paths = [paths] if isinstance(paths, str) else list(paths)
+        header = {"table": table, "paths": paths, "edge_type": edge_type, "reverse": reverse}
+        replies = self._all("LoadEdges", {**header, "on_error": on_error})
+        out = dict(replies[0][0])
+        out["kept"] = sum(h["kept"] for h, _ in replies)
+        return out
+
+    def load_nodes(
+        self, table: str, paths: str | Sequence[str], on_error: str = "raise"
+    ) -> dict[str, int]:
+        """Every server reads the node files (``type<TAB>id<TAB>name v v...``) and keeps the
+        nodes it owns. Returns ``{"files", "nodes", "skipped", "kept"}``."""
+        paths = [paths] if isinstance(paths, str) else list(paths)
+        replies = self._all("LoadNodes", {"table": table, "paths": paths, "on_error": on_error})
+        out = dict(replies[0][0])
+        out["kept"] = sum(h["kept"] for h, _ in replies)
+        return out
+
+    def add_edges(
+        self,
+        table: str,
+        src: Any,
+        dst: Any,
+        edge_type: str | None = None,
+        weight: Any = None,
+        reverse: bool = False,
+    ) -> int:
+        """Add edges (``reverse``: dst->src too); returns how many were stored."""
+        s = as_ids(table, "src", src)
+        d = as_ids(table, "dst", dst)
+        if s.shape != d.shape:
+            raise GraphInputError(table, "dst", f"{d.shape[0]} dst ids for {s.shape[0]} src ids")
+        w = np.ones(s.shape[0], np.float32) if weight is None else np.asarray(weight, np.float32)
+        if w.shape != s.shape:
+            raise GraphInputError(table, "weight", f"{w.shape[0]} weights for {s.shape[0]} edges")
+        if reverse:
+            s, d, w = np.concatenate([s, d]), np.concatenate([d, s]), np.concatenate([w, w])
+        positions, keys = self._split(table, s)
+        bodies = {
+            srv: encode(
+                {"table": table, "edge_type": edge_type, "total": int(s.shape[0])},
+                {
+                    "src": keys[srv],
+                    "dst": d[positions[srv]],
+                    "weight": w[positions[srv]],
+                    "positions": positions[srv],
+                },
+            )
+            for srv in range(self.num_servers)
+        }
+        return sum(h["kept"] for h, _ in self._calls("AddEdges", bodies).values())
+
+    def remove_edges(self, table: str, src: Any, dst: Any, edge_type: str | None = None) -> int:
+        """Remove the edges equal to the (src, dst) pairs; returns how many were removed."""
+        s, d = as_ids(table, "src", src), as_ids(table, "dst", dst)
+        if s.shape != d.shape:
+            raise GraphInputError(table, "dst", f"{d.shape[0]} dst ids for {s.shape[0]} src ids")
+        positions, keys = self._split(table, s)
+        bodies = {
+            srv: encode(
+                {"table": table, "edge_type": edge_type},
+                {"src": keys[srv], "dst": d[positions[srv]]},
+            )
+            for srv in range(self.num_servers)
+            if keys[srv].shape[0]
+        }
+        return sum(h["removed"] for h, _ in self._calls("RemoveEdges", bodies).values())
+
+    def add_nodes(
+        self,
+        table: str,
+        ids: Any,
+        node_type: str | None = None,
+        features: dict[str, Any] | None = None,
+    ) -> int:
+        """Add or update nodes with their features (``{name: [n, width]}``); returns how many."""
+        ids_a = as_ids(table, "ids", ids)
+        feats = {k: np.asarray(v) for k, v in (features or {}).items()}
+        for k, v in feats.items():
+            if v.shape[:1] != ids_a.shape:
+                raise GraphInputError(
+                    table,
+                    k,
+                    f"feature {k!r} has {v.shape[0] if v.ndim else 0} rows for {ids_a.shape[0]} ids",
+                )
+        positions, keys = self._split(table, ids_a)
+        bodies = {
+            s: encode(
+                {"table": table, "node_type": node_type},
+                {"ids": keys[s], **{f"feat:{k}": v[positions[s]] for k, v in feats.items()}},
+            )
+            for s in range(self.num_servers)
+            if keys[s].shape[0]
+        }
+        return sum(h["kept"] for h, _ in self._calls("AddNodes", bodies).values())
+
+    def remove_nodes(self, table: str, ids: Any, node_type: str | None = None) -> int:
+        """Remove nodes (their features and out-edges); returns how many were held."""
+        positions, reply = self._routed(
+            "RemoveNodes", table, as_ids(table, "ids", ids), {"node_type": node_type}, "ids"
+        )
+        return sum(h["removed"] for h, _ in reply.values())
+
+    # -- queries ---------------------------------------------------------------------------
+    def sample_neighbors(
+        self,
+        table: str,
+        nodes: Any,
+        fanout: int,
+        edge_type: str | None = None,
+        weighted: bool = False,
+        return_weights: bool = False,
+        return_eids: bool = False,
+        seed: int | None = None,
+    ) -> tuple[np.ndarray, ...]:
+        """``(values, offsets[, weights][, eids])``: up to ``fanout`` distinct neighbours of each
+        node without replacement (uniformly, or by edge weight), every neighbour when ``fanout``
+        >= the degree, in the order of ``nodes``."""
+        ids = as_ids(table, "nodes", nodes)
+        fanout = GraphTable.check_fanout(table, fanout)
+        header = {
+            "edge_type": edge_type,
+            "fanout": fanout,
+            "weighted": bool(weighted),
+            "return_weights": bool(return_weights),
+            "return_eids": bool(return_eids),
+            "seed": seed,
+        }
+        positions, replies = self._routed("SampleNeighbors", table, ids, header)
+        kinds = ["values"] + ["weights"] * return_weights + ["eids"] * return_eids
+        servers = list(replies)
+        offsets, arrays = _regroup(
+            [positions[s] for s in servers],
+            [replies[s][1]["counts"] for s in servers],
+            [[replies[s][1][k] for k in kinds] for s in servers],
+            ids.shape[0],
+        )
+        if not servers:
+            arrays = [np.empty(0, np.float32 if k == "weights" else np.int64) for k in kinds]
+        return (arrays[0], offsets, *arrays[1:])
+
+    def degree(self, table: str, nodes: Any, edge_type: str | None = None) -> np.ndarray:
+        """Out-degree of each node in ``edge_type``."""
+        ids = as_ids(table, "nodes", nodes)
+        positions, replies = self._routed("Degree", table, ids, {"edge_type": edge_type})
+        out = np.zeros(ids.shape[0], np.int64)
+        for s, (_, a) in replies.items():
+            out[positions[s]] = a["degree"]
+        return out
+
+    def node_features(
+        self,
+        table: str,
+        nodes: Any,
+        names: Sequence[str] | None = None,
+        node_type: str | None = None,
+    ) -> dict[str, np.ndarray]:
+        """``{name: [len(nodes), width]}`` in the order of ``nodes`` (zeros for unknown nodes;
+        ``names`` None: every feature of the type)."""
+        ids = as_ids(table, "nodes", nodes)
+        cfg = self.config(table)
+        t = _node_type(cfg, node_type)
+        spec = {f[0]: f for f in cfg.node_features(t)}
+        names = list(spec) if names is None else list(names)
+        for n in names:
+            if n not in spec:
+                raise GraphInputError(
+                    table,
+                    "names",
+                    f"unknown feature {n!r} of node type {t!r}; features: {sorted(spec)}",
+                )
+        out = {
+            n: np.zeros(
+                (ids.shape[0], spec[n][2]), np.float32 if spec[n][1] == "float32" else np.int64
+            )
+            for n in names
+        }
+        positions, replies = self._routed(
+            "NodeFeatures", table, ids, {"names": names, "node_type": t}
+        )
+        for s, (_, a) in replies.items():
+            for n in names:
+                out[n][positions[s]] = a[f"feat:{n}"]
+        return out
+
+    def random_nodes(
+        self, table: str, n: int, node_type: str | None = None, seed: int | None = None
+    ) -> np.ndarray:
+        """``min(n, total)`` distinct nodes of ``node_type``, uniform over every server's nodes
+        (each server draws up to ``n`` of its own; the split over servers is multivariate
+        hypergeometric in their counts)."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise GraphInputError(table, "n", f"must be an integer >= 0, got {n!r}")
+        replies = self._all(
+            "RandomNodes", {"table": table, "n": int(n), "node_type": node_type, "seed": seed}
+        )
+        counts = np.array([h["count"] for h, _ in replies], np.int64)
+        k = int(min(n, counts.sum()))
+        rng = np.random.default_rng(seed)
+        take = rng.multivariate_hypergeometric(counts, k) if k else np.zeros_like(counts)
+        out = np.concatenate([a["ids"][:t] for (_, a), t in zip(replies, take)])
+        return out[rng.permutation(out.shape[0])]
+
+    def random_walk(
+        self,
+        table: str,
+        start_nodes: Any,
+        length: int,
+        metapath: Sequence[str] | None = None,
+        edge_type: str | None = None,
+        seed: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, offsets)``: one walk per start node (the start, then up to ``length``
+        nodes), each step a uniform out-neighbour along ``edge_type``, or along
+        ``metapath[step % len(metapath)]``; a walk stops early at a node without out-edges.
+        The walks cross servers server to server (one request per server from here)."""
+        starts = as_ids(table, "start_nodes", start_nodes)
+        parts = np.array_split(np.arange(starts.shape[0]), self.num_servers)
+        header = {
+            "table": table,
+            "length": length,
+            "metapath": list(metapath) if metapath else None,
+            "edge_type": edge_type,
+            "endpoints": list(self.endpoints),
+            "seed": seed,
+        }
+        bodies = {
+            s: encode(header, {"starts": starts[p]}) for s, p in enumerate(parts) if p.shape[0]
+        }
+        if not bodies:  # still check the arguments
+            bodies = {0: encode(header, {"starts": starts})}
+        replies = self._calls("RandomWalk", bodies)
+        lengths = np.concatenate([replies[s][1]["lengths"] for s in sorted(replies)])
+        values = np.concatenate([replies[s][1]["values"] for s in sorted(replies)])
+        return values, _offsets(lengths)
+
+    def node_counts(self, table: str, node_type: str | None = None) -> list[int]:
+        """How many nodes of ``node_type`` each server holds."""
+        replies = self._all("NodePage", {"table": table, "node_type": node_type, "size": 0})
+        return [int(h["count"]) for h, _ in replies]
+
+    def pull_graph_list(
+        self, table: str, start: int, size: int, node_type: str | None = None
+    ) -> np.ndarray:
+        """Ids ``[start, start + size)`` of every node of ``node_type``, in a fixed order (server
+        after server, sorted ids within one): page through them for full-graph inference."""
+        for what, v in (("start", start), ("size", size)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise GraphInputError(table, what, f"must be an integer >= 0, got {v!r}")
+        counts = self.node_counts(table, node_type)
+        bodies, first = {}, 0
+        for s, c in enumerate(counts):
+            lo, hi = max(start - first, 0), min(start + size - first, c)
+            if hi > lo:
+                bodies[s] = encode(
+                    {"table": table, "node_type": node_type, "start": lo, "size": hi - lo}
+                )
+            first += c
+        replies = self._calls("NodePage", bodies)
+        parts = [replies[s][1]["ids"] for s in sorted(replies)]
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def graph_stats(self, table: str) -> list[dict[str, Any]]:
+        """Per server: nodes per type, edges per edge type, skipped lines, next edge id."""
+        return [h["stats"] for h, _ in self._all("Describe", {"table": table})]
+
+
+__all__ = ["GraphClient"]

@@ -34,7 +34,8 @@ would change it get FAILED_PRECONDITION.
 
 Stopping is graceful in every path (``stop()``, the Stop RPC, SIGTERM/SIGINT under
 :func:`serve`): health turns NOT_SERVING, barrier waiters are released with UNAVAILABLE, new
-calls are refused and in-flight calls get ``grace_s`` seconds to finish.
+calls are refused and in-flight calls get ``grace_s`` seconds to finish; then the tables that hold
+files are closed (an SSD table's RocksDB, its eviction thread and its directory lock).
 """
 
 from __future__ import annotations
@@ -365,8 +366,23 @@ class PSServer:
             self._server.stop(grace).wait()
         self.state.checkpoints.close()  # a checkpoint being written is finished, not cut
         self.state.shm.close()
+        self._close_tables()
         self._stopped.set()
         logger.info("parameter server %d stopped", self.state.server_index)
+
+    def _close_tables(self) -> None:
+        """Close the tables that hold files (an SSD table stops its eviction thread, closes its
+        RocksDB and releases its directory lock); the table objects are unusable afterwards."""
+        with self.state.lock:
+            tables = list(self.state.tables.values())
+        for table in tables:
+            close = getattr(table, "close", None)
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - one table's failure must not keep the others open
+                logger.exception("closing table %r failed", table.name)
 
     def _stop_soon(self) -> None:
         """Stop from another thread, so the Stop RPC that asked can reply first."""

@@ -181,6 +181,8 @@ class GraphClient(RpcClient):
         w = np.ones(s.shape[0], np.float32) if weight is None else np.asarray(weight, np.float32)
         if w.shape != s.shape:
             raise GraphInputError(table, "weight", f"{w.shape[0]} weights for {s.shape[0]} edges")
+        if not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise GraphInputError(table, "weight", "weights must be finite and >= 0")
         if reverse:
             s, d, w = np.concatenate([s, d]), np.concatenate([d, s]), np.concatenate([w, w])
         positions, keys = self._split(table, s)
@@ -223,13 +225,26 @@ class GraphClient(RpcClient):
     ) -> int:
         """Add or update nodes with their features (``{name: [n, width]}``); returns how many."""
         ids_a = as_ids(table, "ids", ids)
+        cfg = self.config(table)
+        t = _node_type(cfg, node_type)
+        spec = {f[0]: f for f in cfg.node_features(t)}
         feats = {k: np.asarray(v) for k, v in (features or {}).items()}
-        for k, v in feats.items():
-            if v.shape[:1] != ids_a.shape:
+        for k, v in feats.items():  # checked here too, so no server takes a part of a bad batch
+            if k not in spec:
+                raise GraphInputError(
+                    table,
+                    "features",
+                    f"unknown feature {k!r} of node type {t!r}; features: {sorted(spec)}",
+                )
+            width = spec[k][2]
+            if v.ndim == 1 and width == 1:
+                v = feats[k] = v.reshape(-1, 1)
+            if v.shape != (ids_a.shape[0], width):
                 raise GraphInputError(
                     table,
                     k,
-                    f"feature {k!r} has {v.shape[0] if v.ndim else 0} rows for {ids_a.shape[0]} ids",
+                    f"feature {k!r} of node type {t!r} has width {width}: expected shape "
+                    f"({ids_a.shape[0]}, {width}) for {ids_a.shape[0]} node(s), got {v.shape}",
                 )
         positions, keys = self._split(table, ids_a)
         bodies = {

@@ -18,6 +18,10 @@ One process, in-process tables (no gRPC), dim 8, Adagrad, ``--rows`` N keys crea
   g2sum 4*dim + count 4 B + unseen_days 2 B = 78 B), and the fill rate (rows created per second
   by 64k-key pulls) against the memory table's.
 
+* **(d) key filter**: the fill rate of an SSD table with its key filter against the same table
+  whose filter lets every key through (each new key then costs a RocksDB read), on the first
+  ``--filter_rows`` keys, alternately (printed and in the JSON's extra fields).
+
 Each timing is the median [min .. max] of ``--reps`` repetitions (a repetition: ``--rounds``
 rounds), the table and its peer timed alternately within each repetition.
 
@@ -48,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Stats, report
 
 from ps_server import Adagrad, SparseTableConfig, Uniform, make_table
+from ps_server.core.ssd_filter import KeyFilter
 from ps_server.core.ssd_tier import open_rocksdb, record_dtype
 
 DIM = 8
@@ -159,6 +164,28 @@ class EngineLimit:
         self.db.close()
 
 
+class PassThrough(KeyFilter):
+    """A key filter that lets every key through (the table without a filter)."""
+
+    def may_contain(self, keys: np.ndarray) -> np.ndarray:
+        return np.ones(keys.shape[0], dtype=bool)
+
+
+def filter_ab(keys: np.ndarray, cache: int, root: str, reps: int) -> dict[str, list[float]]:
+    """Rows created per second (M) with the key filter and without, alternately."""
+    out: dict[str, list[float]] = {"with": [], "without": []}
+    for rep in range(reps):
+        for name in ("with", "without"):
+            table = make_table(config(f"ab_{name}_{rep}", cache), ssd_root=root)
+            if name == "without":
+                table.keyfilter = PassThrough()
+                table._new_filter = PassThrough  # clear / rebuilds keep it
+            out[name].append(keys.shape[0] / fill(table, keys) * 1e-6)
+            table.close()
+            shutil.rmtree(os.path.join(root, f"ab_{name}_{rep}"), ignore_errors=True)
+    return out
+
+
 def timed(fn: Callable[..., None], *args: object) -> float:
     t0 = time.perf_counter()
     fn(*args)
@@ -177,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="1 000 000 rows, rounds of 2")
     p.add_argument(
         "--capacity", action="store_true", help="the capacity goal's sizes: 10^8 rows, cache 10^6"
+    )
+    p.add_argument(
+        "--filter_rows", type=int, default=500_000, help="keys of the key-filter comparison"
     )
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
@@ -251,8 +281,17 @@ def run(args: argparse.Namespace, cache: int, root: str) -> None:
     hit_rate = hits / max(hits + misses, 1)
     pull_hit_rate = pull_hits / (args.reps * per_rep)
     best_pull_hit_rate = float(np.mean(best_hits))
+    filter_stats = {k: ssd.stats()[k] for k in ("filter_skips", "cold_misses", "filter_keys")}
+    filter_stats.update(filter_bytes=ssd.stats()["filter_bytes"])
     limit.close()
     ssd.close()
+    ab_rows = min(args.filter_rows, args.rows)
+    ab = filter_ab(keys[:ab_rows], min(cache, max(ab_rows // 100, 2 * ROUND)), root, 3)
+    print(
+        f"key filter: rows created per second with {Stats.of(ab['with']).fmt('M')}, "
+        f"without {Stats.of(ab['without']).fmt('M')} ({ab_rows:,} rows); {filter_stats}",
+        flush=True,
+    )
 
     m = 1e-6
     rows = [
@@ -303,6 +342,10 @@ def run(args: argparse.Namespace, cache: int, root: str) -> None:
             "ssd_rss_bytes": ssd_rss,
             "ssd_disk_bytes": ssd_disk,
             "payload_bytes_per_row": PAYLOAD_B,
+            **filter_stats,
+            "filter_ab_rows": ab_rows,
+            "fill_with_filter_mrows_s": ab["with"],
+            "fill_without_filter_mrows_s": ab["without"],
             "row_units": ["M keys/s", "M keys/s", "B/row", "B/row", "M rows/s"],
         },
         json_path=args.json or None,

@@ -13,13 +13,19 @@ import pytest
 pytest.importorskip("rocksdict")
 
 from ps_server import PSClient, PSServer
+from ps_server.checkpoint import load, save
+from ps_server.checkpoint.save_load import take_snapshot, write_snapshot
+from ps_server.checkpoint.series import commit
+from ps_server.checkpoint.serving import load_serving
 from ps_server.core.factory import make_table
 from ps_server.core.initializers import Uniform
 from ps_server.core.optimizers import Adagrad
 from ps_server.core.ssd_table import SsdSparseTable
+from ps_server.core.table import ChangeLog
+from ps_server.errors import TableInputError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_ps_ssd_table import _config
+from test_ps_ssd_table import _assert_same_rows, _config, _drive, _pair, _rows
 
 
 @pytest.mark.timeout(60)
@@ -53,3 +59,100 @@ def test_server_stop_closes_ssd_tables_and_frees_their_directories(tmp_path: Pat
     assert np.array_equal(again.pull(keys[:10]), again.initial_values(keys[:10]))
     again.close()
     server.stop()  # idempotent
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _ssd(root: Path, name: str, cache_rows: int = 200) -> SsdSparseTable:
+    (root / name).mkdir(parents=True, exist_ok=True)
+    table = make_table(_config("ssd", cache_rows=cache_rows), ssd_root=str(root / name))
+    assert isinstance(table, SsdSparseTable)
+    return table
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("background", [True, False], ids=["background", "in-call"])
+def test_delta_saves_load_as_the_memory_tables_do(tmp_path: Path, background: bool) -> None:
+    mem, ssd = _pair(_mkdir(tmp_path / "tier"), show_decay_rate=0.9)
+    ssd.background = background
+    _drive([mem, ssd], steps=30, num_keys=4000)
+    for t, d in ((mem, "mem"), (ssd, "ssd")):
+        save(tmp_path / d / "base", [t])
+    for i in range(3):  # changes in both tiers, cold deletions included
+        _drive([mem, ssd], steps=20, num_keys=6000 + 1000 * i, seed=10 + i)
+        if i == 1:
+            for t in (mem, ssd):
+                t.end_day()
+            assert mem.shrink(0) == ssd.shrink(0) > 0
+        for t, d in ((mem, "mem"), (ssd, "ssd")):
+            save(tmp_path / d / f"delta{i}", [t], mode="delta")
+        stats = ssd.stats()
+        assert stats["cold_rows"] > 3000
+        m_delta = make_table(_config())
+        s_delta = make_table(_config())
+        s_delta_read = load(tmp_path / "ssd" / f"delta{i}", [s_delta])
+        m_delta_read = load(tmp_path / "mem" / f"delta{i}", [m_delta])
+        assert s_delta_read == m_delta_read  # the same changed rows
+        assert 0 < s_delta_read["emb"] < mem.num_rows
+    # base + deltas, into a memory table and into an SSD table: the SSD table's chain loads
+    # exactly as the memory table's does
+    chains = []
+    for d in ("mem", "ssd"):
+        for into in (make_table(_config()), _ssd(tmp_path / "into", d, cache_rows=150)):
+            load(tmp_path / d / "base", [into])
+            for i in range(3):
+                load(tmp_path / d / f"delta{i}", [into])
+            chains.append(into)
+    for into in chains[1:]:
+        _assert_same_rows(chains[0], into)
+    live, loaded = _rows(mem), _rows(chains[0])
+    for f in ("keys", "values", "state", "unseen_days"):
+        assert np.array_equal(live[f], loaded[f]), f
+    ssd.close()
+
+
+@pytest.mark.timeout(120)
+def test_serving_export_delta_chain_of_an_ssd_table(tmp_path: Path) -> None:
+    mem, ssd = _pair(_mkdir(tmp_path / "tier"))
+    _drive([mem, ssd], steps=30, num_keys=4000)
+    with pytest.raises(TableInputError, match="full export first"):
+        take_snapshot([ssd], "delta", ChangeLog.EXPORT)
+    dirs: dict[str, list[Path]] = {"mem": [], "ssd": []}
+    for i in range(3):
+        mode = "all" if i == 0 else "delta"
+        for t, d in ((mem, "mem"), (ssd, "ssd")):
+            out = tmp_path / d / f"export{i}"
+            write_snapshot(out, take_snapshot([t], mode, ChangeLog.EXPORT), kind="serving")
+            commit(out, i)
+            dirs[d].append(out)
+        if i == 1:
+            save(tmp_path / "ckpt", [ssd])  # a save does not break the export chain
+            assert mem.shrink(2) == ssd.shrink(2)
+        _drive([mem, ssd], steps=16, num_keys=6000, seed=20 + i)
+    served = {d: load_serving(dirs[d])[0]["emb"] for d in dirs}
+    keys = np.arange(8000, dtype=np.int64)
+    np.testing.assert_array_equal(served["ssd"].pull(keys), served["mem"].pull(keys))
+    assert served["ssd"].num_rows == served["mem"].num_rows > 3000
+    ssd.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_lost_delta_save_is_carried_by_the_next(tmp_path: Path) -> None:
+    mem, ssd = _pair(_mkdir(tmp_path / "tier"))
+    _drive([mem, ssd], steps=20, num_keys=3000)
+    for t, d in ((mem, "mem"), (ssd, "ssd")):
+        save(tmp_path / d / "base", [t])
+    _drive([mem, ssd], steps=12, num_keys=3000, seed=3)
+    lost = take_snapshot([ssd], "delta", ChangeLog.SAVE)  # never written
+    _drive([mem, ssd], steps=12, num_keys=3000, seed=4)
+    lost.requeue()
+    assert ssd.stats()["cold_rows"] > 2000
+    save(tmp_path / "ssd" / "delta", [ssd], mode="delta")
+    into = make_table(_config())
+    load(tmp_path / "ssd" / "base", [into])
+    load(tmp_path / "ssd" / "delta", [into])
+    _assert_same_rows(mem, into)
+    ssd.close()

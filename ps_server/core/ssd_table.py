@@ -35,12 +35,13 @@ it missed applied (unseen_days and show decay, with the same float arithmetic as
 ``end_day``). ``shrink`` deletes old rows from both tiers (a scan of RocksDB).
 
 Checkpoints: a full snapshot holds the rows of both tiers (the queue written first, the cold rows
-read by a scan, aged to today), so save / load / resharding work as for a memory table; delta
-snapshots (delta saves, delta serving exports) are refused with
-:class:`~ps_server.errors.SsdTierError`.
+read by a scan, aged to today), so save / load / resharding work as for a memory table; a delta
+snapshot (delta saves, delta serving exports) holds the changed rows of both tiers: the change
+flags travel with the rows, and :mod:`ps_server.core.ssd_changes` keeps the cold tier's side of
+each change log (epochs, the keys of changed cold rows, the keys deleted from disk).
 
 ``close()`` stops the thread (a write in progress finishes) and closes RocksDB. Not built yet:
-``max_capacity`` (refused by the config), delta checkpoints.
+``max_capacity`` (refused by the config).
 """
 
 from __future__ import annotations
@@ -59,10 +60,11 @@ from ps_server.core.row_flags import LIVE, SEEN
 from ps_server.core.row_store import RowSnapshot, RowStore
 from ps_server.core.shard_data import SparseShardData
 from ps_server.core.sparse_table import SparseTable
+from ps_server.core.ssd_changes import ColdChanges, LogState
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_filter import KeyFilter
 from ps_server.core.ssd_tier import ColdTier, record_dtype
-from ps_server.core.table import ChangeLog, PushStats
+from ps_server.core.table import ChangeLog, PushStats, TableSnapshot
 from ps_server.errors import SsdTierError
 
 logger = logging.getLogger(__name__)
@@ -128,6 +130,8 @@ class SsdSparseTable(SparseTable):
             self.name, ssd_root, self.shards, record_dtype(self.dim, self.state_dim)
         )
         self.queue = WriteBehind(self.cold.write, self._background_step)
+        self.changes = ColdChanges()
+        """The change logs of the cold rows (delta saves and exports)."""
         self.keyfilter = self._new_filter()
         """Every key queued for RocksDB since the tier was emptied (:mod:`.ssd_filter`)."""
         self.day = 0
@@ -217,7 +221,7 @@ class SsdSparseTable(SparseTable):
         for name in _COLUMNS:
             st.scatter(name, new, rec[name])
         st.cols["tick"][new] = self._tick
-        st.flags[new] = rec["flags"] | LIVE
+        st.flags[new] = self.changes.current_flags(rec) | LIVE
         self.queue.delete(fkeys)
         n = int(fkeys.shape[0])
         self._cold_rows -= n
@@ -282,15 +286,20 @@ class SsdSparseTable(SparseTable):
         live = st.live_rows()
         victims = np.sort(live[self._coldest(live, n)])
         vkeys = st.keys[victims]
-        self.queue.put(vkeys, self._records(st, victims))
+        rec = self._records(st, victims)
+        self.queue.put(vkeys, rec)
         self.keyfilter.add(vkeys)
         if self.keyfilter.needs_rebuild:
             self._rebuild_filter()
         st.remove_rows(victims, log=False)
+        self.changes.evicted(vkeys, rec["flags"], self._is_hot)
         self._cold_rows += n
         self._tier["tier_evictions"] += n
         if st.num_rows < 0.5 * st.high_water:
             st.compact()
+
+    def _is_hot(self, keys: np.ndarray) -> np.ndarray:
+        return self.store.lookup(keys) >= 0
 
     def _new_filter(self) -> KeyFilter:
         return KeyFilter(max(2 * self.cache_rows, 1))
@@ -355,6 +364,7 @@ class SsdSparseTable(SparseTable):
             rec[name] = st.cols[name][rows]
         rec["flags"] = st.flags[rows]
         rec["day"] = self.day
+        self.changes.stamp(rec)
         return rec
 
     def _keyed(self, keys: Any, call: Any) -> Any:
@@ -420,32 +430,80 @@ class SsdSparseTable(SparseTable):
             self._rebuild_filter(kept())  # the filter forgets the deleted keys
             gone = np.concatenate(old) if old else np.zeros(0, dtype=np.int64)
             self.cold.delete(gone)
+            self.changes.deleted(gone)
             self._cold_rows -= int(gone.shape[0])
             self._counters["rows_shrunk"] += int(gone.shape[0])
             return removed + int(gone.shape[0])
 
     # -- checkpoint hooks ---------------------------------------------------------------------
+    def snapshot(self, delta: bool = False, log: ChangeLog | None = None) -> TableSnapshot:
+        """As :meth:`Table.snapshot <ps_server.core.table.Table.snapshot>`; the snapshot also
+        remembers the cold tier's change log before the reset (for :meth:`requeue_changes`)."""
+        snap = super().snapshot(delta, log)
+        if log is not None:
+            snap.cold_log = self._last_reset  # type: ignore[attr-defined]
+        return snap
+
+    def reset_changes(self, log: ChangeLog) -> None:
+        """As :meth:`SparseTable.reset_changes`, for the rows of both tiers (the cold rows'
+        change flags become stale at once: a new epoch)."""
+        super().reset_changes(log)
+        self._last_reset: LogState = self.changes.reset(sparse_shards.CHANGE_FLAG[log])
+
+    def requeue_changes(self, log: ChangeLog, snapshot: TableSnapshot) -> None:
+        """As :meth:`SparseTable.requeue_changes`; the cold rows' changes count again too."""
+        with self.lock:
+            super().requeue_changes(log, snapshot)
+            before = getattr(snapshot, "cold_log", None)
+            if before is not None:
+                self.changes.requeue(sparse_shards.CHANGE_FLAG[log], before)
+
+    def _changed_cold(self, flag: np.uint8) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, records) of the cold rows carrying change flag ``flag``: read from the queue
+        and in one ``multi_get``."""
+        if self.changes.all_changed(flag):  # after a lost snapshot: every cold row
+            self._write_queued()
+            chunks = list(self.cold.scan())
+            if not chunks:
+                return np.zeros(0, np.int64), np.zeros(0, dtype=self.cold.dtype)
+            return np.concatenate([k for k, _ in chunks]), np.concatenate([r for _, r in chunks])
+        keys = self.changes.changed_keys(flag, self._is_hot)
+        state, queued = self.queue.lookup(keys, self.cold.dtype)
+        ask = keys[state == ABSENT]
+        found, rec = self.cold.get(ask)
+        keys = np.concatenate([keys[state == PUT], ask[found]])
+        rec = np.concatenate([queued, rec])
+        flags = self.changes.current_flags(rec)
+        keep = (flags & flag).astype(bool)
+        return keys[keep], rec[keep]
+
     def _snapshot(self, delta: bool, log: ChangeLog | None) -> sparse_shards.SparseSnapshot:
-        """Both tiers' rows: the memory rows copied, the cold rows scanned and aged."""
-        if delta:
-            raise SsdTierError(
-                self.name,
-                self.cold.path,
-                "delta checkpoints and delta exports of storage='ssd' tables are not supported "
-                "yet: save or export with mode 0 (all rows)",
-            )
+        """Both tiers' rows (all of them, or those of change log ``log``): the memory rows
+        copied, the cold rows read (a scan, or a ``multi_get`` of the changed ones) and aged."""
         self._check_open()
         snap = super()._snapshot(delta, log)
-        self._write_queued()  # RocksDB holds every cold row
-        chunks = list(self.cold.scan())
-        if chunks:
-            hot = snap.store
-            keys = np.concatenate([hot.keys, *(k for k, _ in chunks)])
-            rec = self._aged(np.concatenate([r for _, r in chunks]))
-            flags = np.concatenate([hot.flags, rec["flags"] | LIVE])
-            cols = {name: np.concatenate([hot.cols[name], rec[name]]) for name in _COLUMNS}
-            logs = {int(f): hot.take_deleted(f) for f in sparse_shards.CHANGE_FLAG.values()}
-            snap.store = RowSnapshot(keys, flags, cols, logs)
+        if delta:
+            assert log is not None
+            keys, rec = self._changed_cold(sparse_shards.CHANGE_FLAG[log])
+        else:
+            self._write_queued()  # RocksDB holds every cold row
+            rec_none = np.zeros(0, dtype=self.cold.dtype)
+            chunks = list(self.cold.scan())
+            keys = np.concatenate([k for k, _ in chunks]) if chunks else np.zeros(0, np.int64)
+            rec = np.concatenate([r for _, r in chunks]) if chunks else rec_none
+        hot = snap.store
+        logs = {}
+        for f in sparse_shards.CHANGE_FLAG.values():
+            mine, cold = hot.take_deleted(f), self.changes.deleted_keys(f)
+            logs[int(f)] = None if mine is None or cold is None else np.concatenate([mine, cold])
+        rec = self._aged(rec)
+        flags = self.changes.current_flags(rec)
+        snap.store = RowSnapshot(
+            np.concatenate([hot.keys, keys]),
+            np.concatenate([hot.flags, flags | LIVE]),
+            {name: np.concatenate([hot.cols[name], rec[name]]) for name in _COLUMNS},
+            logs,
+        )
         return snap
 
     def import_shard(self, payload: SparseShardData, delta: bool) -> int:
@@ -467,6 +525,7 @@ class SsdSparseTable(SparseTable):
             self.queue.discard(self.cold.clear)
             self._cold_rows = 0
             self.keyfilter = self._new_filter()
+            self.changes = ColdChanges()
 
     def close(self) -> None:
         """Stop the eviction thread (a write in progress finishes first) and close RocksDB;

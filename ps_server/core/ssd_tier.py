@@ -4,8 +4,9 @@ One :class:`ColdTier` per (table, server) holds the rows its
 :class:`~ps_server.core.ssd_table.SsdSparseTable` evicted from memory, in one RocksDB directory
 ``<ssd_root>/<table>/shards-<first owned shard>`` (the ``rocksdict`` wheel bundles RocksDB: no
 system package). Keys are the rows' int64 keys (8 bytes, big-endian); a value is one row record of
-:func:`record_dtype` (values, optimizer state, show count, unseen days, flags and the day the row
-was written, so aging can be applied lazily when the row comes back).
+:func:`record_dtype` (values, optimizer state, show count, unseen days, flags, the day the row
+was written, so aging can be applied lazily when the row comes back, and the epochs of its change
+flags, :mod:`ps_server.core.ssd_changes`).
 
 Every call takes a whole batch: the keys are turned into Python ``bytes`` with one numpy
 ``tolist()`` and the records come back as one ``b"".join`` decoded by ``np.frombuffer``, so no
@@ -70,6 +71,8 @@ def record_dtype(dim: int, state_dim: int) -> np.dtype:
             ("unseen_days", np.uint16),
             ("flags", np.uint8),
             ("day", np.uint32),
+            ("save_epoch", np.uint32),
+            ("export_epoch", np.uint32),
         ]
     )
 

@@ -57,12 +57,12 @@ class _CSR:
 
     @staticmethod
     def build(src: np.ndarray, dst: np.ndarray, weight: np.ndarray, eid: np.ndarray) -> _CSR:
-        order = np.argsort(src, kind="stable")
+        order = np.argsort(src)
         s = src[order]
-        uniq, counts = np.unique(s, return_counts=True)
-        indptr = np.zeros(uniq.shape[0] + 1, np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        return _CSR(uniq, indptr, dst[order], weight[order], eid[order])
+        cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
+        heads = np.concatenate([[0], cuts]) if s.shape[0] else cuts
+        indptr = np.concatenate([heads, [s.shape[0]]]).astype(np.int64)
+        return _CSR(s[heads], indptr, dst[order], weight[order], eid[order])
 
     def edge_src(self) -> np.ndarray:
         return np.repeat(self.src, np.diff(self.indptr))
@@ -382,6 +382,7 @@ class GraphTable:
             kept = self.add_edges(name, src, dst, weight, eids)
             if reverse:
                 kept += self.add_edges(name, dst, src, weight, eids + n)
+            self._edges[name].merged()  # the CSR is built as part of the load
             self.skipped_lines += skipped
         return {
             "files": len(files),

@@ -1,6 +1,8 @@
 """``fleet.graph``: graph tables on the parameter servers, for GNN training from trainers.
 
-Owns the trainer-side graph API: :class:`GraphPyClient`, Paddle's ``GraphPyClient`` method names
+Owns the trainer-side graph API: :class:`NeighborLoader` (multi-hop sampled subgraphs as
+mini-batches for PyTorch Geometric layers, :mod:`fleet.graph.loader`) and :class:`GraphPyClient`,
+Paddle's ``GraphPyClient`` method names
 (``load_edge_file``, ``load_node_file``, ``random_sample_neighbors``, ``random_sample_nodes``,
 ``pull_graph_list``, ``get_node_feat``) over :class:`ps_server.graph_client.GraphClient`. The
 tables themselves (CSR storage, sampling, file loading) live in :mod:`ps_server.core.graph_table`
@@ -21,5 +23,6 @@ and are served by :mod:`ps_server.rpc.graph_service`. May import :mod:`ps_server
 from __future__ import annotations
 
 from fleet.graph.client import GraphPyClient
+from fleet.graph.loader import NeighborLoader, SubgraphBatch
 
-__all__ = ["GraphPyClient"]
+__all__ = ["GraphPyClient", "NeighborLoader", "SubgraphBatch"]

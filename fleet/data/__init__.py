@@ -25,7 +25,8 @@ text -> columns), :mod:`~fleet.data.sources` (files, globs, fsspec, gzip, pipe_c
 layout), :mod:`~fleet.data.batch` (Batch, SparseBatch), :mod:`~fleet.data.dataset`
 (DatasetBase, QueueDataset), :mod:`~fleet.data.in_memory` (InMemoryDataset),
 :mod:`~fleet.data.shuffle` (global shuffle), :mod:`~fleet.data.generator` (Paddle's data
-generators), :mod:`~fleet.data.metrics`.
+generators), :mod:`~fleet.data.metrics`, :mod:`~fleet.data.tree_index` (TreeIndex: the item tree
+of TDM retrieval) and :mod:`~fleet.data.tree_sampler` (LayerWiseSampler, beam_search).
 
 Names are resolved lazily: a reader script (``import fleet.data as dg``, run as a
 ``pipe_command`` once per file) loads only the generator module, not torch or numpy.
@@ -48,6 +49,12 @@ _LAZY = {
     "DataGenerator": "fleet.data.generator",
     "MultiSlotDataGenerator": "fleet.data.generator",
     "MultiSlotStringDataGenerator": "fleet.data.generator",
+    "TreeIndex": "fleet.data.tree_index",
+    "UnknownItemError": "fleet.data.tree_index",
+    "LayerWiseSampler": "fleet.data.tree_sampler",
+    "LayerSample": "fleet.data.tree_sampler",
+    "BeamSearchResult": "fleet.data.tree_sampler",
+    "beam_search": "fleet.data.tree_sampler",
     "DataSourceError": "fleet.data.errors",
     "DatasetFormatError": "fleet.data.errors",
 }

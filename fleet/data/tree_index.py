@@ -513,12 +513,20 @@ class TreeIndex:
         return layer[np.searchsorted(layer, lo) : np.searchsorted(layer, lo + span)]
 
     def get_nodes(self, codes: Any) -> np.ndarray:
-        """The item id of each leaf code; -1 for internal nodes. Unknown codes raise."""
+        """The item id of each leaf code; codes that are not leaves raise (item ids may be any
+        int64, so there is no sentinel)."""
         codes = np.asarray(codes, dtype=np.int64)
-        self.node_positions(codes)
         leaves = self._layers[-1]
         pos = np.minimum(np.searchsorted(leaves, codes), leaves.size - 1)
-        return np.where(leaves[pos] == codes, self._leaf_ids[pos], -1)
+        ok = leaves[pos] == codes
+        if not ok.all():
+            bad = np.unique(codes[~ok])
+            raise UnknownItemError(
+                f"codes {bad[:5].tolist()} are not leaves of tree {self.name!r} (leaves are on "
+                f"layer {self._height - 1}): pass leaf codes",
+                bad,
+            )
+        return self._leaf_ids[pos]
 
     def get_all_leafs(self) -> np.ndarray:
         """Every item id, in leaf-code order."""

@@ -170,8 +170,10 @@ class LayerWiseSampler:
 
 @dataclass(frozen=True)
 class BeamSearchResult:
-    """``item_ids`` / ``leaf_codes`` / ``scores`` are ``[Q, topk]`` (best first; -1 and -inf
-    where fewer leaves were reached), ``scorings`` the number of (query, node) scores taken."""
+    """``item_ids`` / ``leaf_codes`` / ``scores`` are ``[Q, topk]``, best first; where fewer
+    leaves were reached ``leaf_codes`` is -1, ``scores`` -inf and ``item_ids`` 0 (item ids may
+    be any int64: tell found entries by ``leaf_codes >= 0``). ``scorings`` counts the (query,
+    node) scores taken."""
 
     item_ids: np.ndarray
     leaf_codes: np.ndarray
@@ -231,7 +233,7 @@ def beam_search(
     out_codes[:, :keep] = codes.numpy()
     out_scores = torch.full((num_queries, topk), float("-inf"))
     out_scores[:, :keep] = top.values
-    items = np.full_like(out_codes, -1)
+    items = np.zeros_like(out_codes)
     ok = out_codes >= 0
     items[ok] = tree.get_nodes(out_codes[ok])
     return BeamSearchResult(items, out_codes, out_scores, scorings)

@@ -423,6 +423,19 @@ class GraphClient(RpcClient):
         parts = [replies[s][1]["ids"] for s in sorted(replies)]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
+    def save_graph(self, table: str, directory: str) -> dict[str, int]:
+        """Every server writes its part of ``table`` under ``directory/<table>/`` (a path under
+        the servers' checkpoint roots). Returns the nodes and edges written, summed."""
+        replies = self._all("SaveGraph", {"table": table, "dir": directory})
+        return {k: sum(h[k] for h, _ in replies) for k in ("nodes", "edges")}
+
+    def load_graph(self, table: str, directory: str) -> dict[str, int]:
+        """Load a saved table (saved by any number of servers) into these servers, replacing
+        its contents; each keeps what it owns. Returns the nodes and edges held, summed."""
+        replies = self._all("LoadGraph", {"table": table, "dir": directory})
+        self._configs.pop(table, None)
+        return {k: sum(h[k] for h, _ in replies) for k in ("nodes", "edges")}
+
     def graph_stats(self, table: str) -> list[dict[str, Any]]:
         """Per server: nodes per type, edges per edge type, skipped lines, next edge id."""
         return [h["stats"] for h, _ in self._all("Describe", {"table": table})]

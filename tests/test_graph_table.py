@@ -30,14 +30,18 @@ CFG = GraphTableConfig(
 
 
 @contextlib.contextmanager
-def graph_cluster(num_servers: int, **client_kw) -> Iterator[tuple[list[PSServer], GraphClient]]:
-    """``num_servers`` servers in this process and a GraphClient to them; all stopped after."""
+def graph_cluster(
+    num_servers: int, client_kw: dict | None = None, **server_kw
+) -> Iterator[tuple[list[PSServer], GraphClient]]:
+    """``num_servers`` servers in this process (``server_kw`` to each) and a GraphClient to
+    them; all stopped after."""
     servers = [
-        PSServer(server_index=i, num_servers=num_servers, grace_s=1.0) for i in range(num_servers)
+        PSServer(server_index=i, num_servers=num_servers, grace_s=1.0, **server_kw)
+        for i in range(num_servers)
     ]
     try:
         ports = [s.start() for s in servers]
-        client = GraphClient([f"127.0.0.1:{p}" for p in ports], timeout_s=20, **client_kw)
+        client = GraphClient([f"127.0.0.1:{p}" for p in ports], timeout_s=20, **(client_kw or {}))
         try:
             yield servers, client
         finally:

@@ -33,13 +33,14 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ps_server.checkpoint.roots import confine
 from ps_server.config import GraphTableConfig, check_same_config
+from ps_server.core.graph_checkpoint import load_table, read_config, save_part
 from ps_server.core.graph_files import GraphInputError
 from ps_server.core.graph_table import GraphTable, as_ids
 from ps_server.core.routing import split_by_server
-from ps_server.errors import TableNotFoundError
+from ps_server.errors import ReadOnlyServingError, TableNotFoundError
 from ps_server.rpc.auth import METADATA_KEY
-from ps_server.rpc.checkpoint_service import check_writable
 from ps_server.rpc.service import MAX_DETAILS_CHARS, ServerState
 from ps_server.rpc.status import RequestDecodeError, rpc_error, status_of
 from ps_server.rpc.tls import TLSConfig, channel_credentials, channel_options
@@ -51,6 +52,7 @@ GRAPH_SERVICE = "fleetrun.ps.v1.Graph"
 MUTATING = frozenset(
     {
         "CreateGraphTable",
+        "LoadGraph",
         "LoadEdges",
         "LoadNodes",
         "AddEdges",
@@ -347,7 +349,32 @@ def _walk_step_everywhere(
     return nxt, has
 
 
+def save_graph(gs: GraphState, h: dict, a: dict) -> Reply:
+    """This server's part of the table into ``dir`` (under the server's checkpoint roots)."""
+    t = gs.table(h["table"])
+    directory = confine(h["dir"], gs.server.checkpoint_roots)
+    return save_part(t, directory), {}
+
+
+def load_graph(gs: GraphState, h: dict, a: dict) -> Reply:
+    """This server's share of a saved table (any number of servers saved it); replaces the
+    table's contents, creating it from the saved config when it does not exist."""
+    directory = confine(h["dir"], gs.server.checkpoint_roots)
+    name = h["table"]
+    existing = gs.tables.get(name)
+    if existing is not None:
+        check_same_config(existing.config, read_config(directory, name))
+    table, counts = load_table(directory, name, gs.server.server_index, gs.server.num_servers)
+    with gs.lock:
+        gs.tables[name] = table
+    logger.info("server %d: loaded graph table %s from %s: %s", gs.server.server_index, name,
+                directory, counts)  # fmt: skip
+    return counts, {}
+
+
 HANDLERS: dict[str, Callable[[GraphState, dict, dict], Reply]] = {
+    "SaveGraph": save_graph,
+    "LoadGraph": load_graph,
     "CreateGraphTable": create_graph_table,
     "Describe": describe,
     "LoadEdges": load_edges,
@@ -376,7 +403,10 @@ def _method(gs: GraphState, op: str) -> Callable[[bytes, Any], bytes]:
         with st.counter_lock:
             st.requests[label] += 1
         try:
-            check_writable(st, op)
+            if st.serving and op in MUTATING:
+                raise ReadOnlyServingError(
+                    f"Graph.{op} refused: server {st.server_index} serves a read-only export"
+                )
             header, arrays = decode(request)
             out_h, out_a = fn(gs, header, arrays)
             return encode(out_h, out_a)

@@ -1,0 +1,131 @@
+"""Saving and loading graph tables: one file per server, loaded by any number of servers.
+
+A save of graph table ``t`` into directory ``D`` writes ``D/t/config.json`` (the table's config;
+every server writes the same bytes) and ``D/t/part-<i>-of-<n>.npz`` from server ``i`` of ``n``:
+per edge type the CSR (``src``, ``indptr``, ``dst``, ``weight``, ``eid``), per node type the ids
+and one array per feature, and the table's next edge id. Each file is written to a temporary
+name and renamed, so a part is either whole or absent; ``.npz`` members carry a CRC-32 that
+``zipfile`` checks on read.
+
+A load reads every part of the save (all ``n`` must be present) and keeps the nodes and edges
+the loading server owns under the current number of servers, so a table saved by N servers loads
+into M (the shards move with the nodes). It builds a new table and replaces the old one at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ps_server.config import GraphTableConfig
+from ps_server.core.graph_table import GraphTable
+from ps_server.errors import CheckpointCorruptError, CheckpointError
+
+_PART = re.compile(r"^part-(\d{5})-of-(\d{5})\.npz$")
+
+
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_part(table: GraphTable, directory: str | Path) -> dict[str, int]:
+    """Write this server's part of ``table`` under ``directory/<table name>/``; returns the
+    counts written."""
+    root = Path(directory) / table.name
+    root.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    edges = nodes = 0
+    with table._lock:
+        for name in table._edges:
+            csr = table._edges[name].merged()
+            for field in ("src", "indptr", "dst", "weight", "eid"):
+                arrays[f"e/{name}/{field}"] = getattr(csr, field)
+            edges += csr.num_edges
+        for t, held in table._nodes.items():
+            arrays[f"n/{t}/ids"] = held.ids
+            for f, a in held.features.items():
+                arrays[f"n/{t}/f/{f}"] = a
+            nodes += int(held.ids.shape[0])
+        arrays["next_eid"] = np.array([table.next_eid], np.int64)
+    config = json.dumps(table.config.to_dict(), sort_keys=True).encode()
+    _write_atomic(root / "config.json", lambda f: f.write(config))
+    part = root / f"part-{table.server_index:05d}-of-{table.num_servers:05d}.npz"
+    _write_atomic(part, lambda f: np.savez(f, **arrays))
+    return {"edges": edges, "nodes": nodes}
+
+
+def read_config(directory: str | Path, name: str) -> GraphTableConfig:
+    """The config saved with graph table ``name`` under ``directory``."""
+    path = Path(directory) / name / "config.json"
+    try:
+        return GraphTableConfig.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"no saved graph table {name!r} in {directory} ({path} is missing)"
+        ) from None
+    except ValueError as err:
+        raise CheckpointCorruptError(f"{path} is not a graph table config: {err}") from None
+
+
+def _parts(root: Path) -> list[Path]:
+    found = {}
+    totals = set()
+    for p in root.iterdir() if root.is_dir() else ():
+        m = _PART.match(p.name)
+        if m:
+            found[int(m.group(1))] = p
+            totals.add(int(m.group(2)))
+    if len(totals) != 1:
+        raise CheckpointError(
+            f"{root}: expected the parts of one save (part-<i>-of-<n>.npz), found "
+            f"{sorted(p.name for p in found.values()) or 'none'}"
+        )
+    (n,) = totals
+    missing = [i for i in range(n) if i not in found]
+    if missing:
+        raise CheckpointError(f"{root}: parts {missing} of {n} are missing; the save is incomplete")
+    return [found[i] for i in range(n)]
+
+
+def load_table(
+    directory: str | Path, name: str, server_index: int, num_servers: int
+) -> tuple[GraphTable, dict[str, int]]:
+    """A new table holding this server's share of the save of ``name`` in ``directory``, and
+    the counts it kept."""
+    config = read_config(directory, name)
+    table = GraphTable(config, server_index, num_servers)
+    next_eid = 0
+    for path in _parts(Path(directory) / name):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+        except (OSError, ValueError, zipfile.BadZipFile, KeyError) as err:
+            raise CheckpointCorruptError(f"{path} cannot be read: {err}") from None
+        next_eid = max(next_eid, int(data["next_eid"][0]))
+        for e in table._edges:
+            src = np.repeat(data[f"e/{e}/src"], np.diff(data[f"e/{e}/indptr"]))
+            table.add_edges(e, src, data[f"e/{e}/dst"], data[f"e/{e}/weight"], data[f"e/{e}/eid"])
+        for t, spec in table._specs.items():
+            ids = data[f"n/{t}/ids"]
+            if ids.shape[0]:
+                table.add_nodes(t, ids, {f: data[f"n/{t}/f/{f}"] for f, _, _ in spec})
+    table.next_eid = next_eid
+    stats = table.stats()
+    return table, {
+        "edges": sum(stats["edges"].values()),
+        "nodes": sum(int(table._nodes[t].ids.shape[0]) for t in table._nodes),
+    }
+
+
+__all__ = ["load_table", "read_config", "save_part"]

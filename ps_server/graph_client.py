@@ -90,18 +90,18 @@ class GraphClient(RpcClient):
         self._configs: dict[str, GraphTableConfig] = {}
 
     # -- plumbing --------------------------------------------------------------------------
-    def _calls(
-        self, op: str, bodies: dict[int, bytes], timeout_s: float | None = None
-    ) -> dict[int, tuple[dict, dict]]:
-        servers = list(bodies)
-        calls = [Call(s, f"Graph.{op}", bodies[s]) for s in servers]
-        replies = self._invoke(calls, op in IDEMPOTENT, timeout_s)
-        return {s: decode(r) for s, r in zip(servers, replies)}
+    def _send(self, op: str, calls: list[tuple[int, bytes]]) -> list[tuple[dict, dict]]:
+        """Send ``(server, body)`` calls at once; the decoded replies in the same order."""
+        replies = self._invoke([Call(s, f"Graph.{op}", b) for s, b in calls], op in IDEMPOTENT)
+        return [decode(r) for r in replies]
 
-    def _all(self, op: str, header: dict, arrays: dict | None = None, **kw: Any) -> list:
+    def _calls(self, op: str, bodies: dict[int, bytes]) -> dict[int, tuple[dict, dict]]:
+        """One call per server in ``bodies``; the replies by server."""
+        return dict(zip(bodies, self._send(op, list(bodies.items()))))
+
+    def _all(self, op: str, header: dict, arrays: dict | None = None) -> list:
         body = encode(header, arrays)
-        got = self._calls(op, dict.fromkeys(range(self.num_servers), body), **kw)
-        return [got[s] for s in range(self.num_servers)]
+        return self._send(op, [(s, body) for s in range(self.num_servers)])
 
     def config(self, table: str) -> GraphTableConfig:
         """Graph table ``table``'s config (asked of server 0 once)."""
@@ -115,15 +115,29 @@ class GraphClient(RpcClient):
         return split_by_server(ids, self.num_servers, self.config(table).num_shards)
 
     def _routed(
-        self, op: str, table: str, ids: np.ndarray, header: dict, name: str = "nodes"
-    ) -> tuple[list[np.ndarray], dict[int, tuple[dict, dict]]]:
+        self,
+        op: str,
+        table: str,
+        ids: np.ndarray,
+        header: dict,
+        name: str = "nodes",
+        row_bytes: int = 8,
+        along: dict[str, np.ndarray] | None = None,
+    ) -> list[tuple[np.ndarray, tuple[dict, dict]]]:
+        """Route ``ids`` (and the arrays ``along`` them) to their servers: one call per server,
+        split into several when a request or its reply (``row_bytes`` per id, the larger of
+        the two) would not fit one message. Returns (positions in ``ids``, reply) per call."""
         positions, keys = self._split(table, ids)
-        bodies = {
-            s: encode({"table": table, **header}, {name: keys[s]})
-            for s in range(self.num_servers)
-            if keys[s].shape[0]
-        }
-        return positions, self._calls(op, bodies)
+        per = max(1, self._payload_bytes // (2 * max(row_bytes, 8)))
+        calls, parts = [], []
+        for s in range(self.num_servers):
+            for lo in range(0, positions[s].shape[0], per):
+                part = positions[s][lo : lo + per]
+                arrays = {name: keys[s][lo : lo + per]}
+                arrays.update({k: v[part] for k, v in (along or {}).items()})
+                calls.append((s, encode({"table": table, **header}, arrays)))
+                parts.append(part)
+        return list(zip(parts, self._send(op, calls)))
 
     # -- tables and loading ----------------------------------------------------------------
     def create_graph_table(self, config: GraphTableConfig) -> bool:
@@ -185,36 +199,33 @@ class GraphClient(RpcClient):
             raise GraphInputError(table, "weight", "weights must be finite and >= 0")
         if reverse:
             s, d, w = np.concatenate([s, d]), np.concatenate([d, s]), np.concatenate([w, w])
-        positions, keys = self._split(table, s)
-        bodies = {
-            srv: encode(
-                {"table": table, "edge_type": edge_type, "total": int(s.shape[0])},
-                {
-                    "src": keys[srv],
-                    "dst": d[positions[srv]],
-                    "weight": w[positions[srv]],
-                    "positions": positions[srv],
-                },
-            )
-            for srv in range(self.num_servers)
-        }
-        return sum(h["kept"] for h, _ in self._calls("AddEdges", bodies).values())
+        kept = 0
+        per = max(1, self._payload_bytes // 28)  # src, dst, position: 8 bytes, weight: 4
+        for lo in range(0, max(s.shape[0], 1), per):  # one batch of edge ids per part
+            cs, cd, cw = s[lo : lo + per], d[lo : lo + per], w[lo : lo + per]
+            positions, keys = self._split(table, cs)
+            bodies = {
+                srv: encode(
+                    {"table": table, "edge_type": edge_type, "total": int(cs.shape[0])},
+                    {
+                        "src": keys[srv],
+                        "dst": cd[positions[srv]],
+                        "weight": cw[positions[srv]],
+                        "positions": positions[srv],
+                    },
+                )
+                for srv in range(self.num_servers)
+            }
+            kept += sum(h["kept"] for h, _ in self._calls("AddEdges", bodies).values())
+        return kept
 
     def remove_edges(self, table: str, src: Any, dst: Any, edge_type: str | None = None) -> int:
         """Remove the edges equal to the (src, dst) pairs; returns how many were removed."""
         s, d = as_ids(table, "src", src), as_ids(table, "dst", dst)
         if s.shape != d.shape:
             raise GraphInputError(table, "dst", f"{d.shape[0]} dst ids for {s.shape[0]} src ids")
-        positions, keys = self._split(table, s)
-        bodies = {
-            srv: encode(
-                {"table": table, "edge_type": edge_type},
-                {"src": keys[srv], "dst": d[positions[srv]]},
-            )
-            for srv in range(self.num_servers)
-            if keys[srv].shape[0]
-        }
-        return sum(h["removed"] for h, _ in self._calls("RemoveEdges", bodies).values())
+        got = self._routed("RemoveEdges", table, s, {"edge_type": edge_type}, "src", 16, {"dst": d})
+        return sum(h["removed"] for _, (h, _) in got)
 
     def add_nodes(
         self,
@@ -246,23 +257,17 @@ class GraphClient(RpcClient):
                     f"feature {k!r} of node type {t!r} has width {width}: expected shape "
                     f"({ids_a.shape[0]}, {width}) for {ids_a.shape[0]} node(s), got {v.shape}",
                 )
-        positions, keys = self._split(table, ids_a)
-        bodies = {
-            s: encode(
-                {"table": table, "node_type": node_type},
-                {"ids": keys[s], **{f"feat:{k}": v[positions[s]] for k, v in feats.items()}},
-            )
-            for s in range(self.num_servers)
-            if keys[s].shape[0]
-        }
-        return sum(h["kept"] for h, _ in self._calls("AddNodes", bodies).values())
+        row = 8 + sum(spec[k][2] * 8 for k in feats)
+        along = {f"feat:{k}": v for k, v in feats.items()}
+        got = self._routed("AddNodes", table, ids_a, {"node_type": t}, "ids", row, along)
+        return sum(h["kept"] for _, (h, _) in got)
 
     def remove_nodes(self, table: str, ids: Any, node_type: str | None = None) -> int:
         """Remove nodes (their features and out-edges); returns how many were held."""
-        positions, reply = self._routed(
+        got = self._routed(
             "RemoveNodes", table, as_ids(table, "ids", ids), {"node_type": node_type}, "ids"
         )
-        return sum(h["removed"] for h, _ in reply.values())
+        return sum(h["removed"] for _, (h, _) in got)
 
     # -- queries ---------------------------------------------------------------------------
     def sample_neighbors(
@@ -289,26 +294,25 @@ class GraphClient(RpcClient):
             "return_eids": bool(return_eids),
             "seed": seed,
         }
-        positions, replies = self._routed("SampleNeighbors", table, ids, header)
         kinds = ["values"] + ["weights"] * return_weights + ["eids"] * return_eids
-        servers = list(replies)
+        row = 8 + fanout * (8 + 4 * bool(return_weights) + 8 * bool(return_eids))
+        got = self._routed("SampleNeighbors", table, ids, header, row_bytes=row)
         offsets, arrays = _regroup(
-            [positions[s] for s in servers],
-            [replies[s][1]["counts"] for s in servers],
-            [[replies[s][1][k] for k in kinds] for s in servers],
+            [p for p, _ in got],
+            [a["counts"] for _, (_, a) in got],
+            [[a[k] for k in kinds] for _, (_, a) in got],
             ids.shape[0],
         )
-        if not servers:
+        if not got:
             arrays = [np.empty(0, np.float32 if k == "weights" else np.int64) for k in kinds]
         return (arrays[0], offsets, *arrays[1:])
 
     def degree(self, table: str, nodes: Any, edge_type: str | None = None) -> np.ndarray:
         """Out-degree of each node in ``edge_type``."""
         ids = as_ids(table, "nodes", nodes)
-        positions, replies = self._routed("Degree", table, ids, {"edge_type": edge_type})
         out = np.zeros(ids.shape[0], np.int64)
-        for s, (_, a) in replies.items():
-            out[positions[s]] = a["degree"]
+        for part, (_, a) in self._routed("Degree", table, ids, {"edge_type": edge_type}):
+            out[part] = a["degree"]
         return out
 
     def node_features(
@@ -338,12 +342,11 @@ class GraphClient(RpcClient):
             )
             for n in names
         }
-        positions, replies = self._routed(
-            "NodeFeatures", table, ids, {"names": names, "node_type": t}
-        )
-        for s, (_, a) in replies.items():
+        row = 8 + sum(spec[n][2] * 8 for n in names)
+        header = {"names": names, "node_type": t}
+        for part, (_, a) in self._routed("NodeFeatures", table, ids, header, row_bytes=row):
             for n in names:
-                out[n][positions[s]] = a[f"feat:{n}"]
+                out[n][part] = a[f"feat:{n}"]
         return out
 
     def random_nodes(

@@ -249,3 +249,24 @@ def test_edits_add_remove() -> None:
         assert client.remove_nodes("e", [1, 7]) == 2
         assert client.degree("e", [1]).tolist() == [0]
         np.testing.assert_array_equal(client.node_features("e", [7])["x"], [[0, 0]])
+
+
+@pytest.mark.timeout(60)
+def test_large_calls_split_into_messages() -> None:
+    """A client with 1 MiB messages: adds, samples and features of 10^5 rows go in parts."""
+    cfg = GraphTableConfig("big", edge_types=["e"], features={"node": {"f": ("float32", 8)}})
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 50_000, 200_000)
+    dst = rng.integers(0, 50_000, 200_000)
+    with graph_cluster(2, client_kw={"max_message_mb": 1}) as (_, client):
+        client.create_graph_table(cfg)
+        assert client.add_edges("big", src, dst) == 200_000
+        nodes = np.arange(50_000)
+        np.testing.assert_array_equal(
+            client.degree("big", nodes), np.bincount(src, minlength=50_000)
+        )
+        values, offsets, eids = client.sample_neighbors("big", nodes, 100, return_eids=True)
+        assert np.array_equal(np.sort(eids), np.arange(200_000))  # every edge once, ids unique
+        f = rng.standard_normal((50_000, 8)).astype(np.float32)
+        client.add_nodes("big", nodes, features={"f": f})
+        np.testing.assert_array_equal(client.node_features("big", nodes[::-1])["f"], f[::-1])

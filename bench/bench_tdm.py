@@ -7,7 +7,8 @@ per seed, in this process, and reports over the seeds (median [min .. max]):
 - recall@50 on held-out (user, item) pairs, tree beam search (ours) vs brute force with the same
   model (peer); goal: ratio >= 0.8;
 - (user, node) scorings per user, tree vs brute force; goal: ratio <= 0.1;
-- the share of brute force's top 50 that the tree search also returns (informational).
+- the share of brute force's top 50 that the tree search also returns (informational);
+- recall and scorings at narrower beams (``--other_beams``) with the same trained models.
 
     python bench/bench_tdm.py --seeds 5 [--items 16384 --beam 64] [--json out.json]
 """
@@ -33,6 +34,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--users", type=int, default=TDMConfig.users)
     p.add_argument("--branch", type=int, default=TDMConfig.branch)
     p.add_argument("--beam", type=int, default=TDMConfig.beam)
+    p.add_argument(
+        "--other_beams",
+        type=int,
+        nargs="*",
+        default=[16, 32, 128],
+        help="also retrieve with these beam widths (same trained models)",
+    )
     p.add_argument("--json", default=None, help="write the results here too")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -41,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = TDMConfig(
             items=args.items, users=args.users, branch=args.branch, beam=args.beam, seed=seed
         )
-        out = run(cfg)
+        out = run(cfg, other_beams=tuple(args.other_beams))
         print(
             f"seed {seed}: recall@{cfg.topk} tree {out['recall_tree']:.4f} brute "
             f"{out['recall_brute']:.4f} (ratio {out['recall_ratio']:.3f}), overlap "
@@ -72,6 +80,22 @@ def main(argv: list[str] | None = None) -> None:
             "informational",
         ),
     ]
+    for b in args.other_beams:
+        at = [r["beams"][b] for r in runs]
+        rows += [
+            (
+                f"beam {b}: recall@{topk}, tree vs brute force",
+                Stats.of([r["recall_tree"] for r in at]),
+                Stats.of([r["recall_brute"] for r in at]),
+                "tree / brute force, informational",
+            ),
+            (
+                f"beam {b}: (user, node) scorings per user, tree vs brute force",
+                Stats.of([r["scorings_tree"] for r in at]),
+                Stats.of([r["scorings_brute"] for r in at]),
+                "tree / brute force, informational",
+            ),
+        ]
     report(
         "TDM: tree beam search vs brute-force retrieval",
         rows,

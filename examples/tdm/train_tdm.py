@@ -26,7 +26,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -59,6 +59,7 @@ class TDMConfig:
     beam: int = 64
     topk: int = 50
     seed: int = 0
+    threads: int = 1  # torch threads
 
 
 @dataclass
@@ -207,8 +208,9 @@ def evaluate(cfg: TDMConfig, data: TDMData, tree: TreeIndex, model: TDMModel) ->
     }
 
 
-def run(cfg: TDMConfig) -> dict:
-    """Generate, build the tree, train, evaluate; the result dict (with timings)."""
+def run(cfg: TDMConfig, other_beams: tuple[int, ...] = ()) -> dict:
+    """Generate, build the tree, train, evaluate; the result dict (with timings).
+    ``other_beams``: also evaluate these beam widths (``out["beams"][width]``)."""
     t0 = time.perf_counter()
     data = generate(cfg)
     t1 = time.perf_counter()
@@ -218,6 +220,7 @@ def run(cfg: TDMConfig) -> dict:
     t3 = time.perf_counter()
     out = evaluate(cfg, data, tree, model)
     t4 = time.perf_counter()
+    out["beams"] = {b: evaluate(replace(cfg, beam=b), data, tree, model) for b in other_beams}
     out.update(
         height=tree.height(),
         nodes=tree.total_node_nums(),
@@ -246,7 +249,7 @@ def parse_args(argv: list[str] | None = None) -> TDMConfig:
 def main(argv: list[str] | None = None) -> None:
     """Run and print the JSON result line."""
     cfg = parse_args(argv)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    torch.set_num_threads(cfg.threads)
     out = run(cfg)
     line = json.dumps(out)
     print(line)

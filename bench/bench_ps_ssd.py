@@ -52,8 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Stats, report
 
 from ps_server import Adagrad, SparseTableConfig, Uniform, make_table
+from ps_server.core.routing import shard_of
 from ps_server.core.ssd_filter import KeyFilter
-from ps_server.core.ssd_tier import open_rocksdb, record_dtype
+from ps_server.core.ssd_tier import key_bytes, open_rocksdb, record_dtype
 
 DIM = 8
 ROUND = 65536
@@ -136,15 +137,15 @@ class EngineLimit:
         import rocksdict as rd
 
         self.rd, self.itemsize = rd, itemsize
+        self.num_shards = config("limit", None).num_shards
         self.db = open_rocksdb(rd, path)
         record = np.zeros(ROUND, dtype=f"V{itemsize}")
         for lo in range(0, keys.shape[0], ROUND):
             part = keys[lo : lo + ROUND]
             self.write(part, record[: part.shape[0]])
 
-    @staticmethod
-    def key_bytes(keys: np.ndarray) -> list[bytes]:
-        return np.ascontiguousarray(keys, dtype=">i8").view("V8").tolist()
+    def key_bytes(self, keys: np.ndarray) -> list[bytes]:
+        return key_bytes(keys, self.num_shards)  # the tier's keys: shard, then key
 
     def write(self, keys: np.ndarray, records: np.ndarray) -> None:
         batch = self.rd.WriteBatch(raw_mode=True)
@@ -154,7 +155,8 @@ class EngineLimit:
     def rounds(self, rounds: list[np.ndarray]) -> None:
         """Read each round's rows and write them back: what a round must do on disk."""
         for keys in rounds:
-            keys = np.sort(keys.view(np.uint64)).view(np.int64)  # RocksDB's key order
+            order = np.lexsort((keys.view(np.uint64), shard_of(keys, self.num_shards)))
+            keys = keys[order]  # RocksDB's key order
             blobs = self.db.get(self.key_bytes(keys))
             found = [b for b in blobs if b is not None]
             records = np.frombuffer(b"".join(found), dtype=f"V{self.itemsize}")

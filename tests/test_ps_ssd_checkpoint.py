@@ -22,7 +22,7 @@ from ps_server.core.initializers import Uniform
 from ps_server.core.optimizers import Adagrad
 from ps_server.core.ssd_table import SsdSparseTable
 from ps_server.core.table import ChangeLog
-from ps_server.errors import TableInputError
+from ps_server.errors import SsdTierError, TableInputError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_ps_ssd_table import _assert_same_rows, _config, _drive, _pair, _rows
@@ -155,4 +155,55 @@ def test_a_lost_delta_save_is_carried_by_the_next(tmp_path: Path) -> None:
     load(tmp_path / "ssd" / "base", [into])
     load(tmp_path / "ssd" / "delta", [into])
     _assert_same_rows(mem, into)
+    ssd.close()
+
+
+@pytest.mark.timeout(120)
+def test_full_save_streams_cold_rows_shard_by_shard_as_of_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mem, ssd = _pair(_mkdir(tmp_path / "tier"), show_decay_rate=0.8)
+    _drive([mem, ssd], steps=40, num_keys=5000)
+    for t in (mem, ssd):
+        t.end_day()  # cold rows are aged when the save reads them
+    read: list[int] = []
+    real = ssd.cold.read_shard
+
+    def spy(view: object, shard: int) -> object:
+        read.append(shard)
+        return real(view, shard)
+
+    monkeypatch.setattr(ssd.cold, "read_shard", spy)
+    real_scan, saving = ssd.cold.scan, [True]
+
+    def scan() -> object:
+        assert not saving[0], "a full save must not scan the tier"
+        return real_scan()
+
+    monkeypatch.setattr(ssd.cold, "scan", scan)
+    snaps = {d: take_snapshot([t], "all", ChangeLog.SAVE) for t, d in ((mem, "mem"), (ssd, "ssd"))}
+    assert snaps["ssd"].nbytes < snaps["mem"].nbytes / 4  # the memory rows only
+    assert read == []  # nothing read yet: the cold rows are read while writing
+    saving[0] = False
+    _drive([mem, ssd], steps=12, num_keys=5000, seed=9)  # training goes on meanwhile
+    for t in (mem, ssd):  # rows deleted from the disk during the save, and created again
+        t.end_day()
+    assert mem.shrink(0) == ssd.shrink(0) > 100
+    _drive([mem, ssd], steps=12, num_keys=5000, seed=10)
+    saving[0] = True
+    for d, snap in snaps.items():
+        write_snapshot(tmp_path / d, snap)
+    assert read == list(range(8))
+    loaded = []
+    for d in ("mem", "ssd"):
+        into = make_table(_config())
+        load(tmp_path / d, [into])
+        loaded.append(into)
+    _assert_same_rows(loaded[0], loaded[1])
+    assert loaded[1].num_rows > 4000
+
+    lost = take_snapshot([ssd], "all", None)
+    ssd.clear()  # a full load into the table while its save is pending
+    with pytest.raises(SsdTierError, match="cleared or closed while its checkpoint"):
+        write_snapshot(tmp_path / "void", lost)
     ssd.close()

@@ -187,7 +187,8 @@ def write_snapshot(
             serving = kind == "serving" and meta.kind == "sparse"
             state_dim = 0 if serving else meta.state_dim
             rows = written = 0
-            for shard, payload in sorted(payloads.items()):
+            for shard in sorted(payloads):  # one at a time: a payload may be read on access
+                payload = payloads[shard]
                 if serving:
                     payload = serving_payload(payload, min_show)
                 record = write_shard(

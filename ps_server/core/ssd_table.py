@@ -34,8 +34,9 @@ Aging is lazy on disk: a cold row records the table's day number when it was evi
 it missed applied (unseen_days and show decay, with the same float arithmetic as
 ``end_day``). ``shrink`` deletes old rows from both tiers (a scan of RocksDB).
 
-Checkpoints: a full snapshot holds the rows of both tiers (the queue written first, the cold rows
-read by a scan, aged to today), so save / load / resharding work as for a memory table; a delta
+Checkpoints: a full snapshot holds the rows of both tiers (the queue written first, the memory
+rows copied, the cold rows read shard by shard from a RocksDB snapshot while the checkpoint is
+written, aged to the day of the snapshot: :mod:`ps_server.core.ssd_snapshot`), so save / load / resharding work as for a memory table; a delta
 snapshot (delta saves, delta serving exports) holds the changed rows of both tiers: the change
 flags travel with the rows, and :mod:`ps_server.core.ssd_changes` keeps the cold tier's side of
 each change log (epochs, the keys of changed cold rows, the keys deleted from disk).
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -63,6 +65,7 @@ from ps_server.core.sparse_table import SparseTable
 from ps_server.core.ssd_changes import ColdChanges, LogState
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_filter import KeyFilter
+from ps_server.core.ssd_snapshot import ColdSaver, StreamedSnapshot
 from ps_server.core.ssd_tier import ColdTier, record_dtype
 from ps_server.core.table import ChangeLog, PushStats, TableSnapshot
 from ps_server.errors import SsdTierError
@@ -127,7 +130,11 @@ class SsdSparseTable(SparseTable):
         }
         self.store = RowStore(spec, index_factory=index_factory)
         self.cold = ColdTier(
-            self.name, ssd_root, self.shards, record_dtype(self.dim, self.state_dim)
+            self.name,
+            ssd_root,
+            self.shards,
+            record_dtype(self.dim, self.state_dim),
+            config.num_shards,
         )
         self.queue = WriteBehind(self.cold.write, self._background_step)
         self.changes = ColdChanges()
@@ -139,6 +146,10 @@ class SsdSparseTable(SparseTable):
         self._cold_rows = 0
         """Rows in the cold tier: in RocksDB or in a put op not yet written."""
         self._tick = 0
+        self._seq = 0
+        """Eviction batches so far (each record carries the number of its batch)."""
+        self._savers: weakref.WeakSet[ColdSaver] = weakref.WeakSet()
+        """The pending full snapshots (they keep the rows that leave the disk)."""
         self._depth = 0
         self._closed = False
         self._tier = dict.fromkeys(
@@ -211,6 +222,8 @@ class SsdSparseTable(SparseTable):
         ask = ask[maybe]
         found, rec = self.cold.get(mkeys[ask])
         at_disk = ask[found]
+        for saver in list(self._savers):  # the rows leave the disk: pending saves keep them
+            saver.keep(mkeys[at_disk], rec)
         self._tier["cold_misses"] += int(ask.shape[0] - at_disk.shape[0])
         at_queue = np.flatnonzero(state == PUT)
         if at_disk.shape[0] + at_queue.shape[0] == 0:
@@ -231,10 +244,12 @@ class SsdSparseTable(SparseTable):
         still[at_disk] = False
         return mkeys[still]
 
-    def _aged(self, rec: np.ndarray) -> np.ndarray:
-        """Records with the end_day steps since they were written applied (as ``end_day``)."""
+    def _aged(self, rec: np.ndarray, day: int | None = None) -> np.ndarray:
+        """Records with the end_day steps since they were written applied (as ``end_day``),
+        up to day ``day`` (default: today)."""
+        day = self.day if day is None else day
         rec = rec.copy()
-        missed = self.day - rec["day"].astype(np.int64)
+        missed = day - rec["day"].astype(np.int64)
         aged = missed > 0
         if not aged.any():
             return rec
@@ -253,7 +268,7 @@ class SsdSparseTable(SparseTable):
                     break
                 count[due] = np.floor(count[due] * rate).astype(np.uint32)
             r["count"] = count
-        r["day"] = self.day
+        r["day"] = day
         rec[aged] = r
         return rec
 
@@ -364,6 +379,8 @@ class SsdSparseTable(SparseTable):
             rec[name] = st.cols[name][rows]
         rec["flags"] = st.flags[rows]
         rec["day"] = self.day
+        self._seq += 1
+        rec["seq"] = self._seq
         self.changes.stamp(rec)
         return rec
 
@@ -424,6 +441,8 @@ class SsdSparseTable(SparseTable):
             def kept() -> Iterator[np.ndarray]:
                 for keys, rec in self.cold.scan():
                     out = self._aged(rec)["unseen_days"] > max_unseen_days
+                    for saver in list(self._savers):
+                        saver.keep(keys[out], rec[out])
                     old.append(keys[out])
                     yield keys[~out]
 
@@ -479,18 +498,24 @@ class SsdSparseTable(SparseTable):
 
     def _snapshot(self, delta: bool, log: ChangeLog | None) -> sparse_shards.SparseSnapshot:
         """Both tiers' rows (all of them, or those of change log ``log``): the memory rows
-        copied, the cold rows read (a scan, or a ``multi_get`` of the changed ones) and aged."""
+        copied; the cold rows aged and read later, shard by shard, from a RocksDB snapshot
+        (full: :mod:`ps_server.core.ssd_snapshot`) or now in a ``multi_get`` (the changed
+        ones)."""
         self._check_open()
         snap = super()._snapshot(delta, log)
-        if delta:
-            assert log is not None
-            keys, rec = self._changed_cold(sparse_shards.CHANGE_FLAG[log])
-        else:
+        if not delta:  # the cold rows are read shard by shard when the checkpoint writes them
             self._write_queued()  # RocksDB holds every cold row
-            rec_none = np.zeros(0, dtype=self.cold.dtype)
-            chunks = list(self.cold.scan())
-            keys = np.concatenate([k for k, _ in chunks]) if chunks else np.zeros(0, np.int64)
-            rec = np.concatenate([r for _, r in chunks]) if chunks else rec_none
+            saver = ColdSaver(self._seq, self.config.num_shards, self.shards)
+            self._savers.add(saver)
+            generation, day, cold = self.cold.generation, self.day, self.cold
+
+            def read(shard: int) -> tuple[np.ndarray, np.ndarray] | None:
+                got = saver.shard(shard, lambda s: cold.read_shard(generation, s))
+                return None if got is None else (got[0], self._aged(got[1], day))
+
+            return StreamedSnapshot(snap, saver, read)
+        assert log is not None
+        keys, rec = self._changed_cold(sparse_shards.CHANGE_FLAG[log])
         hot = snap.store
         logs = {}
         for f in sparse_shards.CHANGE_FLAG.values():

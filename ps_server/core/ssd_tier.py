@@ -3,10 +3,13 @@
 One :class:`ColdTier` per (table, server) holds the rows its
 :class:`~ps_server.core.ssd_table.SsdSparseTable` evicted from memory, in one RocksDB directory
 ``<ssd_root>/<table>/shards-<first owned shard>`` (the ``rocksdict`` wheel bundles RocksDB: no
-system package). Keys are the rows' int64 keys (8 bytes, big-endian); a value is one row record of
+system package). Keys are the rows' shard (2 bytes) then
+int64 key (8 bytes), big-endian, so the rows of one shard are one key range (a full save reads
+one shard at a time, :meth:`ColdTier.read_shard`); a value is one row record of
 :func:`record_dtype` (values, optimizer state, show count, unseen days, flags, the day the row
-was written, so aging can be applied lazily when the row comes back, and the epochs of its change
-flags, :mod:`ps_server.core.ssd_changes`).
+was written, so aging can be applied lazily when the row comes back, the epochs of its change
+flags (:mod:`ps_server.core.ssd_changes`) and the sequence number of its eviction
+(:mod:`ps_server.core.ssd_snapshot`).
 
 Every call takes a whole batch: the keys are turned into Python ``bytes`` with one numpy
 ``tolist()`` and the records come back as one ``b"".join`` decoded by ``np.frombuffer``, so no
@@ -33,17 +36,20 @@ import itertools
 import operator
 import os
 import shutil
+import threading
 import time
 from collections import deque
 from typing import Any
 
 import numpy as np
 
+from ps_server.core.routing import shard_of
 from ps_server.errors import SsdTierError
 
 MARKER = "FLEET_SSD_TIER"
 """File written in every tier directory this module creates (it may empty only those)."""
-_KEY = np.dtype(">i8")
+_KEY = np.dtype([("shard", ">u2"), ("key", ">i8")])
+"""A RocksDB key: the row's shard, then its int64 key (RocksDB's byte order groups shards)."""
 BLOOM_BITS_PER_KEY = 10
 """Bloom filter bits per key in every RocksDB file (about 1 % false positives)."""
 BLOCK_CACHE_BYTES = 64 << 20
@@ -73,6 +79,7 @@ def record_dtype(dim: int, state_dim: int) -> np.dtype:
             ("day", np.uint32),
             ("save_epoch", np.uint32),
             ("export_epoch", np.uint32),
+            ("seq", np.uint64),
         ]
     )
 
@@ -105,6 +112,15 @@ def open_rocksdb(rd: Any, path: str) -> Any:
     return db
 
 
+def key_bytes(keys: np.ndarray, num_shards: int, shards: np.ndarray | None = None) -> list[bytes]:
+    """The RocksDB keys of int64 ``keys`` of a table of ``num_shards`` shards (``shards``: their
+    shards, computed if not given): the shard, then the key, big-endian."""
+    packed = np.empty(keys.shape[0], dtype=_KEY)
+    packed["shard"] = shard_of(keys, num_shards) if shards is None else shards
+    packed["key"] = keys
+    return packed.view(f"V{_KEY.itemsize}").tolist()
+
+
 def tier_dir(ssd_root: str, table: str, shards: tuple[int, ...]) -> str:
     """The directory of table ``table``'s cold tier for the server owning ``shards``."""
     return os.path.join(ssd_root, table, f"shards-{shards[0]:05d}")
@@ -131,9 +147,15 @@ class ColdTier:
     """Rows of one table (the shards one server owns) in RocksDB, keyed by int64."""
 
     def __init__(
-        self, table: str, ssd_root: str | None, shards: tuple[int, ...], dtype: np.dtype
+        self,
+        table: str,
+        ssd_root: str | None,
+        shards: tuple[int, ...],
+        dtype: np.dtype,
+        num_shards: int | None = None,
     ) -> None:
-        """Open a fresh, empty tier under ``ssd_root`` (see the module docstring)."""
+        """Open a fresh, empty tier under ``ssd_root`` (see the module docstring) for the rows
+        of ``shards`` of a table of ``num_shards`` shards (default: ``max(shards) + 1``)."""
         rocksdict = _rocksdict()
         if rocksdict is None:
             raise SsdTierError(
@@ -149,6 +171,12 @@ class ColdTier:
             raise SsdTierError(table, path, f"resolves outside the SSD root {root}")
         self.path = path
         self.dtype = dtype
+        self.num_shards = int(num_shards or max(shards) + 1)
+        self.io_lock = threading.Lock()
+        """Held while a checkpoint reads a RocksDB snapshot and while the tier is cleared or
+        closed (so neither happens during the other)."""
+        self.generation = 0
+        """Bumped by :meth:`clear` and :meth:`close` (a snapshot of an older one is void)."""
         self.reads = 0
         self.read_seconds = 0.0
         self._db: Any = None
@@ -222,23 +250,30 @@ class ColdTier:
 
     def close(self) -> None:
         """Close the database (the files stay until the next table creation)."""
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-        self._release()
+        with self.io_lock:
+            self.generation += 1
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            self._release()
 
     def clear(self) -> None:
         """Drop every cold row (a fresh, empty database)."""
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-        self._prepare()
-        self._open()
+        with self.io_lock:
+            self.generation += 1
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            self._prepare()
+            self._open()
 
     # -- batched access -----------------------------------------------------------------------
+    def _key_bytes(self, keys: np.ndarray, shards: np.ndarray | None = None) -> list[bytes]:
+        return key_bytes(keys, self.num_shards, shards)
+
     @staticmethod
-    def _key_bytes(keys: np.ndarray) -> list[bytes]:
-        return np.ascontiguousarray(keys, dtype=_KEY).view("V8").tolist()
+    def _keys_of(kbuf: list[bytes]) -> np.ndarray:
+        return np.frombuffer(b"".join(kbuf), dtype=_KEY)["key"].astype(np.int64)
 
     def _decode(self, blobs: list[bytes]) -> np.ndarray:
         return np.frombuffer(b"".join(blobs), dtype=self.dtype)
@@ -250,10 +285,12 @@ class ColdTier:
         n = keys.shape[0]
         if n == 0:
             return np.zeros(0, dtype=bool), np.zeros(0, dtype=self.dtype)
-        # int64 keys as unsigned sort as their big-endian bytes
-        order = np.argsort(np.ascontiguousarray(keys).view(np.uint64), kind="stable")
+        # RocksDB's order: by shard, then the int64 key as unsigned (its big-endian bytes)
+        shards = shard_of(keys, self.num_shards)
+        order = np.lexsort((np.ascontiguousarray(keys).view(np.uint64), shards))
+        kb = self._key_bytes(keys[order], shards[order])
         t0 = time.perf_counter()
-        blobs = self._db.get(self._key_bytes(keys[order]))
+        blobs = self._db.get(kb)
         self.read_seconds += time.perf_counter() - t0
         self.reads += 1
         if None not in blobs:
@@ -312,14 +349,38 @@ class ColdTier:
         for k in self._db.keys():
             kbuf.append(k)
             if len(kbuf) >= SCAN_CHUNK:
-                yield np.frombuffer(b"".join(kbuf), dtype=_KEY).astype(np.int64)
+                yield self._keys_of(kbuf)
                 kbuf = []
         if kbuf:
-            yield np.frombuffer(b"".join(kbuf), dtype=_KEY).astype(np.int64)
+            yield self._keys_of(kbuf)
 
     def _chunk(self, kbuf: list[bytes], vbuf: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.frombuffer(b"".join(kbuf), dtype=_KEY).astype(np.int64)
-        return keys, self._decode(vbuf)
+        return self._keys_of(kbuf), self._decode(vbuf)
+
+    def read_shard(self, generation: int, shard: int) -> Any:
+        """Yield (keys, records) chunks of the rows of ``shard`` now, in one key-range scan
+        (an iterator's consistent view); :class:`SsdTierError` if the tier was cleared or
+        closed since :attr:`generation` was ``generation``."""
+        ro = self._rd.ReadOptions()
+        ro.set_iterate_upper_bound(int(shard + 1).to_bytes(2, "big"))
+        ro.fill_cache(False)  # a whole-shard read must not push the hot blocks out
+        with self.io_lock:
+            if generation != self.generation:
+                raise SsdTierError(
+                    self.table,
+                    self.path,
+                    "the table was cleared or closed while its checkpoint was being written",
+                )
+            kbuf: list[bytes] = []
+            vbuf: list[bytes] = []
+            for k, v in self._db.items(from_key=int(shard).to_bytes(2, "big"), read_opt=ro):
+                kbuf.append(k)
+                vbuf.append(v)
+                if len(kbuf) >= SCAN_CHUNK:
+                    yield self._chunk(kbuf, vbuf)
+                    kbuf, vbuf = [], []
+            if kbuf:
+                yield self._chunk(kbuf, vbuf)
 
     @property
     def disk_bytes(self) -> int:
@@ -334,4 +395,12 @@ class ColdTier:
         return total
 
 
-__all__ = ["MARKER", "ColdTier", "check_root", "open_rocksdb", "record_dtype", "tier_dir"]
+__all__ = [
+    "MARKER",
+    "ColdTier",
+    "check_root",
+    "key_bytes",
+    "open_rocksdb",
+    "record_dtype",
+    "tier_dir",
+]

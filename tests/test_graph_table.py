@@ -270,3 +270,24 @@ def test_large_calls_split_into_messages() -> None:
         f = rng.standard_normal((50_000, 8)).astype(np.float32)
         client.add_nodes("big", nodes, features={"f": f})
         np.testing.assert_array_equal(client.node_features("big", nodes[::-1])["f"], f[::-1])
+
+
+@pytest.mark.timeout(60)
+def test_fsspec_urls_globs_and_gzip(tmp_path: Path) -> None:
+    """Edge files by fsspec URL (a glob over memory://) and gzip-compressed local files."""
+    import gzip
+
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/graph-edges/a.txt", b"1\t2\n1\t3\n")
+    fs.pipe("/graph-edges/b.txt", b"2\t3\t0.5\n")
+    (tmp_path / "c.txt.gz").write_bytes(gzip.compress(b"3\t1\n"))
+    cfg = GraphTableConfig("fs", edge_types=["e"], num_shards=4)
+    with graph_cluster(2) as (_, client):
+        client.create_graph_table(cfg)
+        got = client.load_edges("fs", ["memory:///graph-edges/*.txt", str(tmp_path / "c.txt.gz")])
+        assert got["files"] == 3 and got["edges"] == 4
+        v, o, w = client.sample_neighbors("fs", [1, 2, 3], 5, return_weights=True)
+        assert [sorted(v[o[i] : o[i + 1]].tolist()) for i in range(3)] == [[2, 3], [3], [1]]
+        assert w[o[1]] == 0.5

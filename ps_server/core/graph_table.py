@@ -246,6 +246,28 @@ class GraphTable:
                 self._changed()
         return int(s.shape[0])
 
+    def add_edge_batch(
+        self,
+        edge_type: str | None,
+        src: object,
+        dst: object,
+        weight: object,
+        positions: object,
+        total: int,
+    ) -> int:
+        """This server's edges of a client's batch of ``total`` edges: ``positions`` (in the
+        batch) give their ids, the table's next id + position; every server moves its id
+        counter by ``total``, so the counters stay equal. Returns how many were kept."""
+        pos = as_ids(self.name, "positions", positions)
+        if isinstance(total, bool) or not isinstance(total, int) or total < pos.shape[0]:
+            raise self._error("total", f"must be an integer >= {pos.shape[0]}, got {total!r}")
+        if pos.shape[0] and (pos.min() < 0 or pos.max() >= total):
+            raise self._error("positions", f"must lie in [0, {total})")
+        with self._lock:
+            kept = self.add_edges(edge_type, src, dst, weight, self.next_eid + pos)
+            self.next_eid += total
+        return kept
+
     def remove_edges(self, edge_type: str | None, src: object, dst: object) -> int:
         """Remove every ``edge_type`` edge equal to one of the (src, dst) pairs; returns how
         many were removed."""

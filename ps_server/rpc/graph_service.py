@@ -196,12 +196,9 @@ def add_edges(gs: GraphState, h: dict, a: dict) -> Reply:
     """The client's edges for this server; ``positions`` in the client's batch of ``total``
     give the edge ids (every server gets the call, so the id counters stay equal)."""
     t = gs.table(h["table"])
-    t.edge_type(h.get("edge_type"))
-    positions = as_ids(t.name, "positions", a["positions"])
-    with t._lock:
-        eids = t.next_eid + positions
-        kept = t.add_edges(h.get("edge_type"), a["src"], a["dst"], a.get("weight"), eids)
-        t.next_eid += int(h["total"])
+    kept = t.add_edge_batch(
+        h.get("edge_type"), a["src"], a["dst"], a.get("weight"), a["positions"], h["total"]
+    )
     return {"kept": kept}, {}
 
 

@@ -195,7 +195,29 @@ def _int64(token: str) -> int:
 
 
 # -- edges -----------------------------------------------------------------------------------
+def _two_columns(data: bytes) -> ParsedEdges | None:
+    """The common case, checked on tab and newline positions only: every line ``src<TAB>dst``
+    with exactly one tab (None when some line is not, e.g. weights or blank lines)."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(buf == _NL)
+    if buf.shape[0] and buf[-1] != _NL:
+        ends = np.append(ends, buf.shape[0])
+    tabs = np.flatnonzero(buf == _TAB)
+    n = int(ends.shape[0])
+    if tabs.shape[0] != n:
+        return None
+    if n and not (np.all(tabs < ends) and np.all(tabs[1:] > ends[:-1])):
+        return None
+    vals = _parse_ints(data, 2 * n)
+    if vals is None:
+        return None
+    return ParsedEdges(vals[0::2].copy(), vals[1::2].copy(), None)
+
+
 def _fast_edges(data: bytes) -> ParsedEdges | None:
+    two = _two_columns(data)
+    if two is not None:
+        return two
     lines = _lines(data)
     keep = ~lines.blank
     nf = lines.nfields[keep]

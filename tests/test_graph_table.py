@@ -291,3 +291,29 @@ def test_fsspec_urls_globs_and_gzip(tmp_path: Path) -> None:
         v, o, w = client.sample_neighbors("fs", [1, 2, 3], 5, return_weights=True)
         assert [sorted(v[o[i] : o[i + 1]].tolist()) for i in range(3)] == [[2, 3], [3], [1]]
         assert w[o[1]] == 0.5
+
+
+@pytest.mark.timeout(60)
+def test_graph_calls_in_stats_and_metrics() -> None:
+    """Graph calls are counted in the server's Stats and Prometheus request metrics."""
+    import urllib.request
+
+    from ps_server import telemetry
+
+    port = telemetry.start(0)
+    try:
+        cfg = GraphTableConfig("m", edge_types=["e"], num_shards=4)
+        with graph_cluster(1) as (servers, client):
+            client.create_graph_table(cfg)
+            client.add_edges("m", [1], [2])
+            client.sample_neighbors("m", [1], 3)
+            with pytest.raises(Exception, match="fanout"):
+                client.sample_neighbors("m", [1], 0.5)
+            state = servers[0].state
+            assert state.requests["Graph.SampleNeighbors"] >= 1
+            url = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                text = resp.read().decode()
+        assert 'op="Graph.SampleNeighbors",table="m"' in text
+    finally:
+        telemetry.stop()

@@ -7,8 +7,9 @@ method takes and returns raw bytes in one frame format (:func:`encode` / :func:`
 each array), then the arrays' bytes back to back (decoded as zero-copy views). The service is
 registered on the same gRPC server as the parameter server (:func:`add_graph_service`), so the
 job token, TLS, the request threads and the graceful stop apply to it as to every other call;
-requests and failures are counted in the server's Stats like the others, and errors map to
-status codes through :func:`ps_server.rpc.status.status_of`.
+requests and failures are counted in the server's Stats and its Prometheus request metrics
+(op ``Graph.<method>``) like the others, and errors map to status codes through
+:func:`ps_server.rpc.status.status_of`.
 
 Random walks cross servers without a round trip to the trainer per step: the client splits the
 start nodes over the servers, and each server coordinates its part. Per step it groups the
@@ -26,6 +27,7 @@ import json
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +35,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ps_server import telemetry
 from ps_server.checkpoint.roots import confine
 from ps_server.config import GraphTableConfig, check_same_config
 from ps_server.core.graph_checkpoint import load_table, read_config, save_part
@@ -399,16 +402,23 @@ def _method(gs: GraphState, op: str) -> Callable[[bytes, Any], bytes]:
         st = gs.server
         with st.counter_lock:
             st.requests[label] += 1
+        t0 = time.perf_counter() if telemetry.enabled() else 0.0
+        table = ""
         try:
             if st.serving and op in MUTATING:
                 raise ReadOnlyServingError(
                     f"Graph.{op} refused: server {st.server_index} serves a read-only export"
                 )
             header, arrays = decode(request)
+            table = header.get("table", "") if header.get("table") in gs.tables else ""
             out_h, out_a = fn(gs, header, arrays)
+            if t0:
+                telemetry.record_request(label, table, "OK", time.perf_counter() - t0)
             return encode(out_h, out_a)
         except Exception as err:  # noqa: BLE001 - every error becomes a status code
             code = status_of(err)
+            if t0:
+                telemetry.record_request(label, table, code.name, time.perf_counter() - t0)
             with st.counter_lock:
                 st.errors[f"{label}:{code.name}"] += 1
             if code is grpc.StatusCode.INTERNAL:

@@ -317,3 +317,22 @@ def test_graph_calls_in_stats_and_metrics() -> None:
         assert 'op="Graph.SampleNeighbors",table="m"' in text
     finally:
         telemetry.stop()
+
+
+@pytest.mark.timeout(60)
+def test_hub_sampling_is_uniform_without_duplicates() -> None:
+    """A hub (degree >= 4x the fanout) is sampled by drawing offsets: still distinct and
+    uniform over its neighbours."""
+    cfg = GraphTableConfig("hub", edge_types=["e"], num_shards=4)
+    with graph_cluster(2) as (_, client):
+        client.create_graph_table(cfg)
+        client.add_edges("hub", np.full(200, 9), np.arange(200) + 1000)
+        draws = 4000
+        values, offsets = client.sample_neighbors("hub", np.full(draws, 9), 10, seed=2)
+        rows = values.reshape(draws, 10)
+        assert all(len(set(r)) == 10 for r in rows.tolist())
+        assert rows.min() >= 1000 and rows.max() < 1200
+        counts = np.bincount(values - 1000, minlength=200)
+        expected = draws * 10 / 200
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 267.5  # df = 199, p = 0.001

@@ -128,8 +128,14 @@ class SparseTableConfig:
     """``memory``: every row in memory; ``ssd``: hot rows in memory, cold rows on the server's
     local disk (see ``cache_rows``)."""
     cache_rows: int | None = None
-    """``storage="ssd"``: most rows per server kept in memory (required, >= 1); the others are
-    moved to disk (lowest show count first). Must be None for ``storage="memory"``."""
+    """``storage="ssd"``: most rows per server kept in memory (>= 1; this or ``cache_bytes``);
+    the others are moved to disk (lowest show count first). Must be None for
+    ``storage="memory"``."""
+    cache_bytes: int | None = None
+    """``storage="ssd"``: the memory tier's size in bytes instead of ``cache_rows`` (turned into
+    rows by the bytes of one row in memory: key, flags, values, optimizer state, show count,
+    unseen days, access tick; the key index comes on top). Must be None for
+    ``storage="memory"``."""
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -174,12 +180,6 @@ class SparseTableConfig:
             "max_capacity",
             f"must be None or an integer >= 1, got {self.max_capacity!r}",
         )
-        require(
-            self.storage is SparseStorage.MEMORY or self.max_capacity is None,
-            "max_capacity",
-            f"table {self.name!r}: storage='ssd' does not support max_capacity yet; bound the "
-            "memory with cache_rows and remove old rows with shrink",
-        )
 
     def _check_storage(self) -> None:
         try:
@@ -189,21 +189,29 @@ class SparseTableConfig:
                 f"table {self.name!r}: must be 'memory' or 'ssd', got {self.storage!r}",
                 key="storage",
             ) from None
-        rows = self.cache_rows
+        rows, nbytes = self.cache_rows, self.cache_bytes
         if self.storage is SparseStorage.SSD:
             require(
-                isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1,
-                "cache_rows",
-                f"table {self.name!r}: storage='ssd' needs cache_rows, an integer >= 1 (rows "
-                f"kept in memory per server), got {rows!r}",
+                rows is None or nbytes is None,
+                "cache_bytes",
+                f"table {self.name!r}: give cache_rows or cache_bytes, not both (got "
+                f"cache_rows={rows!r}, cache_bytes={nbytes!r})",
+            )
+            key, value = ("cache_bytes", nbytes) if nbytes is not None else ("cache_rows", rows)
+            require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                key,
+                f"table {self.name!r}: storage='ssd' needs cache_rows (rows kept in memory per "
+                f"server) or cache_bytes (bytes of them), an integer >= 1, got {key}={value!r}",
             )
         else:
-            require(
-                rows is None,
-                "cache_rows",
-                f"table {self.name!r}: cache_rows applies to storage='ssd' only; remove it or "
-                f"set storage='ssd' (got cache_rows={rows!r} with storage='memory')",
-            )
+            for key, value in (("cache_rows", rows), ("cache_bytes", nbytes)):
+                require(
+                    value is None,
+                    key,
+                    f"table {self.name!r}: {key} applies to storage='ssd' only; remove it or "
+                    f"set storage='ssd' (got {key}={value!r} with storage='memory')",
+                )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (rules as ``{"type": ..., ...}``)."""
@@ -224,6 +232,7 @@ class SparseTableConfig:
                 if self.storage is SparseStorage.SSD
                 else {}
             ),
+            **({"cache_bytes": self.cache_bytes} if self.cache_bytes is not None else {}),
         }
 
     @classmethod

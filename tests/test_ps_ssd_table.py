@@ -242,8 +242,6 @@ def test_config_refuses_cache_rows_on_memory_and_unknown_storage() -> None:
         _config(cache_rows=100)
     with pytest.raises(ConfigError, match="must be 'memory' or 'ssd', got 'disk'"):
         _config(storage="disk")
-    with pytest.raises(ConfigError, match="max_capacity"):
-        _config("ssd", max_capacity=1000)
     cfg = _config("ssd", cache_rows=7)
     assert cfg.storage is SparseStorage.SSD
     assert config_from_dict(config_to_dict(cfg)) == cfg

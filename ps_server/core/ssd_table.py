@@ -41,8 +41,8 @@ snapshot (delta saves, delta serving exports) holds the changed rows of both tie
 flags travel with the rows, and :mod:`ps_server.core.ssd_changes` keeps the cold tier's side of
 each change log (epochs, the keys of changed cold rows, the keys deleted from disk).
 
-``close()`` stops the thread (a write in progress finishes) and closes RocksDB. Not built yet:
-``max_capacity`` (refused by the config).
+``close()`` stops the thread (a write in progress finishes) and closes RocksDB. ``max_capacity``
+counts the rows of both tiers (:mod:`ps_server.core.ssd_capacity`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from collective.errors import ConfigError
 from ps_server.config import SparseStorage, SparseTableConfig
 from ps_server.core import sparse_shards
 from ps_server.core.hash_index import HashIndex, KeyIndex
@@ -62,6 +63,7 @@ from ps_server.core.row_flags import LIVE, SEEN
 from ps_server.core.row_store import RowSnapshot, RowStore
 from ps_server.core.shard_data import SparseShardData
 from ps_server.core.sparse_table import SparseTable
+from ps_server.core.ssd_capacity import make_room
 from ps_server.core.ssd_changes import ColdChanges, LogState
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_filter import KeyFilter
@@ -117,7 +119,6 @@ class SsdSparseTable(SparseTable):
                 config.name, "", f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}"
             )
         super().__init__(config, shards, index_factory=index_factory)
-        self.cache_rows = int(config.cache_rows or 0)
         self.eviction = eviction
         self.background = background
         # the memory store gains an access tick per row (the eviction order)
@@ -129,6 +130,7 @@ class SsdSparseTable(SparseTable):
             "tick": ((), np.uint64),
         }
         self.store = RowStore(spec, index_factory=index_factory)
+        self.cache_rows = self._cache_rows(config)
         self.cold = ColdTier(
             self.name,
             ssd_root,
@@ -164,6 +166,19 @@ class SsdSparseTable(SparseTable):
             ),
             0,
         )
+
+    def _cache_rows(self, config: SparseTableConfig) -> int:
+        """``cache_rows``, or the rows ``cache_bytes`` holds."""
+        if config.cache_bytes is None:
+            return int(config.cache_rows or 0)
+        rows = int(config.cache_bytes) // self.store.row_bytes
+        if rows < 1:
+            raise ConfigError(
+                f"table {self.name!r}: cache_bytes={config.cache_bytes} holds no row of "
+                f"{self.store.row_bytes} bytes; give at least that many",
+                key="cache_bytes",
+            )
+        return rows
 
     # -- sizes and stats ----------------------------------------------------------------------
     @property
@@ -422,6 +437,10 @@ class SsdSparseTable(SparseTable):
     def add_delta(self, keys: np.ndarray, deltas: np.ndarray) -> PushStats:
         """As :meth:`SparseTable.add_delta`, over both tiers."""
         return self._keyed(keys, lambda: super(SsdSparseTable, self).add_delta(keys, deltas))
+
+    def _evict_for(self, num_new: int, protect: np.ndarray) -> int:
+        """``max_capacity`` over both tiers (:func:`~ps_server.core.ssd_capacity.make_room`)."""
+        return make_room(self, num_new, protect)
 
     # -- aging --------------------------------------------------------------------------------
     def end_day(self) -> None:

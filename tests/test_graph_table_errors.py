@@ -112,3 +112,26 @@ def test_bad_inputs_are_refused_and_the_servers_keep_serving(tmp_path: Path) -> 
         stats = client.graph_stats("g")
         assert sum(s["edges"]["u2u"] for s in stats) == 5
         assert sum(s["nodes"]["user"] for s in stats) == 4  # sources 1, 2, 4, 6
+
+
+@pytest.mark.timeout(60)
+def test_job_token_guards_graph_calls_and_walks_carry_it() -> None:
+    """With a job token every graph call needs it; the servers' WalkStep calls to each other
+    carry it, so walks cross servers."""
+    from ps_server.graph_client import GraphClient
+    from ps_server.rpc.status import PSUnauthenticatedError
+
+    token = "graph-test-token-0123456789abcdef"
+    cfg = GraphTableConfig("t", edge_types=["e"], num_shards=8)
+    with graph_cluster(3, client_kw={"token": token}, token=token) as (servers, client):
+        client.create_graph_table(cfg)
+        ring = np.arange(60)
+        client.add_edges("t", ring, (ring + 1) % 60)
+        values, offsets = client.random_walk("t", [0, 30], 20, seed=1)
+        assert values.tolist() == [*range(21), *[(30 + i) % 60 for i in range(21)]]
+        stranger = GraphClient([f"127.0.0.1:{s.port}" for s in servers], timeout_s=10, token=None)
+        try:
+            with pytest.raises(PSUnauthenticatedError):
+                stranger.sample_neighbors("t", [1], 3)
+        finally:
+            stranger.close()

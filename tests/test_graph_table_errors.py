@@ -135,3 +135,16 @@ def test_job_token_guards_graph_calls_and_walks_carry_it() -> None:
                 stranger.sample_neighbors("t", [1], 3)
         finally:
             stranger.close()
+
+
+@pytest.mark.timeout(60)
+def test_malformed_frames_are_invalid_argument() -> None:
+    """A body that is not a frame, or lacks a field, is INVALID_ARGUMENT; the server goes on."""
+    from ps_server.rpc.graph_service import encode
+
+    with graph_cluster(1) as (_, client):
+        client.create_graph_table(CFG)
+        for body in (b"\x01", b"\xff\xff\x00\x00{", encode({"table": "g"})):
+            with pytest.raises(PSInvalidArgumentError):
+                client._send("SampleNeighbors", [(0, body)])
+        assert client.degree("g", [1], "u2u").tolist() == [0]

@@ -411,7 +411,10 @@ def _method(gs: GraphState, op: str) -> Callable[[bytes, Any], bytes]:
                 )
             header, arrays = decode(request)
             table = header.get("table", "") if header.get("table") in gs.tables else ""
-            out_h, out_a = fn(gs, header, arrays)
+            try:
+                out_h, out_a = fn(gs, header, arrays)
+            except KeyError as missing:  # a field the method needs is not in the request
+                raise RequestDecodeError(f"{label}: the request has no {missing}") from None
             if t0:
                 telemetry.record_request(label, table, "OK", time.perf_counter() - t0)
             return encode(out_h, out_a)

@@ -6,6 +6,10 @@ manifest. Creating a table is idempotent: the same config again is fine, a diffe
 :class:`~ps_server.errors.TableConfigMismatchError` listing the differing fields and both configs
 (:func:`check_same_config`). A bad value is a :class:`~collective.errors.ConfigError` naming the
 field.
+
+:class:`GraphTableConfig` describes a graph table (node and edge types, node features); it travels
+in the graph service's requests (:mod:`ps_server.rpc.graph_service`) and with a saved graph, not
+through ``CreateTable``.
 """
 
 from __future__ import annotations

@@ -205,6 +205,7 @@ class TreeIndex:
                     key="node_emb",
                 )
         self._node_emb = node_emb
+        self._layerwise_sampler: Any = None  # init_layerwise_sampler's LayerWiseSampler
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -552,7 +553,7 @@ class TreeIndex:
     ) -> np.ndarray:
         """Paddle's rows ``[user features..., node code, label]``: see
         :meth:`~fleet.data.tree_sampler.LayerWiseSampler.sample_rows`."""
-        sampler = getattr(self, "_layerwise_sampler", None)
+        sampler = self._layerwise_sampler
         if sampler is None:
             raise ConfigError(
                 "no layer-wise sampler: call init_layerwise_sampler(layer_sample_counts) first",

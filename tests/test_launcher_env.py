@@ -135,6 +135,22 @@ def test_two_jobs_at_once_get_their_own_ports(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_picked_port_is_not_handed_out_again_before_it_is_bound() -> None:
+    """Ports picked on this machine are claimed: picks in this process and in another one (a
+    second job's launcher) never hand out the same port while the first is still unbound."""
+    code = "from collective.env import find_free_port as f; print(*[f() for _ in range(200)])"
+    other = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
+    )
+    from collective.env import find_free_port
+
+    mine = [find_free_port() for _ in range(200)]
+    theirs = [int(p) for p in other.stdout.split()]
+    assert len(set(mine)) == 200 and len(set(theirs)) == 200
+    assert not set(mine) & set(theirs)
+
+
+@pytest.mark.timeout(60)
 def test_busy_explicit_port_is_named(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -101,9 +101,15 @@ def worker(out: str, schedule: str, pp: int) -> None:
     tdist.destroy_process_group()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("schedule", "pp"), [("1F1B", 2), ("FThenB", 2), ("1F1B", 4)])
+@pytest.mark.parametrize(
+    ("schedule", "pp"),
+    [
+        pytest.param("1F1B", 2, marks=pytest.mark.slow),
+        ("FThenB", 2),
+        pytest.param("1F1B", 4, marks=pytest.mark.slow),
+    ],
+)
 def test_transport_with_changing_shapes_matches_the_single_process_model(
     tmp_path: Path, schedule: str, pp: int
 ) -> None:

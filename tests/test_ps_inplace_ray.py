@@ -279,7 +279,6 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
     _assert_nothing_left(cluster, sorted(pids))
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> None:  # noqa: F811
     """2 servers + 2 async trainers: trainer 1's process SIGKILLed mid-pass → only its actor is

@@ -13,7 +13,7 @@ from conftest import REPO, run_fleetrun
 
 from collective.errors import ConfigError
 from launcher.ps_env import FLEET_PS_SSD_ROOT, check_ps_ssd_dir, ps_ssd_root_env
-from launcher.schedulers.k8s.render import check_renderable
+from launcher.schedulers.k8s.render import check_renderable, render_job
 from launcher.schedulers.local.plan import Placement, PSPlan
 from launcher.spec import build_spec
 
@@ -91,11 +91,49 @@ def test_ssd_dir_that_cannot_be_created_is_refused(tmp_path: Path) -> None:
         check_ps_ssd_dir(spec)
 
 
-def test_kubernetes_refuses_ssd_dir(tmp_path: Path) -> None:
-    spec = build_spec(_spec(tmp_path, name="ctr", scheduler="k8s", ps={"ssd_dir": str(tmp_path)}))
-    with pytest.raises(ConfigError, match="not supported on Kubernetes yet") as err:
-        check_renderable(spec)
-    assert err.value.key == "ps.ssd_dir"
+def _server_pod(objs: list[dict]) -> dict:
+    (sts,) = [
+        o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith("-server")
+    ]
+    return sts["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("version", ["1.28.0", "1.31.0"])
+def test_kubernetes_server_pods_get_an_ssd_volume(tmp_path: Path, version: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    spec = build_spec(_spec(tmp_path, name="ctr", scheduler="k8s", ps={"ssd_dir": "/mnt/ssd/"}))
+    objs = render_job(spec, ps_token="t")
+    for obj in objs:
+        if obj["kind"] != "PodGroup":
+            kubernetes_validate.validate(obj, version, strict=True)
+    pod = _server_pod(objs)
+    (container,) = pod["containers"]
+    names = [e["name"] for e in container["env"]]
+    root = container["env"][names.index(FLEET_PS_SSD_ROOT)]
+    assert root["value"] == "/mnt/ssd/$(FLEET_POD_NAME)"  # one directory per server pod
+    assert names.index("FLEET_POD_NAME") < names.index(FLEET_PS_SSD_ROOT)  # expanded
+    assert {"name": "ps-ssd", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "ps-ssd", "mountPath": "/mnt/ssd"} in container["volumeMounts"]
+    for obj in objs:  # the trainers get neither
+        if obj["kind"] == "Job":
+            tpod = obj["spec"]["template"]["spec"]
+            assert all(v["name"] != "ps-ssd" for v in tpod["volumes"])
+            assert all(e["name"] != FLEET_PS_SSD_ROOT for e in tpod["containers"][0]["env"])
+
+
+def test_kubernetes_ssd_dir_on_a_volume_of_the_job_adds_none(tmp_path: Path) -> None:
+    k8s = {
+        "volumes": [{"name": "nvme", "hostPath": {"path": "/nvme", "type": "Directory"}}],
+        "volume_mounts": [{"name": "nvme", "mountPath": "/mnt/nvme"}],
+    }
+    spec = build_spec(
+        _spec(tmp_path, name="ctr", scheduler="k8s", k8s=k8s, ps={"ssd_dir": "/mnt/nvme/ps"})
+    )
+    check_renderable(spec)
+    pod = _server_pod(render_job(spec, ps_token="t"))
+    assert [v["name"] for v in pod["volumes"]] == ["fleetrun-config", "nvme"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env[FLEET_PS_SSD_ROOT] == "/mnt/nvme/ps/$(FLEET_POD_NAME)"
 
 
 def test_server_start_creates_its_directory_or_names_the_variable(

@@ -43,7 +43,12 @@ import yaml
 
 from collective.env import FLEET_PS_COORDINATOR
 from collective.errors import ConfigError
-from launcher.ps_env import FLEET_PS_CHECKPOINT_ROOT, FLEET_PS_TOKEN, job_ps_token
+from launcher.ps_env import (
+    FLEET_PS_CHECKPOINT_ROOT,
+    FLEET_PS_SSD_ROOT,
+    FLEET_PS_TOKEN,
+    job_ps_token,
+)
 from launcher.schedulers.k8s import coordinator, elastic, ps_recovery
 from launcher.spec import JobSpec, Mode, RoleResources
 
@@ -119,13 +124,6 @@ def check_renderable(spec: JobSpec) -> None:
             "static ps.servers/ps.workers lists are for the local scheduler; on "
             "Kubernetes give sizes.server_num and sizes.worker_num",
             key="ps.servers",
-        )
-    if spec.mode is Mode.PS and spec.ps.ssd_dir:
-        raise ConfigError(
-            "--ps_ssd_dir / ps.ssd_dir is not supported on Kubernetes yet (the server pods "
-            "would need a local volume for it); drop it, or run the job with --scheduler local "
-            "or ray",
-            key="ps.ssd_dir",
         )
     if spec.rendezvous.ips or spec.rendezvous.master_addr:
         raise ConfigError(
@@ -321,6 +319,30 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+SSD_VOLUME = "ps-ssd"
+"""The server pods' volume at ``--ps_ssd_dir`` when no k8s.volume_mounts entry covers it."""
+
+
+def _ssd_volume(
+    spec: JobSpec, role: str, env: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A server pod's SSD directory (``--ps_ssd_dir``): FLEET_PS_SSD_ROOT is
+    ``<dir>/<pod name>`` (appended to ``env`` after FLEET_POD_NAME, which the kubelet expands);
+    the directory is the pod's own ``emptyDir`` (node-local scratch, as the tier files are)
+    unless a k8s.volume_mounts entry already covers it (e.g. a hostPath on a node's NVMe).
+    Returns (volumes, mounts) to add."""
+    ssd_dir = spec.ps.ssd_dir if spec.mode is Mode.PS and role == SERVER else None
+    if not ssd_dir:
+        return [], []
+    ssd_dir = ssd_dir.rstrip("/") or "/"
+    env.append({"name": FLEET_PS_SSD_ROOT, "value": f"{ssd_dir}/$(FLEET_POD_NAME)"})
+    for mount in spec.k8s.volume_mounts:
+        path = str(mount.get("mountPath", "")).rstrip("/")
+        if not mount.get("readOnly") and (ssd_dir == path or ssd_dir.startswith(path + "/")):
+            return [], []
+    return [{"name": SSD_VOLUME, "emptyDir": {}}], [{"name": SSD_VOLUME, "mountPath": ssd_dir}]
+
+
 def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
     """Pod template of a role: container, resources, env, scheduling, volumes, scrape
     annotations."""
@@ -353,6 +375,7 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         _field_env("FLEET_POD_IP", "status.podIP"),
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    ssd_volumes, ssd_mounts = _ssd_volume(spec, role, env)
     metrics = bool(getattr(spec, "metrics", True))
     if metrics:  # Prometheus scrapes the pod IP: the endpoint binds that address, not 0.0.0.0
         env += [  # $(FLEET_POD_IP) is expanded by the kubelet (defined above, downward API)
@@ -387,6 +410,7 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         "volumeMounts": [
             {"name": "fleetrun-config", "mountPath": CONFIG_MOUNT, "readOnly": True},
             *k.volume_mounts,
+            *ssd_mounts,
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {"allowPrivilegeEscalation": False},
@@ -408,6 +432,7 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
         "volumes": [
             {"name": "fleetrun-config", "configMap": {"name": names["config"]}},
             *k.volumes,
+            *ssd_volumes,
         ],
         "terminationGracePeriodSeconds": int(spec.grace_period_s) + 25,
     }

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from collective.errors import ConfigError
-from fleet.data.tree_index import TreeIndex
+
+if TYPE_CHECKING:  # the index imports this module for its sampler hooks
+    from fleet.data.tree_index import TreeIndex
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("rocksdict")
 
 from collective.errors import ConfigError
+from ps_server.checkpoint import load, save
 from ps_server.config import config_from_dict, config_to_dict
 from ps_server.core import ssd_capacity
 from ps_server.core.factory import make_table
@@ -20,7 +21,7 @@ from ps_server.core.ssd_table import SsdSparseTable
 from ps_server.errors import TableCapacityError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_ps_ssd_table import _config, _rows
+from test_ps_ssd_table import _assert_same_rows, _config, _rows
 
 
 @pytest.mark.timeout(30)
@@ -98,4 +99,27 @@ def test_max_capacity_counts_both_tiers(
         assert ssd.num_rows == 1000 and ssd.stats()["rows_evicted"] == mem.stats()["rows_evicted"]
     with pytest.raises(TableCapacityError, match="max_capacity is 1000"):
         ssd.pull(np.arange(10**6, 10**6 + 1001, dtype=np.int64))
+    ssd.close()
+
+
+@pytest.mark.timeout(60)
+def test_rows_deleted_for_capacity_are_in_the_next_delta(tmp_path: Path) -> None:
+    (tmp_path / "tier").mkdir()
+    ssd = make_table(
+        _config("ssd", cache_rows=150, max_capacity=1000), ssd_root=str(tmp_path / "tier")
+    )
+    grads = np.full((300, 8), 0.1, dtype=np.float32)
+    for day in range(10):
+        keys = np.arange(300 * day, 300 * day + 300, dtype=np.int64)
+        ssd.pull(keys)
+        ssd.push(keys, grads)
+        ssd.end_day()
+        if day == 3:
+            save(tmp_path / "base", [ssd])
+    save(tmp_path / "delta", [ssd], mode="delta")
+    into = make_table(_config())
+    load(tmp_path / "base", [into])
+    load(tmp_path / "delta", [into])
+    assert ssd.stats()["rows_evicted"] > 2000
+    _assert_same_rows(ssd, into)
     ssd.close()

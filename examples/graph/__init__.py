@@ -1,0 +1,1 @@
+"""Graph-table examples: GraphSAGE and DeepWalk on a generated stochastic block model."""

@@ -1,0 +1,152 @@
+"""Graph-table examples: GraphSAGE under fleetrun vs one process, DeepWalk vs one-hot features.
+
+Per seed (0 .. N-1), interleaved, on the same generated stochastic block model:
+
+- ``examples/graph/graphsage_ps.py`` under fleetrun with 2 servers + 2 trainers (ours) and with
+  ``--local`` in one process (peer: the same files in one in-process graph table, the same
+  sampler settings, global batch and Adam): test accuracy (goal: |ours - peer| <= 0.01) and
+  training seconds (informational);
+- ``examples/graph/deepwalk_ps.py`` under fleetrun with 2 servers + 2 trainers: a logistic
+  regression's test accuracy on the learned embeddings (ours) vs on the community one-hot
+  features (peer); goal: ratio >= 0.9.
+
+Reports median [min .. max] over the seeds.
+
+    python bench/bench_graph_examples.py --seeds 3 [--nodes 50000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import Stats, fleetrun_cmd, report, run_checked  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=3, help="runs, seeds 0 .. N-1")
+    p.add_argument("--nodes", type=int, default=3000)
+    p.add_argument("--avg_degree", type=float, default=10.0)
+    p.add_argument("--fanouts", default="10,5")
+    p.add_argument("--batch_size", type=int, default=128, help="GraphSAGE global batch")
+    p.add_argument("--epochs", type=int, default=5, help="GraphSAGE epochs")
+    p.add_argument("--walks_per_node", type=int, default=4)
+    p.add_argument("--walk_length", type=int, default=20)
+    p.add_argument("--dw_batch_size", type=int, default=2048, help="DeepWalk pairs per step")
+    p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
+    p.add_argument("--json", default=None, help="write the results here too")
+    args = p.parse_args(argv)
+    graph = ["--nodes", str(args.nodes), "--avg_degree", str(args.avg_degree)]
+    sage = [
+        *graph,
+        "--fanouts",
+        *args.fanouts.split(","),
+        "--batch_size",
+        str(args.batch_size),
+        "--epochs",
+        str(args.epochs),
+    ]
+    walk = [
+        *graph,
+        "--walks_per_node",
+        str(args.walks_per_node),
+        "--walk_length",
+        str(args.walk_length),
+        "--batch_size",
+        str(args.dw_batch_size),
+    ]
+    job = ["--server_num", "2", "--worker_num", "2"]
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench-graph-") as tmp:
+        for seed in range(args.seeds):
+            s = ["--seed", str(seed)]
+            out = {}
+            for name, cmd in (
+                (
+                    "sage_ps",
+                    fleetrun_cmd(
+                        *job,
+                        "--log_dir",
+                        f"{tmp}/log-{seed}-sage",
+                        "examples/graph/graphsage_ps.py",
+                        *sage,
+                        *s,
+                    ),
+                ),
+                (
+                    "sage_local",
+                    [sys.executable, "examples/graph/graphsage_ps.py", "--local", *sage, *s],
+                ),
+                (
+                    "deepwalk",
+                    fleetrun_cmd(
+                        *job,
+                        "--log_dir",
+                        f"{tmp}/log-{seed}-dw",
+                        "examples/graph/deepwalk_ps.py",
+                        *walk,
+                        *s,
+                    ),
+                ),
+            ):
+                path = f"{tmp}/{name}-{seed}.json"
+                run_checked([*cmd, "--json", path], timeout=args.timeout, cwd=REPO)
+                out[name] = _json(path)
+            print(
+                f"seed {seed}: GraphSAGE acc fleetrun {out['sage_ps']['test_acc']:.4f} "
+                f"({out['sage_ps']['train_seconds']:.1f} s) one process "
+                f"{out['sage_local']['test_acc']:.4f} ({out['sage_local']['train_seconds']:.1f} s); "
+                f"DeepWalk acc {out['deepwalk']['acc_embedding']:.4f} / one-hot "
+                f"{out['deepwalk']['acc_onehot']:.4f}",
+                flush=True,
+            )
+            runs.append(out)
+    ps, local, dw = ([r[k] for r in runs] for k in ("sage_ps", "sage_local", "deepwalk"))
+    size = f"{args.nodes:,} nodes, {ps[0]['edges']:,} edges"
+    rows = [
+        (
+            f"GraphSAGE test accuracy, fleetrun 2 servers + 2 trainers vs one process ({size}, "
+            f"fanouts [{args.fanouts.replace(',', ', ')}])",
+            Stats.of([r["test_acc"] for r in ps]),
+            Stats.of([r["test_acc"] for r in local]),
+            "fleetrun / one process, higher is better; goal on |difference|",
+        ),
+        (
+            f"GraphSAGE training seconds, {args.epochs} epochs, fleetrun vs one process",
+            Stats.of([r["train_seconds"] for r in ps]),
+            Stats.of([r["train_seconds"] for r in local]),
+            "fleetrun / one process, informational",
+        ),
+        (
+            f"DeepWalk: logistic regression test accuracy, embeddings vs community one-hot "
+            f"({size})",
+            Stats.of([r["acc_embedding"] for r in dw]),
+            Stats.of([r["acc_onehot"] for r in dw]),
+            "embeddings / one-hot, higher is better",
+        ),
+    ]
+    report(
+        "Graph-table examples: GraphSAGE and DeepWalk under fleetrun",
+        rows,
+        "GraphSAGE accuracy within 0.01 of one process; DeepWalk ratio >= 0.9",
+        extra={"runs": runs, "args": vars(args)},
+        json_path=args.json,
+        unit="",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=3, help="runs, seeds 0 .. N-1")
     p.add_argument("--nodes", type=int, default=3000)
     p.add_argument("--avg_degree", type=float, default=10.0)
+    p.add_argument("--signal", type=float, default=0.5, help="class signal in the features")
     p.add_argument("--fanouts", default="10,5")
     p.add_argument("--batch_size", type=int, default=128, help="GraphSAGE global batch")
     p.add_argument("--epochs", type=int, default=5, help="GraphSAGE epochs")
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     graph = ["--nodes", str(args.nodes), "--avg_degree", str(args.avg_degree)]
     sage = [
         *graph,
+        "--signal",
+        str(args.signal),
         "--fanouts",
         *args.fanouts.split(","),
         "--batch_size",

@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--negatives", type=int, default=5)
     p.add_argument("--batch_size", type=int, default=2048, help="pairs per step per trainer")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--sparse_lr", type=float, default=0.1)
+    p.add_argument("--sparse_lr", type=float, default=0.3)
     p.add_argument("--lr_steps", type=int, default=300, help="logistic regression steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")

@@ -130,9 +130,10 @@ PHASE_BUCKETS = COMM_BUCKETS[:-1] + (5.0, 10.0, 60.0)
 
 class PhaseHistograms:
     """``fleet_trainer_phase_seconds{phase}``: a histogram per phase, kept as plain bucket
-    counts that only the training thread writes (no lock: about a fifth of the cost of a
-    ``prometheus_client`` observation, six of which happen per step) and turned into one
-    histogram family when scraped. A scrape may see a step's phases half observed."""
+    counts that the training threads write under the hooks' lock (:data:`_hooks`, which the
+    callers hold: cheaper than a ``prometheus_client`` observation, six of which happen per
+    step) and turned into one histogram family when scraped. A scrape may see a step's phases
+    half observed."""
 
     name = "fleet_trainer_phase_seconds"
     doc = "Time of each step spent in a phase (the phases of a step add up to its step time)"
@@ -196,6 +197,10 @@ class _State:
 
 _state = _State()
 _start_lock = threading.Lock()
+_hooks = threading.RLock()
+"""Held by every hook that updates the step counters and phase totals: with
+``train_from_dataset(thread_num=N)`` several training threads call them at once, and
+``x += 1`` on shared state loses updates between threads."""
 
 
 def enabled() -> bool:
@@ -261,13 +266,19 @@ def on_forward(inputs: tuple[Any, ...]) -> None:
         return
     shape = getattr(inputs[0], "shape", None)
     if shape:
-        _state.forward_samples += int(shape[0])
+        with _hooks:
+            _state.forward_samples += int(shape[0])
 
 
 def on_step() -> None:
     """A training step ended (see the module docstring)."""
     if not _state.enabled:
         return
+    with _hooks:
+        _on_step()
+
+
+def _on_step() -> None:
     now = time.perf_counter()
     st = _state
     if st.last_step is not None:
@@ -310,8 +321,9 @@ def report(loss: Any = None, samples: int | None = None, step: bool = False) -> 
     if loss is not None:
         _state.loss = loss.detach() if hasattr(loss, "detach") else float(loss)
     if samples is not None:
-        _state.samples_reported = True
-        _state.window_samples += samples
+        with _hooks:
+            _state.samples_reported = True
+            _state.window_samples += samples
         SAMPLES.inc(samples)
     if step:
         on_step()
@@ -440,7 +452,9 @@ def instrument_communicator(comm: Any) -> None:
             try:
                 return inner_pull(*args, **kwargs)
             finally:
-                _phases.total["pull_wait"] += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                with _hooks:
+                    _phases.total["pull_wait"] += took
 
         comm.pull_sparse = pull_sparse
     if not _state.enabled:
@@ -452,7 +466,9 @@ def instrument_communicator(comm: Any) -> None:
     def step(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         out = inner_step(*args, **kwargs)
-        _phases.total["push_optimizer"] += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        with _hooks:
+            _phases.total["push_optimizer"] += took
         on_step()
         return out
 
@@ -497,7 +513,9 @@ def add_phase(phase: str, since: float) -> None:
     """Add the time since ``since`` (a :func:`phase_clock` value) to ``phase`` (one of
     :data:`SEEN_PHASES`)."""
     if since:
-        _phases.total[phase] += time.perf_counter() - since
+        took = time.perf_counter() - since
+        with _hooks:
+            _phases.total[phase] += took
 
 
 def pull_wait_seconds() -> float:
@@ -531,26 +549,30 @@ class PhaseTimer:
         self.period = [0.0] * len(LOOP_PHASES)
 
     def __enter__(self) -> PhaseTimer:
-        _phases.loops += 1
-        _update_phase_timing()
+        with _hooks:
+            _phases.loops += 1
+            _update_phase_timing()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _phases.loops -= 1
-        _update_phase_timing()
+        with _hooks:
+            _phases.loops -= 1
+            _update_phase_timing()
 
     def add(self, *seconds: float) -> None:
         """One step's phases, in :data:`LOOP_PHASES` order."""
-        total, period = self.total, self.period
-        for i, s in enumerate(seconds):
-            total[i] += s
-            period[i] += s
-        if _state.enabled:
-            for phase, s in zip(LOOP_PHASES, seconds):
-                PHASE_SECONDS.observe(phase, s)
+        with _hooks:
+            total, period = self.total, self.period
+            for i, s in enumerate(seconds):
+                total[i] += s
+                period[i] += s
+            if _state.enabled:
+                for phase, s in zip(LOOP_PHASES, seconds):
+                    PHASE_SECONDS.observe(phase, s)
 
     def reset_period(self) -> None:
-        self.period = [0.0] * len(LOOP_PHASES)
+        with _hooks:
+            self.period = [0.0] * len(LOOP_PHASES)
 
 
 def steps_ended() -> int:

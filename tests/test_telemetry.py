@@ -620,3 +620,49 @@ def test_hand_written_loop_phases_in_process() -> None:
     assert got["data"] >= 5 * 0.006 and got["pull_wait"] >= 5 * 0.004
     assert got["compute"] >= 5 * 0.003 and got["forward"] == 0
     assert sum(got.values()) == pytest.approx(step_s, rel=0.01)
+
+
+@pytest.mark.timeout(60)
+def test_hooks_count_every_step_of_concurrent_training_threads() -> None:
+    """With several training threads (train_from_dataset(thread_num=N)) the hooks run at once:
+    no step, sample or phase second is lost between them."""
+    import sys
+    import threading
+
+    import torch
+
+    from fleet import telemetry
+
+    threads, steps = 4, 3000
+    telemetry.start(0)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show at once
+    try:
+        steps_before = telemetry.steps_ended()
+        samples_before = telemetry.SAMPLES._value.get()
+        pull_before = telemetry.pull_wait_seconds()
+        timer = telemetry.PhaseTimer()
+        batch = (torch.zeros(2, 1),)
+
+        def train() -> None:
+            with timer:
+                for _ in range(steps):
+                    telemetry.on_forward(batch)
+                    telemetry.add_phase("pull_wait", time.perf_counter() - 0.5)
+                    timer.add(1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+                    telemetry.on_step()
+
+        workers = [threading.Thread(target=train) for _ in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(50)
+    finally:
+        sys.setswitchinterval(switch)
+        telemetry.stop()
+    total = threads * steps
+    assert telemetry.steps_ended() - steps_before == total
+    assert timer.total[0] == float(total) and timer.period[0] == float(total)
+    assert telemetry.pull_wait_seconds() - pull_before >= 0.5 * total
+    # every forward's 2 samples were counted (the last step's window may still hold some)
+    assert telemetry.SAMPLES._value.get() - samples_before == 2 * total

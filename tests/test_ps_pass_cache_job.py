@@ -57,6 +57,9 @@ def test_two_trainers_pass_cache_job(tmp_path: Path, mode: str, threads: int) ->
         timeout=240,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # the pass train_from_dataset opens itself is trained by every thread asked for
+    done = (tmp_path / "log" / "workerlog.0").read_text()
+    assert ("on 2 threads" in done) == (threads == 2), done
     res = [json.loads(Path(f"{out}-{rank}.json").read_text()) for rank in range(2)]
     before = np.array(res[0]["before"])
     merged = before.copy()

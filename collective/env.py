@@ -11,16 +11,13 @@ This module imports only the standard library: the launcher imports it at CLI st
 from __future__ import annotations
 
 import os
-import random
-import socket
-import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from collective.errors import EnvContractError
+from collective.ports import find_free_port
 
 
 class StrEnum(str, Enum):
@@ -35,6 +32,9 @@ class TrainingRole(StrEnum):
 
     TRAINER = "TRAINER"
     PSERVER = "PSERVER"
+    HETER_TRAINER = "HETER_TRAINER"
+    """A heterogeneous PS job's device worker: runs the dense half of the model for the CPU
+    trainers (:mod:`fleet.heter`)."""
 
 
 class Backend(StrEnum):
@@ -68,6 +68,11 @@ FLEET_PS_COORDINATOR = "FLEET_PS_COORDINATOR"
 with automatic checkpoints (``launcher.recovery.coordinator``); async/half-async/GEO trainers then form
 no gloo group and meet through it, so one of them can be restarted alone
 (:mod:`collective.ps_coordination`)."""
+PADDLE_HETER_TRAINER_IP_PORT_LIST = "PADDLE_HETER_TRAINER_IP_PORT_LIST"
+"""Heterogeneous PS jobs: ``ip:port`` of every heter worker, in every role's environment (its
+presence makes a PS job heterogeneous, as in Paddle)."""
+PADDLE_HETER_TRAINER_DEVICE = "PADDLE_HETER_TRAINER_DEVICE"
+"""A heter worker's device (``cpu``, ``cuda``, ``cuda:N``; fleetrun ``--heter_devices``)."""
 FLEET_PS_RESUME_POSITION = "FLEET_PS_RESUME_POSITION"
 """A PS trainer restarted alone: its data position as JSON (``{"pass", "step_in_pass",
 "step"}``), from its progress file; it skips that much data and loads no checkpoint."""
@@ -133,6 +138,12 @@ class WorkerEnv:
     """YAML file of the job's DistributedStrategy (FLEET_STRATEGY), if the job spec has one."""
     server_index: int = -1
     """This parameter server's index in ``pserver_endpoints`` (PSERVER role only, else -1)."""
+    heter_endpoints: tuple[str, ...] = ()
+    """Heter workers, ``ip:port`` (PADDLE_HETER_TRAINER_IP_PORT_LIST); heterogeneous PS only."""
+    heter_index: int = -1
+    """This heter worker's index in ``heter_endpoints`` (HETER_TRAINER role only, else -1)."""
+    heter_device: str = ""
+    """This heter worker's device (PADDLE_HETER_TRAINER_DEVICE; HETER_TRAINER role only)."""
     metrics_port: int = 0
     """Port of this process's Prometheus ``/metrics`` endpoint (FLEET_METRICS_PORT); 0 = none."""
     metrics_host: str = "127.0.0.1"
@@ -175,6 +186,8 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     env = os.environ if environ is None else environ
     if env.get("TRAINING_ROLE", "").upper() == TrainingRole.PSERVER.value:
         return _read_server_env(env)
+    if env.get("TRAINING_ROLE", "").upper() == TrainingRole.HETER_TRAINER.value:
+        return _read_heter_env(env)
     t_rank, t_world = _get_int(env, "RANK"), _get_int(env, "WORLD_SIZE")
     p_rank, p_world = _get_int(env, "PADDLE_TRAINER_ID"), _get_int(env, "PADDLE_TRAINERS_NUM")
     endpoints = _split_endpoints(env.get("PADDLE_TRAINER_ENDPOINTS"))
@@ -183,7 +196,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         role = TrainingRole(role_raw)
     except ValueError:
         raise EnvContractError(
-            f"TRAINING_ROLE={role_raw!r} is not one of TRAINER, PSERVER"
+            f"TRAINING_ROLE={role_raw!r} is not one of TRAINER, PSERVER, HETER_TRAINER"
         ) from None
     pservers = _split_endpoints(env.get("PADDLE_PSERVERS_IP_PORT_LIST"))
 
@@ -262,6 +275,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         pod_ip=env.get("POD_IP") or (master_addr or "127.0.0.1"),
         training_role=role,
         pserver_endpoints=pservers,
+        heter_endpoints=_split_endpoints(env.get(PADDLE_HETER_TRAINER_IP_PORT_LIST)),
         run_id=env.get("TORCHELASTIC_RUN_ID", "none"),
         restart_count=_get_int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
         max_restarts=_get_int(env, "TORCHELASTIC_MAX_RESTARTS") or 0,
@@ -371,9 +385,58 @@ def _read_server_env(env: Mapping[str, str]) -> WorkerEnv:
         log_dir=env.get(FLEET_LOG_DIR) or None,
         strategy_file=env.get(FLEET_STRATEGY) or None,
         server_index=pservers.index(me),
+        heter_endpoints=_split_endpoints(env.get(PADDLE_HETER_TRAINER_IP_PORT_LIST)),
         **read_metrics_endpoint(env),
         launched=True,
     )
+
+
+def _read_heter_env(env: Mapping[str, str]) -> WorkerEnv:
+    """The HETER_TRAINER side: POD_IP:PADDLE_PORT must be one of the heter worker list."""
+    heters = _split_endpoints(env.get(PADDLE_HETER_TRAINER_IP_PORT_LIST))
+    pod_ip, port = env.get("POD_IP", ""), _get_int(env, "PADDLE_PORT")
+    if not heters or not pod_ip or port is None:
+        raise EnvContractError(
+            f"TRAINING_ROLE=HETER_TRAINER needs {PADDLE_HETER_TRAINER_IP_PORT_LIST}, POD_IP and "
+            f"PADDLE_PORT (got {env.get(PADDLE_HETER_TRAINER_IP_PORT_LIST)!r}, {pod_ip!r}, "
+            f"{env.get('PADDLE_PORT')!r}); start the job with fleetrun --heter_worker_num/"
+            "--heter_workers"
+        )
+    me = f"{pod_ip}:{port}"
+    if me not in heters:
+        raise EnvContractError(
+            f"this heter worker's POD_IP:PADDLE_PORT {me} is not in "
+            f"{PADDLE_HETER_TRAINER_IP_PORT_LIST} ({','.join(heters)})"
+        )
+    server = _read_server_env(
+        {**env, "TRAINING_ROLE": TrainingRole.PSERVER.value, **_as_server(env)}
+    )
+    return WorkerEnv(
+        **{
+            **server.__dict__,
+            "current_endpoint": me,
+            "pod_ip": pod_ip,
+            "master_addr": pod_ip,
+            "training_role": TrainingRole.HETER_TRAINER,
+            "server_index": -1,
+            "heter_endpoints": heters,
+            "heter_index": heters.index(me),
+            "heter_device": env.get(PADDLE_HETER_TRAINER_DEVICE) or "cpu",
+        }
+    )
+
+
+def _as_server(env: Mapping[str, str]) -> dict[str, str]:
+    """POD_IP/PADDLE_PORT of the first server, so the server-side parser checks the rest of a
+    heter worker's contract (the server list, trainers, error file) the same way."""
+    first = _split_endpoints(env.get("PADDLE_PSERVERS_IP_PORT_LIST"))
+    if not first:
+        raise EnvContractError(
+            "TRAINING_ROLE=HETER_TRAINER needs PADDLE_PSERVERS_IP_PORT_LIST (the job's parameter "
+            "servers); start the job with fleetrun --server_num and --heter_worker_num"
+        )
+    ip, port = _split_hostport(first[0], "PADDLE_PSERVERS_IP_PORT_LIST")
+    return {"POD_IP": ip, "PADDLE_PORT": str(port)}
 
 
 @dataclass(frozen=True)
@@ -467,9 +530,16 @@ class PSLayout:
     error_dir: str
     job_name: str = "fleetrun"
     strategy_file: str | None = None
+    heter_endpoints: tuple[str, ...] = ()
+    """``ip:port`` of every heter worker (heterogeneous PS jobs; empty otherwise)."""
+    heter_devices: tuple[str, ...] = ()
+    """Each heter worker's device, by index (``cpu``, ``cuda``, ``cuda:N``)."""
 
     def server_error_file(self, index: int) -> str:
         return os.path.join(self.error_dir, f"error.server.{index}.json")
+
+    def heter_error_file(self, index: int) -> str:
+        return os.path.join(self.error_dir, f"error.heter.{index}.json")
 
     def trainer_error_file(self, trainer_id: int) -> str:
         return os.path.join(self.error_dir, f"error.{trainer_id}.json")
@@ -489,6 +559,11 @@ class PSLayout:
             FLEET_BACKEND: self.backend.value,
             FLEET_JOB_NAME: self.job_name,
             **({FLEET_STRATEGY: self.strategy_file} if self.strategy_file else {}),
+            **(
+                {PADDLE_HETER_TRAINER_IP_PORT_LIST: ",".join(self.heter_endpoints)}
+                if self.heter_endpoints
+                else {}
+            ),
         }
 
 
@@ -498,6 +573,25 @@ def make_ps_server_env(layout: PSLayout, index: int, metrics_port: int = 0) -> d
     env = layout._common(layout.server_error_file(index))
     env.update(metrics_env(metrics_port))
     env.update({"TRAINING_ROLE": TrainingRole.PSERVER.value, "POD_IP": ip, "PADDLE_PORT": port})
+    return env
+
+
+def make_ps_heter_env(layout: PSLayout, index: int, metrics_port: int = 0) -> dict[str, str]:
+    """Env of heter worker ``index`` (TRAINING_ROLE=HETER_TRAINER, POD_IP + PADDLE_PORT where
+    it serves the CPU trainers, PADDLE_HETER_TRAINER_DEVICE)."""
+    ip, _, port = layout.heter_endpoints[index].rpartition(":")
+    env = layout._common(layout.heter_error_file(index))
+    env.update(metrics_env(metrics_port))
+    devices = layout.heter_devices
+    device = devices[index] if index < len(devices) else (devices[-1] if devices else "cpu")
+    env.update(
+        {
+            "TRAINING_ROLE": TrainingRole.HETER_TRAINER.value,
+            "POD_IP": ip,
+            "PADDLE_PORT": port,
+            PADDLE_HETER_TRAINER_DEVICE: device,
+        }
+    )
     return env
 
 
@@ -529,83 +623,6 @@ def make_ps_trainer_env(
     return env
 
 
-def _ephemeral_range_start() -> int:
-    """First port of the kernel's ephemeral range (outgoing connections take ports from it)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-PORT_CLAIM_S = 300.0
-"""How long a port handed out by :func:`find_free_port` stays claimed on this machine: other
-fleetrun processes (another job, another agent) skip it meanwhile, however late the process it
-was meant for binds it."""
-
-
-def _claim_dir() -> str | None:
-    path = os.path.join(tempfile.gettempdir(), f"fleetrun-ports-{os.getuid()}")
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError:
-        return None
-    return path
-
-
-def _claim(claims: str | None, port: int) -> bool:
-    """Claim ``port`` for :data:`PORT_CLAIM_S` seconds: False while another claim on it is fresh.
-    Without a claim directory every port is claimable (the bind check alone)."""
-    if claims is None:
-        return True
-    path = os.path.join(claims, str(port))
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        return True
-    except FileExistsError:
-        pass
-    except OSError:
-        return True
-    try:
-        if time.time() - os.stat(path).st_mtime < PORT_CLAIM_S:
-            return False
-        os.utime(path)  # a stale claim: take it over
-    except OSError:
-        return False
-    return True
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago.
-
-    Picked at random from the 10000 ports below the kernel's ephemeral range where one is free
-    (at most 64 tries), else by binding port 0: a port of the ephemeral range can be taken by any
-    outgoing connection on the machine before the process it is meant for binds it (seen on a
-    busy machine: a PS trainer binding its gloo store after ~15 s of imports found its port in
-    use). A picked port is also claimed for :data:`PORT_CLAIM_S` seconds in a per-user directory
-    under the system's temp dir, so no other pick on this machine — in this process or another
-    fleetrun — hands it out again before its process has bound it (two jobs' launchers picking
-    the same free port a moment apart was seen as "Address already in use" seconds later).
-    System randomness, so seeded ``random`` in scripts cannot make processes pick alike."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    top = _ephemeral_range_start()
-    low = max(1024, top - 10000)
-    pick = random.SystemRandom()
-    claims = _claim_dir()
-    for _ in range(64 if top - low >= 1000 else 0):
-        port = pick.randrange(low, top)
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        if _claim(claims, port):
-            return port
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 __all__ = [
     "Backend",
     "NodeLayout",
@@ -614,6 +631,7 @@ __all__ = [
     "TrainingRole",
     "WorkerEnv",
     "find_free_port",
+    "make_ps_heter_env",
     "make_ps_server_env",
     "make_ps_trainer_env",
     "make_worker_env",

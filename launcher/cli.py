@@ -66,6 +66,9 @@ FLAG_TO_KEY = {
     "ps_checkpoint_interval": "ps_checkpoint.interval_s",
     "ps_checkpoint_keep": "ps_checkpoint.keep",
     "ps_ssd_dir": "ps.ssd_dir",
+    "heter_worker_num": "sizes.heter_worker_num",
+    "heter_workers": "ps.heter_workers",
+    "heter_devices": "ps.heter_devices",
 }
 
 EPILOG = """\b
@@ -80,6 +83,8 @@ Examples:
   fleetrun --nnodes 1:4 --rdzv_backend c10d --rdzv_endpoint 10.0.0.1:29400 --rdzv_id job1 \
     --max_restarts 3 train.py
   fleetrun --elastic_server etcd://10.0.0.9:2379 --job_id job1 --np 1:4 train.py  # Paddle
+  # heterogeneous PS: CPU trainers + a device worker for the dense half:
+  fleetrun --server_num 2 --worker_num 4 --heter_worker_num 1 --heter_devices cuda train.py
 
 Every option can also be set in the environment as FLEETRUN_<OPTION>
 (e.g. FLEETRUN_NPROC_PER_NODE=2). Precedence: job file < environment < flag.
@@ -199,6 +204,26 @@ def _opt(*names: str, **kw: Any) -> Any:
     "workers",
     metavar="IP:PORT,...",
     help="PS mode on several nodes: every trainer's endpoint.",
+)
+@_opt(
+    "--heter_worker_num",
+    "heter_worker_num",
+    type=int,
+    help="Heterogeneous PS: heter workers running the dense half of the model for the CPU "
+    "trainers (TRAINING_ROLE=HETER_TRAINER).",
+)
+@_opt(
+    "--heter_workers",
+    "heter_workers",
+    metavar="IP:PORT,...",
+    help="Heterogeneous PS on several nodes: every heter worker's endpoint (with --servers).",
+)
+@_opt(
+    "--heter_devices",
+    "heter_devices",
+    metavar="DEVICE[,...]",
+    help="Heter workers' devices: cpu, cuda, cuda:N (gpu, gpu:N as in Paddle); one for all or "
+    "one per heter worker (default cpu).",
 )
 @_opt(
     "--pod_ip",

@@ -29,6 +29,7 @@ from collective.env import Backend, StrEnum
 from collective.errors import ConfigError
 from collective.typed_config import from_dict, require, to_dict
 from launcher.elastic.config import ElasticConfig, check_elastic_spec, normalize_elastic
+from launcher.heter_spec import check_heter_spec, parse_heter_devices
 
 DEFAULT_MULTINODE_PORT = 29500
 """Rendezvous port used when nodes > 1 and none is given (torchrun's default)."""
@@ -146,6 +147,8 @@ class Sizes:
     """Parameter servers (PS mode)."""
     worker_num: int = 0
     """Trainers (PS mode)."""
+    heter_worker_num: int = 0
+    """Heter workers (heterogeneous PS: device workers for the dense half; ``launcher.heter_spec``)."""
 
     def __post_init__(self) -> None:
         require(self.nnodes >= 1, "nnodes", f"must be >= 1, got {self.nnodes}")
@@ -154,6 +157,11 @@ class Sizes:
         )
         require(self.server_num >= 0, "server_num", f"must be >= 0, got {self.server_num}")
         require(self.worker_num >= 0, "worker_num", f"must be >= 0, got {self.worker_num}")
+        require(
+            self.heter_worker_num >= 0,
+            "heter_worker_num",
+            f"must be >= 0, got {self.heter_worker_num}",
+        )
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,8 @@ class Resources:
     """Per trainer process."""
     server: RoleResources = RoleResources()
     """Per parameter-server process."""
+    heter: RoleResources = RoleResources()
+    """Per heter worker (a cuda device adds one GPU when ``gpu`` is 0)."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +241,10 @@ class PSEndpoints:
     """``ip:port`` of every server (``--servers``); empty = ``server_num`` on this machine."""
     workers: tuple[str, ...] = field(default=(), metadata={"parse": _endpoint_list})
     """``ip:port`` of every trainer (``--workers``); empty = ``worker_num`` on this machine."""
+    heter_workers: tuple[str, ...] = field(default=(), metadata={"parse": _endpoint_list})
+    """``ip:port`` of every heter worker (``--heter_workers``; static layout, with ``servers``)."""
+    heter_devices: tuple[str, ...] = field(default=(), metadata={"parse": parse_heter_devices})
+    """Heter workers' devices (``--heter_devices``): one for all or one each; default cpu."""
     pod_ip: str | None = None
     """This node's IP: which entries of servers/workers run here (default: this host's)."""
     server_grace_s: float = 10.0
@@ -467,6 +481,7 @@ class JobSpec:
                 f"is {self.sizes.nnodes} but rendezvous.ips lists {len(self.rendezvous.ips)} "
                 "nodes; drop one of them",
             )
+        check_heter_spec(self)
         if self.mode is Mode.PS:
             if self.ps.servers:
                 for name, lst in (("server_num", self.ps.servers), ("worker_num", self.ps.workers)):

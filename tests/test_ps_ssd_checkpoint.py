@@ -207,3 +207,19 @@ def test_full_save_streams_cold_rows_shard_by_shard_as_of_the_snapshot(
     with pytest.raises(SsdTierError, match="cleared or closed while its checkpoint"):
         write_snapshot(tmp_path / "void", lost)
     ssd.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_load_larger_than_the_cache_puts_the_overflow_on_disk_and_keeps_every_row(
+    tmp_path: Path,
+) -> None:
+    mem = make_table(_config())
+    _drive([mem], steps=30, num_keys=5000)
+    save(tmp_path / "ckpt", [mem])
+    into = _ssd(tmp_path / "into", "ssd", cache_rows=300)
+    into.background = False
+    assert load(tmp_path / "ckpt", [into]) == {"emb": mem.num_rows}
+    stats = into.stats()
+    assert stats["hot_rows"] <= 300 and stats["cold_rows"] == mem.num_rows - stats["hot_rows"]
+    _assert_same_rows(mem, into)
+    into.close()

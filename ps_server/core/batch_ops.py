@@ -104,6 +104,19 @@ def sum_duplicates(
     return sorted_rows[starts], summed, occ
 
 
+def sorted_distinct(keys: np.ndarray) -> np.ndarray:
+    """The distinct keys, ascending: ``np.unique(keys)`` by one sort. numpy 2.3+ answers a bare
+    ``np.unique`` of int64 by hashing, which is 10-30x slower than a sort when most keys are
+    distinct (2 M random keys: 1.9 s against 0.06 s here)."""
+    keys = np.sort(keys, axis=None)
+    if keys.shape[0] < 2:
+        return keys
+    first = np.empty(keys.shape[0], dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    return keys[first]
+
+
 def distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(distinct keys in order of first occurrence, index of each key in them, occurrences of
     each distinct key): ``keys == uniq[inverse]``. New rows are allocated in this order (the
@@ -141,6 +154,7 @@ __all__ = [
     "all_finite",
     "distinct",
     "pull_buffer",
+    "sorted_distinct",
     "put_rows",
     "row_view",
     "saturating_add",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ps_server.core.batch_ops import sorted_distinct
 from ps_server.core.routing import shard_of
 from ps_server.core.row_flags import DIRTY, EXPORT_DIRTY, LIVE, SEEN
 from ps_server.core.row_store import RowSnapshot, RowStore
@@ -69,8 +70,8 @@ def export_shards(
                 pending.cols["unseen_days"][pr] if pending else np.zeros(0, np.uint16)
             ),
             pending_flags=(pending.flags[pr] & SEEN) if pending else np.zeros(0, np.uint8),
-            deleted_keys=np.unique(deleted[del_by[s]]),
-            deleted_pending_keys=np.unique(pdeleted[pdel_by[s]]),
+            deleted_keys=sorted_distinct(deleted[del_by[s]]),
+            deleted_pending_keys=sorted_distinct(pdeleted[pdel_by[s]]),
         )
     return out
 

@@ -566,6 +566,13 @@ class SparseTable(Table):
     def import_shard(self, payload: SparseShardData, delta: bool) -> int:
         """Upsert one shard's rows (a delta first deletes its deleted keys); returns rows read.
         The payload is checked before anything changes."""
+        self.check_import(payload)
+        sparse_shards.import_shard(self.store, self.pending, payload, delta)
+        return int(payload.keys.shape[0])
+
+    def check_import(self, payload: SparseShardData) -> None:
+        """:class:`TableInputError` unless this table can import ``payload`` (its shard is
+        owned here, every key belongs to it, count-filter keys only with a counting entry)."""
         d = payload
         if d.shard not in self.shards:
             raise TableInputError(
@@ -582,8 +589,6 @@ class SparseTable(Table):
                 "entry",
                 "the checkpoint has count-filter keys but this table's entry policy does not count",
             )
-        sparse_shards.import_shard(self.store, self.pending, d, delta)
-        return int(d.keys.shape[0])
 
     def clear(self) -> None:
         """Drop every row, pending key and change record."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ps_server.core.batch_ops import sorted_distinct
 from ps_server.core.row_flags import CHANGE_FLAGS, DIRTY, EXPORT_DIRTY
 
 EPOCH_FIELDS = {int(DIRTY): "save_epoch", int(EXPORT_DIRTY): "export_epoch"}
@@ -96,7 +97,7 @@ class ColdChanges:
     def _compact(self, flag: int, hot: Callable[[np.ndarray], np.ndarray]) -> None:
         parts = self._changed[flag]
         assert parts is not None
-        keys = np.unique(np.concatenate(parts)) if parts else _NO_KEYS
+        keys = sorted_distinct(np.concatenate(parts)) if parts else _NO_KEYS
         keys = keys[~hot(keys)]
         self._changed[flag] = [keys]
         self._appended[flag] = self._compacted[flag] = int(keys.shape[0])

@@ -58,6 +58,7 @@ import numpy as np
 from collective.errors import ConfigError
 from ps_server.config import SparseStorage, SparseTableConfig
 from ps_server.core import sparse_shards
+from ps_server.core.batch_ops import sorted_distinct
 from ps_server.core.hash_index import HashIndex, KeyIndex
 from ps_server.core.row_flags import LIVE, SEEN
 from ps_server.core.row_store import RowSnapshot, RowStore
@@ -67,6 +68,7 @@ from ps_server.core.ssd_capacity import make_room
 from ps_server.core.ssd_changes import ColdChanges, LogState
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_filter import KeyFilter
+from ps_server.core.ssd_import import split_import
 from ps_server.core.ssd_snapshot import ColdSaver, StreamedSnapshot
 from ps_server.core.ssd_tier import ColdTier, record_dtype
 from ps_server.core.table import ChangeLog, PushStats, TableSnapshot
@@ -82,17 +84,6 @@ EVICT_LOW = 0.9
 """An eviction leaves this fraction of ``cache_rows`` in memory."""
 EVICTION_POLICIES = ("count", "recency")
 _COLUMNS = ("values", "state", "count", "unseen_days")
-
-
-def _sorted_distinct(keys: np.ndarray) -> np.ndarray:
-    """The distinct keys, ascending (a sort: ~10x faster than ``np.unique``'s hash path)."""
-    keys = np.sort(keys)
-    if keys.shape[0] < 2:
-        return keys
-    first = np.empty(keys.shape[0], dtype=bool)
-    first[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=first[1:])
-    return keys[first]
 
 
 class SsdSparseTable(SparseTable):
@@ -227,7 +218,7 @@ class SsdSparseTable(SparseTable):
             return None
         self._tier["hot_misses"] += nmiss
         st.cols["tick"][rows[~miss]] = self._tick
-        mkeys = _sorted_distinct(keys[miss])
+        mkeys = sorted_distinct(keys[miss])
         if self._cold_rows == 0:
             return mkeys
         state, queued = self.queue.lookup(mkeys, self.cold.dtype)
@@ -551,15 +542,19 @@ class SsdSparseTable(SparseTable):
         return snap
 
     def import_shard(self, payload: SparseShardData, delta: bool) -> int:
-        """As :meth:`SparseTable.import_shard`; rows beyond ``cache_rows`` go to disk."""
+        """As :meth:`SparseTable.import_shard`; the new rows beyond the memory tier's room go
+        to disk directly (:mod:`.ssd_import`)."""
         with self.lock:
             self._check_open()
+            self.check_import(payload)
             keys = np.concatenate([payload.keys, payload.deleted_keys])
-            self._promote(np.unique(keys))
-            read = super().import_shard(payload, delta)
-            self._touch(payload.keys)
+            self._promote(sorted_distinct(keys))
+            room = int(self.cache_rows * EVICT_LOW) - self.store.num_rows
+            hot = split_import(self, payload, room)
+            sparse_shards.import_shard(self.store, self.pending, hot, delta)
+            self._touch(hot.keys)
             self._after_call()
-            return read
+            return int(payload.keys.shape[0])
 
     def clear(self) -> None:
         """Drop every row of both tiers."""

@@ -1,0 +1,69 @@
+"""Loading rows into an SSD table: the rows that do not fit in memory go straight to RocksDB.
+
+A checkpoint load (``import_shard``) of a table far larger than ``cache_rows`` would otherwise
+put every row into the memory tier and evict all but the last ``cache_rows`` of them again: two
+copies and an eviction pick per row. :func:`split_import` queues the payload's new rows beyond
+the memory tier's free room as cold records directly (of each payload, the most counted new
+rows take the room, as eviction by show count would keep them; a load fills the room with the
+first shards it reads, and training promotes what it touches) and returns the rest for the
+memory table's import.
+The records are what an eviction of the same rows would write: the same flags (live, seen; a
+loaded row is not dirty), the day, a sequence number and the change logs' epochs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ps_server.core.row_flags import LIVE, SEEN
+from ps_server.core.shard_data import SparseShardData
+
+if TYPE_CHECKING:
+    from ps_server.core.ssd_table import SsdSparseTable
+
+_ROW_FIELDS = ("keys", "values", "state", "count", "unseen_days", "flags")
+
+
+def split_import(table: SsdSparseTable, payload: SparseShardData, room: int) -> SparseShardData:
+    """Queue the new rows of ``payload`` (keys in neither tier: call after the promotion of
+    its keys) beyond ``room`` free memory rows as cold records, and return the payload of the
+    rows left for memory (all of them when they fit). The table's lock is held; the payload
+    is valid (``SparseTable.check_import``)."""
+    d = payload
+    if d.keys.shape[0] == 0:
+        return d
+    hot = table.store.lookup(d.keys) >= 0
+    new = np.flatnonzero(~hot)
+    room = max(0, room)
+    if new.shape[0] <= room:
+        return d
+    if room:
+        by_count = np.argpartition(-d.count[new].astype(np.int64), room - 1)
+        keep_new, cold = new[by_count[:room]], np.sort(new[by_count[room:]])
+    else:
+        keep_new, cold = new[:0], new
+    keys = d.keys[cold]
+    rec = np.empty(cold.shape[0], dtype=table.cold.dtype)
+    rec["values"] = d.values[cold]
+    rec["state"] = d.state[cold]
+    rec["count"] = d.count[cold]
+    rec["unseen_days"] = d.unseen_days[cold]
+    rec["flags"] = LIVE | (d.flags[cold] & SEEN)
+    rec["day"] = table.day
+    table._seq += 1
+    rec["seq"] = table._seq
+    table.changes.stamp(rec)
+    table.queue.put(keys, rec)
+    table.keyfilter.add(keys)
+    if table.keyfilter.needs_rebuild:
+        table._rebuild_filter()
+    table.changes.evicted(keys, rec["flags"], table._is_hot)
+    table._cold_rows += int(cold.shape[0])
+    keep = np.sort(np.concatenate([np.flatnonzero(hot), keep_new]))
+    return dataclasses.replace(d, **{f: getattr(d, f)[keep] for f in _ROW_FIELDS})
+
+
+__all__ = ["split_import"]

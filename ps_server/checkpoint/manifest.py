@@ -5,6 +5,7 @@ Layout of one checkpoint (or serving export) directory::
 
     <dir>/manifest.<writer>.json        one per saving server ("server-0", "server-1", ...)
     <dir>/<table>/shard-00007.bin       one per shard (format: ps_server.checkpoint.shard_file)
+    <dir>/graphs/<graph table>/part-00001-of-00002.npz, config.json   a graph table's parts
 
 A server writes its shard files first (each atomically), fsyncs their directories, then its own
 manifest, atomically: a manifest lists only complete files. It holds the format version, the
@@ -13,19 +14,21 @@ table its config (optimizer, initializer and entry as dicts), dim, state_dim, sh
 shards written, rows, and the ``end_day`` calls since the previous save; and per file (path
 relative to the directory) its size and CRC-32 (:class:`~ps_server.checkpoint.files.FileRecord`;
 manifests written by earlier fleetrun versions have no ``files``: their shard files are then
-checked by their own header and payload CRCs only).
+checked by their own header and payload CRCs only). A server holding graph tables lists them
+under ``graph_tables`` (config, its part index, the number of parts, nodes, edges) and their
+files under ``files``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ps_server.checkpoint.files import FileRecord, read_manifest_json
 from ps_server.checkpoint.shard_file import FORMAT_VERSION
-from ps_server.config import TableConfig, config_diff, config_from_dict
+from ps_server.config import GraphTableConfig, TableConfig, config_diff, config_from_dict
 from ps_server.errors import CheckpointCorruptError, CheckpointError
 
 MANIFEST_FORMAT = "fleetrun-ps-checkpoint"
@@ -34,6 +37,8 @@ KINDS = ("checkpoint", "serving")
 """``checkpoint``: everything a server needs to resume (optimizer state, count-filter keys);
 ``serving``: a serving export (rows with count >= min_show, values and counts only)."""
 MANIFEST_GLOB = "manifest.*.json"
+GRAPHS_DIR = "graphs"
+"""Subdirectory of a checkpoint holding its graph tables' parts."""
 
 
 def shard_path(directory: str | os.PathLike, table: str, shard: int) -> Path:
@@ -65,6 +70,17 @@ class TableEntry:
 
 
 @dataclass(frozen=True)
+class GraphEntry:
+    """One graph table of a checkpoint, merged over the manifests of all writers."""
+
+    config: GraphTableConfig
+    parts: int
+    """Servers that saved it (one part each)."""
+    nodes: int
+    edges: int
+
+
+@dataclass(frozen=True)
 class CheckpointInfo:
     """What a checkpoint directory holds (every manifest merged and checked)."""
 
@@ -75,6 +91,8 @@ class CheckpointInfo:
     kind: str = "checkpoint"
     files: dict[str, FileRecord] | None = None
     """Size and CRC-32 per file (relative path); None for manifests that carry none."""
+    graph_tables: dict[str, GraphEntry] = field(default_factory=dict)
+    """The graph tables, by name."""
 
     def record(self, table: str, shard: int) -> FileRecord | None:
         """The manifest's record of a shard file (None: the manifest has no file records)."""
@@ -130,6 +148,52 @@ def _merge_tables(
     return merged
 
 
+def _merge_graphs(
+    root: Path, manifests: list[tuple[Path, dict[str, Any]]]
+) -> dict[str, GraphEntry]:
+    merged: dict[str, dict[str, Any]] = {}
+    for p, m in manifests:
+        for name, e in (m.get("graph_tables") or {}).items():
+            try:
+                cfg, part, parts = e["config"], int(e["part"]), int(e["parts"])
+                nodes, edges = int(e["nodes"]), int(e["edges"])
+            except (KeyError, TypeError, ValueError) as err:
+                raise CheckpointCorruptError(
+                    f"{p}: malformed graph_tables[{name!r}] ({type(err).__name__}: {err})"
+                ) from None
+            cur = merged.setdefault(
+                name,
+                {"config": cfg, "parts": parts, "seen": {}, "nodes": 0, "edges": 0, "first": p},
+            )
+            if cur["config"] != cfg or cur["parts"] != parts:
+                raise CheckpointError(
+                    f"{root}: graph table {name!r}: {p.name} and {cur['first'].name} disagree on "
+                    "its config or its number of parts: the directory mixes saves"
+                )
+            if part in cur["seen"]:
+                raise CheckpointError(
+                    f"{root}: graph table {name!r} part {part} written by both "
+                    f"{cur['seen'][part]} and {p.name}: the directory mixes saves"
+                )
+            cur["seen"][part] = p.name
+            cur["nodes"] += nodes
+            cur["edges"] += edges
+    out = {}
+    for name, cur in merged.items():
+        missing = sorted(set(range(cur["parts"])) - set(cur["seen"]))
+        if missing:
+            raise CheckpointError(
+                f"{root}: graph table {name!r} is incomplete: parts {missing} of {cur['parts']} "
+                "missing (did a server's save fail?)"
+            )
+        try:
+            config = GraphTableConfig.from_dict(cur["config"], f"{name}.config")
+        except (ValueError, TypeError) as err:
+            raise CheckpointCorruptError(f"{root}: graph table {name!r}: {err}") from None
+        out[name] = GraphEntry(config, cur["parts"], cur["nodes"], cur["edges"])
+    return out
+
+
 def read_checkpoint(directory: str | os.PathLike) -> CheckpointInfo:
     """Merge and check the manifests of ``directory`` (agreeing configs, kinds, modes,
     versions; every shard of every table written exactly once)."""
@@ -172,15 +236,18 @@ def read_checkpoint(directory: str | os.PathLike) -> CheckpointInfo:
         for rel, rec in m["files"].items():
             files[rel] = FileRecord.from_dict(rec, f"{p}: files[{rel!r}]")
     writers = tuple(str(m.get("writer")) for _, m in manifests)
-    return CheckpointInfo(root, mode, writers, tables, kind, files)
+    graphs = _merge_graphs(root, manifests)
+    return CheckpointInfo(root, mode, writers, tables, kind, files, graphs)
 
 
 __all__ = [
+    "GRAPHS_DIR",
     "KINDS",
     "MANIFEST_FORMAT",
     "MANIFEST_GLOB",
     "MODES",
     "CheckpointInfo",
+    "GraphEntry",
     "TableEntry",
     "manifest_path",
     "read_checkpoint",

@@ -25,6 +25,15 @@ reads the files of the shards each target table owns — under any server count,
 checkpoint saved by N servers loads into M — verifying each against the manifest's size and
 CRC-32 and its own header and payload CRCs, and only then replaces (``all``) or updates
 (``delta``) the tables.
+
+Graph tables (:class:`~ps_server.core.graph_table.GraphTable`) ride along: :func:`take_snapshot`
+holds their locks with the other tables' (one cut) and keeps references to their arrays
+(:func:`~ps_server.core.graph_checkpoint.snapshot_part`), :func:`write_snapshot` writes each as
+``graphs/<table>/part-<i>-of-<n>.npz`` plus its ``config.json`` (listed with size and CRC-32 in
+the manifest's ``files``, and under ``graph_tables``), and :func:`load_graphs` builds this
+server's share of each — under any server count — for the caller to swap in. A graph part is
+always whole (a delta save writes the whole graph too: graph edits are rare bulk loads); a
+serving export holds no graph tables.
 """
 
 from __future__ import annotations
@@ -41,8 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from ps_server.checkpoint.files import fsync_dir, write_json_atomic
+from ps_server.checkpoint.files import FileRecord, fsync_dir, verify_file, write_json_atomic
 from ps_server.checkpoint.manifest import (
+    GRAPHS_DIR,
     KINDS,
     MANIFEST_FORMAT,
     MODES,
@@ -56,6 +66,14 @@ from ps_server.checkpoint.manifest import (
 from ps_server.checkpoint.shard_file import FORMAT_VERSION, read_shard, write_shard
 from ps_server.config import config_diff, config_to_dict
 from ps_server.core.factory import make_table
+from ps_server.core.graph_checkpoint import (
+    GraphPart,
+    config_data,
+    load_table,
+    snapshot_part,
+    write_part,
+)
+from ps_server.core.graph_table import GraphTable
 from ps_server.core.shard_data import SparseShardData
 from ps_server.core.table import ChangeLog, Table, TableSnapshot
 from ps_server.errors import CheckpointCorruptError, CheckpointError
@@ -100,6 +118,8 @@ class Snapshot:
     """The change log the snapshot consumed."""
     sources: tuple[Table, ...] = ()
     """The tables, in the order of ``tables``."""
+    graphs: tuple[GraphPart, ...] = ()
+    """The graph tables' parts (references to their arrays, not copies)."""
 
     @property
     def nbytes(self) -> int:
@@ -119,22 +139,28 @@ def take_snapshot(
     tables: Iterable[Table] | Mapping[str, Table],
     mode: str = "all",
     log: ChangeLog | None = ChangeLog.SAVE,
+    graphs: Mapping[str, GraphTable] | None = None,
 ) -> Snapshot:
     """Copy ``tables`` under their locks (all held at once, taken in name order: one consistent
     instant across the tables) and reset change log ``log`` (None: a recovery checkpoint,
-    which consumes no changes; ``mode="delta"`` needs a log)."""
+    which consumes no changes; ``mode="delta"`` needs a log). ``graphs``: graph tables, locked
+    with them and kept as whole parts."""
     check_mode(mode)
     delta = mode == "delta"
     if delta and log is None:
         raise CheckpointError("a delta snapshot needs a change log (SAVE or EXPORT)")
     items = _as_table_list(tables)
+    graph_items = [graphs[n] for n in sorted(graphs or {})]
     with contextlib.ExitStack() as stack:
         for t in items:  # sorted by name: a fixed lock order
             stack.enter_context(t.lock)
+        for g in graph_items:
+            stack.enter_context(g._lock)
         t0 = time.perf_counter()
         snaps = [t.snapshot(delta, log) for t in items]
+        parts = tuple(snapshot_part(g) for g in graph_items)
         seconds = time.perf_counter() - t0
-    return Snapshot(snaps, mode, seconds, log, tuple(items))
+    return Snapshot(snaps, mode, seconds, log, tuple(items), parts)
 
 
 def serving_payload(payload: SparseShardData, min_show: int) -> SparseShardData:
@@ -210,6 +236,10 @@ def write_snapshot(
                 "bytes": written,
                 "days_since_last_save": meta.days_since_save,
             }
+        graph_entries = {}
+        if kind == "checkpoint":
+            for part in snapshot.graphs:
+                graph_entries[part.name] = _write_graph(root, part, files)
         manifest = {
             "format": MANIFEST_FORMAT,
             "format_version": FORMAT_VERSION,
@@ -221,6 +251,8 @@ def write_snapshot(
             "tables": entries,
             "files": files,
         }
+        if graph_entries:
+            manifest["graph_tables"] = graph_entries
         if kind == "serving":
             manifest["min_show"] = int(min_show)
         fsync_dir(root)
@@ -240,11 +272,29 @@ def write_snapshot(
     return manifest
 
 
+def _write_graph(root: Path, part: GraphPart, files: dict[str, Any]) -> dict[str, Any]:
+    """Write one graph part under ``root/graphs/``, add its files' records to ``files``;
+    returns its manifest entry."""
+    base = root / GRAPHS_DIR
+    for rel, (size, crc) in write_part(part, base).items():
+        files[f"{GRAPHS_DIR}/{rel}"] = FileRecord(size, crc).to_dict()
+    fsync_dir(base / part.name)
+    fsync_dir(base)
+    return {
+        "config": config_data(part.config),
+        "part": part.server_index,
+        "parts": part.num_servers,
+        "nodes": part.nodes,
+        "edges": part.edges,
+    }
+
+
 def save(
     directory: str | os.PathLike,
     tables: Iterable[Table] | Mapping[str, Table],
     mode: str = "all",
     writer: str = "server-0",
+    graphs: Mapping[str, GraphTable] | None = None,
 ) -> dict[str, Any]:
     """Save ``tables`` (this server's parts) into ``directory``; returns the manifest written.
 
@@ -256,7 +306,7 @@ def save(
     """
     check_mode(mode)
     check_writer(writer)
-    snapshot = take_snapshot(tables, mode, ChangeLog.SAVE)
+    snapshot = take_snapshot(tables, mode, ChangeLog.SAVE, graphs)
     try:
         return write_snapshot(directory, snapshot, writer)
     except BaseException:
@@ -364,6 +414,26 @@ def load(
     return result
 
 
+def load_graphs(
+    directory: str | os.PathLike,
+    server_index: int = 0,
+    num_servers: int = 1,
+    info: CheckpointInfo | None = None,
+) -> dict[str, GraphTable]:
+    """New graph tables holding this server's share of each graph table of the checkpoint in
+    ``directory`` (saved by any number of servers); every file is checked against the
+    manifests' size and CRC-32 first. Nothing is swapped in: the caller replaces its tables."""
+    info = info or read_checkpoint(directory)
+    out = {}
+    for name in sorted(info.graph_tables):
+        for rel, record in sorted((info.files or {}).items()):
+            if rel.startswith(f"{GRAPHS_DIR}/{name}/"):
+                verify_file(info.directory / rel, record)
+        out[name], counts = load_table(info.directory / GRAPHS_DIR, name, server_index, num_servers)
+        logger.info("graph table %r of %s: %s held here", name, info.directory, counts)
+    return out
+
+
 def create_tables(
     directory: str | os.PathLike, server_index: int = 0, num_servers: int = 1
 ) -> dict[str, Table]:
@@ -384,6 +454,7 @@ __all__ = [
     "check_writer",
     "create_tables",
     "load",
+    "load_graphs",
     "read_checkpoint",
     "save",
     "serving_payload",

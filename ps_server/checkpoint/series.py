@@ -101,6 +101,8 @@ class CheckpointRecord:
     """The opaque state each trainer passed (rank -> JSON value)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Whatever else the coordinator recorded (a serving export's model config, ...)."""
+    graph_tables: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Nodes and edges of each graph table, over all servers."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready; the directory as a string)."""
@@ -116,6 +118,7 @@ class CheckpointRecord:
             "bytes": self.bytes,
             "trainer_states": {str(k): v for k, v in self.trainer_states.items()},
             "extra": self.extra,
+            "graph_tables": self.graph_tables,
         }
 
 
@@ -169,6 +172,10 @@ def commit(
         "bytes": sum(r.bytes for r in (info.files or {}).values()),
         "trainer_states": states,
         "extra": extra or {},
+        "graph_tables": {
+            name: {"nodes": g.nodes, "edges": g.edges}
+            for name, g in sorted(info.graph_tables.items())
+        },
     }
     try:
         json.dumps(top)
@@ -203,6 +210,10 @@ def _record(root: Path, top: dict[str, Any]) -> CheckpointRecord:
             bytes=int(top["bytes"]),
             trainer_states={int(k): v for k, v in top["trainer_states"].items()},
             extra=dict(top.get("extra") or {}),
+            graph_tables={
+                str(k): {"nodes": int(v["nodes"]), "edges": int(v["edges"])}
+                for k, v in (top.get("graph_tables") or {}).items()
+            },
         )
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CheckpointCorruptError(f"{where}: malformed ({type(err).__name__}: {err})") from err

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ps_server.checkpoint.save_load import Snapshot, take_snapshot, write_snapshot
+from ps_server.core.graph_table import GraphTable
 from ps_server.core.table import ChangeLog, Table
 from ps_server.errors import CheckpointBusyError, CheckpointError
 
@@ -125,9 +126,11 @@ class CheckpointWriter:
         log: ChangeLog | None = None,
         min_show: int = 0,
         on_failure: Callable[[], None] | None = None,
+        graphs: Mapping[str, GraphTable] | None = None,
     ) -> CheckpointJob:
-        """Snapshot ``tables`` now and write them into ``directory`` in the background; a failed
-        write gives the snapshot's changes back to ``log`` and calls ``on_failure``."""
+        """Snapshot ``tables`` (and graph tables ``graphs``) now and write them into
+        ``directory`` in the background; a failed write gives the snapshot's changes back to
+        ``log`` and calls ``on_failure``."""
         with self._lock:
             busy = next((j for j in self._jobs.values() if not j.done), None)
             if busy is not None:
@@ -135,7 +138,7 @@ class CheckpointWriter:
                     f"this server is still writing {busy.directory}; wait for it (CheckpointWait) "
                     f"before starting {directory}"
                 )
-            snapshot = take_snapshot(tables, mode, log)
+            snapshot = take_snapshot(tables, mode, log, graphs)
             job = CheckpointJob(directory, snapshot, writer, kind, min_show, on_failure)
             self._jobs.pop(directory, None)
             self._jobs[directory] = job

@@ -10,6 +10,12 @@ name and renamed, so a part is either whole or absent; ``.npz`` members carry a 
 A load reads every part of the save (all ``n`` must be present) and keeps the nodes and edges
 the loading server owns under the current number of servers, so a table saved by N servers loads
 into M (the shards move with the nodes). It builds a new table and replaces the old one at once.
+
+A job checkpoint (:mod:`ps_server.checkpoint.save_load`) holds a server's graph tables with its
+sparse and dense ones, in the same layout under ``<checkpoint>/graphs/``: the save is split in
+two like theirs, :func:`snapshot_part` under the table's lock (references to the arrays, which
+are replaced on a change and never edited in place: no copy) and :func:`write_part` on the
+writer's thread, which returns each file's size and CRC-32 for the server's manifest.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import os
 import re
 import uuid
 import zipfile
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +38,14 @@ from ps_server.errors import CheckpointCorruptError, CheckpointError
 _PART = re.compile(r"^part-(\d{5})-of-(\d{5})\.npz$")
 
 
+def config_data(config: GraphTableConfig) -> dict:
+    """``config`` as plain data whose features are lists, so a JSON writer that sorts keys
+    keeps their order (a feature's position is its column in node files)."""
+    data = config.to_dict()
+    data["features"] = [[t, [list(f) for f in feats]] for t, feats in config.features]
+    return data
+
+
 def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "wb") as f:
@@ -39,18 +55,39 @@ def _write_atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def save_part(table: GraphTable, directory: str | Path) -> dict[str, int]:
-    """Write this server's part of ``table`` under ``directory/<table name>/``; returns the
-    counts written."""
-    root = Path(directory) / table.name
-    root.mkdir(parents=True, exist_ok=True)
+@dataclass(frozen=True)
+class GraphPart:
+    """One server's part of a graph table at one instant (:func:`snapshot_part`)."""
+
+    name: str
+    config: GraphTableConfig
+    server_index: int
+    num_servers: int
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    nodes: int = 0
+    edges: int = 0
+
+    @property
+    def file_name(self) -> str:
+        """``part-<i>-of-<n>.npz``."""
+        return f"part-{self.server_index:05d}-of-{self.num_servers:05d}.npz"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays it refers to."""
+        return sum(int(a.nbytes) for a in self.arrays.values())
+
+
+def snapshot_part(table: GraphTable) -> GraphPart:
+    """This server's part of ``table`` now (pending additions merged; the arrays are shared with
+    the table, which replaces rather than edits them)."""
     arrays: dict[str, np.ndarray] = {}
     edges = nodes = 0
     with table._lock:
         for name in table._edges:
             csr = table._edges[name].merged()
-            for field in ("src", "indptr", "dst", "weight", "eid"):
-                arrays[f"e/{name}/{field}"] = getattr(csr, field)
+            for f in ("src", "indptr", "dst", "weight", "eid"):
+                arrays[f"e/{name}/{f}"] = getattr(csr, f)
             edges += csr.num_edges
         for t, held in table._nodes.items():
             arrays[f"n/{t}/ids"] = held.ids
@@ -58,11 +95,41 @@ def save_part(table: GraphTable, directory: str | Path) -> dict[str, int]:
                 arrays[f"n/{t}/f/{f}"] = a
             nodes += int(held.ids.shape[0])
         arrays["next_eid"] = np.array([table.next_eid], np.int64)
-    config = json.dumps(table.config.to_dict(), sort_keys=True).encode()
+    return GraphPart(
+        table.name, table.config, table.server_index, table.num_servers, arrays, nodes, edges
+    )
+
+
+def _crc_of(path: Path, block_bytes: int = 16 << 20) -> tuple[int, int]:
+    crc = size = 0
+    with open(path, "rb") as f:
+        while block := f.read(block_bytes):
+            crc = zlib.crc32(block, crc)
+            size += len(block)
+    return size, crc
+
+
+def write_part(part: GraphPart, directory: str | Path) -> dict[str, tuple[int, int]]:
+    """Write ``part`` under ``directory/<table name>/`` (config.json and the part's ``.npz``,
+    each atomically and fsynced); returns ``{path relative to directory: (bytes, crc32)}``."""
+    root = Path(directory) / part.name
+    root.mkdir(parents=True, exist_ok=True)
+    config = json.dumps(config_data(part.config), sort_keys=True).encode()
     _write_atomic(root / "config.json", lambda f: f.write(config))
-    part = root / f"part-{table.server_index:05d}-of-{table.num_servers:05d}.npz"
-    _write_atomic(part, lambda f: np.savez(f, **arrays))
-    return {"edges": edges, "nodes": nodes}
+    path = root / part.file_name
+    _write_atomic(path, lambda f: np.savez(f, **part.arrays))
+    return {
+        f"{part.name}/config.json": (len(config), zlib.crc32(config)),
+        f"{part.name}/{part.file_name}": _crc_of(path),
+    }
+
+
+def save_part(table: GraphTable, directory: str | Path) -> dict[str, int]:
+    """Write this server's part of ``table`` under ``directory/<table name>/``; returns the
+    counts written."""
+    part = snapshot_part(table)
+    write_part(part, directory)
+    return {"edges": part.edges, "nodes": part.nodes}
 
 
 def read_config(directory: str | Path, name: str) -> GraphTableConfig:
@@ -128,4 +195,12 @@ def load_table(
     }
 
 
-__all__ = ["load_table", "read_config", "save_part"]
+__all__ = [
+    "GraphPart",
+    "config_data",
+    "load_table",
+    "read_config",
+    "save_part",
+    "snapshot_part",
+    "write_part",
+]

@@ -125,6 +125,7 @@ def checkpoint_begin(
             log=ChangeLog.EXPORT if serving else None,
             min_show=int(req.min_show),
             on_failure=forget_export if serving else None,
+            graphs=None if serving else dict(state.graph_tables),
         )
         if serving:
             state.last_export = directory.name

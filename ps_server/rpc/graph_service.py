@@ -441,7 +441,7 @@ def add_graph_service(
     server: grpc.Server, state: ServerState, token: str | None = None, tls: TLSConfig | None = None
 ) -> GraphState:
     """Register the graph service on ``server`` (raw-bytes methods); returns its state."""
-    gs = GraphState(state, token, tls or TLSConfig())
+    gs = GraphState(state, token, tls or TLSConfig(), tables=state.graph_tables)
     handlers = {op: grpc.unary_unary_rpc_method_handler(_method(gs, op)) for op in HANDLERS}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(GRAPH_SERVICE, handlers),)

@@ -29,12 +29,14 @@ import numpy as np
 from collective.errors import ConfigError
 from ps_server import checkpoint
 from ps_server.checkpoint.roots import confine, resolve_roots
+from ps_server.checkpoint.save_load import load_graphs
 from ps_server.checkpoint.series import CheckpointRecord
 from ps_server.checkpoint.writer import CheckpointWriter
 from ps_server.config import NonFinitePolicy, check_same_config, config_from_dict, config_to_dict
 from ps_server.core.batch_ops import all_finite
 from ps_server.core.dense_table import DenseTable
 from ps_server.core.factory import make_table
+from ps_server.core.graph_table import GraphTable
 from ps_server.core.serving_table import ServingTable
 from ps_server.core.sparse_table import SparseTable
 from ps_server.core.table import PushStats, Table
@@ -70,6 +72,9 @@ class ServerState:
     server_index: int = 0
     num_servers: int = 1
     tables: dict[str, Table] = field(default_factory=dict)
+    graph_tables: dict[str, GraphTable] = field(default_factory=dict)
+    """The graph tables (served by :mod:`ps_server.rpc.graph_service`; saved and loaded with the
+    other tables by Save, Load and job checkpoints)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards changes of ``tables`` (create, load); lookups read the dict without it."""
     sync: SyncRounds = field(default_factory=SyncRounds)
@@ -341,17 +346,30 @@ def save(state: ServerState, req: ps_pb2.SaveRequest) -> ps_pb2.SaveResponse:
         raise ConfigError("must name a directory on the server's file system", key="dir")
     directory = confine(req.dir, state.checkpoint_roots)
     mode = req.mode or "all"
-    manifest = checkpoint.save(directory, dict(state.tables), mode=mode, writer=state.writer)
+    manifest = checkpoint.save(
+        directory,
+        dict(state.tables),
+        mode=mode,
+        writer=state.writer,
+        graphs=dict(state.graph_tables),
+    )
     return ps_pb2.SaveResponse(manifest_json=json.dumps(manifest))
 
 
 def load_dir(state: ServerState, directory: str) -> tuple[dict[str, int], list[str]]:
     """Load the shards this server owns from ``directory``; tables of the checkpoint this server
-    does not hold yet are created from the checkpoint's configs (a full checkpoint only).
-    Returns (rows read per table, tables created). Nothing changes if anything fails."""
+    does not hold yet are created from the checkpoint's configs (a full checkpoint only), and
+    its graph tables replace this server's of the same name (this server's share, under any
+    server count). Returns (rows read per table, tables created). Nothing changes if anything
+    fails."""
     if not directory:
         raise ConfigError("must name a checkpoint directory", key="dir")
     info = checkpoint.read_checkpoint(directory)
+    graphs = load_graphs(directory, state.server_index, state.num_servers, info)
+    for name, graph in graphs.items():
+        existing = state.graph_tables.get(name)
+        if existing is not None:
+            check_same_config(existing.config, graph.config)
     with state.lock:
         targets: dict[str, Table] = {}
         created: list[str] = []
@@ -371,12 +389,14 @@ def load_dir(state: ServerState, directory: str) -> tuple[dict[str, int], list[s
             targets[name] = table
         rows = checkpoint.load(directory, targets)
         state.tables.update(targets)
+        state.graph_tables.update(graphs)
     logger.info(
-        "server %d: loaded %s (%s), created tables %s",
+        "server %d: loaded %s (%s), created tables %s, graph tables %s",
         state.server_index,
         directory,
         rows,
         created,
+        sorted(graphs),
     )
     return rows, created
 
@@ -414,6 +434,7 @@ def stats(state: ServerState, req: ps_pb2.StatsRequest) -> ps_pb2.StatsResponse:
         "endpoint": state.endpoint,
         "uptime_s": round(time.time() - state.started, 3),
         "tables": {n: tables[n].stats() for n in sorted(tables)},
+        "graph_tables": {n: g.stats() for n, g in sorted(dict(state.graph_tables).items())},
         **_counters(state),
         "sync_rounds_open": state.sync.pending(),
         "barriers": state.barriers.snapshot(),

@@ -9,11 +9,12 @@ Mode-agnostic: a collective job is a list of trainer :class:`ProcSpec`; a parame
 adds server specs. The rules, in :func:`watch`:
 
 * any process exiting non-zero (or by a signal) is a failure;
-* a server exiting 0 is not a failure by itself (``run_server`` returns once every trainer called
+* a server (or heter worker) exiting 0 is not a failure by itself (``run_server`` returns once every trainer called
   ``stop_worker``, possibly before the last trainer exits); trainers that lose their servers fail
   on their own and become the root cause;
-* all trainers exiting 0 is success; servers then get ``server_grace_s`` to stop on their own
-  (``fleet.stop_worker`` tells them to) before they are terminated — that is a clean stop.
+* all trainers exiting 0 is success; servers and heter workers then get ``server_grace_s`` to
+  stop on their own (``fleet.stop_worker`` tells them to) before they are terminated — that is a
+  clean stop: the job's result is the trainers'.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from collective.errors import LaunchError
+from launcher.heter_spec import HETER
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all, wait_any
 from launcher.spec import JobSpec, Tee, WarmStart
-from launcher.summary import Failure, read_error_file
+from launcher.summary import Failure, read_error_file, role_label
 from launcher.warm import WarmPool
 from launcher.warm import supported as warm_supported
 
@@ -39,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 TRAINER = "trainer"
 SERVER = "server"
+SERVING_ROLES = (SERVER, HETER)
+"""Roles that serve the trainers (parameter servers, heter workers): started first, and given
+``server_grace_s`` to stop once the trainers are done."""
 
 
 @dataclass(frozen=True)
@@ -46,9 +51,9 @@ class ProcSpec:
     """One process of this node in this attempt."""
 
     role: str
-    """``trainer`` or ``server``."""
+    """``trainer``, ``server`` or ``heter``."""
     rank: int
-    """Trainer rank, or server index."""
+    """Trainer rank, or server / heter worker index."""
     local_rank: int
     node_rank: int
     env: dict[str, str]
@@ -64,7 +69,7 @@ class ProcSpec:
 
     @property
     def label(self) -> str:
-        return f"rank {self.rank}" if self.role == TRAINER else f"server {self.rank}"
+        return role_label(self.role, self.rank)
 
 
 @dataclass
@@ -82,10 +87,10 @@ def start_all(
     console: ConsoleWriter,
     warm: WarmPool | None = None,
 ) -> list[Running]:
-    """Start every spec (servers first, so trainers find them sooner); forked from ``warm``'s
-    warm process where it can."""
+    """Start every spec (servers and heter workers first, so trainers find them sooner); forked
+    from ``warm``'s warm process where it can."""
     running: list[Running] = []
-    for spec in sorted(specs, key=lambda s: s.role != SERVER):
+    for spec in sorted(specs, key=lambda s: s.role not in SERVING_ROLES):
         if os.path.exists(spec.error_file):
             os.remove(spec.error_file)
         os.makedirs(os.path.dirname(spec.error_file), exist_ok=True)
@@ -142,7 +147,7 @@ def watch(
     every wake-up (a process exited, or a tick passed): the job-state file follows exits."""
     procs = [r.proc for r in running]
     trainers = [r for r in running if r.spec.role == TRAINER]
-    servers = [r for r in running if r.spec.role == SERVER]
+    servers = [r for r in running if r.spec.role in SERVING_ROLES]
     while True:
         wait_any(procs, tick_s)
         if on_change is not None:
@@ -252,7 +257,7 @@ def base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:
 
 def console_prefix(spec: JobSpec, role: str, rank: int) -> tuple[bool, bytes]:
     """Whether a process's output also goes to the console (``tee``), and its line prefix."""
-    tag = f"[rank {rank}] " if role == TRAINER else f"[server {rank}] "
+    tag = f"[rank {rank}] " if role == TRAINER else f"[{role} {rank}] "
     show = spec.tee is Tee.ALL or (spec.tee is Tee.RANK0 and role == TRAINER and rank == 0)
     return show, (tag.encode() if spec.tee is Tee.ALL else b"")
 
@@ -264,9 +269,11 @@ def write_endpoints(
     servers: tuple[str, ...] | list[str],
     trainers: tuple[str, ...],
     name: str = "endpoints.log",
+    heters: tuple[str, ...] = (),
 ) -> None:
     """Append the attempt's endpoints to ``log_dir/name`` (node-scoped on several nodes)."""
     with open(os.path.join(log_dir, name), "a" if attempt else "w", encoding="utf-8") as f:
         f.write(f"# attempt {attempt} {head}\n")
         f.writelines(f"server {i} {ep}\n" for i, ep in enumerate(servers))
+        f.writelines(f"heter {i} {ep}\n" for i, ep in enumerate(heters))
         f.writelines(f"trainer {i} {ep}\n" for i, ep in enumerate(trainers))

@@ -38,7 +38,7 @@ class Failure:
     """One process that failed on its own (not one fleetrun stopped)."""
 
     role: str
-    """``trainer`` or ``server``."""
+    """``trainer``, ``server`` or ``heter`` (a heter worker)."""
     rank: int
     local_rank: int
     node_rank: int
@@ -86,8 +86,15 @@ def tail_lines(path: str, n: int) -> list[str]:
     return lines[-n:]
 
 
+def role_label(role: str, rank: int) -> str:
+    """How a process is named in messages: ``rank 3``, ``server 1``, ``heter worker 0``."""
+    if role == "trainer":
+        return f"rank {rank}"
+    return f"{'heter worker' if role == 'heter' else role} {rank}"
+
+
 def _ranks_text(role: str, ranks: Sequence[int]) -> str:
-    noun = "rank" if role == "trainer" else role
+    noun = {"trainer": "rank", "heter": "heter worker"}.get(role, role)
     label = noun + ("s" if len(ranks) > 1 else "")
     return f"{label} {', '.join(str(r) for r in sorted(ranks))}"
 

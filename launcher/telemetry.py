@@ -109,7 +109,7 @@ class FailureCause(StrEnum):
     RENDEZVOUS = "rendezvous"
 
 
-ROLES = ("trainer", "server")
+ROLES = ("trainer", "server", "heter")
 
 # -- metric definitions (the naming test scans this module) -----------------------------------
 JOB_STATE = Gauge(

@@ -213,7 +213,7 @@ def test_no_recovery_without_a_checkpoint_or_budget(tmp_path: Path) -> None:
 def test_free_ports_come_from_below_the_ephemeral_range() -> None:
     import socket
 
-    from collective.env import _ephemeral_range_start, find_free_port
+    from collective.ports import _ephemeral_range_start, find_free_port
 
     top = _ephemeral_range_start()
     ports = {find_free_port() for _ in range(20)}

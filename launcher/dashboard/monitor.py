@@ -59,7 +59,8 @@ class Target:
 
     @property
     def key(self) -> str:
-        """The series label: ``rank 1`` for trainers, ``server 0`` for PS servers."""
+        """The series label: ``rank 1`` for trainers, ``server 0`` for PS servers, ``heter 0`` for
+        heter workers."""
         return f"rank {self.rank}" if self.role == "trainer" else f"{self.role} {self.rank}"
 
 
@@ -274,7 +275,11 @@ class Monitor:
                     self.launcher = launcher_stats(samples)
                     continue
                 role = by_key[key].role
-                stats = trainer_stats(samples) if role == "trainer" else server_stats(samples)
+                stats = (  # a heter worker reports as a trainer does (its dense steps)
+                    trainer_stats(samples)
+                    if role in ("trainer", "heter")
+                    else server_stats(samples)
+                )
                 hist = self.history.setdefault(key, History(self.config.history_scrapes))
                 hist.add(now, stats)
                 self._record(key, hist, now)

@@ -43,6 +43,13 @@ checkpointed by its trainers (:mod:`fleet.ps.auto_checkpoint`). When one of its 
   the record, the next one waits for every trainer, so the survivors wait for it at their next
   barrier. Listed as ``restarted: trainer N only, resumed at its data position``.
 
+- **a heter worker in place** (:meth:`PSRecovery.recover_alone`; local scheduler): in async or
+  half-async mode (every trainer's progress file says so) a dead heter worker, with a unit of
+  the budget, is started again alone, on its endpoint, with the same environment; the trainers
+  and servers keep running and the trainers' calls to it wait for it (:mod:`fleet.heter`). In
+  sync mode every process restarts, as for a server. Listed as ``restarted: heter worker N
+  only``.
+
 Where this differs from the issue's plan, and why: in sync mode the surviving servers and
 trainers are restarted too. A surviving sync server
 holds SYNC rounds and barriers half-filled by trainers that are gone or by pushes the restored
@@ -73,6 +80,7 @@ from collective.env import (
     PSCheckpointEnv,
     ps_checkpoint_env,
 )
+from launcher.heter_spec import HETER
 from launcher.recovery.coordinator import Coordinator
 from launcher.spec import JobSpec, Mode
 
@@ -90,6 +98,9 @@ RECONNECT_S = 120.0
 fails the job sooner if the server dies again with no budget left)."""
 ALONE_MODES = frozenset({"async", "geo"})
 """Communicator modes in which a dead server is restarted alone."""
+HETER_ALONE_MODES = frozenset({"async", "half-async"})
+"""Communicator modes in which a dead heter worker is restarted alone (in sync mode every
+process restarts, as for a server)."""
 
 
 @dataclass
@@ -125,7 +136,12 @@ class Recovery:
     @property
     def lost(self) -> int | None:
         """Steps whose updates to the restarted server's shard are lost (restarted alone)."""
-        if self.step_at_failure is None or not self.alone or self.position is not None:
+        if (
+            self.step_at_failure is None
+            or not self.alone
+            or self.position is not None
+            or self.role == HETER
+        ):
             return None
         return max(0, self.step_at_failure - self.checkpoint_step)
 
@@ -137,6 +153,12 @@ class Recovery:
                 f"recovery {self.number} (attempt {self.attempt}, in place): {self.died}{at}; "
                 f"restarted: {self.alone} only, resumed at its data position (pass "
                 f"{p.get('pass', 0)}, step {p.get('step_in_pass', 0)} of it; step {p.get('step', 0)}); "
+                "0 steps redone by the others"
+            )
+        if self.alone and self.role == HETER:
+            return (
+                f"recovery {self.number} (attempt {self.attempt}, in place): {self.died}{at}; "
+                f"restarted: {self.alone} only, on its endpoint with the same environment; "
                 "0 steps redone by the others"
             )
         if self.alone:
@@ -208,6 +230,12 @@ class PSRecovery:
             {} if self.coordinator is None else {FLEET_PS_COORDINATOR: self.coordinator.endpoint}
         )
         return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S), **coord}
+
+    def heter_env(self) -> dict[str, str]:
+        """FLEET_PS_CHECKPOINT_* (where the job's checkpoints are) and FLEET_PS_RECONNECT_S for
+        every heter worker; no coordinator: heter workers take no part in the trainers'
+        rounds."""
+        return {**ps_checkpoint_env(self.config), RECONNECT_ENV: repr(RECONNECT_S)}
 
     def start_coordinator(self, token: str, host: str = "127.0.0.1") -> None:
         """Host the trainers' coordinator (:mod:`launcher.recovery.coordinator`) in this process:
@@ -289,6 +317,20 @@ class PSRecovery:
             return self._trainer_alone(attempt, died, rank, budget_left)
         if not self.alone_possible(attempt, role, budget_left):
             return None
+        if role == HETER:
+            latest = latest_committed(self.dir) or ("", 0)
+            rec = Recovery(
+                len(self.recoveries) + 1,
+                attempt,
+                died,
+                role,
+                latest[0],
+                latest[1],
+                self._progress_step(attempt),
+                alone=f"heter worker {rank}",
+            )
+            self.recoveries.append(rec)
+            return rec
         latest = latest_committed(self.dir)
         if latest is None:
             return None
@@ -311,12 +353,16 @@ class PSRecovery:
         :meth:`trainer_position`."""
         if role == "trainer":
             return self.trainer_position(attempt, rank, budget_left) is not None
+        if role == HETER:  # its endpoint and env are kept; the trainers' calls wait for it
+            return budget_left and self._modes_in(attempt, HETER_ALONE_MODES)
         if role != "server" or not budget_left or latest_committed(self.dir) is None:
             return False
+        return self._modes_in(attempt, ALONE_MODES)
+
+    def _modes_in(self, attempt: int, modes: frozenset[str]) -> bool:
+        """Whether every trainer of ``attempt`` reports (progress file) one of ``modes``."""
         progress = [p for p in read_progress(self.log_dir) if p.get("attempt") == attempt]
-        return len(progress) >= self.num_trainers and all(
-            p.get("mode") in ALONE_MODES for p in progress
-        )
+        return len(progress) >= self.num_trainers and all(p.get("mode") in modes for p in progress)
 
     def server_roots(self, roots: str) -> str:
         """The servers' FLEET_PS_CHECKPOINT_ROOT with the checkpoint directory added."""
@@ -387,6 +433,7 @@ def make_recovery(spec: JobSpec) -> PSRecovery | None:
 __all__ = [
     "ALONE_MODES",
     "COMMITTED",
+    "HETER_ALONE_MODES",
     "PSRecovery",
     "Recovery",
     "latest_committed",

@@ -41,7 +41,7 @@ from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all
 from launcher.schedulers.local.plan import CollectivePlan, Placement, Plan
 from launcher.spec import JobSpec
-from launcher.summary import Failure, format_summary
+from launcher.summary import Failure, format_summary, role_label
 from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of
 from launcher.warm import WarmPool
 
@@ -73,7 +73,7 @@ def monitored(monitor: JobMonitor, stopped: str) -> Iterator[None]:
 
 
 def _label(f: Failure) -> str:
-    return f"rank {f.rank}" if f.role == TRAINER else f"server {f.rank}"
+    return role_label(f.role, f.rank)
 
 
 def make_monitor(spec: JobSpec, plan: Plan, node_rank: int) -> JobMonitor:
@@ -142,8 +142,9 @@ class Agent:
         argv: list[str],
     ) -> bool:
         """A PS job in async/GEO mode whose one failure is a server (or a trainer, when the
-        trainers meet through the coordinator): restart it alone — a server on its endpoint,
-        restoring its shards; a trainer from its data position — while the others go on
+        trainers meet through the coordinator; or a heter worker, async/half-async): restart it
+        alone — a server on its endpoint, restoring its shards; a trainer from its data
+        position; a heter worker on its endpoint with its env — while the others go on
         (:meth:`PSRecovery.recover_alone`). True when done (its entry of ``running`` replaced)."""
         recovery = getattr(self.plan, "recovery", None)
         if recovery is None or remote is not None or len(failures) != 1:
@@ -161,13 +162,14 @@ class Agent:
             if (r.spec.role, r.spec.rank) == (failed.role, failed.rank)
         )
         old = running[i].spec
-        new = replace(
-            old,
-            env={
-                **old.env,
-                **(recovery.resume_env(rec) if failed.role == TRAINER else recovery.restore_env()),
-            },
+        extra = (
+            recovery.resume_env(rec)
+            if failed.role == TRAINER
+            else recovery.restore_env()
+            if failed.role == SERVER
+            else {}
         )
+        new = replace(old, env={**old.env, **extra})
         header = (
             f"==== fleetrun: attempt {attempt}, {new.label} restarted alone, "
             f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n"

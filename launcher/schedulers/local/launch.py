@@ -12,6 +12,7 @@ import uuid
 
 from collective.errors import ConfigError, LaunchError
 from launcher.attempt import Interrupted, install_signal_handlers
+from launcher.heter_spec import heter_devices
 from launcher.job_files import write_job_file, write_strategy
 from launcher.schedulers.local.agent import Agent
 from launcher.schedulers.local.plan import CollectivePlan, Placement, PSPlan
@@ -103,14 +104,18 @@ def _layout_rows(spec: JobSpec, place: Placement) -> list[tuple[str, str]]:
     if spec.mode is Mode.PS:
         ps = spec.ps
         if ps.servers:
+            heter = [("heter workers", ",".join(ps.heter_workers))] if ps.heter_workers else []
             return [
                 ("servers", ",".join(ps.servers)),
                 ("trainers", ",".join(ps.workers)),
+                *heter,
                 ("this node", ps.pod_ip or "detected from the lists"),
             ]
+        heters = spec.sizes.heter_worker_num
         what = (
             f"{spec.sizes.server_num} server(s) + {spec.sizes.worker_num} trainer(s) "
-            f"on {place.node_ip}, free ports"
+            + (f"+ {heters} heter worker(s) ({','.join(heter_devices(spec))}) " if heters else "")
+            + f"on {place.node_ip}, free ports"
         )
         return [("processes", what)]
     return [

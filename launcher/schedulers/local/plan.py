@@ -19,6 +19,7 @@ from collective.env import (
     NodeLayout,
     PSLayout,
     find_free_port,
+    make_ps_heter_env,
     make_ps_server_env,
     make_ps_trainer_env,
     make_worker_env,
@@ -26,6 +27,7 @@ from collective.env import (
 )
 from collective.errors import ConfigError
 from launcher.attempt import SERVER, TRAINER, ProcSpec, base_env, console_prefix, write_endpoints
+from launcher.heter_spec import HETER, heter_devices
 from launcher.ps_env import (
     FLEET_PS_CHECKPOINT_ROOT,
     FLEET_PS_TOKEN,
@@ -177,9 +179,9 @@ def _is_local(ip: str) -> bool:
 
 
 class PSPlan:
-    """Servers + trainers: ``server_num``/``worker_num`` on this machine (free ports per attempt),
-    or static ``ps.servers``/``ps.workers`` lists of which this node runs the entries with its
-    IP. Nodes do not coordinate: a multi-node PS job cannot restart (ConfigError), and its nodes
+    """Servers + trainers (+ heter workers): ``server_num``/``worker_num``/``heter_worker_num``
+    on this machine (free ports per attempt), or static ``ps.servers``/``ps.workers``/
+    ``ps.heter_workers`` lists of which this node runs the entries with its IP. Nodes do not coordinate: a multi-node PS job cannot restart (ConfigError), and its nodes
     must share a FLEET_PS_TOKEN given by the user; on one node fleetrun makes the job's token
     (:func:`~launcher.ps_env.job_ps_token`). Servers also get their checkpoint roots
     (:func:`~launcher.ps_env.ps_checkpoint_root_env`) and, with ``--ps_ssd_dir``, their SSD
@@ -191,7 +193,7 @@ class PSPlan:
         ps = spec.ps
         self.static = bool(ps.servers)
         if self.static:
-            ips = {e.rpartition(":")[0] for e in (*ps.servers, *ps.workers)}
+            ips = {e.rpartition(":")[0] for e in (*ps.servers, *ps.workers, *ps.heter_workers)}
             if ps.pod_ip:
                 self.pod_ip = ps.pod_ip
             else:
@@ -223,16 +225,19 @@ class PSPlan:
         if self.recovery is not None and not self.static:  # a_sync trainers meet through it
             self.recovery.start_coordinator(self.token)  # and one can be restarted alone
         self._servers: tuple[str, ...] = ()
+        self._heters: tuple[str, ...] = ()
 
     def layout(self, attempt: int) -> PSLayout:
         ps, sizes = self.spec.ps, self.spec.sizes
         if self.static:
-            servers, workers = ps.servers, ps.workers
+            servers, workers, heters = ps.servers, ps.workers, ps.heter_workers
         else:
             ip = self.place.node_ip
             servers = tuple(f"{ip}:{find_free_port(ip)}" for _ in range(sizes.server_num))
-            if self.recovery is not None:  # a recovered server comes back on its endpoint
-                servers = self._servers = self._servers or servers
+            heters = tuple(f"{ip}:{find_free_port(ip)}" for _ in range(sizes.heter_worker_num))
+            if self.recovery is not None:  # a recovered server / heter worker comes back on
+                servers = self._servers = self._servers or servers  # its endpoint
+                heters = self._heters = self._heters or heters
             workers = tuple(f"{ip}:{find_free_port(ip)}" for _ in range(sizes.worker_num))
         log_dir = self.spec.log_dir
         return PSLayout(
@@ -246,6 +251,8 @@ class PSPlan:
             error_dir=os.path.join(log_dir, "errors", f"attempt{attempt}"),
             job_name=self.spec.name,
             strategy_file=self.strategy_file,
+            heter_endpoints=heters,
+            heter_devices=heter_devices(self.spec),
         )
 
     def _here(self, endpoint: str) -> bool:
@@ -259,17 +266,22 @@ class PSPlan:
             f"run_id {layout.run_id}",
             layout.server_endpoints,
             layout.trainer_endpoints,
+            heters=layout.heter_endpoints,
         )
         servers = [i for i, e in enumerate(layout.server_endpoints) if self._here(e)]
         trainers = [i for i, e in enumerate(layout.trainer_endpoints) if self._here(e)]
-        if not servers and not trainers:
+        heters = [i for i, e in enumerate(layout.heter_endpoints) if self._here(e)]
+        if not servers and not trainers and not heters:
             raise ConfigError(
-                f"no server or worker endpoint has this node's IP {self.pod_ip}", key="ps.pod_ip"
+                f"no server, worker or heter worker endpoint has this node's IP {self.pod_ip}",
+                key="ps.pod_ip",
             )
-        base = {**base_env(self.spec, len(servers) + len(trainers)), FLEET_PS_TOKEN: self.token}
+        nproc_here = len(servers) + len(trainers) + len(heters)
+        base = {**base_env(self.spec, nproc_here), FLEET_PS_TOKEN: self.token}
+        heter_base = dict(base)
         server_base = {
             **base,
-            **_table_threads_env(base, len(servers) + len(trainers)),
+            **_table_threads_env(base, nproc_here),
             **ps_checkpoint_root_env(base, self.spec.log_dir, os.getcwd()),
         }
         if self.recovery is not None:
@@ -278,6 +290,7 @@ class PSPlan:
                 server_base.get(FLEET_PS_CHECKPOINT_ROOT, "")
             )
             base = {**base, **self.recovery.trainer_env()}
+            heter_base.update(self.recovery.heter_env())
         out = []
         for i in servers:
             show, prefix = console_prefix(self.spec, SERVER, i)
@@ -294,6 +307,21 @@ class PSPlan:
                     },
                     os.path.join(layout.log_dir, f"serverlog.{i}"),
                     layout.server_error_file(i),
+                    show,
+                    prefix,
+                )
+            )
+        for i in heters:
+            show, prefix = console_prefix(self.spec, HETER, i)
+            out.append(
+                ProcSpec(
+                    HETER,
+                    i,
+                    i,
+                    0,
+                    {**heter_base, **make_ps_heter_env(layout, i)},
+                    os.path.join(layout.log_dir, f"heterlog.{i}"),
+                    layout.heter_error_file(i),
                     show,
                     prefix,
                 )

@@ -355,7 +355,10 @@ def load(
 
     A full checkpoint replaces the tables' contents; a delta is applied on top of their current
     state (which must be the state of the save the delta follows). Every shard file is read and
-    verified (CheckpointCorruptError naming the file) before any of the tables changes.
+    verified (CheckpointCorruptError naming the file) before any of the tables changes. A table
+    larger than memory (``streams_load``: SSD tables) is verified the same way but keeps no
+    shard in memory: its shards are read again one at a time as they are imported (a file
+    changed between the two reads still fails its CRC, after the shards before it).
     ``kind``: what the directory must hold (``"serving"`` for a serving export).
     """
     info = read_checkpoint(directory)
@@ -379,18 +382,12 @@ def load(
                 f"holds {sorted(info.tables)}"
             )
         _check_compatible(info.directory, t, entry)
-        payloads = []
+        streamed = getattr(t, "streams_load", False)
+        payloads: list[Any] = []
         for shard in t.shards:
-            path = shard_path(info.directory, t.name, shard)
-            head, payload = read_shard(path, info.record(t.name, shard))
-            expect = (entry.kind, info.mode, shard, entry.dim, entry.state_dim)
-            got = (head.kind, head.mode, head.shard, head.dim, head.state_dim)
-            if got != expect:
-                raise CheckpointCorruptError(
-                    f"{path}: header (kind, mode, shard, dim, state_dim) = "
-                    f"{got}, the manifest says {expect}"
-                )
-            payloads.append(payload)
+            payload = _read_checked(info, entry, t.name, shard)
+            # a table larger than memory keeps only the row count now and reads again below
+            payloads.append(int(payload.keys.shape[0]) if streamed else payload)
         staged.append((t, entry, payloads))
     result = {}
     for t, entry, payloads in staged:
@@ -399,6 +396,9 @@ def load(
                 t.replay_end_days(entry.days_since_last_save)
             else:
                 t.clear()
+            if isinstance(payloads[0] if payloads else None, int):
+                t.reserve_cold(sum(payloads))
+                payloads = (_read_checked(info, entry, t.name, s) for s in t.shards)
             result[t.name] = sum(t.import_shard(p, delta) for p in payloads)
             t.mark_saved()
         cap = getattr(t.config, "max_capacity", None)
@@ -412,6 +412,20 @@ def load(
             )
     logger.info("loaded %s checkpoint %s: %s", info.mode, info.directory, result)
     return result
+
+
+def _read_checked(info: CheckpointInfo, entry: TableEntry, table: str, shard: int) -> Any:
+    """Shard ``shard`` of ``table``, verified against the manifest and its own header."""
+    path = shard_path(info.directory, table, shard)
+    head, payload = read_shard(path, info.record(table, shard))
+    expect = (entry.kind, info.mode, shard, entry.dim, entry.state_dim)
+    got = (head.kind, head.mode, head.shard, head.dim, head.state_dim)
+    if got != expect:
+        raise CheckpointCorruptError(
+            f"{path}: header (kind, mode, shard, dim, state_dim) = "
+            f"{got}, the manifest says {expect}"
+        )
+    return payload
 
 
 def load_graphs(

@@ -325,13 +325,15 @@ class SsdSparseTable(SparseTable):
     def _new_filter(self) -> KeyFilter:
         return KeyFilter(max(2 * self.cache_rows, 1))
 
-    def _rebuild_filter(self, keys: Iterator[np.ndarray] | None = None) -> None:
+    def _rebuild_filter(self, keys: Iterator[np.ndarray] | None = None, num_keys: int = 0) -> None:
         """One filter of the keys in RocksDB and in put ops not yet written (hold the lock).
-        ``keys``: the RocksDB keys, when the caller scans anyway (the queue written first)."""
+        ``keys``: the RocksDB keys, when the caller scans anyway (the queue written first);
+        ``num_keys``: the keys to size it for, when more are coming."""
         queued = self.queue.put_keys()  # before the scan: a write ending between is in both
-        scanned = self.cold.scan_keys() if keys is None else keys
+        if keys is None:
+            keys = self.cold.scan_keys() if self._cold_rows else iter(())
         self.keyfilter = KeyFilter.rebuilt(
-            itertools.chain(queued, scanned), max(self._cold_rows, self.cache_rows)
+            itertools.chain(queued, keys), max(self._cold_rows, self.cache_rows, num_keys)
         )
         self._tier["filter_rebuilds"] += 1
 
@@ -555,6 +557,17 @@ class SsdSparseTable(SparseTable):
             self._touch(hot.keys)
             self._after_call()
             return int(payload.keys.shape[0])
+
+    streams_load = True
+    """Checkpoint loads hand this table one shard at a time (``ps_server.checkpoint.load``)."""
+
+    def reserve_cold(self, rows: int) -> None:
+        """Size the key filter for ``rows`` more cold rows at once (a load about to import
+        them): one rebuild now instead of rebuilds from RocksDB scans as they arrive."""
+        with self.lock:
+            need = self._cold_rows + self.queue.inflight_keys + rows
+            if self.keyfilter.capacity - self.keyfilter.num_keys < rows:
+                self._rebuild_filter(num_keys=need)
 
     def clear(self) -> None:
         """Drop every row of both tiers."""

@@ -175,7 +175,7 @@ def scale_cmd(job: str, replicas: int, namespace: str) -> None:
 
 
 @tools.command(name="pod")
-@click.option("--role", type=click.Choice(["trainer", "server"]), required=True)
+@click.option("--role", type=click.Choice(["trainer", "server", "heter"]), required=True)
 @click.option("--job", required=True, help="Job name.")
 @click.option("--mode", type=click.Choice(["collective", "ps"]), default="collective")
 @click.option("--trainer_host", required=True, help="DNS name of trainer pod {index}.")
@@ -187,6 +187,10 @@ def scale_cmd(job: str, replicas: int, namespace: str) -> None:
 @click.option("--server_host", default="", help="DNS name of server pod {index} (PS).")
 @click.option("--server_port", type=int, default=0, help="Port of every server (PS).")
 @click.option("--servers", type=int, default=0, help="Server pods (PS).")
+@click.option("--heter_host", default="", help="DNS name of heter pod {index} (heterogeneous PS).")
+@click.option("--heter_port", type=int, default=0, help="Port of every heter worker.")
+@click.option("--heters", type=int, default=0, help="Heter worker pods (heterogeneous PS).")
+@click.option("--heter_devices", default="", help="Heter workers' devices, comma-separated.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto")
 @click.option("--log_dir", default="log")
 @click.option("--run_id", default="none")
@@ -209,6 +213,10 @@ def pod_cmd(
     server_host: str,
     server_port: int,
     servers: int,
+    heter_host: str,
+    heter_port: int,
+    heters: int,
+    heter_devices: str,
     backend: str,
     log_dir: str,
     run_id: str,
@@ -245,6 +253,10 @@ def pod_cmd(
             server_host=server_host,
             server_port=server_port,
             servers=servers,
+            heter_host=heter_host,
+            heter_port=heter_port,
+            heters=heters,
+            heter_devices=tuple(d for d in heter_devices.split(",") if d),
             backend=Backend(backend),
             log_dir=log_dir,
             run_id=run_id,

@@ -391,19 +391,21 @@ class K8sConfig:
     """Container port of the trainers' rendezvous (rank 0's store) and endpoints."""
     server_port: int = 8500
     """Container port every parameter server serves on (PS mode)."""
+    heter_port: int = 8600
+    """Container port every heter worker serves the CPU trainers on (heterogeneous PS)."""
     metrics_port: int = 9400
     """Container port of the Prometheus ``/metrics`` endpoint (FLEET_METRICS_PORT; local rank r
     of a pod uses metrics_port + r); the pods carry prometheus.io scrape annotations for it."""
 
     def __post_init__(self) -> None:
-        for name in ("master_port", "server_port", "metrics_port"):
-            port = getattr(self, name)
+        names = ("master_port", "server_port", "heter_port", "metrics_port")
+        ports = [getattr(self, name) for name in names]
+        for name, port in zip(names, ports):
             require(0 < port < 65536, name, f"must be a port 1..65535, got {port}")
         require(
-            len({self.master_port, self.server_port, self.metrics_port}) == 3,
+            len(set(ports)) == 4,
             "metrics_port",
-            f"master_port, server_port and metrics_port must differ (got {self.master_port}, "
-            f"{self.server_port}, {self.metrics_port})",
+            f"master_port, server_port, heter_port and metrics_port must differ (got {ports})",
         )
         if self.ttl_seconds_after_finished is not None:
             require(

@@ -17,7 +17,8 @@ failed with exit 3: the budget and the checkpoint are checked on the volume,
 FLEET_PS_RESUME_POSITION, and the PS processes' restart count is the generation (the attempt the
 trainers' coordinator serves). A StatefulSet restarts any container that exits, even with code
 0, so a server that stopped cleanly (the trainers called ``fleet.stop_worker``) holds until its
-pod is deleted.
+pod is deleted; so does a heter worker (``--role heter``: its own StatefulSet, restarted alone on
+its DNS name when it dies, outside the checkpoint generations).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from collective.env import (
     Backend,
     NodeLayout,
     PSLayout,
+    make_ps_heter_env,
     make_ps_server_env,
     make_ps_trainer_env,
     make_worker_env,
@@ -52,6 +54,7 @@ from launcher.attempt import (
     watch,
     worker_argv,
 )
+from launcher.heter_spec import HETER
 from launcher.process import ConsoleWriter, terminate_all, wait_any
 from launcher.schedulers.k8s import ps_recovery
 from launcher.spec import Entrypoint, JobSpec, Mode
@@ -68,7 +71,7 @@ class PodConfig:
     """What ``fleetrun pod`` is told by its manifest (see render.pod_args)."""
 
     role: str
-    """``trainer`` or ``server``."""
+    """``trainer``, ``server`` or ``heter``."""
     job: str
     """Job name (FLEET_JOB_NAME)."""
     mode: Mode
@@ -89,6 +92,14 @@ class PodConfig:
     """Port every server serves on (PS)."""
     servers: int = 0
     """Server pods (PS)."""
+    heter_host: str = ""
+    """DNS name of heter pod ``{index}`` (heterogeneous PS; they serve on ``server_port``)."""
+    heter_port: int = 0
+    """Port every heter worker serves on (heterogeneous PS)."""
+    heters: int = 0
+    """Heter worker pods (heterogeneous PS)."""
+    heter_devices: tuple[str, ...] = ()
+    """Each heter worker's device, by index."""
     backend: Backend = Backend.AUTO
     log_dir: str = "log"
     run_id: str = "none"
@@ -101,10 +112,18 @@ class PodConfig:
     """This pod's index; none = from the environment (see :func:`pod_index`)."""
 
     def __post_init__(self) -> None:
-        if self.role not in (TRAINER, SERVER):
-            raise ConfigError(f"--role must be trainer or server, got {self.role!r}", key="role")
-        if self.role == SERVER and self.mode is not Mode.PS:
-            raise ConfigError("--role server needs --mode ps", key="role")
+        if self.role not in (TRAINER, SERVER, HETER):
+            raise ConfigError(
+                f"--role must be trainer, server or heter, got {self.role!r}", key="role"
+            )
+        if self.role != TRAINER and self.mode is not Mode.PS:
+            raise ConfigError(f"--role {self.role} needs --mode ps", key="role")
+        if (self.role == HETER or self.heters) and (
+            self.heters < 1 or not self.heter_host or not self.heter_port
+        ):
+            raise ConfigError(
+                "heter workers need --heters >= 1, --heter_host and --heter_port", key="heters"
+            )
         if self.mode is Mode.PS and (
             self.servers < 1 or not self.server_host or not self.server_port
         ):
@@ -231,10 +250,27 @@ def build_proc_specs(cfg: PodConfig, index: int, attempt: int = 0) -> list[ProcS
         error_dir=error_dir,
         job_name=cfg.job,
         strategy_file=cfg.strategy,
+        heter_endpoints=tuple(f"{h}:{cfg.heter_port}" for h in _heter_hosts(cfg)),
+        heter_devices=cfg.heter_devices,
     )
-    count = cfg.servers if cfg.role == SERVER else cfg.trainers
+    count = {SERVER: cfg.servers, HETER: cfg.heters}.get(cfg.role, cfg.trainers)
     if index >= count:
         raise LaunchError(f"pod index {index} is outside the job's {count} {cfg.role} pods")
+    if cfg.role == HETER:
+        env = _metrics({**base, **make_ps_heter_env(ps_layout, index)}, 0)
+        return [
+            ProcSpec(
+                HETER,
+                index,
+                0,
+                0,
+                env,
+                os.path.join(cfg.log_dir, f"heterlog.{index}"),
+                ps_layout.heter_error_file(index),
+                True,
+                b"",
+            )
+        ]
     if cfg.role == SERVER:
         env = _metrics({**base, **make_ps_server_env(ps_layout, index)}, 0)
         return [
@@ -266,11 +302,17 @@ def build_proc_specs(cfg: PodConfig, index: int, attempt: int = 0) -> list[ProcS
     ]
 
 
+def _heter_hosts(cfg: PodConfig) -> list[str]:
+    return [cfg.heter_host.format(index=i) for i in range(cfg.heters)]
+
+
 def _hosts_needed(cfg: PodConfig, index: int) -> list[str]:
-    own = (cfg.server_host if cfg.role == SERVER else cfg.trainer_host).format(index=index)
-    hosts = [own, cfg.trainer_host.format(index=0)]
-    if cfg.mode is Mode.PS and cfg.role == TRAINER:
+    pattern = {SERVER: cfg.server_host, HETER: cfg.heter_host}.get(cfg.role, cfg.trainer_host)
+    hosts = [pattern.format(index=index), cfg.trainer_host.format(index=0)]
+    if cfg.mode is Mode.PS and cfg.role in (TRAINER, HETER):
         hosts += [cfg.server_host.format(index=i) for i in range(cfg.servers)]
+    if cfg.mode is Mode.PS and cfg.role == TRAINER:
+        hosts += _heter_hosts(cfg)
         coordinator = os.environ.get(FLEET_PS_COORDINATOR, "")  # the trainers' coordinator pod
         if coordinator:
             hosts.append(coordinator.rpartition(":")[0])
@@ -294,10 +336,11 @@ def _supervise(cfg: PodConfig, running: list[Running]) -> list[Failure]:
     return []
 
 
-def _hold_until_signal() -> int:
+def _hold_until_signal(role: str = SERVER) -> int:
     logger.info(
-        "server stopped cleanly; holding until the pod is deleted (a StatefulSet restarts "
-        "exited containers)"
+        "%s stopped cleanly; holding until the pod is deleted (a StatefulSet restarts "
+        "exited containers)",
+        role,
     )
     try:
         while True:
@@ -331,7 +374,8 @@ def run_pod(cfg: PodConfig) -> int:
     generation = None
     try:
         wait_resolvable(_hosts_needed(cfg, index), cfg.rdzv_timeout_s)
-        if cfg.mode is Mode.PS:  # automatic checkpoints: pods restart each other (see the module)
+        if cfg.mode is Mode.PS and cfg.role != HETER:  # automatic checkpoints: pods restart
+            # each other (see the module); a heter pod is restarted alone by its StatefulSet
             generation = ps_recovery.enter(
                 cfg.role,
                 index,
@@ -376,7 +420,7 @@ def run_pod(cfg: PodConfig) -> int:
         _write_termination_log(text)
         return 1
     logger.info("pod %s %d of job '%s' finished", cfg.role, index, cfg.job)
-    return _hold_until_signal() if cfg.role == SERVER else 0
+    return _hold_until_signal(cfg.role) if cfg.role in (SERVER, HETER) else 0
 
 
 __all__ = ["PodConfig", "build_proc_specs", "pod_index", "run_pod"]

@@ -12,7 +12,8 @@ Elastic collective job (``--nnodes MIN:MAX``): one elastic agent per pod, up to 
 rendezvous endpoint instead of the trainer Service (see :mod:`launcher.schedulers.k8s.elastic`).
 
 PS job: the same, plus ``Service N-server`` + ``StatefulSet N-server`` (server i is
-``N-server-i.N-server.NS.svc``) and ``Secret N-ps-token`` (the job's token, key ``token``; every
+``N-server-i.N-server.NS.svc``; heter workers likewise ``N-heter``:
+:mod:`launcher.schedulers.k8s.heter`) and ``Secret N-ps-token`` (the job's token, key ``token``; every
 pod reads it as FLEET_PS_TOKEN through ``valueFrom.secretKeyRef``, so it is in no pod spec);
 the trainers' Job has one pod per trainer. The token is FLEET_PS_TOKEN of the job's env or
 fleetrun's, else a new random one per render: ``--dry_run`` prints it inside the Secret (that
@@ -43,13 +44,15 @@ import yaml
 
 from collective.env import FLEET_PS_COORDINATOR
 from collective.errors import ConfigError
+from launcher.heter_spec import heter_count
 from launcher.ps_env import (
     FLEET_PS_CHECKPOINT_ROOT,
     FLEET_PS_SSD_ROOT,
     FLEET_PS_TOKEN,
     job_ps_token,
 )
-from launcher.schedulers.k8s import coordinator, elastic, ps_recovery
+from launcher.schedulers.k8s import coordinator, elastic, heter, ps_recovery
+from launcher.schedulers.k8s.formats import GPU_RESOURCE, cpu_quantity, scale_quantity, to_yaml
 from launcher.spec import JobSpec, Mode, RoleResources
 
 CONFIG_MOUNT = "/etc/fleetrun"
@@ -62,13 +65,11 @@ NPROC_LABEL = "fleetrun.io/nproc-per-node"
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 """Pod annotation naming its Volcano PodGroup."""
 PODGROUP_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
-GPU_RESOURCE = "nvidia.com/gpu"
 MAX_NAME_LEN = 47
 """Longest job name: ``NAME-trainer-INDEX`` must stay a 63-character DNS label."""
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 
-TRAINER, SERVER, COORDINATOR = "trainer", "server", coordinator.ROLE
+TRAINER, SERVER, COORDINATOR, HETER = "trainer", "server", coordinator.ROLE, heter.HETER
 
 
 TOKEN_KEY = "token"
@@ -84,6 +85,7 @@ def object_names(spec: JobSpec) -> dict[str, str]:
         "config": f"{n}-config",
         TRAINER: f"{n}-{TRAINER}",
         SERVER: f"{n}-{SERVER}",
+        HETER: f"{n}-{HETER}",
         "group": n,
         "token": f"{n}-ps-token",
         COORDINATOR: f"{n}-coord",
@@ -98,9 +100,10 @@ def pod_host_pattern(spec: JobSpec, role: str) -> str:
 
 
 def num_pods(spec: JobSpec, role: str) -> int:
-    """Pods of a role: collective = one per node; PS = one per trainer / server."""
+    """Pods of a role: collective = one per node; PS = one per trainer / server / heter worker."""
     if spec.mode is Mode.PS:
-        return spec.sizes.worker_num if role == TRAINER else spec.sizes.server_num
+        sizes = {TRAINER: spec.sizes.worker_num, SERVER: spec.sizes.server_num}
+        return sizes.get(role, heter_count(spec) if role == HETER else 0)
     return spec.num_nodes if role == TRAINER else 0
 
 
@@ -145,33 +148,14 @@ def check_renderable(spec: JobSpec) -> None:
                 "another mountPath",
                 key=f"k8s.volume_mounts[{i}].mountPath",
             )
-    for role in ("trainer", "server"):
+    for role in (TRAINER, SERVER, HETER):
         scale_quantity(getattr(spec.resources, role).memory, 1, f"resources.{role}.memory")
+    heter.check_heter_renderable(spec)
     if spec.elastic.enabled:
         elastic.check_elastic_renderable(spec)
     ps_recovery.check_checkpoint_volume(spec)
     if isinstance(spec.strategy, str):
         _read_text(spec.strategy)
-
-
-def scale_quantity(quantity: str, factor: int, key: str) -> str:
-    """``quantity`` (Kubernetes syntax, e.g. ``2Gi``) times ``factor``; ConfigError when
-    malformed."""
-    m = _QUANTITY.match(str(quantity).strip())
-    if not m:
-        raise ConfigError(
-            f"{quantity!r} is not a Kubernetes quantity like 512Mi, 4Gi or 1000000000", key=key
-        )
-    if factor == 1:
-        return str(quantity).strip()
-    value = float(m.group(1)) * factor
-    text = str(int(value)) if value.is_integer() else f"{value:g}"
-    return text + (m.group(2) or "")
-
-
-def cpu_quantity(cores: float) -> str:
-    """``1.0`` -> ``"1"``, ``0.5`` -> ``"500m"``."""
-    return str(int(cores)) if float(cores).is_integer() else f"{round(cores * 1000)}m"
 
 
 def _read_text(path: str) -> str:
@@ -234,9 +218,10 @@ def render_service(spec: JobSpec, role: str) -> dict[str, Any]:
     port = {
         TRAINER: spec.k8s.master_port,
         SERVER: spec.k8s.server_port,
+        HETER: spec.k8s.heter_port,
         COORDINATOR: coordinator.PORT,
     }[role]
-    port_name = {TRAINER: "rendezvous", SERVER: "ps", COORDINATOR: COORDINATOR}[role]
+    port_name = {TRAINER: "rendezvous", SERVER: "ps", HETER: HETER, COORDINATOR: COORDINATOR}[role]
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -295,6 +280,7 @@ def pod_args(spec: JobSpec, role: str) -> list[str]:
             str(k.server_port),
             "--servers",
             str(num_pods(spec, SERVER)),
+            *heter.pod_args(spec, pod_host_pattern(spec, HETER)),
         ]
     if spec.strategy is not None:
         args += ["--strategy", f"{CONFIG_MOUNT}/strategy.yaml"]
@@ -382,11 +368,16 @@ def render_pod_template(spec: JobSpec, role: str) -> dict[str, Any]:
             {"name": "FLEET_METRICS_PORT", "value": str(k.metrics_port)},
             {"name": "FLEET_METRICS_HOST", "value": "$(FLEET_POD_IP)"},
         ]
-    own_port = k.master_port if role == TRAINER else k.server_port
+    own_port = {TRAINER: k.master_port, HETER: k.heter_port}.get(role, k.server_port)
     ports = (
         []
         if elastic_pod
-        else [{"name": "rendezvous" if role == TRAINER else "ps", "containerPort": own_port}]
+        else [
+            {
+                "name": {TRAINER: "rendezvous", HETER: HETER}.get(role, "ps"),
+                "containerPort": own_port,
+            }
+        ]
     )
     ports += [
         {"name": f"metrics-{r}" if r else "metrics", "containerPort": k.metrics_port + r}
@@ -541,7 +532,7 @@ def render_server_statefulset(spec: JobSpec) -> dict[str, Any]:
 def render_podgroup(spec: JobSpec) -> dict[str, Any]:
     """Volcano PodGroup: schedule every pod of the job at once or none (minMember = all pods)."""
     group, version, _ = PODGROUP_API
-    total = num_pods(spec, TRAINER) + num_pods(spec, SERVER) + int(coordinator.wanted(spec))
+    total = sum(num_pods(spec, r) for r in (TRAINER, SERVER, HETER)) + int(coordinator.wanted(spec))
     if spec.elastic.enabled:  # the job may run with MIN nodes (its etcd is not in the group)
         total = int(spec.elastic.min_nodes or 1)
     return {
@@ -570,35 +561,20 @@ def render_job(spec: JobSpec, ps_token: str | None = None) -> list[dict[str, Any
         objs.append(render_service(spec, COORDINATOR))
     if spec.mode is Mode.PS:
         objs.append(render_service(spec, SERVER))
+    if heter.wanted(spec):
+        objs.append(render_service(spec, HETER))
     if spec.k8s.gang:
         objs.append(render_podgroup(spec))
     if has_coordinator:
         objs.append(render_coordinator_statefulset(spec))
     if spec.mode is Mode.PS:
         objs.append(render_server_statefulset(spec))
+    if heter.wanted(spec):
+        name = object_names(spec)[HETER]
+        meta, pods = _meta(spec, name, HETER), render_pod_template(spec, HETER)
+        objs.append(heter.render_statefulset(spec, name, meta, labels(spec, HETER), pods))
     objs.append(render_trainer_job(spec))
     return objs
-
-
-class _Dumper(yaml.SafeDumper):
-    """SafeDumper writing multi-line strings (the ConfigMap's files) as ``|`` blocks."""
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = (
-        "|"
-        if "\n" in value and not any(line != line.rstrip() for line in value.splitlines())
-        else None
-    )
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str)
-
-
-def to_yaml(objs: list[dict[str, Any]]) -> str:
-    """A YAML multi-document stream (``kubectl apply -f -`` reads it)."""
-    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 __all__ = [

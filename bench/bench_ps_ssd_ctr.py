@@ -1,0 +1,116 @@
+"""The CTR example with SSD tables holding 5 % of the rows in memory, against memory tables.
+
+Both jobs are ``fleetrun --server_num 1 --worker_num 1 examples/ctr/train_ps.py`` on the same
+generated examples (``--train``, ``--test``), async mode, the same seed; ours adds ``--storage
+ssd --cache_rows N`` (fleetrun ``--ps_ssd_dir``), N = ``--cache_share`` of the distinct keys the
+job's examples hold (each of the two tables, wide and deep, has one row per distinct key), the
+peer keeps every row in memory. Runs alternate; median of ``--reps`` (>= 5) with min/max of the
+training examples/s and the test AUC, ratio ours/memory.
+
+Usage: ``python bench/bench_ps_ssd_ctr.py [--reps 5] [--train 100000] [--test 20000]
+[--cache_share 0.05] [--json PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common import REPO, Stats, bench_env, fleetrun_cmd, report, run_checked
+
+
+def distinct_keys(train: int, test: int) -> int:
+    """Distinct ids of the job's examples (the rows of each table once it has seen them all)."""
+    from examples.ctr.data import CTRDataConfig, generate
+    from ps_server.core.batch_ops import sorted_distinct
+
+    batch = generate(CTRDataConfig(), train + test)
+    return int(sorted_distinct(batch.sparse_ids.reshape(-1)).shape[0])
+
+
+def run_job(args: argparse.Namespace, tmp: str, cache_rows: int) -> dict:
+    """One job; ``cache_rows`` 0 = memory tables. Its examples/s and test AUC."""
+    path = os.path.join(tmp, "ctr.json")
+    fleet_flags = ["--ps_ssd_dir", os.path.join(tmp, "ssd")] if cache_rows else []
+    script_args = ["--storage", "ssd", "--cache_rows", str(cache_rows)] if cache_rows else []
+    run_checked(
+        fleetrun_cmd(
+            "--server_num",
+            "1",
+            "--worker_num",
+            "1",
+            "--log_dir",
+            os.path.join(tmp, "log"),
+            "--tee",
+            "none",
+            *fleet_flags,
+            "examples/ctr/train_ps.py",
+            "--train",
+            str(args.train),
+            "--test",
+            str(args.test),
+            "--mode",
+            "async",
+            "--json",
+            path,
+            *script_args,
+        ),
+        cwd=REPO,
+        env=bench_env(),
+    )
+    with open(path) as f:
+        d = json.load(f)
+    return {"examples_per_s": d["examples_per_s"], "auc": d["test_auc"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--train", type=int, default=100_000)
+    ap.add_argument("--test", type=int, default=20_000)
+    ap.add_argument("--cache_share", type=float, default=0.05)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    keys = distinct_keys(args.train, args.test)
+    cache = max(1, int(keys * args.cache_share))
+    print(f"{keys:,} distinct keys per table; SSD tables keep {cache:,} rows in memory", flush=True)
+    res: dict[str, list[dict]] = {"ssd": [], "memory": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.reps):
+            for which in ("ssd", "memory") if rep % 2 == 0 else ("memory", "ssd"):
+                r = run_job(args, tmp, cache if which == "ssd" else 0)
+                res[which].append(r)
+                print(
+                    f"rep {rep} {which}: {r['examples_per_s']:,.0f} ex/s, AUC {r['auc']:.4f}",
+                    flush=True,
+                )
+    ours = Stats.of([r["examples_per_s"] for r in res["ssd"]])
+    peer = Stats.of([r["examples_per_s"] for r in res["memory"]])
+    auc_ssd = Stats.of([r["auc"] for r in res["ssd"]])
+    auc_mem = Stats.of([r["auc"] for r in res["memory"]])
+    report(
+        f"CTR example, 1 server + 1 trainer, async, {args.train:,} examples: SSD tables "
+        f"(cache {100 * cache / keys:.1f} % of the rows) vs memory tables",
+        [
+            ("train examples/s, SSD tables vs memory tables", ours, peer, "ssd/memory"),
+            ("test AUC, SSD tables vs memory tables", auc_ssd, auc_mem, "ssd/memory"),
+        ],
+        goal="examples/s >= 0.8x; AUC within 0.002",
+        unit="",
+        json_path=args.json,
+        extra={
+            "distinct_keys": keys,
+            "cache_rows": cache,
+            "row_units": ["ex/s", "AUC"],
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,10 @@ Per table, read from :meth:`~ps_server.core.table.Table.stats` only when Prometh
 (:class:`TableCollector`; nothing on the request path): rows, bytes, admitted / filtered /
 evicted keys and non-finite gradients skipped; non-finite gradients *rejected* on arrival
 (``nonfinite: reject``) are counted by the servicer and added in. Checkpoint save/load durations.
+Graph tables (:mod:`ps_server.rpc.graph_service`): their requests count in
+``fleet_ps_requests_total`` (op ``Graph.<method>``) like the others, plus their handling time per
+op and table (``fleet_ps_graph_request_seconds``, a summary: sum and count), and nodes and edges
+per graph table read at scrape time (``fleet_ps_graph_nodes`` / ``fleet_ps_graph_edges``).
 Calls refused for a missing or wrong token (``fleet_ps_auth_failures_total`` by op and cause,
 counted by :class:`ps_server.rpc.auth.TokenInterceptor`; a plain Counter: refusals are not the
 hot path).
@@ -35,7 +39,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -88,6 +97,9 @@ NONFINITE = "fleet_ps_nonfinite_gradients_total"
 SSD_KEYS = "fleet_ps_ssd_keys_total"
 SSD_BYTES = "fleet_ps_ssd_bytes"
 SSD_READ_SECONDS = "fleet_ps_ssd_read_seconds_total"
+GRAPH_REQUEST_SECONDS = "fleet_ps_graph_request_seconds"
+GRAPH_NODES = "fleet_ps_graph_nodes"
+GRAPH_EDGES = "fleet_ps_graph_edges"
 SSD_RESULTS = {
     "hot_hit": "hot_hits",
     "hot_miss": "hot_misses",
@@ -106,13 +118,17 @@ COLLECTED: dict[str, tuple[str, ...]] = {
     SSD_KEYS: ("table", "result"),
     SSD_BYTES: ("table",),
     SSD_READ_SECONDS: ("table",),
+    GRAPH_REQUEST_SECONDS: ("op", "table"),
+    GRAPH_NODES: ("table",),
+    GRAPH_EDGES: ("table",),
 }
 
 
 class RequestCollector(Collector):
-    """``fleet_ps_requests_total`` (op, table, code), ``fleet_ps_request_seconds`` (op) and
-    ``fleet_ps_keys_total`` (op pull/push, table): counted per request in plain dicts under one
-    lock (:meth:`record`), turned into metric families at scrape time (:meth:`collect`)."""
+    """``fleet_ps_requests_total`` (op, table, code), ``fleet_ps_request_seconds`` (op),
+    ``fleet_ps_keys_total`` (op pull/push, table) and ``fleet_ps_graph_request_seconds`` (op,
+    table; graph calls only): counted per request in plain dicts under one lock
+    (:meth:`record`), turned into metric families at scrape time (:meth:`collect`)."""
 
     def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
         self._bounds = tuple(sorted(buckets))
@@ -121,6 +137,8 @@ class RequestCollector(Collector):
         self._latency: dict[str, list[float]] = {}
         """op -> [sum of seconds, count per bucket (not cumulative) ..., count above the last]"""
         self._keys: dict[tuple[str, str], int] = {}
+        self._graph: dict[tuple[str, str], list[float]] = {}
+        """(graph op, table) -> [sum of seconds, count]"""
 
     def record(self, op: str, table: str, code: str, seconds: float, num_keys: int = 0) -> None:
         """Count one request of ``op`` that took ``seconds`` and moved ``num_keys`` sparse keys."""
@@ -136,11 +154,18 @@ class RequestCollector(Collector):
             if num_keys:
                 key = ("pull" if op == "PullSparse" else "push", table)
                 self._keys[key] = self._keys.get(key, 0) + num_keys
+            if table and op.startswith("Graph."):
+                g = self._graph.get(req[:2])
+                if g is None:
+                    g = self._graph[req[:2]] = [0.0, 0.0]
+                g[0] += seconds
+                g[1] += 1
 
     def collect(self) -> Iterator[Any]:
         with self._lock:
             requests, keys = dict(self._requests), dict(self._keys)
             latency = {op: list(v) for op, v in self._latency.items()}
+            graph = {k: list(v) for k, v in self._graph.items()}
         req = CounterMetricFamily(
             REQUESTS.removesuffix("_total"),
             "RPCs handled, by op, table and gRPC status code",
@@ -163,7 +188,14 @@ class RequestCollector(Collector):
         )
         for labels2, n in sorted(keys.items()):
             moved.add_metric(labels2, n)
-        yield from (req, hist, moved)
+        graph_time = SummaryMetricFamily(
+            GRAPH_REQUEST_SECONDS,
+            "Graph-table RPC handling time, by op and graph table",
+            labels=COLLECTED[GRAPH_REQUEST_SECONDS],
+        )
+        for labels3, (total, count) in sorted(graph.items()):
+            graph_time.add_metric(labels3, count_value=count, sum_value=total)
+        yield from (req, hist, moved, graph_time)
 
     def describe(self) -> Iterator[Any]:
         return iter(())
@@ -211,11 +243,23 @@ class TableCollector(Collector):
             "storage='ssd' tables: time spent reading cold rows from RocksDB",
             labels=["table"],
         )
+        graph_nodes = GaugeMetricFamily(
+            GRAPH_NODES, "Nodes of a graph table (every node type)", labels=["table"]
+        )
+        graph_edges = GaugeMetricFamily(
+            GRAPH_EDGES, "Edges of a graph table (every edge type)", labels=["table"]
+        )
         ssd: dict[str, dict[str, float]] = {}
         totals: dict[str, dict[str, float]] = {}
+        graphs: dict[str, list[float]] = {}
         with self._lock:
             states = list(self._states.values())
         for state in states:
+            for name, graph in list(getattr(state, "graph_tables", {}).items()):
+                gst = graph.stats()
+                g = graphs.setdefault(name, [0.0, 0.0])
+                g[0] += sum(gst["nodes"].values())
+                g[1] += sum(gst["edges"].values())
             with state.counter_lock:
                 rejected = dict(state.nonfinite_rejected)
             for name, table in list(state.tables.items()):
@@ -251,7 +295,10 @@ class TableCollector(Collector):
                 ssd_keys.add_metric([name, result], d[key])
             ssd_bytes.add_metric([name], d["ssd_bytes"])
             ssd_read.add_metric([name], d["ssd_read_seconds"])
-        yield from (rows, size, entry, bad, ssd_keys, ssd_bytes, ssd_read)
+        for name in sorted(graphs):
+            graph_nodes.add_metric([name], graphs[name][0])
+            graph_edges.add_metric([name], graphs[name][1])
+        yield from (rows, size, entry, bad, ssd_keys, ssd_bytes, ssd_read, graph_nodes, graph_edges)
 
     def describe(self) -> Iterator[Any]:
         return iter(())
@@ -297,6 +344,9 @@ __all__ = [
     "AUTH_FAILURES",
     "CHECKPOINT_SECONDS",
     "COLLECTED",
+    "GRAPH_EDGES",
+    "GRAPH_NODES",
+    "GRAPH_REQUEST_SECONDS",
     "KEYS",
     "REQUESTS",
     "REQUEST_SECONDS",

@@ -430,9 +430,25 @@ class Monitor:
                         "requests": 0.0,
                         "errors": 0.0,
                         **{r: 0.0 for r in ENTRY_RESULTS},
+                        "kind": "",
+                        "nodes": None,
+                        "edges": None,
+                        "samples": 0.0,
+                        "sample_ms": None,
+                        "_window": [0.0, 0.0],
                     },
                 )
                 row["servers"] += 1
+                if ts.kind == "graph":
+                    row["kind"] = "graph"
+                    row["nodes"] = (row["nodes"] or 0.0) + (ts.nodes or 0.0)
+                    row["edges"] = (row["edges"] or 0.0) + (ts.edges or 0.0)
+                    row["samples"] += ts.samples
+                    old_g = pair[0][1].tables.get(table) if pair else None
+                    row["_window"][0] += ts.sample_seconds - (
+                        old_g.sample_seconds if old_g else 0.0
+                    )
+                    row["_window"][1] += ts.samples - (old_g.samples if old_g else 0.0)
                 row["rows"] += ts.rows or 0.0
                 row["bytes"] += ts.bytes or 0.0
                 row["requests"] += ts.requests
@@ -443,6 +459,10 @@ class Monitor:
                     (t0, a), (t1, _) = pair
                     old = a.tables.get(table)
                     row["qps"] += rate(old.requests if old else 0.0, ts.requests, t1 - t0) or 0.0
+        for row in agg.values():  # mean sampling latency over the rate window (else since start)
+            seconds, count = row.pop("_window")
+            if count > 0:
+                row["sample_ms"] = 1000.0 * seconds / count
         return [
             {k: _round(v) if isinstance(v, float) else v for k, v in row.items()}
             for _, row in sorted(agg.items())

@@ -83,7 +83,8 @@ PAGE_HTML = r"""<!doctype html>
     <section class="card"><h2>PS requests per second</h2><svg class="chart" id="chart-ps-qps"></svg></section>
     <section class="card"><h2>PS tables</h2>
       <div class="scroll"><table id="tables"><thead><tr><th>table</th><th>servers</th><th>rows</th><th>bytes</th>
-        <th>QPS</th><th>errors</th><th>admitted</th><th>filtered</th><th>evicted</th></tr></thead>
+        <th>QPS</th><th>errors</th><th>admitted</th><th>filtered</th><th>evicted</th>
+        <th>nodes</th><th>edges</th><th>samples</th><th>sample ms</th></tr></thead>
         <tbody></tbody></table></div>
       <svg class="chart" id="chart-entry"></svg></section>
   </div>
@@ -294,12 +295,16 @@ function render(s) {
     for (const t of s.tables) {
       const tr = document.createElement("tr");
       tr.dataset.table = t.table;
-      for (const k of ["table", "servers", "rows", "bytes", "qps", "errors", "admitted", "filtered", "evicted"]) {
-        cell(tr, k === "table" ? t.table : fmt(t[k]));
+      tr.dataset.kind = t.kind || "";
+      const graph = t.kind === "graph";
+      for (const k of ["table", "servers", "rows", "bytes", "qps", "errors", "admitted", "filtered", "evicted",
+                       "nodes", "edges", "samples", "sample_ms"]) {
+        const sparseOnly = ["rows", "bytes", "admitted", "filtered", "evicted"].includes(k);
+        cell(tr, k === "table" ? t.table + (graph ? " (graph)" : "") : (graph && sparseOnly ? "–" : fmt(t[k])));
       }
       tb.appendChild(tr);
     }
-    barChart($("chart-entry"), (s.tables || []).map((t) => ({...t, key: t.table})),
+    barChart($("chart-entry"), (s.tables || []).filter((t) => t.kind !== "graph").map((t) => ({...t, key: t.table})),
              ["admitted", "filtered", "evicted"], 1);
   }
 }

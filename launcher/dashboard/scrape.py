@@ -21,6 +21,8 @@ PHASES = ("data", "pull_wait", "forward", "backward", "push_optimizer", "other",
 trainer's :data:`fleet.telemetry.PHASES`; the launcher does not import fleet)."""
 ENTRY_RESULTS = ("admitted", "filtered", "evicted")
 """The ``result`` label values of ``fleet_ps_entry_keys_total``."""
+SAMPLE_OP = "Graph.SampleNeighbors"
+"""The ``op`` of a graph table's neighbor-sampling requests (``fleet_ps_graph_request_seconds``)."""
 OK_CODES = frozenset({"OK", "ok", "0", ""})
 """``code`` label values of ``fleet_ps_requests_total`` that count as success."""
 
@@ -100,6 +102,16 @@ class TableStats:
     """Keys per op (``pull``/``push``...)."""
     entry: dict[str, float] = field(default_factory=dict)
     """admitted / filtered / evicted keys."""
+    kind: str = ""
+    """``graph`` for a graph table (from its node / edge gauges); empty otherwise."""
+    nodes: float | None = None
+    """Graph table: nodes held by the server."""
+    edges: float | None = None
+    """Graph table: edges held by the server."""
+    samples: float = 0.0
+    """Graph table: neighbor-sampling requests handled (cumulative)."""
+    sample_seconds: float = 0.0
+    """Graph table: seconds those requests took (cumulative)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +184,16 @@ def server_stats(s: Samples) -> ServerStats:
     for name, key in (("fleet_ps_table_rows", "rows"), ("fleet_ps_table_bytes", "bytes")):
         for lab, v in s.get(name, ()):
             tables[lab.get("table", "")][key] = v
+    for name, key in (("fleet_ps_graph_nodes", "nodes"), ("fleet_ps_graph_edges", "edges")):
+        for lab, v in s.get(name, ()):
+            tables[lab.get("table", "")].update({key: v, "kind": "graph"})
+    for name, key in (
+        ("fleet_ps_graph_request_seconds_count", "samples"),
+        ("fleet_ps_graph_request_seconds_sum", "sample_seconds"),
+    ):
+        for lab, v in s.get(name, ()):
+            if lab.get("op") == SAMPLE_OP:
+                tables[lab.get("table", "")][key] = v
     tables.pop("", None)
     return ServerStats(
         {t: TableStats(**d) for t, d in sorted(tables.items())},

@@ -13,17 +13,25 @@ Peers, measured in the same run, interleaved repetition by repetition on the sam
   graph (:class:`ps_server.core.graph_table.GraphTable`, vectorised numpy, no RPC). Goal: 1
   server's batches/s >= 0.5x the local limit's.
 * **1 server**, for the 2-server row: goal 2 servers' wall time per batch <= 0.7x one server's.
-* **load**: edges/s of ``load_edges`` on the 1-server cluster (parse every line of the files,
-  build the CSR), against the same load in this process; goal >= 2 M edges/s per server. Every
-  server reads every file (it keeps the edges it owns), so this is also each server's rate in
-  a cluster.
+  The client and the servers share the machine's cores, so two more rows say what the machine
+  allows: **pinned**, the same two clusters with every server thread pinned to a core (the one
+  server to the first core; the two servers to the first and the last core), and **sampling
+  work alone**: the same batches sampled in this process from two tables holding server 0's
+  and server 1's part of the graph, the larger share of each hop summed (the time of two
+  servers with a core each and free RPC) against the local limit's.
+* **load**: edges/s of ``load_edges`` on a fresh 1-server cluster per repetition (read and
+  parse every line of the files, build the CSR), against the limit of numpy reading the same
+  files and splitting them into int64 numbers alone (``np.fromstring``, no checks, no CSR); goal
+  >= 2 M edges/s per server. Every server reads every file (it keeps the edges it owns), so this
+  is also each server's rate in a cluster.
 
 ``torch_geometric``'s ``NeighborLoader`` is not a peer here: it needs ``pyg-lib`` or
 ``torch-sparse``, which have no wheels for this torch build.
 
 Median of ``--reps`` (>= 5) repetitions of ``--batches`` batches each, [min .. max]. Defaults
 (2*10^5 nodes, 2*10^6 edges) take a couple of minutes on 2 cores; ``--full`` is the goal's
-10^6 nodes and 2*10^7 edges.
+10^6 nodes and 2*10^7 edges. The load average before, between the parts and after goes to the
+JSON file.
 
 Run: ``.venv/bin/python bench/bench_graph_sampling.py [--json bench/results/graph_sampling.json]``.
 """
@@ -36,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 
 import numpy as np
 
@@ -68,13 +77,53 @@ def write_graph(root: str, nodes: int, edges: int, seed: int) -> list[str]:
     paths = []
     per = -(-edges // 4)
     for k in range(4):
-        n = min(per, edges - k * per)
-        pairs = rng.integers(0, nodes, (n, 2))
         path = os.path.join(root, f"edges-{k}.txt")
         with open(path, "w") as f:
-            np.savetxt(f, pairs, fmt="%d", delimiter="\t")
+            n = min(per, edges - k * per)
+            for lo in range(0, n, 1 << 20):
+                pairs = rng.integers(0, nodes, (min(1 << 20, n - lo), 2)).tolist()
+                f.write("".join(f"{a}\t{b}\n" for a, b in pairs))
         paths.append(path)
     return paths
+
+
+def numpy_read(files: list[str]) -> int:
+    """The load's limit: read each file and split it into int64 numbers by numpy alone (no
+    checks, no CSR); returns the edge count."""
+    total = 0
+    for path in files:
+        with open(path, "rb") as f:
+            total += np.fromstring(f.read(), dtype=np.int64, sep=" ").shape[0] // 2
+    return total
+
+
+def pin(procs: list[subprocess.Popen], cpus: list[set[int]]) -> None:
+    """Set the CPU affinity of every thread of each process (``taskset -a -p``)."""
+    for proc, mask in zip(procs, cpus):
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), mask)
+            except OSError:  # the thread ended
+                pass
+
+
+def split_work(halves, cfg, seeds: np.ndarray) -> float:
+    """The 2-hop batch on two in-process tables holding server 0's and server 1's part of the
+    graph: the seconds of the larger share of each hop, summed (each server's sampling work
+    alone, with no RPC, as if each had a core of its own)."""
+    from ps_server.core.routing import split_by_server
+
+    total, nodes = 0.0, seeds
+    for fanout in FANOUTS:
+        _, keys = split_by_server(nodes, 2, cfg.num_shards)
+        share, got = [], []
+        for table, k in zip(halves, keys):
+            t = time.perf_counter()
+            got.append(table.sample_neighbors(k, fanout)[0])
+            share.append(time.perf_counter() - t)
+        total += max(share)
+        nodes = np.unique(np.concatenate(got))
+    return total
 
 
 def two_hop(sample, seeds: np.ndarray) -> int:
@@ -101,7 +150,9 @@ def main() -> None:
     from ps_server.graph_client import GraphClient
 
     cfg = GraphTableConfig("g", edge_types=["e"])
+    cpus = sorted(os.sched_getaffinity(0))
     procs: list[subprocess.Popen] = []
+    load_avg: list[tuple[float, ...]] = [os.getloadavg()]
     with tempfile.TemporaryDirectory() as root:
         t0 = time.perf_counter()
         files = write_graph(root, args.nodes, args.edges, args.seed)
@@ -112,47 +163,71 @@ def main() -> None:
                 proc, ep = start_server(index, num)
                 procs.append(proc)
                 eps.append(ep)
-            one = GraphClient(eps[:1], timeout_s=600)
-            two = GraphClient(eps[1:], timeout_s=600)
-            local = GraphTable(cfg)
-            loads: dict[str, list[float]] = {"server": [], "local": []}
-            for rep in range(args.reps):  # the load rate: fresh tables each repetition
+            one = GraphClient(eps[:1], timeout_s=1200)
+            two = GraphClient(eps[1:], timeout_s=1200)
+            loads: dict[str, list[float]] = {"server": [], "numpy": [], "local": []}
+            for rep in range(args.reps):  # the load rate: a fresh server each repetition
+                proc, ep = start_server(0, 1)
+                try:
+                    with GraphClient([ep], timeout_s=1200) as fresh:
+                        fresh.create_graph_table(cfg)
+                        t = time.perf_counter()
+                        fresh.load_edges("g", files)
+                        loads["server"].append(args.edges / (time.perf_counter() - t))
+                finally:
+                    proc.kill()
+                    proc.wait()
                 name = f"load{rep}"
-                one.create_graph_table(GraphTableConfig(name, edge_types=["e"]))
                 t = time.perf_counter()
-                one.load_edges(name, files)
-                loads["server"].append(args.edges / (time.perf_counter() - t))
+                numpy_read(files)
+                loads["numpy"].append(args.edges / (time.perf_counter() - t))
                 t = time.perf_counter()
                 GraphTable(GraphTableConfig(name, edge_types=["e"])).load_edges(None, files)
                 loads["local"].append(args.edges / (time.perf_counter() - t))
-                print(f"load rep {rep}: {loads['server'][-1] / 1e6:.2f} M edges/s "
-                      f"(in-process {loads['local'][-1] / 1e6:.2f})", flush=True)  # fmt: skip
+                print(f"load rep {rep}: {loads['server'][-1] / 1e6:.2f} M edges/s (numpy read "
+                      f"{loads['numpy'][-1] / 1e6:.2f}, in-process load "
+                      f"{loads['local'][-1] / 1e6:.2f})", flush=True)  # fmt: skip
+            load_avg.append(os.getloadavg())
             for c in (one, two):
                 c.create_graph_table(cfg)
                 c.load_edges("g", files)
+            local = GraphTable(cfg)
             local.load_edges(None, files)
+            halves = [GraphTable(cfg, i, 2) for i in range(2)]
+            for h in halves:
+                h.load_edges(None, files)
             rng = np.random.default_rng(args.seed + 1)
+            one_proc, two_procs = procs[:1], procs[1:]
+            free = [set(cpus)] * 3
+            pinned = [{cpus[0]}, {cpus[0]}, {cpus[-1]}]  # one server; two servers: a core each
             samplers = {
-                "local": lambda s, f: local.sample_neighbors(s, f)[:2],
-                "1 server": lambda s, f: one.sample_neighbors("g", s, f),
-                "2 servers": lambda s, f: two.sample_neighbors("g", s, f),
+                "local": (None, lambda s, f: local.sample_neighbors(s, f)[:2]),
+                "1 server": (free, lambda s, f: one.sample_neighbors("g", s, f)),
+                "2 servers": (free, lambda s, f: two.sample_neighbors("g", s, f)),
+                "1 server pinned": (pinned, lambda s, f: one.sample_neighbors("g", s, f)),
+                "2 servers pinned": (pinned, lambda s, f: two.sample_neighbors("g", s, f)),
             }
-            for s in samplers.values():  # warm up (CSR merge, channels)
+            for _, s in samplers.values():  # warm up (CSR merge, channels)
                 two_hop(s, rng.integers(0, args.nodes, SEEDS))
-            times: dict[str, list[float]] = {k: [] for k in samplers}
+            times: dict[str, list[float]] = {k: [] for k in [*samplers, "split work"]}
             sampled: dict[str, int] = dict.fromkeys(samplers, 0)
             for rep in range(args.reps):
                 batches = [rng.integers(0, args.nodes, SEEDS) for _ in range(args.batches)]
-                for key, s in samplers.items():
+                for key, (affinity, s) in samplers.items():
+                    if affinity is not None:
+                        pin(one_proc + two_procs, affinity)
                     t = time.perf_counter()
                     for seeds in batches:
                         sampled[key] += two_hop(s, seeds)
                     times[key].append((time.perf_counter() - t) / args.batches)
+                work = [split_work(halves, cfg, seeds) for seeds in batches]
+                times["split work"].append(sum(work) / args.batches)
                 print(
                     f"rep {rep}: "
                     + ", ".join(f"{k} {v[-1] * 1e3:.1f} ms/batch" for k, v in times.items()),
                     flush=True,
                 )
+            load_avg.append(os.getloadavg())
             one.close()
             two.close()
         finally:
@@ -177,9 +252,23 @@ def main() -> None:
                 "ours/peer, lower is better",
             ),
             (
-                f"load edges/s per server from text files vs the same load in process [{size}]",
+                f"pinned: wall time per batch, 2 servers on a core each vs 1 server on one core "
+                f"[{size}]",
+                Stats.of(times["2 servers pinned"]),
+                Stats.of(times["1 server pinned"]),
+                "ours/peer, lower is better",
+            ),
+            (
+                f"sampling work alone: the larger of 2 servers' shares vs one table's, no RPC "
+                f"[{size}]",
+                Stats.of(times["split work"]),
+                Stats.of(times["local"]),
+                "ours/peer, lower is better",
+            ),
+            (
+                f"load edges/s per server from text files vs numpy's read and split alone [{size}]",
                 Stats.of(loads["server"]),
-                Stats.of(loads["local"]),
+                Stats.of(loads["numpy"]),
                 "ours/peer, higher is better",
             ),
         ],  # fmt: skip
@@ -188,6 +277,9 @@ def main() -> None:
             "nodes": args.nodes,
             "edges": args.edges,
             "batches": args.batches,
+            "cpus": cpus,
+            "load_average": load_avg,
+            "in_process_load_edges_per_s": asdict(Stats.of(loads["local"])),
             "sampled_edges_per_batch": {
                 k: v / (args.reps * args.batches) for k, v in sampled.items()
             },

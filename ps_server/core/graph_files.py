@@ -172,7 +172,7 @@ def _parse_ints(buf: np.ndarray | bytes, expected: int) -> np.ndarray | None:
         vals = np.fromstring(raw, dtype=np.int64, sep=" ")
     except ValueError:
         return None
-    if vals.shape[0] != expected or np.any((vals == INT64_MIN) | (vals == INT64_MAX)):
+    if vals.shape[0] != expected or vals.min() == INT64_MIN or vals.max() == INT64_MAX:
         return None
     return vals
 
@@ -195,23 +195,22 @@ def _int64(token: str) -> int:
 
 
 # -- edges -----------------------------------------------------------------------------------
+_NOT_CONTROL = bytes(range(11, 256))
+
+
 def _two_columns(data: bytes) -> ParsedEdges | None:
     """The common case, checked on tab and newline positions only: every line ``src<TAB>dst``
-    with exactly one tab (None when some line is not, e.g. weights or blank lines)."""
-    buf = np.frombuffer(data, dtype=np.uint8)
-    ends = np.flatnonzero(buf == _NL)
-    if buf.shape[0] and buf[-1] != _NL:
-        ends = np.append(ends, buf.shape[0])
-    tabs = np.flatnonzero(buf == _TAB)
-    n = int(ends.shape[0])
-    if tabs.shape[0] != n:
-        return None
-    if n and not (np.all(tabs < ends) and np.all(tabs[1:] > ends[:-1])):
+    with exactly one tab (None when some line is not, e.g. weights or blank lines). The bytes
+    below 11 (tabs, newlines and other control bytes), kept by one ``bytes.translate``, must be
+    tab, newline, tab, newline, ... (the last newline may be missing)."""
+    seps = data.translate(None, _NOT_CONTROL)
+    n = (len(seps) + 1) // 2
+    if not seps or (seps != b"\t\n" * n and seps != b"\t\n" * (n - 1) + b"\t"):
         return None
     vals = _parse_ints(data, 2 * n)
     if vals is None:
         return None
-    return ParsedEdges(vals[0::2].copy(), vals[1::2].copy(), None)
+    return ParsedEdges(vals[0::2], vals[1::2], None)
 
 
 def _fast_edges(data: bytes) -> ParsedEdges | None:

@@ -6,8 +6,9 @@ of the nodes it owns and their features. Everything is numpy arrays, no object p
 
 * per edge type, a CSR: sorted unique ``src`` ids, ``indptr``, and per edge ``dst`` (int64),
   ``weight`` (float32, 1.0 unless given) and ``eid`` (int64 edge id). Added edges are buffered
-  and merged into the CSR in one vectorised pass (a stable sort by ``src``) before the next
-  query; removing edges or nodes rebuilds it the same way.
+  and merged into the CSR in one vectorised pass (a stable sort by ``src``,
+  :func:`stable_order`) before the next query, so a node's edges keep the order they were
+  added in; removing edges or nodes rebuilds it the same way.
 * per node type, sorted ``ids`` and one array ``[n, width]`` per feature; a node's row is found
   by ``np.searchsorted``. A node added again gets the new features (the last one wins).
 
@@ -42,6 +43,33 @@ from ps_server.core.graph_sampling import ranges, sample_segments
 from ps_server.core.routing import shard_of
 
 
+def stable_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the stable sorting permutation of int64 ``keys``, the sorted keys), by one ``np.sort``
+    of packed int64 words (key rank in the high bits, position in the low bits): numpy sorts
+    int64 values with SIMD, several times faster than ``argsort``. Keys whose span leaves no
+    room for the position bits are first replaced by their rank among the distinct keys."""
+    n = int(keys.shape[0])
+    if n < 2:
+        return np.arange(n, dtype=np.int64), keys.copy()
+    bits = (n - 1).bit_length()
+    lo, hi = int(keys.min()), int(keys.max())
+    uniq = None
+    if hi - lo < 1 << (63 - bits):
+        packed = keys - np.int64(lo)
+    else:
+        uniq = np.unique(keys)
+        packed = np.searchsorted(uniq, keys).astype(np.int64)
+    packed <<= np.int64(bits)
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    rank = packed >> np.int64(bits)
+    packed &= np.int64((1 << bits) - 1)
+    if uniq is None:
+        rank += np.int64(lo)
+        return packed, rank
+    return packed, uniq[rank]
+
+
 @dataclass(frozen=True)
 class _CSR:
     src: np.ndarray
@@ -57,8 +85,7 @@ class _CSR:
 
     @staticmethod
     def build(src: np.ndarray, dst: np.ndarray, weight: np.ndarray, eid: np.ndarray) -> _CSR:
-        order = np.argsort(src)
-        s = src[order]
+        order, s = stable_order(src)
         cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
         heads = np.concatenate([[0], cuts]) if s.shape[0] else cuts
         indptr = np.concatenate([heads, [s.shape[0]]]).astype(np.int64)

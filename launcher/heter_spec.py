@@ -68,6 +68,15 @@ def is_gpu_device(device: str) -> bool:
     return device.startswith("cuda")
 
 
+def device_gpus(device: str) -> int:
+    """GPUs a heter worker's process must see for its device: 0 for cpu, 1 for ``cuda``,
+    N+1 for ``cuda:N`` (a Ray actor or a Kubernetes pod sees only its own GPUs, from 0)."""
+    if not is_gpu_device(device):
+        return 0
+    _, _, index = device.partition(":")
+    return int(index or 0) + 1
+
+
 def heter_count(spec: JobSpec) -> int:
     """Heter workers of the job (``ps.heter_workers`` when listed, else ``sizes.heter_worker_num``)."""
     return len(spec.ps.heter_workers) or spec.sizes.heter_worker_num
@@ -138,6 +147,7 @@ def check_heter_spec(spec: JobSpec) -> None:
 __all__ = [
     "HETER",
     "check_heter_spec",
+    "device_gpus",
     "heter_count",
     "heter_devices",
     "is_gpu_device",

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from collective.errors import ConfigError
-from launcher.heter_spec import HETER, heter_count, heter_devices, is_gpu_device
+from launcher.heter_spec import HETER, device_gpus, heter_count, heter_devices, is_gpu_device
 from launcher.schedulers.k8s.formats import GPU_RESOURCE
 from launcher.spec import JobSpec, Mode
 
@@ -56,11 +56,7 @@ def check_heter_renderable(spec: JobSpec) -> None:
 def heter_gpus(spec: JobSpec) -> int:
     """GPUs a heter pod asks for: what its device index needs (``cuda:N`` → N+1), or
     ``resources.heter.gpu`` when larger; 0 for cpu heter workers."""
-    need = 0
-    for device in heter_devices(spec):
-        if is_gpu_device(device):
-            _, _, index = device.partition(":")
-            need = max(need, int(index or 0) + 1)
+    need = max(device_gpus(d) for d in heter_devices(spec))
     return max(need, spec.resources.heter.gpu) if need else spec.resources.heter.gpu
 
 

@@ -61,7 +61,6 @@ from typing import Any
 
 from collective.errors import ConfigError
 from launcher.attempt import (
-    SERVER,
     TRAINER,
     Decision,
     Interrupted,
@@ -82,7 +81,7 @@ from launcher.schedulers.ray.plan import Slot, make_slots
 from launcher.schedulers.ray.start import start_attempt
 from launcher.schedulers.ray.watch import teardown_attempt, watch_attempt
 from launcher.spec import JobSpec, Mode
-from launcher.summary import Failure, format_summary
+from launcher.summary import Failure, format_summary, role_label
 from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of
 
 logger = logging.getLogger(__name__)
@@ -326,7 +325,7 @@ class RayJob:
 
 
 def _label(f: Failure) -> str:
-    return f"rank {f.rank}" if f.role == TRAINER else f"{SERVER} {f.rank}"
+    return role_label(f.role, f.rank)
 
 
 __all__ = ["RayJob", "run_ray"]

@@ -2,8 +2,9 @@
 
 No ray import, no processes: unit-tested with made-up placements.
 
-* :func:`make_slots` — one :class:`Slot` per process of the job (PS: servers, then trainers;
-  collective: trainers), each with its placement-group bundle (:func:`make_bundle`).
+* :func:`make_slots` — one :class:`Slot` per process of the job (PS: servers, heter workers,
+  then trainers; collective: trainers), each with its placement-group bundle
+  (:func:`make_bundle`; a heter worker's asks for the GPUs its device needs, none for cpu).
 * :func:`make_proc_specs` — once the actors run and report their node (:class:`Placed`), the
   :class:`launcher.attempt.ProcSpec` of every process, with exactly the env of the local
   scheduler built by ``collective.env`` (``NodeLayout``/``make_worker_env`` or
@@ -27,12 +28,14 @@ from collective.env import (
     FLEET_PS_TABLE_THREADS,
     NodeLayout,
     PSLayout,
+    make_ps_heter_env,
     make_ps_server_env,
     make_ps_trainer_env,
     make_worker_env,
 )
 from collective.errors import ConfigError
 from launcher.attempt import SERVER, TRAINER, ProcSpec, console_prefix
+from launcher.heter_spec import HETER, device_gpus, heter_devices
 from launcher.ps_env import FLEET_PS_TOKEN, ps_checkpoint_root_env, ps_ssd_root_env
 from launcher.spec import JobSpec, Mode, RoleResources
 
@@ -73,7 +76,7 @@ class Slot:
     """One process of the job and its bundle (index = bundle index = actor index)."""
 
     role: str
-    """``trainer`` or ``server``."""
+    """``trainer``, ``server`` or ``heter``."""
     index: int
     """Trainer number in bundle order (the final rank may differ, see module doc), or server index."""
     bundle: dict[str, float]
@@ -90,8 +93,10 @@ def make_slots(spec: JobSpec) -> list[Slot]:
                 key="ps.servers",
             )
         server = make_bundle(spec.resources.server, "resources.server")
-        return [Slot(SERVER, i, dict(server)) for i in range(spec.sizes.server_num)] + [
-            Slot(TRAINER, i, dict(trainer)) for i in range(spec.sizes.worker_num)
+        return [
+            *(Slot(SERVER, i, dict(server)) for i in range(spec.sizes.server_num)),
+            *(Slot(HETER, i, b) for i, b in enumerate(heter_bundles(spec))),
+            *(Slot(TRAINER, i, dict(trainer)) for i in range(spec.sizes.worker_num)),
         ]
     if spec.rendezvous.ips or spec.rendezvous.node_rank is not None:
         raise ConfigError(
@@ -100,6 +105,20 @@ def make_slots(spec: JobSpec) -> list[Slot]:
             key="rendezvous",
         )
     return [Slot(TRAINER, i, dict(trainer)) for i in range(spec.world_size)]
+
+
+def heter_bundles(spec: JobSpec) -> list[dict[str, float]]:
+    """One bundle per heter worker: ``resources.heter``, with the GPUs its device needs
+    (``num_gpus`` 1 for ``cuda``, N+1 for ``cuda:N``; none for cpu)."""
+    out = []
+    for device in heter_devices(spec):
+        bundle = make_bundle(spec.resources.heter, "resources.heter")
+        bundle.pop("GPU", None)
+        gpus = device_gpus(device) and max(device_gpus(device), spec.resources.heter.gpu)
+        if gpus:
+            bundle["GPU"] = float(gpus)
+        out.append(bundle)
+    return out
 
 
 @dataclass(frozen=True)
@@ -176,7 +195,7 @@ def _spec(
     error_file: str,
 ) -> ProcSpec:
     show, prefix = console_prefix(spec, role, rank)
-    name = f"workerlog.{rank}" if role == TRAINER else f"serverlog.{rank}"
+    name = {TRAINER: "workerlog", HETER: "heterlog"}.get(role, "serverlog") + f".{rank}"
     return ProcSpec(
         role,
         rank,
@@ -265,6 +284,7 @@ def _ps_specs(
 ) -> tuple[list[ProcSpec], str]:
     servers = [p for p in placed if p.slot.role == SERVER]
     trainers = [p for p in placed if p.slot.role == TRAINER]
+    heters = [p for p in placed if p.slot.role == HETER]
     layout = PSLayout(
         run_id=paths.run_id,
         server_endpoints=tuple(f"{p.node_ip}:{p.port}" for p in servers),
@@ -276,6 +296,8 @@ def _ps_specs(
         error_dir=_error_dir(paths),
         job_name=spec.name,
         strategy_file=paths.strategy_file,
+        heter_endpoints=tuple(f"{p.node_ip}:{p.port}" for p in heters),
+        heter_devices=heter_devices(spec),
     )
     per_node = _by_node(placed)
     trainers_on = {
@@ -306,6 +328,14 @@ def _ps_specs(
                     env,
                     paths,
                     layout.server_error_file(i),
+                )
+            )
+        elif p.slot.role == HETER:
+            i = p.slot.index
+            env = {**base, **_gpu_env([p]), **make_ps_heter_env(layout, i)}
+            out.append(
+                _spec(
+                    spec, HETER, i, 0, node_rank[p.node_id], env, paths, layout.heter_error_file(i)
                 )
             )
         else:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from collective.env import metrics_env
 from collective.errors import LaunchError
 from launcher.attempt import SERVER, TRAINER, write_endpoints
+from launcher.heter_spec import HETER
 from launcher.ps_env import FLEET_PS_CHECKPOINT_ROOT
 from launcher.schedulers.ray import elastic
 from launcher.schedulers.ray.actor import ActorInfo
@@ -109,6 +110,8 @@ def start_attempt(job: RayJob, group: Group, attempt: int) -> None:
         procs = [
             replace(p, env={**p.env, **rec.trainer_env()})
             if p.role == TRAINER
+            else replace(p, env={**p.env, **rec.heter_env()})
+            if p.role == HETER
             else replace(
                 p,
                 env={
@@ -126,8 +129,9 @@ def start_attempt(job: RayJob, group: Group, attempt: int) -> None:
             for p, got, info in zip(procs, ports, infos, strict=True)
         ]
     servers = [f"{p.env['POD_IP']}:{p.env['PADDLE_PORT']}" for p in procs if p.role == SERVER]
+    heters = tuple(f"{p.env['POD_IP']}:{p.env['PADDLE_PORT']}" for p in procs if p.role == HETER)
     trainers = next(p.env["PADDLE_TRAINER_ENDPOINTS"] for p in procs if p.role == TRAINER)
-    write_endpoints(job.log_dir, attempt, head, servers, tuple(trainers.split(",")))
+    write_endpoints(job.log_dir, attempt, head, servers, tuple(trainers.split(",")), heters=heters)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     for actor, info, proc in zip(group.actors, infos, procs, strict=True):
         log = open(proc.log_path, "ab" if attempt else "wb", buffering=0)  # noqa: SIM115 - closed in teardown

@@ -15,6 +15,7 @@ from conftest import SCRIPTS, live_pids, run_fleetrun, start_fleetrun, wait_for
 
 from collective.env import find_free_port, read_worker_env
 from collective.errors import ConfigError
+from launcher.dashboard.monitor import Target
 from launcher.heter_spec import heter_devices, parse_heter_devices
 from launcher.recovery.ps_policy import PSRecovery, make_recovery
 from launcher.schedulers.local.plan import Placement, PSPlan
@@ -156,8 +157,12 @@ tee: all
     assert "[heter 1] heter worker 1 on cuda:1" in r.stdout
     assert (logs / "heterlog.0").exists() and (logs / "heterlog.1").exists()
     assert f"heter 1 {endpoints[1]}" in (logs / "endpoints.log").read_text()
-    roles = [p["role"] for p in json.loads((logs / "job_state.json").read_text())["processes"]]
-    assert sorted(roles) == ["heter", "heter", "server", "trainer", "trainer"]
+    procs = json.loads((logs / "job_state.json").read_text())["processes"]
+    assert sorted(p["role"] for p in procs) == ["heter", "heter", "server", "trainer", "trainer"]
+    heter = next(p for p in procs if p["role"] == "heter")
+    assert Target("heter", heter["rank"], heter["host"], heter["metrics"]).key.startswith("heter ")
+    targets = json.loads((logs / "metrics_targets.json").read_text())
+    assert sum(g["labels"]["role"] == "heter" for g in targets) == 2
     assert "1 server(s) + 2 trainer(s) + 2 heter worker(s) (cpu,cuda:1)" in r.stderr
     # the heter workers never stop on their own: stopped after server_grace_s, a clean end
     assert not live_pids([h["pid"] for h in heters])

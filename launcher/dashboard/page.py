@@ -285,7 +285,7 @@ function render(s) {
   lineChart($("chart-throughput"), series.throughput);
   barChart($("chart-breakdown"), s.breakdown || [], STEP_PARTS, 1000, true, "ms");
 
-  const hasPs = (s.tables || []).length > 0 || s.processes.some((p) => p.role === "server");
+  const hasPs = (s.tables || []).length > 0 || s.processes.some((p) => p.role === "server" || p.role === "heter");
   $("ps").hidden = !hasPs;
   if (hasPs) {
     lineChart($("chart-ps-rows"), series.ps_rows);

@@ -117,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
         "directory)",
     )
     add(
+        "data_root",
+        default=None,
+        metavar="DIR",
+        help="directory (or os.pathsep-separated list) the graph files a LoadEdges / LoadNodes "
+        "request names may lie under (default: FLEET_PS_DATA_ROOT, else the working directory, "
+        "the checkpoint roots and the temporary directory)",
+    )
+    add(
         "ssd_root",
         default=None,
         metavar="DIR",
@@ -184,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             "tls": TLSConfig.resolve(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca),
             "checkpoint_root": args.checkpoint_root,
             "ssd_root": args.ssd_root,
+            "data_root": args.data_root,
         }
         if args.from_env:
             serve_from_env(

@@ -12,6 +12,7 @@ The gRPC layer maps these to status codes in one place (suggested mapping in bra
 * :class:`CheckpointError` and subclasses — saving or loading failed (``DATA_LOSS`` for a corrupt
   file, ``PERMISSION_DENIED`` for a path outside the server's checkpoint roots,
   ``FAILED_PRECONDITION`` otherwise, e.g. :class:`CheckpointBusyError`).
+* :class:`DataPathError` — a graph file outside the server's data roots (``PERMISSION_DENIED``).
 * :class:`ReadOnlyServingError` — a mutating call to a server serving a read-only export
   (``FAILED_PRECONDITION``).
 * :class:`ShmSegmentError` — the same-host shared-memory path cannot be used
@@ -111,6 +112,12 @@ class CheckpointVersionError(CheckpointError):
 
 class CheckpointBusyError(CheckpointError):
     """A server is still writing its part of the previous checkpoint (one at a time)."""
+
+
+class DataPathError(PSError, PermissionError):
+    """A graph file a request names (LoadEdges / LoadNodes) lies outside the server's data roots
+    (``--data_root``, FLEET_PS_DATA_ROOT); the message names the path, the roots and the
+    variable (``PERMISSION_DENIED``)."""
 
 
 class ReadOnlyServingError(PSError):

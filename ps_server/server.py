@@ -24,7 +24,9 @@ nothing (:mod:`ps_server.rpc.auth`); without one, the server binds only loopback
 ``insecure``. TLS or mutual TLS with ``tls=`` (:mod:`ps_server.rpc.tls`; default from the
 FLEET_PS_TLS_* variables). Save / Load requests may only name directories under the server's
 checkpoint roots (:mod:`ps_server.checkpoint.roots`; ``checkpoint_root=``, else
-FLEET_PS_CHECKPOINT_ROOT, else the working directory).
+FLEET_PS_CHECKPOINT_ROOT, else the working directory); the graph files a LoadEdges / LoadNodes
+request names, under its data roots (``data_root=``, else FLEET_PS_DATA_ROOT, else the working
+directory, the checkpoint roots and the temporary directory).
 
 Checkpoints: a job checkpoint or serving export locks the tables only while their rows are
 copied and is written on a background thread (:mod:`ps_server.rpc.checkpoint_service`); a
@@ -62,7 +64,7 @@ from collective.env import (
 )
 from collective.errors import ConfigError, EnvContractError, PSError
 from ps_server import telemetry
-from ps_server.checkpoint.roots import resolve_roots
+from ps_server.checkpoint.roots import resolve_data_roots, resolve_roots
 from ps_server.checkpoint.serving import load_serving
 from ps_server.core import kernels
 from ps_server.rpc.auth import (
@@ -141,6 +143,7 @@ class PSServer:
         tls: TLSConfig | None = None,
         checkpoint_root: str | Sequence[str] | None = None,
         ssd_root: str | None = None,
+        data_root: str | Sequence[str] | None = None,
     ) -> None:
         """``port=0`` picks a free port (``start()`` returns it). ``metrics_port``: serve
         Prometheus ``/metrics`` there from ``start()`` (0 = no endpoint; None = the env
@@ -153,7 +156,10 @@ class PSServer:
         directories Save / Load requests may name (None: FLEET_PS_CHECKPOINT_ROOT, else the
         working directory); ``ssd_root``: an existing writable directory where
         ``storage="ssd"`` tables keep their cold rows (scratch, emptied per table at creation;
-        None: such tables are refused). See the module docstring."""
+        None: such tables are refused); ``data_root``: the directories graph files a LoadEdges /
+        LoadNodes request names may lie under (None: FLEET_PS_DATA_ROOT, else the working
+        directory, the checkpoint roots and the temporary directory). See the module
+        docstring."""
         if not isinstance(num_servers, int) or num_servers < 1:
             raise ConfigError(f"must be an integer >= 1, got {num_servers!r}", key="num_servers")
         if not isinstance(server_index, int) or not 0 <= server_index < num_servers:
@@ -178,10 +184,12 @@ class PSServer:
         self.token = resolve_token(token)
         self.insecure = insecure_from_env() if insecure is None else bool(insecure)
         self.tls = TLSConfig.resolve() if tls is None else tls
+        checkpoint_roots = resolve_roots(checkpoint_root)
         self.state = ServerState(
             server_index=server_index,
             num_servers=num_servers,
-            checkpoint_roots=resolve_roots(checkpoint_root),
+            checkpoint_roots=checkpoint_roots,
+            data_roots=resolve_data_roots(data_root, checkpoint_roots),
             ssd_root=_check_ssd_root(ssd_root),
         )
         self.state.on_stop = self._stop_soon
@@ -425,7 +433,8 @@ def serve(
     FLEET_PS_RESTORE_LATEST) restores this server's shards from the newest good job checkpoint
     of that directory (:meth:`PSServer.restore_latest`); ``on_ready(server)`` is called once it listens (``python -m
     ps_server`` prints the endpoint there). ``metrics_port``, ``table_threads`` and
-    ``security`` (``token``, ``insecure``, ``tls``, ``checkpoint_root``, ``ssd_root``): as :class:`PSServer`'s.
+    ``security`` (``token``, ``insecure``, ``tls``, ``checkpoint_root``, ``ssd_root``,
+    ``data_root``): as :class:`PSServer`'s.
     Signal handlers are installed only when called from the main thread.
     """
     server = PSServer(

@@ -36,7 +36,7 @@ import grpc
 import numpy as np
 
 from ps_server import telemetry
-from ps_server.checkpoint.roots import confine
+from ps_server.checkpoint.roots import confine, confine_data_paths, resolve_data_roots
 from ps_server.config import GraphTableConfig, check_same_config
 from ps_server.core.graph_checkpoint import load_table, read_config, save_part
 from ps_server.core.graph_files import GraphInputError
@@ -183,16 +183,26 @@ def describe(gs: GraphState, h: dict, a: dict) -> Reply:
     return {"config": t.config.to_dict(), "stats": t.stats()}, {}
 
 
+def _data_paths(gs: GraphState, t: GraphTable, paths: object) -> object:
+    """``paths`` once every local file lies under the server's data roots (DataPathError)."""
+    st = gs.server
+    roots = st.data_roots or resolve_data_roots(None, st.checkpoint_roots)
+    if isinstance(paths, (str, list)):
+        return confine_data_paths(t.name, paths, roots)
+    return paths  # not file names: the table's own check names the value
+
+
 def load_edges(gs: GraphState, h: dict, a: dict) -> Reply:
     t = gs.table(h["table"])
+    paths = _data_paths(gs, t, h["paths"])
     return t.load_edges(
-        h.get("edge_type"), h["paths"], bool(h.get("reverse")), h.get("on_error", "raise")
+        h.get("edge_type"), paths, bool(h.get("reverse")), h.get("on_error", "raise")
     ), {}
 
 
 def load_nodes(gs: GraphState, h: dict, a: dict) -> Reply:
     t = gs.table(h["table"])
-    return t.load_nodes(h["paths"], h.get("on_error", "raise")), {}
+    return t.load_nodes(_data_paths(gs, t, h["paths"]), h.get("on_error", "raise")), {}
 
 
 def add_edges(gs: GraphState, h: dict, a: dict) -> Reply:

@@ -99,6 +99,10 @@ class ServerState:
     checkpoint_roots: tuple[str, ...] = field(default_factory=resolve_roots)
     """Directories Save / Load requests may name (:mod:`ps_server.checkpoint.roots`; default
     FLEET_PS_CHECKPOINT_ROOT, else the working directory)."""
+    data_roots: tuple[str, ...] = ()
+    """Directories the graph files a LoadEdges / LoadNodes request names may lie under
+    (:func:`~ps_server.checkpoint.roots.resolve_data_roots`; empty: the default, the working
+    directory, the checkpoint roots and the temporary directory)."""
     ssd_root: str | None = None
     """Directory of the cold rows of ``storage="ssd"`` tables (``--ssd_root``; None: none)."""
     checkpoints: CheckpointWriter = field(default_factory=CheckpointWriter)

@@ -36,6 +36,7 @@ from ps_server.errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointPathError,
+    DataPathError,
     ReadOnlyServingError,
     ShmSegmentError,
     SsdTierError,
@@ -77,6 +78,7 @@ _SERVER_MAP: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (TableConfigMismatchError, grpc.StatusCode.ALREADY_EXISTS),
     (TableCapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CheckpointPathError, grpc.StatusCode.PERMISSION_DENIED),
+    (DataPathError, grpc.StatusCode.PERMISSION_DENIED),
     (CheckpointCorruptError, grpc.StatusCode.DATA_LOSS),
     (CheckpointError, grpc.StatusCode.FAILED_PRECONDITION),
     (BarrierTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
@@ -144,7 +146,8 @@ class PSUnauthenticatedError(PSRpcError, PermissionError):
 
 
 class PSPermissionDeniedError(PSRpcError, PermissionError):
-    """PERMISSION_DENIED: a checkpoint path outside the server's --checkpoint_root."""
+    """PERMISSION_DENIED: a checkpoint path outside the server's --checkpoint_root, or a graph
+    file outside its data roots (FLEET_PS_DATA_ROOT)."""
 
 
 class PSInternalError(PSRpcError):

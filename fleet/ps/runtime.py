@@ -29,10 +29,13 @@ The dirname of ``init_server(dirname)`` is the server's own choice and is not co
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import logging
 import os
+import sys
+import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -93,6 +96,42 @@ def start_ps(env: WorkerEnv, strategy: DistributedStrategy) -> None:
     for name, module in list(_early_tables.items()):
         _state.tables[name] = module
     _early_tables.clear()
+    if env.training_role is TrainingRole.HETER_TRAINER:
+        _watch_heter_start(strategy.heter_configs.start_timeout_s)
+
+
+_heter_started = threading.Event()
+"""Set by ``fleet.run_heter_worker``: this heter worker process serves."""
+
+
+def _watch_heter_start(timeout_s: float) -> None:
+    """A heter worker whose script never calls ``fleet.run_heter_worker`` would leave the CPU
+    trainers waiting: after ``timeout_s``, or at exit without it, fail with the fix."""
+
+    def fail(when: str) -> None:
+        if _heter_started.is_set() or getattr(sys, "last_value", None) is not None:
+            return  # serving, or the script already failed with its own error
+        logger.error(
+            "this process is a heter worker (TRAINING_ROLE=HETER_TRAINER) but the script %s "
+            "without calling fleet.run_heter_worker(model, optimizer): add a branch "
+            "`if fleet.is_heter_worker(): fleet.run_heter_worker(model, optimizer)` with a "
+            "fleet.heter.HeterModel (the script may be taking the is_worker() path only)",
+            when,
+        )
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(
+        timeout_s, fail, (f"ran {timeout_s:g}s (heter_configs.start_timeout_s)",)
+    )
+    timer.daemon = True
+    timer.start()
+    atexit.register(fail, "ended")
+
+
+def heter_started() -> None:
+    """``fleet.run_heter_worker`` began: the start watchdog stands down."""
+    _heter_started.set()
 
 
 def _require(api: str, role: TrainingRole | None = None) -> PSState:
@@ -101,6 +140,13 @@ def _require(api: str, role: TrainingRole | None = None) -> PSState:
             f"fleet.{api} needs fleet.init(is_collective=False) first (parameter-server mode)"
         )
     if role is not None and _state.env.training_role is not role:
+        if _state.env.training_role is TrainingRole.HETER_TRAINER:
+            raise FleetError(
+                f"fleet.{api} is for the {role.value} role; this process is a heter worker "
+                "(HETER_TRAINER) of a heterogeneous job: the script must check "
+                "fleet.is_heter_worker() and call fleet.run_heter_worker(model, optimizer) "
+                "with a fleet.heter.HeterModel"
+            )
         raise FleetError(
             f"fleet.{api} is for the {role.value} role; this process is a "
             f"{_state.env.training_role.value} (check fleet.is_server() first)"
@@ -122,6 +168,16 @@ def is_server() -> bool:
 def is_worker() -> bool:
     """True in a trainer process."""
     return _require("is_worker()").env.training_role is TrainingRole.TRAINER
+
+
+def is_heter_worker() -> bool:
+    """True in a heter worker process (TRAINING_ROLE=HETER_TRAINER; :mod:`fleet.heter`)."""
+    return _require("is_heter_worker()").env.training_role is TrainingRole.HETER_TRAINER
+
+
+def heter_worker_num() -> int:
+    """Number of heter workers (0 in a job without them)."""
+    return len(_require("heter_worker_num()").env.heter_endpoints)
 
 
 def server_num() -> int:
@@ -312,11 +368,46 @@ def get_client() -> Any:
     return st.client
 
 
+_stop_hooks: list[Any] = []
+"""Called first by ``stop_worker`` (a HeterModel drains its micro-batches and tells its heter
+worker it is done)."""
+_heter_models = 0
+"""HeterModels built in this process (a heterogeneous job's trainer needs one)."""
+
+
+def add_stop_hook(hook: Any) -> None:
+    """Run ``hook()`` at the start of ``stop_worker`` (once; :mod:`fleet.heter`)."""
+    if hook not in _stop_hooks:
+        _stop_hooks.append(hook)
+
+
+def note_heter_model() -> None:
+    """A ``fleet.heter.HeterModel`` was built in this process."""
+    global _heter_models
+    _heter_models += 1
+
+
+def _heter_model_missing(st: PSState) -> FleetError | None:
+    if not st.env.heter_endpoints or _heter_models:
+        return None
+    return FleetError(
+        f"this job has {len(st.env.heter_endpoints)} heter worker(s) "
+        f"({','.join(st.env.heter_endpoints)}) but this trainer's script built no "
+        "fleet.heter.HeterModel: the heter workers got no work. Split the model with "
+        "fleet.heter.HeterModel(cpu_part, device_part, loss_fn) and train with "
+        "model.train_step(inputs, label), or launch without --heter_worker_num"
+    )
+
+
 def stop_worker() -> None:
     """Flush pending updates, wait for every trainer, then trainer 0 waits for its last
     checkpoint to be committed and stops the servers (a checkpoint that failed is raised after
-    the servers were stopped)."""
+    the servers were stopped). In a heterogeneous job, each HeterModel first drains its
+    micro-batches in flight and tells its heter worker this trainer is done."""
     st = _require("stop_worker()", TrainingRole.TRAINER)
+    hooks, _stop_hooks[:] = list(_stop_hooks), []
+    for hook in hooks:
+        hook()
     if st.auto_checkpoint is not None:
         st.auto_checkpoint.finish()  # the progress file shows the last step
     if st.communicator is not None:
@@ -341,6 +432,9 @@ def stop_worker() -> None:
     st.client, st.communicator = None, None
     if failed is not None:
         raise failed
+    missing = _heter_model_missing(st)
+    if missing is not None:
+        raise missing
 
 
 def lookup_source_in_force() -> bool:
@@ -388,7 +482,9 @@ __all__ = [
     "DENSE_TABLE",
     "end_day",
     "init_server",
+    "heter_worker_num",
     "init_worker",
+    "is_heter_worker",
     "is_server",
     "is_worker",
     "run_server",

@@ -47,6 +47,7 @@ from fleet.strategy.configs import (
     StrategySection,
     TensorParallelConfig,
 )
+from fleet.strategy.heter_config import HeterConfig
 
 
 @dataclass(repr=False)
@@ -89,6 +90,9 @@ class DistributedStrategy:
     it only has meaning in PS mode; here it is off unless asked for."""
     a_sync_configs: ASyncConfig = field(default_factory=ASyncConfig)
     """Async/GEO settings of PS training."""
+    heter_configs: HeterConfig = field(default_factory=HeterConfig)
+    """Heterogeneous PS jobs (CPU trainers + heter workers): the staleness bound and the
+    recovery window (:mod:`fleet.heter`)."""
     lars: bool = False
     """Wrap a Momentum optimizer into LARS; settings in ``lars_configs``."""
     lars_configs: LarsConfig = field(default_factory=LarsConfig)

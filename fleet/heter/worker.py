@@ -1,0 +1,371 @@
+"""The heter worker: ``fleet.run_heter_worker(model, optimizer)`` serves ``device_part``.
+
+A heter worker (TRAINING_ROLE=HETER_TRAINER) serves the CPU trainers ``i`` with ``i mod H`` =
+its index on POD_IP:PADDLE_PORT (:class:`ps_server.rpc.heter_service.HeterServer`, a pool of
+request threads; the device work is serialized by one lock). Per micro-batch it runs
+``device_part`` forward, ``loss_fn`` and backward on its device, returns the activations'
+gradients, the loss and the output, and updates the dense parameters.
+
+Dense parameters live on the PS dense table :data:`HETER_DENSE_TABLE` (the servers apply the
+rule of the optimizer given here, as ``fleet.distributed_optimizer`` does for a trainer's dense
+parameters): several heter workers share them, a restarted heter worker pulls them back, and
+they are part of every job checkpoint.
+
+* **sync** (``a_sync=False``): a round gathers one micro-batch from each of this worker's
+  trainers, their mean gradient is pushed as one SYNC push counted over the H heter workers (the
+  servers apply the mean once the H pushes arrived), the heter workers meet in a barrier on the
+  servers, and the fresh values are pulled before the replies go out.
+* **async**: each micro-batch is computed alone; its gradient is pushed (APPLY) and the values
+  pulled while the next micro-batch computes; the reply goes out once its push returned.
+
+It returns when every one of its trainers sent ``Stop`` (``fleet.stop_worker``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from collective.env import TrainingRole, WorkerEnv
+from collective.errors import ConfigError, FleetError
+from fleet.heter.model import HeterModel
+from fleet.ps import runtime as ps_runtime
+
+logger = logging.getLogger(__name__)
+
+HETER_DENSE_TABLE = "__heter_dense__"
+"""The PS dense table of the heter workers' dense parameters (``device_part``)."""
+DENSE_BLOCK = "dense"
+"""Its one block: every parameter of ``device_part``, flat float32."""
+SERVER_CHECK_S = 2.0
+"""How often a serving heter worker checks that the parameter servers are up."""
+
+
+def resolve_device(spec: str, index: int) -> torch.device:
+    """PADDLE_HETER_TRAINER_DEVICE as a torch device: ``cpu``, ``cuda`` / ``gpu`` (the GPU
+    ``index mod count``), ``cuda:N`` / ``gpu:N``. ConfigError naming the device and what this
+    host has when it does not exist."""
+    raw = (spec or "cpu").strip().lower()
+    kind, _, num = raw.partition(":")
+    if kind == "gpu":
+        kind = "cuda"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    exists = ["cpu"] + [f"cuda:{i}" for i in range(count)]
+    if kind == "cpu" and not num:
+        return torch.device("cpu")
+    if kind != "cuda" or (num and not num.isdigit()):
+        raise ConfigError(
+            f"heter worker {index}: device {spec!r} is not cpu, cuda, cuda:N, gpu or gpu:N "
+            f"(fleetrun --heter_devices); this host has {', '.join(exists)}",
+            key="PADDLE_HETER_TRAINER_DEVICE",
+        )
+    if count == 0 or (num and int(num) >= count):
+        raise ConfigError(
+            f"heter worker {index}: device {spec!r} does not exist on this host; it has "
+            f"{', '.join(exists)} (fleetrun --heter_devices names each worker's device)",
+            key="PADDLE_HETER_TRAINER_DEVICE",
+        )
+    return torch.device(f"cuda:{int(num) if num else index % count}")
+
+
+class HeterWorker:
+    """The handler of the Heter service (``hello``, ``step``, ``predict``, ``stop``)."""
+
+    def __init__(self, model: HeterModel, optimizer: Any, env: WorkerEnv, strategy: Any) -> None:
+        from fleet.ps.optimizer import rule_from_torch
+        from ps_server import PSClient
+
+        self.env = env
+        self.index = env.heter_index
+        self.num_heter = len(env.heter_endpoints)
+        self.device = resolve_device(env.heter_device, self.index)
+        self.net = model.device_part.to(self.device)
+        self.loss_fn = model.loss_fn
+        self.optimizer = optimizer
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.sync = not strategy.a_sync
+        self.recovery_s = strategy.heter_configs.recovery_timeout_s
+        self.trainers = [t for t in range(env.world_size) if t % self.num_heter == self.index]
+        self.stopped: set[int] = set()
+        self.stepped: set[int] = set()
+        self.done = threading.Event()
+        self.fatal: BaseException | None = None
+        self.cut: tuple[int, list[Any]] | None = None  # (first trainer, its activation layout)
+        self.device_lock = threading.Lock()
+        self.cv = threading.Condition()
+        self.round: list[dict[str, Any]] = []
+        self.latest: np.ndarray | None = None
+        self.latest_lock = threading.Lock()
+        self.busy_s = 0.0
+        self.micro_batches = 0
+        self.client = PSClient(list(env.pserver_endpoints))
+        self.client.wait_ready(timeout_s=120)
+        self.client.create_dense_table(HETER_DENSE_TABLE, optimizer=rule_from_torch(optimizer))
+        self._init_dense()
+
+    # -- dense parameters on the servers ------------------------------------------------------
+    def _flat(self, grads: bool) -> np.ndarray:
+        parts = []
+        for p in self.params:
+            t = p.grad if grads else p.detach()
+            t = torch.zeros_like(p) if t is None else t
+            parts.append(t.detach().reshape(-1).to(torch.float32).cpu())
+        return torch.cat(parts).numpy() if parts else np.zeros(0, np.float32)
+
+    def _set(self, flat: np.ndarray) -> None:
+        values = torch.from_numpy(np.asarray(flat, np.float32).copy())
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(values[offset : offset + n].view_as(p).to(p.device, p.dtype))
+                offset += n
+
+    def _init_dense(self) -> None:
+        """Worker 0 gives the table its first values unless it exists (a restart, a loaded
+        checkpoint: the servers' values win); every worker then pulls them."""
+        from ps_server.rpc.status import PSNotFoundError
+
+        deadline = time.monotonic() + self.recovery_s
+        while True:
+            try:
+                self._set(self.client.pull_dense(HETER_DENSE_TABLE, DENSE_BLOCK))
+                return
+            except PSNotFoundError:
+                if self.index == 0:
+                    self.client.init_dense(HETER_DENSE_TABLE, DENSE_BLOCK, self._flat(False))
+                elif time.monotonic() > deadline:
+                    raise FleetError(
+                        f"heter worker {self.index}: heter worker 0 did not create the dense "
+                        f"table {HETER_DENSE_TABLE} within {self.recovery_s:g}s"
+                    ) from None
+                else:
+                    time.sleep(0.1)
+
+    # -- requests -------------------------------------------------------------------------------
+    def _tensors(self, trainer: int, arrays: dict[str, np.ndarray]) -> list[torch.Tensor]:
+        names = sorted((k for k in arrays if k.startswith("act")), key=lambda k: int(k[3:]))
+        layout = [[list(arrays[k].shape[1:]), arrays[k].dtype.str] for k in names]
+        with self.cv:
+            if self.cut is None:
+                self.cut = (trainer, layout)
+            first, want = self.cut
+        if layout != want:
+
+            def show(lay: list[Any]) -> str:
+                return ", ".join(f"[B, {', '.join(map(str, s))}] {d}" for s, d in lay)
+
+            err = ConfigError(
+                f"heter worker {self.index}: the cut differs between trainers: trainer {trainer} "
+                f"sends activations {show(layout)} but trainer {first} sent {show(want)}; every "
+                "CPU trainer must run the same cpu_part (same widths and dtypes)",
+                key="cpu_part",
+            )
+            self.fatal = err
+            raise err
+        out = []
+        for k in names:
+            t = torch.from_numpy(np.array(arrays[k])).to(self.device)
+            out.append(t.requires_grad_(t.is_floating_point()))
+        return out
+
+    def hello(self, h: dict[str, Any], a: dict[str, np.ndarray]) -> Any:
+        trainer = int(h["trainer"])
+        if trainer not in self.trainers:
+            raise ConfigError(
+                f"trainer {trainer} called heter worker {self.index}, which serves trainers "
+                f"{self.trainers} (trainer i talks to heter worker i mod {self.num_heter})",
+                key="trainer",
+            )
+        mode = "sync" if self.sync else "async"
+        return {"index": self.index, "device": str(self.device), "mode": mode}, {}
+
+    def predict(self, h: dict[str, Any], a: dict[str, np.ndarray]) -> Any:
+        acts = self._tensors(int(h["trainer"]), a)
+        with self.device_lock, torch.no_grad():
+            self._refresh()
+            out = self.net(*acts)
+        return {}, {"out": out.detach().float().cpu().numpy()}
+
+    def step(self, h: dict[str, Any], a: dict[str, np.ndarray]) -> Any:
+        trainer = int(h["trainer"])
+        self.stepped.add(trainer)
+        item = {"trainer": trainer, "acts": self._tensors(trainer, a), "label": a["label"]}
+        if not self.sync:
+            with self.device_lock:
+                self._refresh()
+                (reply,), grad = self._compute([item])
+            self.client.push_dense(HETER_DENSE_TABLE, DENSE_BLOCK, grad, mode="apply")
+            fresh = self.client.pull_dense(HETER_DENSE_TABLE, DENSE_BLOCK)
+            with self.latest_lock:
+                self.latest = fresh
+            return reply
+        with self.cv:
+            self.round.append(item)
+            batch = self._full_round_locked()
+            if batch is None:
+                self.cv.wait_for(lambda: "reply" in item or "error" in item)
+        if batch is not None:
+            self._run_round(batch)
+        if "error" in item:
+            raise item["error"]
+        return item["reply"]
+
+    def stop(self, h: dict[str, Any], a: dict[str, np.ndarray]) -> Any:
+        trainer = int(h["trainer"])
+        with self.cv:
+            self.stopped.add(trainer)
+            batch = self._full_round_locked()
+            if all(t in self.stopped for t in self.trainers):
+                self.done.set()
+        if batch is not None:
+            self._run_round(batch)
+        logger.info("heter worker %d: trainer %d stopped", self.index, trainer)
+        return {}, {}
+
+    # -- the device work ------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        with self.latest_lock:
+            fresh, self.latest = self.latest, None
+        if fresh is not None:
+            self._set(fresh)
+
+    def _compute(self, items: list[dict[str, Any]]) -> tuple[list[Any], np.ndarray]:
+        """Forward + loss + backward of each micro-batch (the caller holds the device lock);
+        the replies and the mean dense gradient."""
+        t0 = time.perf_counter()
+        self.net.train()
+        for p in self.params:
+            p.grad = None
+        replies = []
+        for item in items:
+            label = torch.from_numpy(np.array(item["label"])).to(self.device)
+            out = self.net(*item["acts"])
+            loss = self.loss_fn(out, label)
+            loss.backward()
+            grads = {
+                f"grad{i}": (t.grad if t.grad is not None else torch.zeros_like(t))
+                .detach()
+                .cpu()
+                .numpy()
+                for i, t in enumerate(item["acts"])
+            }
+            grads["out"] = out.detach().float().cpu().numpy()
+            replies.append(({"loss": float(loss.detach())}, grads))
+        grad = self._flat(True) / max(len(items), 1)
+        self.busy_s += time.perf_counter() - t0
+        self.micro_batches += len(items)
+        return replies, grad
+
+    def _full_round_locked(self) -> list[dict[str, Any]] | None:
+        """Sync: the round's micro-batches once every running trainer of this worker sent one."""
+        running = [t for t in self.trainers if t not in self.stopped]
+        if self.round and len(self.round) >= len(running):
+            batch, self.round = self.round, []
+            return batch
+        return None
+
+    def _run_round(self, batch: list[dict[str, Any]]) -> None:
+        try:
+            with self.device_lock:
+                replies, grad = self._compute(batch)
+                self.client.push_dense(
+                    HETER_DENSE_TABLE, DENSE_BLOCK, grad, mode="sync", sync_count=self.num_heter
+                )
+                if self.num_heter > 1:
+                    self.client.barrier("fleet.heter round", self.num_heter)
+                self._set(self.client.pull_dense(HETER_DENSE_TABLE, DENSE_BLOCK))
+            for item, reply in zip(batch, replies):
+                item["reply"] = reply
+        except Exception as err:  # noqa: BLE001 - every waiting trainer gets the error
+            for item in batch:
+                item["error"] = err
+        with self.cv:
+            self.cv.notify_all()
+
+    # -- serving --------------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Serve until every trainer of this worker stopped; FleetError when the servers are
+        gone for longer than the recovery window first (or a bad cut was seen)."""
+        from ps_server.rpc.status import PSRpcError
+
+        if not self.trainers:
+            logger.warning(
+                "heter worker %d has no CPU trainer to serve (%d trainers, %d heter workers)",
+                self.index,
+                self.env.world_size,
+                self.num_heter,
+            )
+            return
+        last_ok = time.monotonic()
+        while not self.done.wait(SERVER_CHECK_S):
+            if self.fatal is not None:
+                raise self.fatal
+            try:
+                self.client.wait_ready(timeout_s=SERVER_CHECK_S)
+                last_ok = time.monotonic()
+            except PSRpcError:
+                if time.monotonic() - last_ok < self.recovery_s:
+                    continue
+                why = (
+                    "no CPU trainer ever sent a micro-batch: the trainers' model is not a "
+                    "fleet.heter.HeterModel trained with train_step"
+                    if not self.stepped
+                    else f"trainers {sorted(set(self.trainers) - self.stopped)} never stopped"
+                )
+                raise FleetError(
+                    f"heter worker {self.index}: the parameter servers are gone "
+                    f"({','.join(self.env.pserver_endpoints)}) and {why}"
+                ) from None
+
+
+def run_heter_worker(model: Any = None, optimizer: Any = None) -> None:
+    """Serve ``model``'s ``device_part`` for this heter worker's CPU trainers until they all
+    stopped (Paddle's name). ``model``: the script's :class:`~fleet.heter.HeterModel`;
+    ``optimizer``: a torch optimizer over ``model.device_part``'s parameters whose rule the
+    servers apply (SGD, Adagrad or Adam, as ``fleet.distributed_optimizer``)."""
+    from ps_server.rpc.heter_service import HeterServer
+
+    st = ps_runtime._require("run_heter_worker()", TrainingRole.HETER_TRAINER)
+    ps_runtime.heter_started()
+    if not isinstance(model, HeterModel):
+        raise ConfigError(
+            "fleet.run_heter_worker needs the script's fleet.heter.HeterModel(cpu_part, "
+            f"device_part, loss_fn), got {type(model).__name__}: a heter worker runs the "
+            "device_part of the cut",
+            key="model",
+        )
+    if optimizer is None or not hasattr(optimizer, "param_groups"):
+        raise ConfigError(
+            "fleet.run_heter_worker needs a torch optimizer over model.device_part's "
+            f"parameters (SGD, Adagrad or Adam), got {type(optimizer).__name__}",
+            key="optimizer",
+        )
+    env = st.env
+    worker = HeterWorker(model, optimizer, env, st.strategy)
+    host, _, port = env.current_endpoint.rpartition(":")
+    server = HeterServer(worker, host, int(port))
+    server.start()
+    t0 = time.perf_counter()
+    try:
+        worker.serve()
+    finally:
+        server.stop()
+        worker.client.close()
+        wall = time.perf_counter() - t0
+        logger.info(
+            "heter worker %d: %d micro-batches, busy %.2fs of %.2fs (%.0f%%)",
+            worker.index,
+            worker.micro_batches,
+            worker.busy_s,
+            wall,
+            100.0 * worker.busy_s / max(wall, 1e-9),
+        )
+
+
+__all__ = ["DENSE_BLOCK", "HETER_DENSE_TABLE", "HeterWorker", "resolve_device", "run_heter_worker"]

@@ -1,0 +1,44 @@
+"""``heter_configs``: the strategy section of heterogeneous parameter-server jobs (:mod:`fleet.heter`).
+
+Separate from :mod:`fleet.strategy.configs` only to keep files short; it is a section like the
+others (typed keys, checked values, ``strategy.heter_configs = {"max_in_flight": 4}``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from collective.typed_config import require
+from fleet.strategy.configs import StrategySection
+
+
+@dataclass(frozen=True)
+class HeterConfig(StrategySection):
+    """``heter_configs``: how CPU trainers and heter workers exchange micro-batches."""
+
+    SECTION: ClassVar[str] = "heter_configs"
+
+    max_in_flight: int = 0
+    """The staleness bound: micro-batches a CPU trainer may have at its heter worker beyond the
+    current one (async, ``a_sync=True``). 0 = each step waits for its gradients (the only value
+    sync mode takes: the math then equals one process running both halves)."""
+    recovery_timeout_s: float = 60.0
+    """How long a CPU trainer retries the micro-batches in flight against a heter worker that
+    is gone (fleetrun restarts it on its endpoint) before it fails naming the worker; also how
+    long a trainer waits for its heter worker at start."""
+    start_timeout_s: float = 300.0
+    """A heter worker's process that has not called ``fleet.run_heter_worker`` this many seconds
+    after ``fleet.init`` exits with an error (the script has no heter-worker branch)."""
+
+    def __post_init__(self) -> None:
+        p = self.SECTION
+        require(
+            self.max_in_flight >= 0, f"{p}.max_in_flight", f"must be >= 0, got {self.max_in_flight}"
+        )
+        for name in ("recovery_timeout_s", "start_timeout_s"):
+            value = getattr(self, name)
+            require(value > 0, f"{p}.{name}", f"must be > 0 seconds, got {value}")
+
+
+__all__ = ["HeterConfig"]

@@ -221,5 +221,8 @@ def test_a_load_larger_than_the_cache_puts_the_overflow_on_disk_and_keeps_every_
     assert load(tmp_path / "ckpt", [into]) == {"emb": mem.num_rows}
     stats = into.stats()
     assert stats["hot_rows"] <= 300 and stats["cold_rows"] == mem.num_rows - stats["hot_rows"]
+    assert stats["ssd_writes"] == 0  # ingested as sorted files, not through the write queue
+    _assert_same_rows(mem, into)
+    _drive([mem, into], steps=5, num_keys=6000, seed=3)  # the loaded table trains on
     _assert_same_rows(mem, into)
     into.close()

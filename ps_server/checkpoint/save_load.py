@@ -397,9 +397,13 @@ def load(
             else:
                 t.clear()
             if isinstance(payloads[0] if payloads else None, int):
-                t.reserve_cold(sum(payloads))
-                payloads = (_read_checked(info, entry, t.name, s) for s in t.shards)
-            result[t.name] = sum(t.import_shard(p, delta) for p in payloads)
+                with t.bulk_load(sum(payloads)):
+                    result[t.name] = sum(
+                        t.import_shard(_read_checked(info, entry, t.name, s), delta)
+                        for s in t.shards
+                    )
+            else:
+                result[t.name] = sum(t.import_shard(p, delta) for p in payloads)
             t.mark_saved()
         cap = getattr(t.config, "max_capacity", None)
         if cap is not None and t.num_rows > cap:

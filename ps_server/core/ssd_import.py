@@ -8,7 +8,9 @@ rows take the room, as eviction by show count would keep them; a load fills the 
 first shards it reads, and training promotes what it touches) and returns the rest for the
 memory table's import.
 The records are what an eviction of the same rows would write: the same flags (live, seen; a
-loaded row is not dirty), the day, a sequence number and the change logs' epochs.
+loaded row is not dirty), the day, a sequence number and the change logs' epochs. During a
+checkpoint load (``SsdSparseTable.bulk_load``) they go to RocksDB as sorted files it ingests
+whole instead of through the write-behind queue.
 """
 
 from __future__ import annotations
@@ -25,6 +27,25 @@ if TYPE_CHECKING:
     from ps_server.core.ssd_table import SsdSparseTable
 
 _ROW_FIELDS = ("keys", "values", "state", "count", "unseen_days", "flags")
+
+
+INGEST_ROWS = 4_000_000
+"""Rows a bulk load gathers into one file before RocksDB ingests it (fewer, larger files: each
+ingestion syncs its file)."""
+
+
+def flush_ingest(table: SsdSparseTable) -> None:
+    """Hand the rows a bulk load gathered to RocksDB as one sorted file (the table's lock is
+    held). Until then they are counted as cold rows and their keys are in the key filter but
+    reads do not find them: a load imports each key once (its shards are disjoint), so nothing
+    reads them before the load ends."""
+    if not table.ingest_buffer:
+        return
+    keys = np.concatenate([k for k, _ in table.ingest_buffer])
+    rec = np.concatenate([r for _, r in table.ingest_buffer])
+    table.ingest_buffer.clear()
+    table._write_queued()  # no older op on these keys may land after the file
+    table.cold.ingest(keys, rec)
 
 
 def split_import(table: SsdSparseTable, payload: SparseShardData, room: int) -> SparseShardData:
@@ -56,7 +77,12 @@ def split_import(table: SsdSparseTable, payload: SparseShardData, room: int) -> 
     table._seq += 1
     rec["seq"] = table._seq
     table.changes.stamp(rec)
-    table.queue.put(keys, rec)
+    if table.bulk_loading:
+        table.ingest_buffer.append((keys, rec))
+        if sum(int(k.shape[0]) for k, _ in table.ingest_buffer) >= INGEST_ROWS:
+            flush_ingest(table)
+    else:
+        table.queue.put(keys, rec)
     table.keyfilter.add(keys)
     if table.keyfilter.needs_rebuild:
         table._rebuild_filter()
@@ -66,4 +92,4 @@ def split_import(table: SsdSparseTable, payload: SparseShardData, room: int) -> 
     return dataclasses.replace(d, **{f: getattr(d, f)[keep] for f in _ROW_FIELDS})
 
 
-__all__ = ["split_import"]
+__all__ = ["INGEST_ROWS", "flush_ingest", "split_import"]

@@ -47,6 +47,7 @@ counts the rows of both tiers (:mod:`ps_server.core.ssd_capacity`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import weakref
@@ -68,7 +69,7 @@ from ps_server.core.ssd_capacity import make_room
 from ps_server.core.ssd_changes import ColdChanges, LogState
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_filter import KeyFilter
-from ps_server.core.ssd_import import split_import
+from ps_server.core.ssd_import import flush_ingest, split_import
 from ps_server.core.ssd_snapshot import ColdSaver, StreamedSnapshot
 from ps_server.core.ssd_tier import ColdTier, record_dtype
 from ps_server.core.table import ChangeLog, PushStats, TableSnapshot
@@ -138,6 +139,10 @@ class SsdSparseTable(SparseTable):
         """end_day calls so far (cold rows record the day they were written)."""
         self._cold_rows = 0
         """Rows in the cold tier: in RocksDB or in a put op not yet written."""
+        self.bulk_loading = False
+        """Inside :meth:`bulk_load`."""
+        self.ingest_buffer: list[tuple[np.ndarray, np.ndarray]] = []
+        """(keys, records) a bulk load sends to disk, ingested in large files."""
         self._tick = 0
         self._seq = 0
         """Eviction batches so far (each record carries the number of its batch)."""
@@ -561,13 +566,22 @@ class SsdSparseTable(SparseTable):
     streams_load = True
     """Checkpoint loads hand this table one shard at a time (``ps_server.checkpoint.load``)."""
 
-    def reserve_cold(self, rows: int) -> None:
-        """Size the key filter for ``rows`` more cold rows at once (a load about to import
-        them): one rebuild now instead of rebuilds from RocksDB scans as they arrive."""
+    @contextlib.contextmanager
+    def bulk_load(self, rows: int) -> Iterator[None]:
+        """Around a checkpoint load of ``rows`` rows: the key filter is sized for them at once
+        (one rebuild now instead of rebuilds from RocksDB scans as they arrive), and the rows
+        sent to disk are ingested as sorted files (:mod:`.ssd_import`)."""
         with self.lock:
             need = self._cold_rows + self.queue.inflight_keys + rows
             if self.keyfilter.capacity - self.keyfilter.num_keys < rows:
                 self._rebuild_filter(num_keys=need)
+            self.bulk_loading = True
+            try:
+                yield
+                flush_ingest(self)
+            finally:
+                self.bulk_loading = False
+                self.ingest_buffer.clear()
 
     def clear(self) -> None:
         """Drop every row of both tiers."""

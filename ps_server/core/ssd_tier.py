@@ -21,7 +21,9 @@ reads: bloom filters, the block cache, no compression and sorted keys read 2.3x 
 RocksDB's defaults with keys in random order (0.18 against 0.077 M keys/s). Uncompressed blocks
 took 1.65x the payload on disk (4 * 10^6 rows), hence LZ4; mmap reads (1.3x faster reads in a
 3 * 10^6-row test) are off because the mapped files count in the server's RSS. Writes are batches of ops
-(:meth:`ColdTier.write`) that :mod:`ps_server.core.ssd_evict` queues and writes in order.
+(:meth:`ColdTier.write`) that :mod:`ps_server.core.ssd_evict` queues and writes in order; a
+checkpoint load writes the rows it sends to disk as sorted files RocksDB ingests whole
+(:meth:`ColdTier.ingest`: no memtable, no compaction).
 
 The directory is scratch: it is emptied when the table is created and never read back after a
 restart (the rows come from the checkpoint the server restores). A directory is only ever
@@ -94,6 +96,16 @@ def _rocksdict() -> Any:
 
 def open_rocksdb(rd: Any, path: str) -> Any:
     """A ``rocksdict.Rdict`` at ``path`` with the tier's options (module docstring)."""
+    db = rd.Rdict(path, tier_options(rd))
+    # the directory is scratch (never read after a restart): no write-ahead log
+    write_opts = rd.WriteOptions()
+    write_opts.disable_wal = True
+    db.set_write_options(write_opts)
+    return db
+
+
+def tier_options(rd: Any) -> Any:
+    """The ``rocksdict.Options`` of a tier's RocksDB and of the files it ingests."""
     opts = rd.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.set_write_buffer_size(16 << 20)
@@ -104,12 +116,7 @@ def open_rocksdb(rd: Any, path: str) -> Any:
     table.set_block_cache(rd.Cache(BLOCK_CACHE_BYTES))
     opts.set_block_based_table_factory(table)
     opts.set_compression_type(rd.DBCompressionType.lz4())
-    db = rd.Rdict(path, opts)
-    # the directory is scratch (never read after a restart): no write-ahead log
-    write_opts = rd.WriteOptions()
-    write_opts.disable_wal = True
-    db.set_write_options(write_opts)
-    return db
+    return opts
 
 
 def key_bytes(keys: np.ndarray, num_shards: int, shards: np.ndarray | None = None) -> list[bytes]:
@@ -179,6 +186,7 @@ class ColdTier:
         """Bumped by :meth:`clear` and :meth:`close` (a snapshot of an older one is void)."""
         self.reads = 0
         self.read_seconds = 0.0
+        self._ingests = 0
         self._db: Any = None
         self._lock_file: Any = None
         try:
@@ -320,6 +328,31 @@ class ColdTier:
                 deque(map(batch.put, keys, values), maxlen=0)
         self._db.write(batch)
 
+    def ingest(self, keys: np.ndarray, records: np.ndarray) -> None:
+        """Write the records of distinct keys none of which RocksDB holds as one sorted file
+        that RocksDB takes in whole (a bulk load: no memtable, no compaction of these rows).
+        No op may be queued for these keys."""
+        if keys.shape[0] == 0:
+            return
+        shards = shard_of(keys, self.num_shards)
+        order = np.lexsort((np.ascontiguousarray(keys).view(np.uint64), shards))
+        kb = self._key_bytes(keys[order], shards[order])
+        values = records[order].view(f"V{self.dtype.itemsize}").tolist()
+        with self.io_lock:
+            self._ingests += 1
+            path = os.path.join(self.path, f"ingest-{self._ingests}.sst")
+            writer = self._rd.SstFileWriter(options=tier_options(self._rd))
+            writer.open(path)
+            deque(map(writer.__setitem__, kb, values), maxlen=0)  # C-level loop
+            writer.finish()
+            opts = self._rd.IngestExternalFileOptions()
+            opts.set_move_files(True)
+            try:
+                self._db.ingest_external_file([path], opts)
+            finally:
+                if os.path.exists(path):
+                    os.unlink(path)
+
     def delete(self, keys: np.ndarray) -> None:
         """Delete distinct keys now, in one batch (no op queued before may be pending)."""
         if keys.shape[0]:
@@ -401,6 +434,7 @@ __all__ = [
     "check_root",
     "key_bytes",
     "open_rocksdb",
+    "tier_options",
     "record_dtype",
     "tier_dir",
 ]

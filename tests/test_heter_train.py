@@ -33,11 +33,11 @@ def _check_equal(tmp_path: Path, trainers: int, steps: int) -> None:
         np.testing.assert_allclose(got[r]["heter"], ref["heter"], atol=1e-5)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)
 def test_sync_one_trainer_one_heter_worker_equals_one_process(tmp_path: Path) -> None:
     job = HeterJob(tmp_path, ["--steps", "100", "--out", str(tmp_path)])
     try:
-        codes = job.start().wait(timeout_s=150)
+        codes = job.start().wait(timeout_s=360)
         assert set(codes.values()) == {0}, job.logs()
         _check_equal(tmp_path, trainers=1, steps=100)
         assert "heter worker 0: 100 micro-batches" in job.log("heter.0")
@@ -46,14 +46,14 @@ def test_sync_one_trainer_one_heter_worker_equals_one_process(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_two_heter_workers_share_the_dense_table(tmp_path: Path) -> None:
     """2 trainers, 2 heter workers, 2 servers, sync: still the one-process model (mean loss)."""
     job = HeterJob(
         tmp_path, ["--steps", "30", "--out", str(tmp_path)], servers=2, trainers=2, heters=2
     )
     try:
-        codes = job.start().wait(timeout_s=150)
+        codes = job.start().wait(timeout_s=360)
         assert set(codes.values()) == {0}, job.logs()
         _check_equal(tmp_path, trainers=2, steps=30)
         for i in range(2):
@@ -62,7 +62,7 @@ def test_two_heter_workers_share_the_dense_table(tmp_path: Path) -> None:
         job.kill()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)
 def test_async_converges(tmp_path: Path) -> None:
     """2 CPU trainers, 1 heter worker, up to 2 micro-batches in flight each."""
     job = HeterJob(
@@ -71,7 +71,7 @@ def test_async_converges(tmp_path: Path) -> None:
         trainers=2,
     )
     try:
-        codes = job.start().wait(timeout_s=150)
+        codes = job.start().wait(timeout_s=360)
         assert set(codes.values()) == {0}, job.logs()
         losses = np.load(tmp_path / "trainer0.npz")["losses"]
         assert len(losses) == 99  # the first 2 calls return None; flush gives the last
@@ -83,7 +83,7 @@ def test_async_converges(tmp_path: Path) -> None:
         job.kill()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)
 def test_killed_heter_worker_restarted_on_its_endpoint(tmp_path: Path) -> None:
     job = HeterJob(
         tmp_path,
@@ -96,7 +96,7 @@ def test_killed_heter_worker_restarted_on_its_endpoint(tmp_path: Path) -> None:
         job.procs["heter.0"].wait()
         job.wait_for_line("trainer.0", "unavailable")
         job.start_heter(0)  # on its endpoint, as fleetrun restarts it
-        codes = job.wait(timeout_s=150)
+        codes = job.wait(timeout_s=360)
         assert set(codes.values()) == {0}, job.logs()
         log = job.log("trainer.0")
         assert "trainer 0 step 110" in log

@@ -73,12 +73,14 @@ class _InFlight:
 class _TrainerLink:
     """A CPU trainer's connection to its heter worker."""
 
-    def __init__(self, rank: int, endpoint: str, max_in_flight: int, recovery_s: float) -> None:
+    def __init__(
+        self, rank: int, endpoint: str, max_in_flight: int, recovery_s: float, start_s: float
+    ) -> None:
         from ps_server.heter_client import HeterClient
 
         self.rank, self.endpoint, self.max_in_flight = rank, endpoint, max_in_flight
         self.client = HeterClient(endpoint, recovery_s=recovery_s, in_flight=max_in_flight + 1)
-        self.client.wait_ready(recovery_s)  # HeterUnavailableError naming it
+        self.client.wait_ready(start_s)  # HeterUnavailableError naming it
         info, _ = self.client.call("Hello", {"trainer": rank})
         logger.info(
             "trainer %d -> heter worker %s (index %s, device %s, %s, up to %d in flight)",
@@ -151,7 +153,11 @@ class HeterModel(nn.Module):
         eps = st.env.heter_endpoints
         endpoint = eps[st.env.rank % len(eps)]
         self._link = _TrainerLink(
-            st.env.rank, endpoint, cfg.max_in_flight if a_sync else 0, cfg.recovery_timeout_s
+            st.env.rank,
+            endpoint,
+            cfg.max_in_flight if a_sync else 0,
+            cfg.recovery_timeout_s,
+            cfg.start_timeout_s,
         )
         ps_runtime.add_stop_hook(self.stop)
         return self._link

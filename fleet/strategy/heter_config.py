@@ -25,11 +25,12 @@ class HeterConfig(StrategySection):
     sync mode takes: the math then equals one process running both halves)."""
     recovery_timeout_s: float = 60.0
     """How long a CPU trainer retries the micro-batches in flight against a heter worker that
-    is gone (fleetrun restarts it on its endpoint) before it fails naming the worker; also how
-    long a trainer waits for its heter worker at start."""
+    is gone (fleetrun restarts it on its endpoint) before it fails naming the worker."""
     start_timeout_s: float = 300.0
-    """A heter worker's process that has not called ``fleet.run_heter_worker`` this many seconds
-    after ``fleet.init`` exits with an error (the script has no heter-worker branch)."""
+    """How long a CPU trainer waits for its heter worker to serve at its first micro-batch
+    (then an error naming the worker); and a heter worker's process that has not called
+    ``fleet.run_heter_worker`` this long after ``fleet.init`` exits with an error (the script
+    has no heter-worker branch)."""
 
     def __post_init__(self) -> None:
         p = self.SECTION

@@ -120,7 +120,7 @@ class HeterJob:
                 raise AssertionError(f"{name} still runs after {timeout_s}s\n{logs}") from None
         return out
 
-    def wait_for_line(self, name: str, text: str, timeout_s: float = 60.0) -> None:
+    def wait_for_line(self, name: str, text: str, timeout_s: float = 240.0) -> None:
         """Wait until ``name``'s log contains ``text``."""
         deadline = time.monotonic() + timeout_s
         while text not in self.log(name):

@@ -129,6 +129,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="")
     p.add_argument("--recovery_s", type=float, default=60.0)
+    p.add_argument("--start_s", type=float, default=300.0)
     p.add_argument("--step_sleep", type=float, default=0.0)
     p.add_argument("--bad", default="")
     args = p.parse_args()
@@ -139,7 +140,11 @@ def main() -> None:
 
     strategy = fleet.DistributedStrategy()
     strategy.a_sync = args.mode == "async"
-    strategy.heter_configs = {"max_in_flight": args.k, "recovery_timeout_s": args.recovery_s}
+    strategy.heter_configs = {
+        "max_in_flight": args.k,
+        "recovery_timeout_s": args.recovery_s,
+        "start_timeout_s": args.start_s,
+    }
     fleet.init(is_collective=False, strategy=strategy)
     emb = fleet.DistributedEmbedding(
         "emb", DIM, optimizer=SGD(args.sparse_lr), initializer=Uniform(-0.1, 0.1)
@@ -149,7 +154,8 @@ def main() -> None:
     cpu, dev = build(args.seed, emb, SLOTS * DIM + 4)
     if width != SLOTS * DIM + 4:  # a wider cut on this trainer
         cpu.lin = nn.Linear(2, 6)
-    model = fleet.heter.HeterModel(cpu, dev, nn.BCEWithLogitsLoss())
+    plain = args.bad == "plain_model" and fleet.is_worker()  # this trainer builds no HeterModel
+    model = None if plain else fleet.heter.HeterModel(cpu, dev, nn.BCEWithLogitsLoss())
     if fleet.is_server():
         fleet.init_server()
         fleet.run_server()
@@ -177,6 +183,7 @@ def main() -> None:
             opt.step()
             opt.zero_grad()
         else:
+            assert model is not None
             loss = model.train_step((ids, dense), label, optimizer=opt)
         if loss is not None:
             losses.append(float(loss))
@@ -184,7 +191,7 @@ def main() -> None:
             print(f"trainer {rank} step {step}", flush=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
-    if args.bad != "plain_model":
+    if model is not None:
         model.flush()
         losses.append(float(model.last_loss))
         test = batches(args.seed + 7, rank, 4, 256)

@@ -44,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 
 import numpy as np
 
@@ -165,7 +164,7 @@ def main() -> None:
                 eps.append(ep)
             one = GraphClient(eps[:1], timeout_s=1200)
             two = GraphClient(eps[1:], timeout_s=1200)
-            loads: dict[str, list[float]] = {"server": [], "numpy": [], "local": []}
+            loads: dict[str, list[float]] = {"server": [], "numpy": []}
             for rep in range(args.reps):  # the load rate: a fresh server each repetition
                 proc, ep = start_server(0, 1)
                 try:
@@ -177,16 +176,11 @@ def main() -> None:
                 finally:
                     proc.kill()
                     proc.wait()
-                name = f"load{rep}"
                 t = time.perf_counter()
                 numpy_read(files)
                 loads["numpy"].append(args.edges / (time.perf_counter() - t))
-                t = time.perf_counter()
-                GraphTable(GraphTableConfig(name, edge_types=["e"])).load_edges(None, files)
-                loads["local"].append(args.edges / (time.perf_counter() - t))
                 print(f"load rep {rep}: {loads['server'][-1] / 1e6:.2f} M edges/s (numpy read "
-                      f"{loads['numpy'][-1] / 1e6:.2f}, in-process load "
-                      f"{loads['local'][-1] / 1e6:.2f})", flush=True)  # fmt: skip
+                      f"{loads['numpy'][-1] / 1e6:.2f})", flush=True)  # fmt: skip
             load_avg.append(os.getloadavg())
             for c in (one, two):
                 c.create_graph_table(cfg)
@@ -279,7 +273,6 @@ def main() -> None:
             "batches": args.batches,
             "cpus": cpus,
             "load_average": load_avg,
-            "in_process_load_edges_per_s": asdict(Stats.of(loads["local"])),
             "sampled_edges_per_batch": {
                 k: v / (args.reps * args.batches) for k, v in sampled.items()
             },

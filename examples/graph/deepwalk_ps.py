@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -81,6 +82,44 @@ def skipgram_pairs(
     return np.concatenate(centres), np.concatenate(contexts)
 
 
+def walk_seed(seed: int, rank: int) -> int:
+    """The walks' seed of trainer ``rank`` in the run of ``seed`` (distinct for every pair)."""
+    return seed * 1_000_003 + rank
+
+
+def train_skipgram(
+    node_emb: torch.nn.Module,
+    ctx_emb: torch.nn.Module,
+    centre: np.ndarray,
+    context: np.ndarray,
+    pool: np.ndarray,
+    args: argparse.Namespace,
+    rng: np.random.Generator,
+    step: Callable[[], object],
+) -> int:
+    """Skip-gram with negative sampling over (``centre``, ``context``) pairs: ``args.epochs``
+    passes in ``rng``'s order, batches of ``args.batch_size`` pairs, ``args.negatives`` uniform
+    draws from ``pool`` per pair; ``step`` sends each batch's gradients. Returns the steps."""
+    steps = 0
+    for epoch in range(args.epochs):
+        order = rng.permutation(centre.shape[0])
+        for lo in range(0, order.shape[0], args.batch_size):
+            pick = order[lo : lo + args.batch_size]
+            negatives = pool[rng.integers(0, pool.shape[0], (pick.shape[0], args.negatives))]
+            targets = np.concatenate([context[pick, None], negatives], 1)
+            u = node_emb(torch.from_numpy(centre[pick, None]))  # [B, 1, dim]
+            v = ctx_emb(torch.from_numpy(targets))  # [B, 1 + negatives, dim]
+            logits = (u * v).sum(-1)
+            labels = torch.zeros_like(logits)
+            labels[:, 0] = 1.0
+            loss = F.binary_cross_entropy_with_logits(logits, labels)
+            loss.backward()
+            step()
+            steps += 1
+        logger.info("epoch %d loss %.4f", epoch, loss.item())
+    return steps
+
+
 def logistic_regression(
     x: np.ndarray, labels: np.ndarray, train: np.ndarray, test: np.ndarray, steps: int
 ) -> float:
@@ -120,9 +159,14 @@ def main(argv: list[str] | None = None) -> None:
         args.dim,
         optimizer=Adagrad(args.sparse_lr),
         initializer=Uniform(-scale, scale),
+        seed=args.seed,  # the initial rows depend on (table, key, seed)
     )
     ctx_emb = fleet.DistributedEmbedding(
-        "deepwalk_ctx", args.dim, optimizer=Adagrad(args.sparse_lr), initializer=Constant(0.0)
+        "deepwalk_ctx",
+        args.dim,
+        optimizer=Adagrad(args.sparse_lr),
+        initializer=Constant(0.0),
+        seed=args.seed,
     )
     if fleet.is_server():
         fleet.init_server()
@@ -154,28 +198,14 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng([args.seed, rank])
     starts = np.tile(graph.ids, args.walks_per_node)[rank::world]
     t0 = time.perf_counter()
-    values, offsets = client.random_walk(TABLE, starts, args.walk_length, seed=args.seed + rank)
+    values, offsets = client.random_walk(
+        TABLE, starts, args.walk_length, seed=walk_seed(args.seed, rank)
+    )
     walk_seconds = time.perf_counter() - t0
     centre, context = skipgram_pairs(values, offsets, args.window)
     comm = get_communicator()
-    steps = 0
     t0 = time.perf_counter()
-    for epoch in range(args.epochs):
-        order = rng.permutation(centre.shape[0])
-        for lo in range(0, order.shape[0], args.batch_size):
-            pick = order[lo : lo + args.batch_size]
-            negatives = rng.integers(0, cfg.nodes, (pick.shape[0], args.negatives))
-            targets = np.concatenate([context[pick, None], graph.ids[negatives]], 1)
-            u = node_emb(torch.from_numpy(centre[pick, None]))  # [B, 1, dim]
-            v = ctx_emb(torch.from_numpy(targets))  # [B, 1 + negatives, dim]
-            logits = (u * v).sum(-1)
-            labels = torch.zeros_like(logits)
-            labels[:, 0] = 1.0
-            loss = F.binary_cross_entropy_with_logits(logits, labels)
-            loss.backward()
-            comm.step()
-            steps += 1
-        logger.info("epoch %d loss %.4f", epoch, loss.item())
+    steps = train_skipgram(node_emb, ctx_emb, centre, context, graph.ids, args, rng, comm.step)
     comm.flush()
     train_seconds = float(fleet.metrics.max(time.perf_counter() - t0))
     pairs = int(fleet.metrics.sum(centre.shape[0])) * args.epochs

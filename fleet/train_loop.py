@@ -45,6 +45,7 @@ import fleet.telemetry as telemetry
 from collective.errors import ConfigError
 from fleet.base import lookahead
 from fleet.base.runtime import current_runtime
+from fleet.heter.model import HeterModel
 from fleet.ps import runtime as ps_runtime
 from fleet.ps import threads as ps_threads
 from fleet.ps.auto_prefetch import PREFETCHER
@@ -107,6 +108,10 @@ def train_from_dataset(
     runs forward, backward and the step on a copy of the model sharing its parameters
     (hogwild, :mod:`fleet.ps.threads`); sync mode and jobs without parameter servers train
     with one thread. The counts, losses, AUC and step-time phases add up over the threads.
+    A :class:`fleet.heter.HeterModel` trains by ``model.train_step(inputs, label, optimizer)``
+    (the heter worker computes the loss; ``optimizer`` may be None when ``cpu_part`` has no
+    dense parameters) on one thread; in async mode the stats count the micro-batches whose
+    gradients came back, not the last ``max_in_flight`` flushed at the end.
     Returns the :class:`TrainStats`; every trainer must call it (the final AUC is a collective).
     """
     if not isinstance(print_period, int) or print_period < 1:
@@ -120,6 +125,12 @@ def train_from_dataset(
 
         busy = ps_runtime.lookup_source_in_force() or pass_cache.in_pass()
         n_threads = ps_threads.check_shareable(n_threads, optimizer, comm, busy)
+    if isinstance(model, HeterModel) and n_threads > 1:
+        raise ConfigError(
+            f"a fleet.heter.HeterModel trains on one thread (got thread_num={n_threads}); its "
+            "micro-batches in flight overlap the heter worker's work (heter_configs.max_in_flight)",
+            key="thread_num",
+        )
     rank = _trainer_rank()
     run = _Pass(
         loss_fn,
@@ -299,6 +310,8 @@ class _Pass:
             batch = self._next(batches, shared)
             t_data = clock()
             if batch is None:
+                if isinstance(model, HeterModel):
+                    model.flush()  # async: the micro-batches still in flight finish their steps
                 break
             if label not in batch:
                 raise ConfigError(
@@ -309,20 +322,29 @@ class _Pass:
             inputs = {k: v for k, v in batch.items() if k != label}
             pulled = pulls()
             ended = telemetry.steps_ended()
-            output = model(inputs)
-            target = loss_target(loss_fn, output, batch[label], label)
-            loss = _loss(loss_fn, output, target, label, first=first)
-            first = False
-            t_forward = clock()
-            pull_wait = pulls() - pulled
-            loss.backward()
-            t_backward = clock()
-            optimizer.step()
+            if isinstance(model, HeterModel):  # the cut: the heter worker computes the loss
+                done = model.train_step(inputs, batch[label], optimizer)
+                t_forward = t_backward = clock()
+                pull_wait = pulls() - pulled
+                if done is None:  # async: still in flight (counted when it comes back)
+                    continue
+                loss, output, target = done, model.last_output, model.last_target
+                target = loss_target(loss_fn, output, target, label)
+            else:
+                output = model(inputs)
+                target = loss_target(loss_fn, output, batch[label], label)
+                loss = _loss(loss_fn, output, target, label, first=first)
+                first = False
+                t_forward = clock()
+                pull_wait = pulls() - pulled
+                loss.backward()
+                t_backward = clock()
+                optimizer.step()
             if threaded:
                 for p in params:
                     p.grad = None
                 ps_threads.GATE.leave()  # a step boundary: a checkpoint may cut here
-            else:
+            elif optimizer is not None:
                 optimizer.zero_grad()
             t_optimizer = clock()
             size = int(target.shape[0])

@@ -35,12 +35,14 @@ def _check_equal(tmp_path: Path, trainers: int, steps: int) -> None:
 
 @pytest.mark.timeout(420)
 def test_sync_one_trainer_one_heter_worker_equals_one_process(tmp_path: Path) -> None:
-    job = HeterJob(tmp_path, ["--steps", "100", "--out", str(tmp_path)])
+    """Trained by fleet.train_from_dataset (which calls model.train_step)."""
+    job = HeterJob(tmp_path, ["--steps", "100", "--out", str(tmp_path), "--loop", "dataset"])
     try:
         codes = job.start().wait(timeout_s=360)
         assert set(codes.values()) == {0}, job.logs()
         _check_equal(tmp_path, trainers=1, steps=100)
         assert "heter worker 0: 100 micro-batches" in job.log("heter.0")
+        assert "trainer 0 trained 100 steps" in job.log("trainer.0")
     finally:
         job.kill()
 
@@ -105,6 +107,39 @@ def test_killed_heter_worker_restarted_on_its_endpoint(tmp_path: Path) -> None:
         assert served and 0 < int(served[-1]) < 120  # the restarted worker served the rest
     finally:
         job.kill()
+
+
+def test_train_from_dataset_runs_both_halves_in_one_process() -> None:
+    """Outside a heterogeneous job a HeterModel is the one-process model."""
+    import io
+
+    import torch
+    from torch import nn
+
+    import fleet
+
+    class Cpu(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(20, 4)
+
+        def forward(self, batch: dict) -> torch.Tensor:
+            return self.emb(batch["ids"]).flatten(1)
+
+    torch.manual_seed(0)
+    device = nn.Sequential(nn.Linear(8, 1), nn.Flatten(0))
+    model = fleet.heter.HeterModel(Cpu(), device, nn.BCEWithLogitsLoss())
+    g = torch.Generator().manual_seed(1)
+    data = []
+    for _ in range(40):
+        ids = torch.randint(0, 20, (16, 2), generator=g)
+        data.append({"ids": ids, "click": (ids[:, :1] < 10).to(torch.int64)})  # int64 [B, 1]
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    stats = fleet.train_from_dataset(
+        model, opt, data, nn.BCEWithLogitsLoss(), label="click", out=io.StringIO()
+    )
+    assert stats.steps == 40 and stats.examples == 640
+    assert stats.auc > 0.85 and model.last_loss is not None and float(model.last_loss) < 0.4
 
 
 def test_reference_learns() -> None:

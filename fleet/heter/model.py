@@ -61,13 +61,29 @@ def pack(acts: tuple[torch.Tensor, ...], label: Any = None) -> dict[str, np.ndar
     return arrays
 
 
+_FLOAT_TARGET = (nn.BCEWithLogitsLoss, nn.BCELoss, nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss)
+_CLASS_TARGET = (nn.CrossEntropyLoss, nn.NLLLoss)
+
+
+def as_target(loss_fn: Any, out: Any, label: torch.Tensor) -> torch.Tensor:
+    """The label as ``loss_fn`` takes it: float and shaped like the output for BCE-style
+    losses, int64 ``[B]`` for class indices (a dataset's label slot is int64 ``[B, 1]``)."""
+    if not isinstance(out, torch.Tensor):
+        return label
+    if isinstance(loss_fn, _FLOAT_TARGET) and label.numel() == out.numel():
+        return label.to(out.dtype).reshape(out.shape)
+    if isinstance(loss_fn, _CLASS_TARGET) and label.dim() == 2 and label.shape[1] == 1:
+        return label.reshape(-1).to(torch.int64)
+    return label
+
+
 @dataclass
 class _InFlight:
     seq: int
     acts: tuple[torch.Tensor, ...]
     reply: Future[Any]
     optimizer: Any
-    size: int
+    label: torch.Tensor
 
 
 class _TrainerLink:
@@ -122,6 +138,10 @@ class HeterModel(nn.Module):
         self._last_optimizer: Any = None
         self.last_loss: torch.Tensor | None = None
         """The loss of the last micro-batch whose gradients came back."""
+        self.last_output: torch.Tensor | None = None
+        """That micro-batch's output (from the heter worker; for metrics)."""
+        self.last_target: Any = None
+        """That micro-batch's label."""
         ps_runtime.note_heter_model()
 
     # -- where this process stands ------------------------------------------------------------
@@ -175,8 +195,10 @@ class HeterModel(nn.Module):
         args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
         link = self._trainer_link()
         if link is None:
-            loss = self.loss_fn(self.device_part(*as_tuple(self.cpu_part(*args))), label)
+            out = self.device_part(*as_tuple(self.cpu_part(*args)))
+            loss = self.loss_fn(out, as_target(self.loss_fn, out, label))
             loss.backward()
+            self.last_output, self.last_target = out.detach(), label
             if optimizer is not None:
                 optimizer.step()
                 optimizer.zero_grad()
@@ -186,7 +208,7 @@ class HeterModel(nn.Module):
         seq, self._seq = self._seq, self._seq + 1
         reply = link.client.submit("Step", {"trainer": link.rank, "seq": seq}, pack(acts, label))
         self._last_optimizer = optimizer
-        self._in_flight.append(_InFlight(seq, acts, reply, optimizer, int(acts[0].shape[0])))
+        self._in_flight.append(_InFlight(seq, acts, reply, optimizer, label))
         loss = None
         while len(self._in_flight) > link.max_in_flight:
             loss = self._complete_oldest()
@@ -208,6 +230,8 @@ class HeterModel(nn.Module):
         else:
             ps_runtime.get_communicator().step()
         self.last_loss = torch.tensor(float(header["loss"]))
+        self.last_output = torch.from_numpy(np.array(arrays["out"]))
+        self.last_target = item.label
         return self.last_loss
 
     def flush(self) -> torch.Tensor | None:
@@ -247,4 +271,4 @@ class HeterModel(nn.Module):
         return list(self.device_part.parameters())
 
 
-__all__ = ["HeterModel", "as_tuple", "pack"]
+__all__ = ["HeterModel", "as_target", "as_tuple", "pack"]

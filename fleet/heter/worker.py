@@ -33,7 +33,7 @@ import torch
 
 from collective.env import TrainingRole, WorkerEnv
 from collective.errors import ConfigError, FleetError
-from fleet.heter.model import HeterModel
+from fleet.heter.model import HeterModel, as_target
 from fleet.ps import runtime as ps_runtime
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class HeterWorker:
         for item in items:
             label = torch.from_numpy(np.array(item["label"])).to(self.device)
             out = self.net(*item["acts"])
-            loss = self.loss_fn(out, label)
+            loss = self.loss_fn(out, as_target(self.loss_fn, out, label))
             loss.backward()
             grads = {
                 f"grad{i}": (t.grad if t.grad is not None else torch.zeros_like(t))

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,9 @@ class CpuPart(nn.Module):
         self.emb = emb
         self.lin = nn.Linear(2, 4)
 
-    def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: Any, dense: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(ids, dict):  # a batch of fleet.train_from_dataset
+            ids, dense = ids["ids"], ids["dense"]
         return torch.cat([self.emb(ids).flatten(1), self.lin(dense)], dim=1)
 
 
@@ -132,6 +135,7 @@ def main() -> None:
     p.add_argument("--start_s", type=float, default=300.0)
     p.add_argument("--step_sleep", type=float, default=0.0)
     p.add_argument("--bad", default="")
+    p.add_argument("--loop", choices=["train_step", "dataset"], default="train_step")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
@@ -176,7 +180,19 @@ def main() -> None:
     keys = np.arange(VOCAB, dtype=np.int64)
     initial = client.pull_sparse("emb", keys)
     losses = []
-    for step, (ids, dense, label) in enumerate(batches(args.seed, rank, args.steps, args.batch)):
+    data = batches(args.seed, rank, args.steps, args.batch)
+    if args.loop == "dataset":  # fleet.train_from_dataset drives model.train_step
+        stats = fleet.train_from_dataset(
+            model,
+            opt,
+            [{"ids": i, "dense": d, "label": y} for i, d, y in data],
+            nn.BCEWithLogitsLoss(),
+            label="label",
+            print_period=10,
+        )
+        print(f"trainer {rank} trained {stats.steps} steps", flush=True)
+        data = []
+    for step, (ids, dense, label) in enumerate(data):
         if args.bad == "plain_model":
             loss = nn.BCEWithLogitsLoss()(dev(cpu(ids, dense)), label)
             loss.backward()

@@ -123,6 +123,8 @@ return {
   title: document.title, name: txt('job-name'), state: txt('job-state'), rows, points,
   failure_shown: !document.getElementById('failure').hidden, summary: txt('failure-summary'),
   tables: [...document.querySelectorAll('#tables tbody tr')].map((tr) => tr.dataset.table),
+  table_text: Object.fromEntries([...document.querySelectorAll('#tables tbody tr')].map(
+    (tr) => [tr.dataset.table, tr.innerText])),
   loss_lines: [...document.querySelectorAll('#chart-loss polyline')].map((p) => p.dataset.label).sort(),
   step_parts: [...document.querySelectorAll('#chart-breakdown rect[data-part]')].map(
     (r) => [r.dataset.row, r.dataset.part, +r.dataset.share, +r.getAttribute('width')]),
@@ -227,7 +229,10 @@ def test_fixture_job_page_charts_ps_tables_and_failure(
         assert page["title"] == "fleetrun dashboard" and page["name"] == "fake"
         assert page["state"] == "running"
         assert row_state(page, "rank 1") == "up" and row_state(page, "server 0") == "up"
-        assert page["tables"] == ["item", "user"]
+        assert page["tables"] == ["item", "social", "user"]
+        graph = page["table_text"]["social"].split()  # a graph table's row: nodes, edges, ms
+        assert graph[:2] == ["social", "(graph)"] and "5000" in graph and "40.0k" in graph, graph
+        assert float(graph[-1]) == 4.0, graph  # mean sampling latency, ms
         assert page["loss_lines"] == ["rank 0", "rank 1"]
         check_step_time_panel(page)
         screenshot(browser, tmp_path / "dashboard_fixture_running.png", url)

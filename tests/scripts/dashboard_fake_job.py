@@ -17,7 +17,14 @@ import os
 import socket
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Summary,
+    start_http_server,
+)
 
 p = argparse.ArgumentParser()
 p.add_argument("--log_dir", required=True)
@@ -62,6 +69,9 @@ ps = {
     "rows": Gauge("fleet_ps_table_rows", "rows", ["table"], registry=r),
     "bytes": Gauge("fleet_ps_table_bytes", "bytes", ["table"], registry=r),
     "entry": Counter("fleet_ps_entry_keys_total", "entry", ["table", "result"], registry=r),
+    "gnodes": Gauge("fleet_ps_graph_nodes", "nodes", ["table"], registry=r),
+    "gedges": Gauge("fleet_ps_graph_edges", "edges", ["table"], registry=r),
+    "gsec": Summary("fleet_ps_graph_request_seconds", "graph", ["op", "table"], registry=r),
 }
 server, addr = serve(r)
 procs.append(("server", 0, ps, server, addr))
@@ -176,6 +186,11 @@ while time.time() < end and not (args.fail_when and os.path.exists(args.fail_whe
                 m["entry"].labels(table, "filtered").inc(10)
                 if step > 10:
                     m["entry"].labels(table, "evicted").inc(5)
+            m["gnodes"].labels("social").set(5000)  # a graph table: nodes, edges, samples
+            m["gedges"].labels("social").set(40000)
+            for _ in range(3):
+                m["req"].labels("Graph.SampleNeighbors", "social", "OK").inc()
+                m["gsec"].labels("Graph.SampleNeighbors", "social").observe(0.004)
     time.sleep(0.2)
 
 if args.fail_after or (args.fail_when and os.path.exists(args.fail_when)):

@@ -26,9 +26,8 @@ Each timing is the median [min .. max] of ``--reps`` repetitions (a repetition: 
 rounds), the table and its peer timed alternately within each repetition.
 
 Usage: ``python bench/bench_ps_ssd.py [--rows 4000000] [--reps 5] [--rounds 3] [--json PATH]``;
-``--quick`` (10^6 rows, 2 rounds a repetition); ``--capacity`` sets the sizes of the capacity goal (10^8 rows,
-``cache_rows`` 10^6: about 10 GB of RAM for the memory-table peer and 10 GB of disk, tens of
-minutes).
+``--quick`` (10^6 rows, 2 rounds a repetition). The capacity goal's sizes (10^8 rows, ``cache_rows``
+10^6) are ``bench/bench_ps_ssd_capacity.py``'s.
 """
 
 from __future__ import annotations
@@ -205,17 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dir", default="", help="where the RocksDB files go (default: a temp dir)")
     p.add_argument("--quick", action="store_true", help="1 000 000 rows, rounds of 2")
     p.add_argument(
-        "--capacity", action="store_true", help="the capacity goal's sizes: 10^8 rows, cache 10^6"
-    )
-    p.add_argument(
         "--filter_rows", type=int, default=500_000, help="keys of the key-filter comparison"
     )
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.rounds = 1_000_000, 2
-    if args.capacity:
-        args.rows, args.cache_rows = 100_000_000, 1_000_000
     cache = args.cache_rows or max(args.rows // 100, 2 * ROUND)
     root = tempfile.mkdtemp(prefix="bench_ps_ssd_", dir=args.dir or None)
     try:

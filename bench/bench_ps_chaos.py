@@ -25,6 +25,9 @@ recoveries, orphans (any process whose command line names the run's directory, a
 exited), and files left outside the job's directories (``/dev/shm`` entries that appeared; the
 run's own directory holds only ``log/``, ``ckpt/`` and the result file). Medians with min/max.
 
+With ``--cache_rows N`` every job's tables are SSD tables keeping N rows per table per server in
+memory (fleetrun ``--ps_ssd_dir`` in the job's directory).
+
 Run: ``.venv/bin/python bench/bench_ps_chaos.py [--lines 150000] [--json out.json]``
 (~15 minutes on 2 cores). Exit status 1 when a run did not complete or left orphans.
 """
@@ -161,6 +164,7 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
         "2",
         "--warm_start",
         args.warm_start,
+        *(["--ps_ssd_dir", str(root / "ssd")] if args.cache_rows else []),
         str(REPO / "examples/ctr/train_ps.py"),
         "--data_dir",
         str(data),
@@ -172,6 +176,7 @@ def run_job(root: Path, data: Path, args: argparse.Namespace, victim: str | None
         args.mode,
         "--json",
         str(result),
+        *(["--storage", "ssd", "--cache_rows", str(args.cache_rows)] if args.cache_rows else []),
     ]
     local_batch = args.batch_size // 2
     total_steps = args.lines // local_batch
@@ -357,6 +362,12 @@ def main() -> int:
         default="off",
         choices=["on", "off"],
         help="fleetrun's --warm_start (restarted processes forked from the warm process)",
+    )
+    p.add_argument(
+        "--cache_rows",
+        type=int,
+        default=0,
+        help="SSD tables keeping this many rows per table per server in memory (0: memory tables)",
     )
     p.add_argument("--json", default="")
     args = p.parse_args()

@@ -37,6 +37,7 @@ from fleet.strategy.configs import (
     TensorParallelConfig,
 )
 from fleet.strategy.distributed_strategy import NO_OP_KEYS, DistributedStrategy
+from fleet.strategy.heter_config import HeterConfig
 
 __all__ = [
     "NO_OP_KEYS",
@@ -49,6 +50,7 @@ __all__ = [
     "DistributedStrategy",
     "FP16AllReduceConfig",
     "GradientMergeConfig",
+    "HeterConfig",
     "HybridConfig",
     "LambConfig",
     "LarsConfig",

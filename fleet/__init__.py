@@ -16,7 +16,7 @@ The facade is the top of fleet's one-way layers (docs/architecture.md; kept by i
 
     fleet (this facade), fleet.streaming (the day/pass loop over train_loop)
       -> fleet.api, fleet.util, fleet.utils, fleet.train_loop, fleet.elastic
-      -> fleet.parallelize, fleet.checkpoint
+      -> fleet.parallelize, fleet.checkpoint, fleet.heter
       -> fleet.meta_parallel | fleet.meta_optimizers | fleet.ps | fleet.data | fleet.metrics
       -> fleet.base
       -> fleet.strategy | fleet.telemetry

@@ -170,6 +170,36 @@ ENTRIES: tuple[Benchmark, ...] = (
         extract=ps_ssd,
     ),
     Benchmark(
+        "ps_heter",
+        "ps",
+        "Heterogeneous PS with no device: 2 CPU trainers + 1 heter worker vs 3 trainers",
+        "bench/bench_ps_heter.py",
+        ("--reps", "5"),
+        ("--reps", "5", "--train", "20000", "--test", "5000"),
+        (
+            _c(
+                "speed",
+                "CTR examples/s, 2 CPU trainers + 1 heter worker vs 3 trainers (same cores)",
+                "^train examples/s",
+                "higher",
+                "3 trainers",
+                ge(0.9),
+                goal_text="≥ 0.9x 3 trainers",
+                needs_full=True,
+            ),
+            _c(
+                "auc",
+                "Test AUC, 2 CPU trainers + 1 heter worker vs 3 trainers",
+                "^test AUC",
+                "higher",
+                "3 trainers",
+                le(0.005, on="absdiff"),
+                goal_text="within 0.005",
+            ),
+        ),
+        extract=ps_ssd,  # report rows, each in its own unit (row_units)
+    ),
+    Benchmark(
         "ps_ssd_ctr",
         "ps",
         "The CTR example with SSD tables (5 % of the rows in memory) vs memory tables",

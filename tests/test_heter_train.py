@@ -36,13 +36,21 @@ def _check_equal(tmp_path: Path, trainers: int, steps: int) -> None:
 @pytest.mark.timeout(420)
 def test_sync_one_trainer_one_heter_worker_equals_one_process(tmp_path: Path) -> None:
     """Trained by fleet.train_from_dataset (which calls model.train_step)."""
-    job = HeterJob(tmp_path, ["--steps", "100", "--out", str(tmp_path), "--loop", "dataset"])
+    ck = tmp_path / "ck"
+    job = HeterJob(
+        tmp_path,
+        ["--steps", "100", "--out", str(tmp_path), "--loop", "dataset", "--save", str(ck)],
+        env={"FLEET_PS_CHECKPOINT_ROOT": str(tmp_path)},
+    )
     try:
         codes = job.start().wait(timeout_s=360)
         assert set(codes.values()) == {0}, job.logs()
         _check_equal(tmp_path, trainers=1, steps=100)
         assert "heter worker 0: 100 micro-batches" in job.log("heter.0")
         assert "trainer 0 trained 100 steps" in job.log("trainer.0")
+        # the heter workers' dense table is in the job's checkpoint, as every table
+        saved = " ".join(p.read_text(errors="replace") for p in ck.glob("manifest.*.json"))
+        assert "__heter_dense__" in saved, sorted(p.name for p in ck.iterdir())
     finally:
         job.kill()
 

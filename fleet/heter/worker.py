@@ -102,7 +102,10 @@ class HeterWorker:
         self.latest: np.ndarray | None = None
         self.latest_lock = threading.Lock()
         self.busy_s = 0.0
+        """Seconds of device work (forward, loss, backward, the update's local part)."""
         self.micro_batches = 0
+        self.first_t: float | None = None  # when the first micro-batch's work began
+        self.last_t = 0.0  # when the last one's ended
         self.client = PSClient(list(env.pserver_endpoints))
         self.client.wait_ready(timeout_s=120)
         self.client.create_dense_table(HETER_DENSE_TABLE, optimizer=rule_from_torch(optimizer))
@@ -166,7 +169,7 @@ class HeterWorker:
                 "CPU trainer must run the same cpu_part (same widths and dtypes)",
                 key="cpu_part",
             )
-            self.fatal = err
+            self.abort(err)
             raise err
         out = []
         for k in names:
@@ -194,6 +197,8 @@ class HeterWorker:
 
     def step(self, h: dict[str, Any], a: dict[str, np.ndarray]) -> Any:
         trainer = int(h["trainer"])
+        if self.fatal is not None:
+            raise self.fatal
         self.stepped.add(trainer)
         item = {"trainer": trainer, "acts": self._tensors(trainer, a), "label": a["label"]}
         if not self.sync:
@@ -239,6 +244,7 @@ class HeterWorker:
         """Forward + loss + backward of each micro-batch (the caller holds the device lock);
         the replies and the mean dense gradient."""
         t0 = time.perf_counter()
+        self.first_t = t0 if self.first_t is None else self.first_t
         self.net.train()
         for p in self.params:
             p.grad = None
@@ -258,7 +264,8 @@ class HeterWorker:
             grads["out"] = out.detach().float().cpu().numpy()
             replies.append(({"loss": float(loss.detach())}, grads))
         grad = self._flat(True) / max(len(items), 1)
-        self.busy_s += time.perf_counter() - t0
+        self.last_t = time.perf_counter()
+        self.busy_s += self.last_t - t0
         self.micro_batches += len(items)
         return replies, grad
 
@@ -289,6 +296,16 @@ class HeterWorker:
             self.cv.notify_all()
 
     # -- serving --------------------------------------------------------------------------------
+    def abort(self, err: BaseException) -> None:
+        """A fatal error: the trainers waiting in a sync round get it now, and :meth:`serve`
+        raises it."""
+        with self.cv:
+            self.fatal = self.fatal or err
+            for item in self.round:
+                item["error"] = err
+            self.round = []
+            self.cv.notify_all()
+
     def serve(self) -> None:
         """Serve until every trainer of this worker stopped; FleetError when the servers are
         gone for longer than the recovery window first (or a bad cut was seen)."""
@@ -357,14 +374,17 @@ def run_heter_worker(model: Any = None, optimizer: Any = None) -> None:
     finally:
         server.stop()
         worker.client.close()
-        wall = time.perf_counter() - t0
+        first = worker.first_t if worker.first_t is not None else t0
+        span = max(worker.last_t - first, 1e-9)
         logger.info(
-            "heter worker %d: %d micro-batches, busy %.2fs of %.2fs (%.0f%%)",
+            "heter worker %d: %d micro-batches, busy %.2fs of the %.2fs between the first and "
+            "the last (%.0f%%; %.2fs served in all)",
             worker.index,
             worker.micro_batches,
             worker.busy_s,
-            wall,
-            100.0 * worker.busy_s / max(wall, 1e-9),
+            span,
+            100.0 * worker.busy_s / span,
+            time.perf_counter() - t0,
         )
 
 

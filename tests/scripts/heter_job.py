@@ -45,8 +45,10 @@ class HeterJob:
         devices: tuple[str, ...] = ("cpu",),
         script: Path = SCRIPT,
         heter_endpoints: tuple[str, ...] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.tmp, self.args, self.script = tmp, args, script
+        self.env = dict(env or {})
         (tmp / "log").mkdir(parents=True, exist_ok=True)
         self.layout = PSLayout(
             run_id="heter-test",
@@ -70,6 +72,7 @@ class HeterJob:
             and k not in ("WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
         }
         base.update(env)
+        base.update(self.env)
         base["PYTHONPATH"] = str(REPO)
         log = open(self.tmp / "log" / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(

@@ -40,11 +40,13 @@ class CpuPart(nn.Module):
         super().__init__()
         self.emb = emb
         self.lin = nn.Linear(2, 4)
+        self.extra = 0  # columns of zeros appended (a wrong, wider cut)
 
     def forward(self, ids: Any, dense: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(ids, dict):  # a batch of fleet.train_from_dataset
             ids, dense = ids["ids"], ids["dense"]
-        return torch.cat([self.emb(ids).flatten(1), self.lin(dense)], dim=1)
+        out = torch.cat([self.emb(ids).flatten(1), self.lin(dense)], dim=1)
+        return torch.cat([out, out.new_zeros(out.shape[0], self.extra)], 1) if self.extra else out
 
 
 def device_part(width: int = SLOTS * DIM + 4) -> nn.Module:
@@ -136,6 +138,7 @@ def main() -> None:
     p.add_argument("--step_sleep", type=float, default=0.0)
     p.add_argument("--bad", default="")
     p.add_argument("--loop", choices=["train_step", "dataset"], default="train_step")
+    p.add_argument("--save", default="", help="fleet.save_persistables here at the end")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
@@ -154,10 +157,9 @@ def main() -> None:
         "emb", DIM, optimizer=SGD(args.sparse_lr), initializer=Uniform(-0.1, 0.1)
     )
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-    width = SLOTS * DIM + 4 + (2 if args.bad == "shape" and rank == 1 else 0)
-    cpu, dev = build(args.seed, emb, SLOTS * DIM + 4)
-    if width != SLOTS * DIM + 4:  # a wider cut on this trainer
-        cpu.lin = nn.Linear(2, 6)
+    cpu, dev = build(args.seed, emb)
+    if args.bad == "shape" and rank == 1:  # a wider cut on this trainer
+        cpu.extra = 2
     plain = args.bad == "plain_model" and fleet.is_worker()  # this trainer builds no HeterModel
     model = None if plain else fleet.heter.HeterModel(cpu, dev, nn.BCEWithLogitsLoss())
     if fleet.is_server():
@@ -216,6 +218,8 @@ def main() -> None:
         labels = np.concatenate([b[2].numpy() for b in test])
         print(json.dumps({"rank": rank, "auc": auc(scores, labels)}), flush=True)
     fleet.barrier_worker()
+    if args.save:
+        fleet.save_persistables(args.save, mode=0)
     if args.out:
         from fleet.heter import HETER_DENSE_TABLE
 

@@ -70,6 +70,7 @@ from ps_server.core.graph_checkpoint import (
     GraphPart,
     config_data,
     load_table,
+    merge_pending,
     snapshot_part,
     write_part,
 )
@@ -151,6 +152,8 @@ def take_snapshot(
         raise CheckpointError("a delta snapshot needs a change log (SAVE or EXPORT)")
     items = _as_table_list(tables)
     graph_items = [graphs[n] for n in sorted(graphs or {})]
+    for g in graph_items:  # the CSR rebuild of new edges, before the other tables are locked
+        merge_pending(g)
     with contextlib.ExitStack() as stack:
         for t in items:  # sorted by name: a fixed lock order
             stack.enter_context(t.lock)

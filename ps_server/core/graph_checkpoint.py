@@ -78,6 +78,14 @@ class GraphPart:
         return sum(int(a.nbytes) for a in self.arrays.values())
 
 
+def merge_pending(table: GraphTable) -> None:
+    """Build the CSR of every edge type from the edges added since the last query (under the
+    table's lock only), so that a snapshot taken next finds nothing to merge."""
+    with table._lock:
+        for store in table._edges.values():
+            store.merged()
+
+
 def snapshot_part(table: GraphTable) -> GraphPart:
     """This server's part of ``table`` now (pending additions merged; the arrays are shared with
     the table, which replaces rather than edits them)."""
@@ -199,6 +207,7 @@ __all__ = [
     "GraphPart",
     "config_data",
     "load_table",
+    "merge_pending",
     "read_config",
     "save_part",
     "snapshot_part",

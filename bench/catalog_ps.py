@@ -719,6 +719,13 @@ ENTRIES: tuple[Benchmark, ...] = (
                 ge(2_000_000, on="ours"),
                 goal_text="≥ 2 M edges/s per server",
             ),
+            _c(
+                "load_cpu",
+                "Edges per CPU second of the server loading text files",
+                "^load edges per CPU second",
+                "higher",
+                "numpy's read and split per CPU second",
+            ),
         ),
         timeout_full=3600.0,
     ),

@@ -86,10 +86,19 @@ class _CSR:
     @staticmethod
     def build(src: np.ndarray, dst: np.ndarray, weight: np.ndarray, eid: np.ndarray) -> _CSR:
         order, s = stable_order(src)
+        n = order.shape[0]
+        if n and int(eid[-1]) - int(eid[0]) == n - 1 and np.all(np.diff(eid) == 1):
+            eid = eid[0] + order  # consecutive ids (a load): no random gather
+        else:
+            eid = eid[order]
+        if n and weight.min() == weight.max():
+            weight = np.full(n, weight[0], np.float32)  # all equal (unweighted): no gather
+        else:
+            weight = weight[order]
         cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
         heads = np.concatenate([[0], cuts]) if s.shape[0] else cuts
         indptr = np.concatenate([heads, [s.shape[0]]]).astype(np.int64)
-        return _CSR(s[heads], indptr, dst[order], weight[order], eid[order])
+        return _CSR(s[heads], indptr, dst[order], weight, eid)
 
     def edge_src(self) -> np.ndarray:
         return np.repeat(self.src, np.diff(self.indptr))

@@ -20,7 +20,9 @@ from ps_server import PSClient, PSServer, telemetry
 from ps_server.config import GraphTableConfig
 from ps_server.graph_client import GraphClient
 
-CFG = GraphTableConfig("social", edge_types=["follows"], features={"node": {"x": ("float32", 2)}})
+CFG = GraphTableConfig(
+    "obs_graph", edge_types=["follows"], features={"node": {"x": ("float32", 2)}}
+)
 
 
 @pytest.mark.timeout(60)
@@ -37,20 +39,20 @@ def test_graph_tables_in_metrics_and_dashboard(tmp_path: Path) -> None:
     try:
         client.create_graph_table(CFG)
         src = np.arange(100, dtype=np.int64)
-        client.add_edges("social", np.repeat(src, 3), np.tile([1, 2, 3], 100), "follows")
-        client.add_nodes("social", src[:40], features={"x": np.ones((40, 2), np.float32)})
-        ps.create_table("emb", 4)
-        ps.pull_sparse("emb", np.arange(10, dtype=np.int64))
+        client.add_edges("obs_graph", np.repeat(src, 3), np.tile([1, 2, 3], 100), "follows")
+        client.add_nodes("obs_graph", src[:40], features={"x": np.ones((40, 2), np.float32)})
+        ps.create_table("obs_emb", 4)
+        ps.pull_sparse("obs_emb", np.arange(10, dtype=np.int64))
         for _ in range(5):
-            client.sample_neighbors("social", src[:50], 2, "follows")
+            client.sample_neighbors("obs_graph", src[:50], 2, "follows")
 
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
             s = server_stats(parse_samples(r.read().decode()))
-        g = s.tables["social"]
+        g = s.tables["obs_graph"]
         assert (g.kind, g.nodes, g.edges) == ("graph", 100, 300)
         assert g.samples == 5 and g.sample_seconds > 0
         assert g.requests >= 7  # 2 adds, 5 samples (a create names no table yet)
-        assert s.tables["emb"].kind == "" and s.tables["emb"].rows == 10
+        assert s.tables["obs_emb"].kind == "" and s.tables["obs_emb"].rows == 10
 
         write_state(tmp_path, [proc("server", 0, address, None)])
         dash = start_dashboard(
@@ -59,7 +61,7 @@ def test_graph_tables_in_metrics_and_dashboard(tmp_path: Path) -> None:
 
         def sample() -> None:
             while not stop.wait(0.05):
-                client.sample_neighbors("social", src[:50], 2, "follows")
+                client.sample_neighbors("obs_graph", src[:50], 2, "follows")
 
         t = threading.Thread(target=sample, daemon=True)
         t.start()
@@ -67,14 +69,14 @@ def test_graph_tables_in_metrics_and_dashboard(tmp_path: Path) -> None:
         def graph_row() -> dict | None:
             code, body = get(dash.url + "api/state")
             rows = {r["table"]: r for r in json.loads(body)["tables"]} if code == 200 else {}
-            row = rows.get("social")
+            row = rows.get("obs_graph")
             return row if row and row["qps"] and row["sample_ms"] else None
 
         row = wait_for(graph_row, 20, "the graph table's row")
         assert row["kind"] == "graph" and row["nodes"] == 100 and row["edges"] == 300
         assert row["samples"] > 5 and 0 < row["sample_ms"] < 5000 and row["servers"] == 1
         code, body = get(dash.url + "api/state")
-        emb = {r["table"]: r for r in json.loads(body)["tables"]}["emb"]
+        emb = {r["table"]: r for r in json.loads(body)["tables"]}["obs_emb"]
         assert emb["kind"] == "" and emb["nodes"] is None and emb["sample_ms"] is None
     finally:
         stop.set()

@@ -73,6 +73,10 @@ PADDLE_HETER_TRAINER_IP_PORT_LIST = "PADDLE_HETER_TRAINER_IP_PORT_LIST"
 presence makes a PS job heterogeneous, as in Paddle)."""
 PADDLE_HETER_TRAINER_DEVICE = "PADDLE_HETER_TRAINER_DEVICE"
 """A heter worker's device (``cpu``, ``cuda``, ``cuda:N``; fleetrun ``--heter_devices``)."""
+FLEET_PS_SSD_ROOT = "FLEET_PS_SSD_ROOT"
+"""A parameter server's directory for the cold rows of ``storage="ssd"`` tables (fleetrun
+``--ps_ssd_dir``: ``<dir>/server-<i>``), read by every way a server starts from the env
+contract (``fleet.init_server``, ``python -m ps_server --from_env``)."""
 FLEET_PS_RESUME_POSITION = "FLEET_PS_RESUME_POSITION"
 """A PS trainer restarted alone: its data position as JSON (``{"pass", "step_in_pass",
 "step"}``), from its progress file; it skips that much data and loads no checkpoint."""

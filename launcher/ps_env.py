@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 
+from collective.env import FLEET_PS_SSD_ROOT
 from collective.errors import ConfigError
 from launcher.spec import JobSpec
 
@@ -20,9 +21,6 @@ FLEET_PS_TOKEN = "FLEET_PS_TOKEN"
 ``ps_server.rpc.auth.TOKEN_ENV`` reads; the launcher does not import ps_server: numpy)."""
 FLEET_PS_CHECKPOINT_ROOT = "FLEET_PS_CHECKPOINT_ROOT"
 """Directories a server's Save / Load requests may name (``ps_server.checkpoint.roots``)."""
-FLEET_PS_SSD_ROOT = "FLEET_PS_SSD_ROOT"
-"""A server's directory for the cold rows of ``storage="ssd"`` tables (``fleet.init_server``
-passes it to the server as ``ssd_root``, creating it first): ``<--ps_ssd_dir>/server-<i>``."""
 
 
 def user_ps_token(spec: JobSpec) -> str | None:

@@ -56,6 +56,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from collective.env import (
+    FLEET_PS_SSD_ROOT,
     FLEET_PS_TABLE_THREADS,
     TrainingRole,
     read_metrics_endpoint,
@@ -491,6 +492,8 @@ def serve_from_env(**kwargs: Any) -> None:
             "(start the job with fleetrun --server_num N, or call ps_server.serve(...))"
         )
     host, _, port = env.current_endpoint.rpartition(":")
+    if not kwargs.get("ssd_root") and os.environ.get(FLEET_PS_SSD_ROOT):
+        kwargs["ssd_root"] = ssd_root_from_env()
     serve(
         host=host.strip("[]"),
         port=int(port),
@@ -498,6 +501,23 @@ def serve_from_env(**kwargs: Any) -> None:
         num_servers=len(env.pserver_endpoints),
         **kwargs,
     )
+
+
+def ssd_root_from_env() -> str | None:
+    """This server's SSD directory from FLEET_PS_SSD_ROOT (fleetrun ``--ps_ssd_dir``), created
+    when missing; None without the variable (``storage="ssd"`` tables are then refused)."""
+    root = os.environ.get(FLEET_PS_SSD_ROOT)
+    if not root:
+        return None
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot create this server's SSD directory {root!r} ({err.strerror}); give "
+            "fleetrun a --ps_ssd_dir on a local disk this user can write",
+            key=FLEET_PS_SSD_ROOT,
+        ) from None
+    return root
 
 
 __all__ = [
@@ -509,4 +529,5 @@ __all__ = [
     "grpc_message_options",
     "serve",
     "serve_from_env",
+    "ssd_root_from_env",
 ]

@@ -4,7 +4,8 @@ SIGKILL mid-pass. Only that server restarts, on its endpoint, restoring its shar
 newest good checkpoint by itself; the other server and both trainers keep their processes and go
 on (their calls to the dead server wait for it); the job finishes with exit 0, one recovery
 listed as ``restarted: server 1 only``; every row of the restored checkpoint is still there at
-the end; no process outlives the job.
+the end; no process outlives the job. The same with SSD tables: the restarted server gets its
+SSD directory back and restores both tiers.
 
 Checkpoints are taken every 0.5 s, so the kill usually lands while one is being taken or
 committed: such a checkpoint fails on the trainers, is logged and skipped, and training goes on
@@ -28,10 +29,21 @@ GLOBAL_BATCH = 32
 
 def keys_of(directory: Path) -> dict[str, set[int]]:
     """Keys of every sparse table of a checkpoint (all servers' shards)."""
-    from ps_server.checkpoint.save_load import create_tables, load
+    import dataclasses
+
+    from ps_server.checkpoint.manifest import read_checkpoint
+    from ps_server.checkpoint.save_load import load
+    from ps_server.core.factory import make_table
     from ps_server.core.shard_data import SparseShardData
 
-    tables = create_tables(directory, 0, 1)
+    tables = {}
+    for name, entry in read_checkpoint(directory).tables.items():
+        config = entry.config  # SSD tables are read back into memory tables here
+        if getattr(config, "storage", None) is not None:
+            config = dataclasses.replace(
+                config, storage="memory", cache_rows=None, cache_bytes=None
+            )
+        tables[name] = make_table(config, 0, 1)
     load(directory, tables)
     out: dict[str, set[int]] = {}
     for name, table in tables.items():
@@ -42,16 +54,23 @@ def keys_of(directory: Path) -> dict[str, set[int]]:
 
 
 @pytest.mark.timeout(240)
-def test_async_server_kill_restarts_it_alone(tmp_path: Path, slot_dir: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("storage", ["memory", "ssd"])
+def test_async_server_kill_restarts_it_alone(
+    tmp_path: Path,
+    slot_dir: Path,  # noqa: F811
+    storage: str,
+) -> None:
     final = tmp_path / "log" / "final"
+    ssd = storage == "ssd"  # the restarted server (python -m ps_server --from_env) gets its tier
     job = Job(
         tmp_path,
         slot_dir,
         "async",
         max_restarts=1,
         interval=0.5,
-        extra=("--save", str(final)),
+        extra=("--save", str(final), *(("--storage", "ssd", "--cache_rows", "300") if ssd else ())),
         keep=0,
+        flags=("--ps_ssd_dir", str(tmp_path / "ssd")) if ssd else (),
     )
     try:
         wait_for(lambda: job.checkpointed(0), 120, "a checkpoint of attempt 0")

@@ -139,18 +139,18 @@ def test_kubernetes_ssd_dir_on_a_volume_of_the_job_adds_none(tmp_path: Path) -> 
 def test_server_start_creates_its_directory_or_names_the_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fleet.ps import runtime
+    from ps_server.server import ssd_root_from_env
 
     monkeypatch.setenv(FLEET_PS_SSD_ROOT, str(tmp_path / "ssd" / "server-0"))
-    assert runtime._ssd_root() == str(tmp_path / "ssd" / "server-0")
+    assert ssd_root_from_env() == str(tmp_path / "ssd" / "server-0")
     assert (tmp_path / "ssd" / "server-0").is_dir()
     (tmp_path / "f").write_text("x")
     monkeypatch.setenv(FLEET_PS_SSD_ROOT, str(tmp_path / "f" / "server-0"))
     with pytest.raises(ConfigError, match="--ps_ssd_dir") as err:
-        runtime._ssd_root()
+        ssd_root_from_env()
     assert err.value.key == FLEET_PS_SSD_ROOT
     monkeypatch.delenv(FLEET_PS_SSD_ROOT)
-    assert runtime._ssd_root() is None
+    assert ssd_root_from_env() is None
 
 
 @pytest.mark.timeout(60)

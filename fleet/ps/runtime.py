@@ -57,10 +57,6 @@ from fleet.strategy import DistributedStrategy
 
 logger = logging.getLogger(__name__)
 
-SSD_ROOT_ENV = "FLEET_PS_SSD_ROOT"
-"""This server's directory for the cold rows of ``storage="ssd"`` tables (fleetrun sets it to
-``<--ps_ssd_dir>/server-<index>``; ``launcher.ps_env.FLEET_PS_SSD_ROOT``)."""
-
 
 @dataclass
 class PSState:
@@ -201,7 +197,7 @@ def init_server(dirname: str | None = None) -> None:
     """Start this process's parameter server on POD_IP:PADDLE_PORT (tables from ``dirname``'s
     checkpoint when given; otherwise the trainers create them)."""
     from ps_server import PSServer
-    from ps_server.server import RESTORE_LATEST_ENV
+    from ps_server.server import RESTORE_LATEST_ENV, ssd_root_from_env
 
     st = _require("init_server()", TrainingRole.PSERVER)
     env = st.env
@@ -211,7 +207,7 @@ def init_server(dirname: str | None = None) -> None:
         port=int(port),
         server_index=env.server_index,
         num_servers=len(env.pserver_endpoints),
-        ssd_root=_ssd_root(),
+        ssd_root=ssd_root_from_env(),
     )
     if dirname:
         st.server.load_checkpoint(dirname)
@@ -219,23 +215,6 @@ def init_server(dirname: str | None = None) -> None:
         st.server.restore_latest(os.environ[RESTORE_LATEST_ENV])
     st.server.start()
     logger.info("parameter server %d serving on %s", env.server_index, env.current_endpoint)
-
-
-def _ssd_root() -> str | None:
-    """This server's SSD directory (FLEET_PS_SSD_ROOT, set by fleetrun's ``--ps_ssd_dir``),
-    created when missing; None without one (``storage="ssd"`` tables are then refused)."""
-    root = os.environ.get(SSD_ROOT_ENV)
-    if not root:
-        return None
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(
-            f"cannot create this server's SSD directory {root!r} ({err.strerror}); give "
-            "fleetrun a --ps_ssd_dir on a local disk this user can write",
-            key=SSD_ROOT_ENV,
-        ) from None
-    return root
 
 
 def run_server() -> None:

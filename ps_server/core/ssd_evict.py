@@ -47,6 +47,10 @@ class Op:
     __slots__ = ("keys", "records")
 
     def __init__(self, keys: np.ndarray, records: np.ndarray | None) -> None:
+        if keys.shape[0] < 2 or bool((keys[1:] > keys[:-1]).all()):  # sorted already
+            self.keys = np.array(keys, order="C")  # a copy, as the sorting below makes
+            self.records = None if records is None else np.array(records, order="C")
+            return
         order = np.argsort(keys, kind="stable")
         self.keys = np.ascontiguousarray(keys[order])
         self.records = None if records is None else np.ascontiguousarray(records[order])

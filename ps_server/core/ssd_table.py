@@ -239,8 +239,14 @@ class SsdSparseTable(SparseTable):
         at_queue = np.flatnonzero(state == PUT)
         if at_disk.shape[0] + at_queue.shape[0] == 0:
             return mkeys
-        fkeys = np.concatenate([mkeys[at_queue], mkeys[at_disk]])
-        rec = self._aged(np.concatenate([queued, rec]))
+        got = np.zeros(mkeys.shape[0], dtype=bool)
+        got[at_queue] = True
+        got[at_disk] = True
+        fkeys = mkeys[got]  # sorted: the delete op below needs no argsort
+        both = np.empty(mkeys.shape[0], dtype=rec.dtype)
+        both[at_queue] = queued
+        both[at_disk] = rec
+        rec = self._aged(both[got])
         new = st.allocate(fkeys)
         for name in _COLUMNS:
             st.scatter(name, new, rec[name])
@@ -250,10 +256,7 @@ class SsdSparseTable(SparseTable):
         n = int(fkeys.shape[0])
         self._cold_rows -= n
         self._tier["cold_hits"] += n
-        still = np.ones(mkeys.shape[0], dtype=bool)
-        still[at_queue] = False
-        still[at_disk] = False
-        return mkeys[still]
+        return mkeys[~got]
 
     def _aged(self, rec: np.ndarray, day: int | None = None) -> np.ndarray:
         """Records with the end_day steps since they were written applied (as ``end_day``),

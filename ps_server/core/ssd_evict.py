@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from ps_server.core.ssd_tier import as_void
+
 logger = logging.getLogger(__name__)
 
 IDLE_WAKE_S = 1.0
@@ -53,7 +55,10 @@ class Op:
             return
         order = np.argsort(keys, kind="stable")
         self.keys = np.ascontiguousarray(keys[order])
-        self.records = None if records is None else np.ascontiguousarray(records[order])
+        if records is None:
+            self.records = None
+        else:
+            self.records = as_void(np.ascontiguousarray(records))[order].view(records.dtype)
 
 
 class WriteBehind:
@@ -139,11 +144,12 @@ class WriteBehind:
         put = state == PUT
         out = np.empty(int(put.sum()), dtype=dtype)
         which, pos = which[put], pos[put]
+        slots = as_void(out)
         for i in np.unique(which):
             sel = which == i
             records = ops[int(i)].records
             assert records is not None
-            out[sel] = records[pos[sel]]
+            slots[sel] = as_void(records)[pos[sel]]
         return state, out
 
     # -- writing ------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ time is not written to disk before its push. One ``argpartition`` over a packed 
 pick. Chosen over pure recency (``eviction="recency"``) by the hit rate on the benchmark's
 Zipf(1.1) stream (the numbers are in ``docs/ps/ssd-storage.md``).
 
-Aging is lazy on disk: a cold row records the table's day number when it was evicted;
+Aging is lazy on disk (:mod:`ps_server.core.ssd_aging`): a cold row records the table's day number when it was evicted;
 ``end_day`` ages the rows in memory and bumps the day number, and a row read back gets the days
 it missed applied (unseen_days and show decay, with the same float arithmetic as
 ``end_day``). ``shrink`` deletes old rows from both tiers (a scan of RocksDB).
@@ -61,23 +61,23 @@ from ps_server.config import SparseStorage, SparseTableConfig
 from ps_server.core import sparse_shards
 from ps_server.core.batch_ops import sorted_distinct
 from ps_server.core.hash_index import HashIndex, KeyIndex
-from ps_server.core.row_flags import LIVE, SEEN
+from ps_server.core.row_flags import LIVE
 from ps_server.core.row_store import RowSnapshot, RowStore
 from ps_server.core.shard_data import SparseShardData
 from ps_server.core.sparse_table import SparseTable
+from ps_server.core.ssd_aging import aged
 from ps_server.core.ssd_capacity import make_room
 from ps_server.core.ssd_changes import ColdChanges, LogState
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_filter import KeyFilter
 from ps_server.core.ssd_import import flush_ingest, split_import
 from ps_server.core.ssd_snapshot import ColdSaver, StreamedSnapshot
-from ps_server.core.ssd_tier import ColdTier, record_dtype
+from ps_server.core.ssd_tier import ColdTier, as_void, record_dtype
 from ps_server.core.table import ChangeLog, PushStats, TableSnapshot
 from ps_server.errors import SsdTierError
 
 logger = logging.getLogger(__name__)
 
-_U16_MAX = np.iinfo(np.uint16).max
 _U31_MAX = (1 << 31) - 1
 EVICT_HIGH = 0.95
 """Past this fraction of ``cache_rows`` in memory the background thread evicts."""
@@ -244,9 +244,10 @@ class SsdSparseTable(SparseTable):
         got[at_disk] = True
         fkeys = mkeys[got]  # sorted: the delete op below needs no argsort
         both = np.empty(mkeys.shape[0], dtype=rec.dtype)
-        both[at_queue] = queued
-        both[at_disk] = rec
-        rec = self._aged(both[got])
+        slots = as_void(both)
+        slots[at_queue] = as_void(queued)
+        slots[at_disk] = as_void(rec)
+        rec = self._aged(slots[got].view(rec.dtype), copy=False)
         new = st.allocate(fkeys)
         for name in _COLUMNS:
             st.scatter(name, new, rec[name])
@@ -258,33 +259,11 @@ class SsdSparseTable(SparseTable):
         self._tier["cold_hits"] += n
         return mkeys[~got]
 
-    def _aged(self, rec: np.ndarray, day: int | None = None) -> np.ndarray:
+    def _aged(self, rec: np.ndarray, day: int | None = None, copy: bool = True) -> np.ndarray:
         """Records with the end_day steps since they were written applied (as ``end_day``),
-        up to day ``day`` (default: today)."""
+        up to day ``day`` (default: today); ``copy=False`` ages ``rec`` in place."""
         day = self.day if day is None else day
-        rec = rec.copy()
-        missed = day - rec["day"].astype(np.int64)
-        aged = missed > 0
-        if not aged.any():
-            return rec
-        r = rec[aged]
-        k = missed[aged]
-        seen = (r["flags"] & SEEN).astype(bool)
-        first = np.where(seen, 0, r["unseen_days"].astype(np.int64) + 1)
-        r["unseen_days"] = np.minimum(first + (k - 1), _U16_MAX).astype(np.uint16)
-        r["flags"] &= ~SEEN
-        rate = float(self.config.show_decay_rate)
-        if rate != 1.0:
-            count = r["count"].copy()
-            for step in range(1, int(k.max()) + 1):
-                due = k >= step
-                if not count[due].any():
-                    break
-                count[due] = np.floor(count[due] * rate).astype(np.uint32)
-            r["count"] = count
-        r["day"] = day
-        rec[aged] = r
-        return rec
+        return aged(rec, day, self.config.show_decay_rate, copy)
 
     def _touch(self, keys: np.ndarray) -> None:
         rows = self.store.lookup(keys)

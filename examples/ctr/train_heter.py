@@ -84,6 +84,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2,
         help="async: micro-batches a trainer keeps at its heter worker (the staleness bound)",
     )
+    p.add_argument(
+        "--dense_pull_interval",
+        type=int,
+        default=8,
+        help="async: the heter worker pulls the servers' dense values every this many pushes",
+    )
+    p.add_argument(
+        "--intra_op_threads",
+        type=int,
+        default=0,
+        help="a CPU heter worker's intra-op threads (0: the CPUs it may use)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="also write rank 0's result here")
     return p.parse_args(argv)
@@ -93,7 +105,11 @@ def make_strategy(args: argparse.Namespace) -> fleet.DistributedStrategy:
     s = fleet.DistributedStrategy()
     if args.mode == "async":
         s.a_sync = True
-        s.heter_configs = {"max_in_flight": args.max_in_flight}
+        s.heter_configs = {
+            "max_in_flight": args.max_in_flight,
+            "dense_pull_interval": args.dense_pull_interval,
+            "intra_op_threads": args.intra_op_threads,
+        }
     return s
 
 

@@ -15,8 +15,14 @@ they are part of every job checkpoint.
   trainers, their mean gradient is pushed as one SYNC push counted over the H heter workers (the
   servers apply the mean once the H pushes arrived), the heter workers meet in a barrier on the
   servers, and the fresh values are pulled before the replies go out.
-* **async**: each micro-batch is computed alone; its gradient is pushed (APPLY) and the values
-  pulled while the next micro-batch computes; the reply goes out once its push returned.
+* **async**: the micro-batches waiting at the worker are merged into one forward/backward (their
+  summed gradient is what separate steps would give); the worker applies it to its own copy with
+  the optimizer's rule, replies, and a background sender pushes it (APPLY, queued gradients summed)
+  and pulls the servers' values every ``heter_configs.dense_pull_interval`` pushes, as the async
+  communicator does for an ordinary trainer's dense parameters.
+
+A CPU heter worker runs ``heter_configs.intra_op_threads`` intra-op threads (0: the CPUs it may
+use), whatever ``OMP_NUM_THREADS`` fleetrun set.
 
 It returns when every one of its trainers sent ``Stop`` (``fleet.stop_worker``).
 """
@@ -24,6 +30,7 @@ It returns when every one of its trainers sent ``Stop`` (``fleet.stop_worker``).
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from typing import Any
@@ -31,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from collective.env import TrainingRole, WorkerEnv
+from collective.env import TrainingRole, WorkerEnv, usable_cpus
 from collective.errors import ConfigError, FleetError
 from fleet.heter.model import HeterModel, as_target
 from fleet.ps import runtime as ps_runtime
@@ -42,6 +49,8 @@ HETER_DENSE_TABLE = "__heter_dense__"
 """The PS dense table of the heter workers' dense parameters (``device_part``)."""
 DENSE_BLOCK = "dense"
 """Its one block: every parameter of ``device_part``, flat float32."""
+PHASES = ("decode", "wait", "forward_backward", "reply", "update", "push", "pull")
+"""The phases timed per micro-batch (the heter worker's closing log line shows their seconds)."""
 SERVER_CHECK_S = 2.0
 """How often a serving heter worker checks that the parameter servers are up."""
 
@@ -89,7 +98,11 @@ class HeterWorker:
         self.optimizer = optimizer
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.sync = not strategy.a_sync
-        self.recovery_s = strategy.heter_configs.recovery_timeout_s
+        cfg = strategy.heter_configs
+        self.recovery_s = cfg.recovery_timeout_s
+        self.pull_interval = cfg.dense_pull_interval
+        if self.device.type == "cpu":
+            torch.set_num_threads(cfg.intra_op_threads or usable_cpus())
         self.trainers = [t for t in range(env.world_size) if t % self.num_heter == self.index]
         self.stopped: set[int] = set()
         self.stepped: set[int] = set()
@@ -99,6 +112,7 @@ class HeterWorker:
         self.device_lock = threading.Lock()
         self.cv = threading.Condition()
         self.round: list[dict[str, Any]] = []
+        self.pending: list[dict[str, Any]] = []  # async: micro-batches waiting for the device
         self.latest: np.ndarray | None = None
         self.latest_lock = threading.Lock()
         self.busy_s = 0.0
@@ -106,6 +120,13 @@ class HeterWorker:
         self.micro_batches = 0
         self.first_t: float | None = None  # when the first micro-batch's work began
         self.last_t = 0.0  # when the last one's ended
+        self.phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        """Seconds per phase of the micro-batches (summed over request threads; ``push`` and
+        ``pull`` run off the critical path in async mode)."""
+        self.merges = 0  # forward/backward passes (async: one per merged group)
+        self.pushes = 0
+        self._sendq: queue.Queue[np.ndarray | None] = queue.Queue()
+        self._sender: threading.Thread | None = None
         self.client = PSClient(list(env.pserver_endpoints))
         self.client.wait_ready(timeout_s=120)
         self.client.create_dense_table(HETER_DENSE_TABLE, optimizer=rule_from_torch(optimizer))
@@ -177,6 +198,11 @@ class HeterWorker:
             out.append(t.requires_grad_(t.is_floating_point()))
         return out
 
+    def _add(self, phase: str, t0: float) -> float:
+        now = time.perf_counter()
+        self.phases[phase] += now - t0
+        return now
+
     def hello(self, h: dict[str, Any], a: dict[str, np.ndarray]) -> Any:
         trainer = int(h["trainer"])
         if trainer not in self.trainers:
@@ -200,16 +226,11 @@ class HeterWorker:
         if self.fatal is not None:
             raise self.fatal
         self.stepped.add(trainer)
+        t0 = time.perf_counter()
         item = {"trainer": trainer, "acts": self._tensors(trainer, a), "label": a["label"]}
+        t0 = self._add("decode", t0)
         if not self.sync:
-            with self.device_lock:
-                self._refresh()
-                (reply,), grad = self._compute([item])
-            self.client.push_dense(HETER_DENSE_TABLE, DENSE_BLOCK, grad, mode="apply")
-            fresh = self.client.pull_dense(HETER_DENSE_TABLE, DENSE_BLOCK)
-            with self.latest_lock:
-                self.latest = fresh
-            return reply
+            return self._step_async(item, t0)
         with self.cv:
             self.round.append(item)
             batch = self._full_round_locked()
@@ -220,6 +241,77 @@ class HeterWorker:
         if "error" in item:
             raise item["error"]
         return item["reply"]
+
+    def _step_async(self, item: dict[str, Any], t0: float) -> Any:
+        """Queue ``item``; whichever request thread gets the device next computes every queued
+        micro-batch as one, applies the summed gradient locally and hands it to the sender."""
+        with self.cv:
+            self.pending.append(item)
+        with self.device_lock:
+            t0 = self._add("wait", t0)
+            if "reply" not in item and "error" not in item:
+                with self.cv:
+                    batch, self.pending = self.pending, []
+                try:
+                    self._refresh()
+                    replies, grad = self._compute(batch, mean=False)
+                    t1 = time.perf_counter()
+                    self.optimizer.step()  # the local copy, by the servers' rule
+                    self.busy_s += time.perf_counter() - t1
+                    self.last_t = self._add("update", t1)
+                    self._send(grad)
+                    for it, reply in zip(batch, replies):
+                        it["reply"] = reply
+                except Exception as err:  # noqa: BLE001 - every merged trainer gets the error
+                    for it in batch:
+                        it["error"] = err
+        if "error" in item:
+            raise item["error"]
+        return item["reply"]
+
+    def _send(self, grad: np.ndarray) -> None:
+        if self._sender is None:
+            self._sender = threading.Thread(
+                target=self._send_loop, name="heter-sender", daemon=True
+            )
+            self._sender.start()
+        self._sendq.put(grad)
+
+    def _send_loop(self) -> None:
+        """Async: push the queued gradients (summed), pull every ``pull_interval`` pushes."""
+        while True:
+            grad = self._sendq.get()
+            if grad is None:
+                return
+            while True:
+                try:
+                    more = self._sendq.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._sendq.put(None)
+                    break
+                grad = grad + more
+            try:
+                t0 = time.perf_counter()
+                self.client.push_dense(HETER_DENSE_TABLE, DENSE_BLOCK, grad, mode="apply")
+                t0 = self._add("push", t0)
+                self.pushes += 1
+                if self.pushes % self.pull_interval == 0:
+                    fresh = self.client.pull_dense(HETER_DENSE_TABLE, DENSE_BLOCK)
+                    with self.latest_lock:
+                        self.latest = fresh
+                    self._add("pull", t0)
+            except Exception as err:  # noqa: BLE001 - the next micro-batch raises it
+                logger.exception("heter worker %d: dense push failed", self.index)
+                self.fatal = self.fatal or err
+                return
+
+    def flush(self) -> None:
+        """Async: wait until the sender pushed every queued gradient."""
+        if self._sender is not None:
+            self._sendq.put(None)
+            self._sender.join(timeout=self.recovery_s)
 
     def stop(self, h: dict[str, Any], a: dict[str, np.ndarray]) -> Any:
         trainer = int(h["trainer"])
@@ -240,20 +332,38 @@ class HeterWorker:
         if fresh is not None:
             self._set(fresh)
 
-    def _compute(self, items: list[dict[str, Any]]) -> tuple[list[Any], np.ndarray]:
-        """Forward + loss + backward of each micro-batch (the caller holds the device lock);
-        the replies and the mean dense gradient."""
+    def _compute(
+        self, items: list[dict[str, Any]], mean: bool = True
+    ) -> tuple[list[Any], np.ndarray]:
+        """One forward + loss + backward of the micro-batches concatenated along the batch (the
+        caller holds the device lock); the replies and the dense gradient: the sum of the
+        micro-batches' loss gradients (``mean``: divided by their number). Each micro-batch's
+        loss is ``loss_fn`` over its own rows, so its activation gradients equal a separate
+        step's when ``device_part`` treats rows independently (no batch statistics)."""
         t0 = time.perf_counter()
         self.first_t = t0 if self.first_t is None else self.first_t
         self.net.train()
         for p in self.params:
             p.grad = None
-        replies = []
-        for item in items:
+        sizes = [int(item["acts"][0].shape[0]) if item["acts"] else 0 for item in items]
+        if len(items) == 1:
+            acts = items[0]["acts"]
+        else:
+            acts = [torch.cat(ts) for ts in zip(*(item["acts"] for item in items))]
+        out = self.net(*acts)
+        losses = []
+        offset = 0
+        for item, n in zip(items, sizes):
+            part = out[offset : offset + n] if len(items) > 1 else out
             label = torch.from_numpy(np.array(item["label"])).to(self.device)
-            out = self.net(*item["acts"])
-            loss = self.loss_fn(out, as_target(self.loss_fn, out, label))
-            loss.backward()
+            losses.append(self.loss_fn(part, as_target(self.loss_fn, part, label)))
+            offset += n
+        (losses[0] if len(losses) == 1 else torch.stack(losses).sum()).backward()
+        t1 = self._add("forward_backward", t0)
+        out_np = out.detach().float().cpu().numpy()
+        replies = []
+        offset = 0
+        for item, n, loss in zip(items, sizes, losses):
             grads = {
                 f"grad{i}": (t.grad if t.grad is not None else torch.zeros_like(t))
                 .detach()
@@ -261,12 +371,16 @@ class HeterWorker:
                 .numpy()
                 for i, t in enumerate(item["acts"])
             }
-            grads["out"] = out.detach().float().cpu().numpy()
+            grads["out"] = out_np[offset : offset + n]
             replies.append(({"loss": float(loss.detach())}, grads))
-        grad = self._flat(True) / max(len(items), 1)
-        self.last_t = time.perf_counter()
+            offset += n
+        grad = self._flat(True)
+        if mean and len(items) > 1:
+            grad = grad / len(items)
+        self.last_t = self._add("reply", t1)
         self.busy_s += self.last_t - t0
         self.micro_batches += len(items)
+        self.merges += 1
         return replies, grad
 
     def _full_round_locked(self) -> list[dict[str, Any]] | None:
@@ -281,12 +395,15 @@ class HeterWorker:
         try:
             with self.device_lock:
                 replies, grad = self._compute(batch)
+                t0 = time.perf_counter()
                 self.client.push_dense(
                     HETER_DENSE_TABLE, DENSE_BLOCK, grad, mode="sync", sync_count=self.num_heter
                 )
                 if self.num_heter > 1:
                     self.client.barrier("fleet.heter round", self.num_heter)
+                t0 = self._add("push", t0)
                 self._set(self.client.pull_dense(HETER_DENSE_TABLE, DENSE_BLOCK))
+                self._add("pull", t0)
             for item, reply in zip(batch, replies):
                 item["reply"] = reply
         except Exception as err:  # noqa: BLE001 - every waiting trainer gets the error
@@ -371,6 +488,7 @@ def run_heter_worker(model: Any = None, optimizer: Any = None) -> None:
     t0 = time.perf_counter()
     try:
         worker.serve()
+        worker.flush()
     finally:
         server.stop()
         worker.client.close()
@@ -385,6 +503,15 @@ def run_heter_worker(model: Any = None, optimizer: Any = None) -> None:
             span,
             100.0 * worker.busy_s / span,
             time.perf_counter() - t0,
+        )
+        logger.info(
+            "heter worker %d phases (s): %s; %d forward/backward passes, %d dense pushes, %d "
+            "intra-op threads",
+            worker.index,
+            ", ".join(f"{k} {v:.2f}" for k, v in worker.phases.items()),
+            worker.merges,
+            worker.pushes,
+            torch.get_num_threads(),
         )
 
 

@@ -58,6 +58,9 @@ one failure). Trainers get FLEET_PS_RECONNECT_S.
 Not like the local scheduler: a recovery after some trainer pods finished (exit 0) waits for them
 at the barrier until ``--rdzv_timeout`` and fails; the pods of one run id share ``.pods`` (a job
 re-applied with the same name and run id should get a fresh ``ps_checkpoint.dir``).
+
+What the manifest gets for this (the volume check, the pods' env, the ``podFailurePolicy``) is
+:mod:`launcher.schedulers.k8s.ps_manifest`; its names are importable from here too.
 """
 
 from __future__ import annotations
@@ -74,15 +77,18 @@ from multiprocessing import AuthenticationError
 from typing import Any
 
 from collective import ps_coordination as wire
-from collective.env import (
-    FLEET_PS_COORDINATOR,
-    FLEET_PS_RESUME_POSITION,
-    PSCheckpointEnv,
-    ps_checkpoint_env,
-)
+from collective.env import FLEET_PS_COORDINATOR, FLEET_PS_RESUME_POSITION
 from collective.errors import ConfigError, LaunchError
 from launcher.recovery.ps_policy import ALONE_MODES, RESTORE_LATEST_ENV, Recovery, latest_committed
-from launcher.spec import JobSpec
+from launcher.schedulers.k8s.ps_manifest import (
+    MAX_RESTARTS_ENV,
+    RECONNECT_ENV,
+    RECONNECT_S,
+    REFUSED_EXIT,
+    check_checkpoint_volume,
+    checkpoint_env,
+    pod_failure_policy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -91,95 +97,12 @@ PODS_DIR = ".pods"
 WATCH_PERIOD_S = 0.5
 """Seconds between two looks at the generation while the pod's process runs."""
 CHECKPOINT_DIR_ENV = "FLEET_PS_CHECKPOINT_DIR"
-RECONNECT_ENV = "FLEET_PS_RECONNECT_S"
-"""PSClient's reconnect time (``ps_server.rpc.rpc_client.RECONNECT_ENV``; not imported: the
-launcher loads no grpc)."""
-RECONNECT_S = 60.0
-"""The trainers' FLEET_PS_RECONNECT_S (unless the job's env sets it): a restarting server pod
-(container start, imports, tables) is waited for this long."""
-MAX_RESTARTS_ENV = "FLEET_PS_MAX_RESTARTS"
-"""The job's ``max_restarts`` in every pod: the recoveries the pods may start (counted on the
-volume)."""
-REFUSED_EXIT = 3
-"""Exit code of a pod when the job cannot recover (no checkpoint yet, budget spent): the
-trainers' Job fails at once on it (``podFailurePolicy``)."""
 FAILED_FILE = "failed"
 COORDINATOR_POD = "coordinator-0"
 """The trainers' coordinator pod among a generation's members (when the job has one)."""
 TOKEN_ENV = "FLEET_PS_TOKEN"
 ASK_TIMEOUT_S = 10.0
 """Longest a restarted trainer pod waits for the coordinator's answer (none: every pod restarts)."""
-
-
-# -- rendering (launcher.schedulers.k8s.render calls these) ---------------------------------------
-def check_checkpoint_volume(spec: JobSpec) -> None:
-    """ConfigError unless ``ps_checkpoint.dir`` is an absolute path on a writable mount of a
-    PersistentVolumeClaim (every pod, servers and trainers, must see the same files)."""
-    directory = spec.ps_checkpoint.dir
-    if not directory:
-        return
-    claims = {v.get("name") for v in spec.k8s.volumes if "persistentVolumeClaim" in v}
-    example = (
-        "e.g. k8s: {volumes: [{name: ckpt, persistentVolumeClaim: {claimName: ps-ckpt}}], "
-        "volume_mounts: [{name: ckpt, mountPath: /ckpt}]} and ps_checkpoint.dir: /ckpt/JOB; "
-        "the claim must be ReadWriteMany (NFS, CephFS, a cloud file store) and exist before "
-        "the job is applied"
-    )
-    if not os.path.isabs(directory):
-        raise ConfigError(
-            f"{directory!r} must be an absolute path inside the pods on a mounted "
-            f"PersistentVolumeClaim shared by every pod; {example}",
-            key="ps_checkpoint.dir",
-        )
-    for mount in spec.k8s.volume_mounts:
-        path = str(mount.get("mountPath", "")).rstrip("/")
-        if (
-            mount.get("name") in claims
-            and not mount.get("readOnly")
-            and (directory == path or directory.startswith(path + "/"))
-        ):
-            return
-    raise ConfigError(
-        f"{directory!r} is on no writable k8s.volume_mounts entry of a "
-        f"persistentVolumeClaim volume: servers and trainers must share it; {example}",
-        key="ps_checkpoint.dir",
-    )
-
-
-def checkpoint_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
-    """FLEET_PS_CHECKPOINT_* and FLEET_PS_MAX_RESTARTS of every pod (the pods keep their
-    recovery files in the directory) and the trainers' FLEET_PS_RECONNECT_S; empty without
-    ``ps_checkpoint.dir``."""
-    cfg = spec.ps_checkpoint
-    if not cfg.dir:
-        return []
-    env = ps_checkpoint_env(PSCheckpointEnv(cfg.dir, cfg.interval_s, cfg.keep))
-    env[MAX_RESTARTS_ENV] = str(spec.max_restarts)
-    if role == "trainer" and RECONNECT_ENV not in spec.env:
-        env[RECONNECT_ENV] = f"{RECONNECT_S:g}"
-    return [{"name": k, "value": v} for k, v in env.items() if k not in spec.env]
-
-
-def pod_failure_policy(spec: JobSpec) -> dict[str, Any] | None:
-    """The trainers' Job ``podFailurePolicy``: a pod exiting :data:`REFUSED_EXIT` (the job cannot
-    recover) fails the Job at once rather than being retried; None without ``ps_checkpoint``."""
-    if not spec.ps_checkpoint.dir:
-        return None
-    # (an empty onPodConditions: the 1.28 schema requires the field; the API server takes an
-    # empty list as "not set", as elastic.py does)
-    return {
-        "rules": [
-            {
-                "action": "FailJob",
-                "onPodConditions": [],
-                "onExitCodes": {
-                    "containerName": "trainer",
-                    "operator": "In",
-                    "values": [REFUSED_EXIT],
-                },
-            }
-        ]
-    }
 
 
 class RecoveryRefused(LaunchError):
@@ -592,9 +515,12 @@ def enter(
 
 
 __all__ = [
+    "CHECKPOINT_DIR_ENV",
     "COORDINATOR_POD",
     "MAX_RESTARTS_ENV",
     "PODS_DIR",
+    "RECONNECT_ENV",
+    "RECONNECT_S",
     "REFUSED_EXIT",
     "PodGeneration",
     "RecoveryRefused",

@@ -29,10 +29,10 @@ time is not written to disk before its push. One ``argpartition`` over a packed 
 pick. Chosen over pure recency (``eviction="recency"``) by the hit rate on the benchmark's
 Zipf(1.1) stream (the numbers are in ``docs/ps/ssd-storage.md``).
 
-Aging is lazy on disk (:mod:`ps_server.core.ssd_aging`): a cold row records the table's day number when it was evicted;
-``end_day`` ages the rows in memory and bumps the day number, and a row read back gets the days
-it missed applied (unseen_days and show decay, with the same float arithmetic as
-``end_day``). ``shrink`` deletes old rows from both tiers (a scan of RocksDB).
+Aging is lazy on disk (:mod:`ps_server.core.ssd_aging`): a cold row records the table's day
+number when it was evicted; ``end_day`` ages the rows in memory and bumps the day number, and a
+row read back gets the days it missed applied (unseen_days and show decay, with the same float
+arithmetic as ``end_day``). ``shrink`` deletes old rows from both tiers (a scan of RocksDB).
 
 Checkpoints: a full snapshot holds the rows of both tiers (the queue written first, the memory
 rows copied, the cold rows read shard by shard from a RocksDB snapshot while the checkpoint is

@@ -31,7 +31,15 @@ def run_job(args: argparse.Namespace, tmp: str, heter: bool) -> dict:
     path = os.path.join(tmp, "ctr.json")
     if heter:
         sizes = ["--worker_num", "2", "--heter_worker_num", "1"]
-        script = ["examples/ctr/train_heter.py", "--max_in_flight", str(args.max_in_flight)]
+        script = [
+            "examples/ctr/train_heter.py",
+            "--max_in_flight",
+            str(args.max_in_flight),
+            "--intra_op_threads",
+            str(args.intra_op_threads),
+            "--dense_pull_interval",
+            str(args.dense_pull_interval),
+        ]
     else:
         sizes = ["--worker_num", "3"]
         script = ["examples/ctr/train_ps.py"]
@@ -68,6 +76,13 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=100_000)
     ap.add_argument("--test", type=int, default=20_000)
     ap.add_argument("--max_in_flight", type=int, default=2)
+    ap.add_argument(
+        "--intra_op_threads",
+        type=int,
+        default=1,
+        help="the heter worker's intra-op threads (1: faster than 2 on cores it shares)",
+    )
+    ap.add_argument("--dense_pull_interval", type=int, default=8)
     ap.add_argument("--json")
     args = ap.parse_args()
     res: dict[str, list[dict]] = {"heter": [], "trainers": []}
@@ -101,7 +116,12 @@ def main() -> None:
         goal="examples/s >= 0.9x; AUC within 0.005",
         unit="",
         json_path=args.json,
-        extra={"row_units": ["ex/s", "AUC"], "max_in_flight": args.max_in_flight},
+        extra={
+            "row_units": ["ex/s", "AUC"],
+            "max_in_flight": args.max_in_flight,
+            "intra_op_threads": args.intra_op_threads,
+            "dense_pull_interval": args.dense_pull_interval,
+        },
     )
 
 

@@ -157,3 +157,39 @@ def test_reference_learns() -> None:
     ids, _, label = batches(0, 0, 1, 64)[0]
     assert ids.shape == (64, 3) and 0 < float(label.mean()) < 1
     assert auc(np.array([0.1, 0.9]), np.array([0.0, 1.0])) == 1.0
+
+
+@pytest.mark.timeout(60)
+def test_merged_micro_batches_equal_separate_steps() -> None:
+    """Micro-batches merged into one forward/backward: each trainer's activation gradients and
+    loss are a separate step's, the dense gradient is the separate steps' sum (mean: divided by
+    their number)."""
+    import torch
+
+    from fleet.heter.worker import PHASES, HeterWorker
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    w = HeterWorker.__new__(HeterWorker)  # the compute needs no servers
+    w.net, w.loss_fn, w.device = net, torch.nn.BCEWithLogitsLoss(), torch.device("cpu")
+    w.params = list(net.parameters())
+    w.phases = dict.fromkeys(PHASES, 0.0)
+    w.first_t, w.last_t, w.busy_s, w.micro_batches, w.merges = None, 0.0, 0.0, 0, 0
+    rng = np.random.default_rng(0)
+
+    def item(n: int) -> dict:
+        act = torch.from_numpy(rng.normal(size=(n, 6)).astype(np.float32)).requires_grad_()
+        return {"acts": [act], "label": (rng.random(n) < 0.5).astype(np.float32)}
+
+    items = [item(5), item(3)]
+    alone = [w._compute([dict(it, acts=[it["acts"][0].detach().requires_grad_()])]) for it in items]
+    replies, summed = w._compute(items, mean=False)
+    _, mean = w._compute(
+        [dict(it, acts=[it["acts"][0].detach().requires_grad_()]) for it in items], mean=True
+    )
+    np.testing.assert_allclose(summed, alone[0][1] + alone[1][1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mean, summed / 2, rtol=1e-5, atol=1e-6)
+    for (head, arrays), ((head1, arrays1),) in zip(replies, (a[0] for a in alone)):
+        assert abs(head["loss"] - head1["loss"]) < 1e-6
+        np.testing.assert_allclose(arrays["grad0"], arrays1["grad0"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(arrays["out"], arrays1["out"], rtol=1e-5, atol=1e-6)

@@ -1,5 +1,9 @@
 """fleetrun's collective layer: env contract, process groups, communication API, topology.
 
+The env contract is :mod:`collective.env` (its parser and a collective job's layout), with
+:mod:`collective.env_base` (the variable names and enums) and :mod:`collective.env_ps` (a PS
+job's layout) behind it; ``collective.env`` re-exports both.
+
 ``import collective as dist`` gives a paddle.distributed-style API over torch.distributed::
 
     dist.init_parallel_env()

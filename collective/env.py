@@ -1,9 +1,11 @@
 """The env contract: what the launcher gives every process, and the one parser of it.
 
-The launcher builds the variables with :func:`make_worker_env`; a worker reads them back with
-:func:`read_worker_env` into a frozen :class:`WorkerEnv`. No other module reads ``os.environ``
-for these names. Both variable families are set so torchrun scripts and Paddle-Fleet scripts run
-unchanged (see the table in docs/launching/env-contract.md).
+The launcher builds the variables with :func:`make_worker_env` (a PS job's with
+:mod:`collective.env_ps`); a worker reads them back with :func:`read_worker_env` into a frozen
+:class:`WorkerEnv`. No module outside the contract's three (this one, :mod:`collective.env_base`:
+the variable names and enums, and :mod:`collective.env_ps`) reads ``os.environ`` for these names.
+Both variable families are set so torchrun scripts and Paddle-Fleet scripts run unchanged (see the
+table in docs/launching/env-contract.md). Every public name of the other two is re-exported here.
 
 This module imports only the standard library: the launcher imports it at CLI start.
 """
@@ -13,73 +15,43 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
 
+from collective.env_base import (
+    FLEET_BACKEND,
+    FLEET_ERROR_FILE,
+    FLEET_JOB_NAME,
+    FLEET_LOG_DIR,
+    FLEET_METRICS_HOST,
+    FLEET_METRICS_PORT,
+    FLEET_NNODES,
+    FLEET_PS_CHECKPOINT_DIR,
+    FLEET_PS_CHECKPOINT_INTERVAL,
+    FLEET_PS_CHECKPOINT_KEEP,
+    FLEET_PS_COORDINATOR,
+    FLEET_PS_RESUME_POSITION,
+    FLEET_PS_SSD_ROOT,
+    FLEET_PS_TABLE_THREADS,
+    FLEET_STRATEGY,
+    PADDLE_HETER_TRAINER_DEVICE,
+    PADDLE_HETER_TRAINER_IP_PORT_LIST,
+    Backend,
+    StrEnum,
+    TrainingRole,
+    metrics_env,
+    read_int,
+    read_metrics_endpoint,
+)
+from collective.env_ps import (
+    PSCheckpointEnv,
+    PSLayout,
+    make_ps_heter_env,
+    make_ps_server_env,
+    make_ps_trainer_env,
+    ps_checkpoint_env,
+    read_ps_checkpoint_env,
+)
 from collective.errors import EnvContractError
 from collective.ports import find_free_port
-
-
-class StrEnum(str, Enum):
-    """``enum.StrEnum`` for Python 3.10 (3.11 has it built in)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-class TrainingRole(StrEnum):
-    """Paddle's ``TRAINING_ROLE`` values."""
-
-    TRAINER = "TRAINER"
-    PSERVER = "PSERVER"
-    HETER_TRAINER = "HETER_TRAINER"
-    """A heterogeneous PS job's device worker: runs the dense half of the model for the CPU
-    trainers (:mod:`fleet.heter`)."""
-
-
-class Backend(StrEnum):
-    """Process-group backend asked of the launcher; ``auto`` is resolved in the worker."""
-
-    AUTO = "auto"
-    GLOO = "gloo"
-    NCCL = "nccl"
-
-
-# The fleetrun-specific variables (the rest are the torchrun and Paddle families).
-FLEET_ERROR_FILE = "FLEET_ERROR_FILE"
-FLEET_LOG_DIR = "FLEET_LOG_DIR"
-FLEET_BACKEND = "FLEET_BACKEND"
-FLEET_JOB_NAME = "FLEET_JOB_NAME"
-FLEET_NNODES = "FLEET_NNODES"
-FLEET_STRATEGY = "FLEET_STRATEGY"
-FLEET_METRICS_PORT = "FLEET_METRICS_PORT"
-FLEET_METRICS_HOST = "FLEET_METRICS_HOST"
-FLEET_PS_TABLE_THREADS = "FLEET_PS_TABLE_THREADS"
-"""Threads a parameter server splits one large pull/push over (ps_server.server)."""
-FLEET_PS_CHECKPOINT_DIR = "FLEET_PS_CHECKPOINT_DIR"
-"""PS trainers: where the job's automatic checkpoints go (fleetrun --ps_checkpoint_dir); set =
-checkpoints on, and the trainers resume from the newest good one there at start."""
-FLEET_PS_CHECKPOINT_INTERVAL = "FLEET_PS_CHECKPOINT_INTERVAL"
-"""Seconds between automatic PS checkpoints (--ps_checkpoint_interval)."""
-FLEET_PS_CHECKPOINT_KEEP = "FLEET_PS_CHECKPOINT_KEEP"
-"""Automatic PS checkpoints kept (--ps_checkpoint_keep; 0 = all)."""
-FLEET_PS_COORDINATOR = "FLEET_PS_COORDINATOR"
-"""PS trainers: ``host:port`` of the trainers' coordinator that fleetrun's agent hosts for a job
-with automatic checkpoints (``launcher.recovery.coordinator``); async/half-async/GEO trainers then form
-no gloo group and meet through it, so one of them can be restarted alone
-(:mod:`collective.ps_coordination`)."""
-PADDLE_HETER_TRAINER_IP_PORT_LIST = "PADDLE_HETER_TRAINER_IP_PORT_LIST"
-"""Heterogeneous PS jobs: ``ip:port`` of every heter worker, in every role's environment (its
-presence makes a PS job heterogeneous, as in Paddle)."""
-PADDLE_HETER_TRAINER_DEVICE = "PADDLE_HETER_TRAINER_DEVICE"
-"""A heter worker's device (``cpu``, ``cuda``, ``cuda:N``; fleetrun ``--heter_devices``)."""
-FLEET_PS_SSD_ROOT = "FLEET_PS_SSD_ROOT"
-"""A parameter server's directory for the cold rows of ``storage="ssd"`` tables (fleetrun
-``--ps_ssd_dir``: ``<dir>/server-<i>``), read by every way a server starts from the env
-contract (``fleet.init_server``, ``python -m ps_server --from_env``)."""
-FLEET_PS_RESUME_POSITION = "FLEET_PS_RESUME_POSITION"
-"""A PS trainer restarted alone: its data position as JSON (``{"pass", "step_in_pass",
-"step"}``), from its progress file; it skips that much data and loads no checkpoint."""
 
 
 def usable_cpus() -> int:
@@ -156,19 +128,6 @@ class WorkerEnv:
     """True when a launcher set the contract; False for a plain ``python script.py``."""
 
 
-def _get_int(env: Mapping[str, str], name: str) -> int | None:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise EnvContractError(
-            f"environment variable {name}={raw!r} is not an integer; the launcher sets it to a "
-            "whole number — unset it or launch with fleetrun/torchrun"
-        ) from None
-
-
 def _split_endpoints(raw: str | None) -> tuple[str, ...]:
     return tuple(e.strip() for e in (raw or "").split(",") if e.strip())
 
@@ -192,8 +151,8 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         return _read_server_env(env)
     if env.get("TRAINING_ROLE", "").upper() == TrainingRole.HETER_TRAINER.value:
         return _read_heter_env(env)
-    t_rank, t_world = _get_int(env, "RANK"), _get_int(env, "WORLD_SIZE")
-    p_rank, p_world = _get_int(env, "PADDLE_TRAINER_ID"), _get_int(env, "PADDLE_TRAINERS_NUM")
+    t_rank, t_world = read_int(env, "RANK"), read_int(env, "WORLD_SIZE")
+    p_rank, p_world = read_int(env, "PADDLE_TRAINER_ID"), read_int(env, "PADDLE_TRAINERS_NUM")
     endpoints = _split_endpoints(env.get("PADDLE_TRAINER_ENDPOINTS"))
     role_raw = env.get("TRAINING_ROLE", TrainingRole.TRAINER.value).upper()
     try:
@@ -230,19 +189,19 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
             f"rank {rank} is outside 0..WORLD_SIZE-1 for WORLD_SIZE={world_size}"
         )
 
-    local_rank = _get_int(env, "LOCAL_RANK")
+    local_rank = read_int(env, "LOCAL_RANK")
     if local_rank is None:
-        local_rank = _get_int(env, "PADDLE_RANK_IN_NODE")
+        local_rank = read_int(env, "PADDLE_RANK_IN_NODE")
     local_rank = 0 if local_rank is None else local_rank
-    local_world = _get_int(env, "LOCAL_WORLD_SIZE") or (world_size if not launched else 1)
-    if local_rank >= local_world and _get_int(env, "LOCAL_WORLD_SIZE") is not None:
+    local_world = read_int(env, "LOCAL_WORLD_SIZE") or (world_size if not launched else 1)
+    if local_rank >= local_world and read_int(env, "LOCAL_WORLD_SIZE") is not None:
         raise EnvContractError(
             f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world}"
         )
     local_world = max(local_world, local_rank + 1)
 
     master_addr = env.get("MASTER_ADDR") or ""
-    master_port = _get_int(env, "MASTER_PORT") or 0
+    master_port = read_int(env, "MASTER_PORT") or 0
     if endpoints and len(endpoints) != world_size and role is TrainingRole.TRAINER:
         raise EnvContractError(
             f"PADDLE_TRAINER_ENDPOINTS has {len(endpoints)} entries but there are "
@@ -263,14 +222,14 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         raise EnvContractError(
             f"{FLEET_BACKEND}={backend_raw!r} is not auto, gloo or nccl"
         ) from None
-    num_nodes = _get_int(env, "GROUP_WORLD_SIZE") or _get_int(env, FLEET_NNODES) or 1
+    num_nodes = read_int(env, "GROUP_WORLD_SIZE") or read_int(env, FLEET_NNODES) or 1
 
     return WorkerEnv(
         rank=rank,
         world_size=world_size,
         local_rank=local_rank,
         local_world_size=local_world,
-        node_rank=_get_int(env, "GROUP_RANK") or 0,
+        node_rank=read_int(env, "GROUP_RANK") or 0,
         num_nodes=num_nodes,
         master_addr=master_addr or "127.0.0.1",
         master_port=master_port,
@@ -281,8 +240,8 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         pserver_endpoints=pservers,
         heter_endpoints=_split_endpoints(env.get(PADDLE_HETER_TRAINER_IP_PORT_LIST)),
         run_id=env.get("TORCHELASTIC_RUN_ID", "none"),
-        restart_count=_get_int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
-        max_restarts=_get_int(env, "TORCHELASTIC_MAX_RESTARTS") or 0,
+        restart_count=read_int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+        max_restarts=read_int(env, "TORCHELASTIC_MAX_RESTARTS") or 0,
         backend=backend,
         error_file=env.get(FLEET_ERROR_FILE) or env.get("TORCHELASTIC_ERROR_FILE") or None,
         log_dir=env.get(FLEET_LOG_DIR) or None,
@@ -292,71 +251,10 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     )
 
 
-def read_metrics_endpoint(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``{"metrics_port", "metrics_host"}`` from FLEET_METRICS_PORT / FLEET_METRICS_HOST (the
-    part of the contract a bare ``PSServer`` reads too); port 0 = no endpoint."""
-    env = os.environ if environ is None else environ
-    port = _get_int(env, FLEET_METRICS_PORT) or 0
-    if not 0 <= port < 65536:
-        raise EnvContractError(
-            f"{FLEET_METRICS_PORT}={port} is not a port (0..65535; 0 = no endpoint)"
-        )
-    return {"metrics_port": port, "metrics_host": env.get(FLEET_METRICS_HOST) or "127.0.0.1"}
-
-
-def metrics_env(port: int, host: str = "127.0.0.1") -> dict[str, str]:
-    """FLEET_METRICS_PORT/HOST for a process given a metrics port (nothing for 0)."""
-    return {FLEET_METRICS_PORT: str(port), FLEET_METRICS_HOST: host} if port else {}
-
-
-@dataclass(frozen=True)
-class PSCheckpointEnv:
-    """Automatic checkpoints of a PS job, as the launcher hands them to the trainers."""
-
-    dir: str
-    """Directory of the numbered checkpoints (on the servers' side, under their roots)."""
-    interval_s: float = 600.0
-    """Seconds between checkpoints (cut at a step boundary every trainer agrees on)."""
-    keep: int = 3
-    """Newest checkpoints kept (0 = all)."""
-
-
-def ps_checkpoint_env(cfg: PSCheckpointEnv) -> dict[str, str]:
-    """FLEET_PS_CHECKPOINT_* for the trainers of a job with automatic checkpoints."""
-    return {
-        FLEET_PS_CHECKPOINT_DIR: cfg.dir,
-        FLEET_PS_CHECKPOINT_INTERVAL: repr(float(cfg.interval_s)),
-        FLEET_PS_CHECKPOINT_KEEP: str(cfg.keep),
-    }
-
-
-def read_ps_checkpoint_env(environ: Mapping[str, str] | None = None) -> PSCheckpointEnv | None:
-    """The automatic-checkpoint settings (None when FLEET_PS_CHECKPOINT_DIR is unset)."""
-    env = os.environ if environ is None else environ
-    directory = env.get(FLEET_PS_CHECKPOINT_DIR, "")
-    if not directory:
-        return None
-    raw = env.get(FLEET_PS_CHECKPOINT_INTERVAL) or "600"
-    try:
-        interval = float(raw)
-    except ValueError:
-        interval = -1.0
-    if not interval > 0:
-        raise EnvContractError(
-            f"{FLEET_PS_CHECKPOINT_INTERVAL}={raw!r} must be a number of seconds > 0 "
-            "(fleetrun --ps_checkpoint_interval sets it)"
-        )
-    keep = _get_int(env, FLEET_PS_CHECKPOINT_KEEP)
-    keep = 3 if keep is None else keep
-    if keep < 0:
-        raise EnvContractError(f"{FLEET_PS_CHECKPOINT_KEEP}={keep} must be >= 0 (0 = keep all)")
-    return PSCheckpointEnv(directory, interval, keep)
-
-
 def _read_server_env(env: Mapping[str, str]) -> WorkerEnv:
     """The PSERVER side of the contract: POD_IP:PADDLE_PORT must be one of the server list."""
     pservers = _split_endpoints(env.get("PADDLE_PSERVERS_IP_PORT_LIST"))
-    pod_ip, port = env.get("POD_IP", ""), _get_int(env, "PADDLE_PORT")
+    pod_ip, port = env.get("POD_IP", ""), read_int(env, "PADDLE_PORT")
     if not pservers or not pod_ip or port is None:
         raise EnvContractError(
             "TRAINING_ROLE=PSERVER needs PADDLE_PSERVERS_IP_PORT_LIST, POD_IP and PADDLE_PORT "
@@ -370,7 +268,7 @@ def _read_server_env(env: Mapping[str, str]) -> WorkerEnv:
             f"({','.join(pservers)})"
         )
     trainers = _split_endpoints(env.get("PADDLE_TRAINER_ENDPOINTS"))
-    num_trainers = _get_int(env, "PADDLE_TRAINERS_NUM") or len(trainers) or 1
+    num_trainers = read_int(env, "PADDLE_TRAINERS_NUM") or len(trainers) or 1
     backend_raw = env.get(FLEET_BACKEND, Backend.AUTO.value).lower()
     return WorkerEnv(
         rank=0,
@@ -382,8 +280,8 @@ def _read_server_env(env: Mapping[str, str]) -> WorkerEnv:
         training_role=TrainingRole.PSERVER,
         pserver_endpoints=pservers,
         run_id=env.get("TORCHELASTIC_RUN_ID", "none"),
-        restart_count=_get_int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
-        max_restarts=_get_int(env, "TORCHELASTIC_MAX_RESTARTS") or 0,
+        restart_count=read_int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+        max_restarts=read_int(env, "TORCHELASTIC_MAX_RESTARTS") or 0,
         backend=Backend(backend_raw) if backend_raw in {b.value for b in Backend} else Backend.AUTO,
         error_file=env.get(FLEET_ERROR_FILE) or env.get("TORCHELASTIC_ERROR_FILE") or None,
         log_dir=env.get(FLEET_LOG_DIR) or None,
@@ -398,7 +296,7 @@ def _read_server_env(env: Mapping[str, str]) -> WorkerEnv:
 def _read_heter_env(env: Mapping[str, str]) -> WorkerEnv:
     """The HETER_TRAINER side: POD_IP:PADDLE_PORT must be one of the heter worker list."""
     heters = _split_endpoints(env.get(PADDLE_HETER_TRAINER_IP_PORT_LIST))
-    pod_ip, port = env.get("POD_IP", ""), _get_int(env, "PADDLE_PORT")
+    pod_ip, port = env.get("POD_IP", ""), read_int(env, "PADDLE_PORT")
     if not heters or not pod_ip or port is None:
         raise EnvContractError(
             f"TRAINING_ROLE=HETER_TRAINER needs {PADDLE_HETER_TRAINER_IP_PORT_LIST}, POD_IP and "
@@ -518,120 +416,30 @@ def make_worker_env(layout: NodeLayout, local_rank: int, metrics_port: int = 0) 
     }
 
 
-@dataclass(frozen=True)
-class PSLayout:
-    """What the launcher on one node knows when it starts its share of a PS job."""
-
-    run_id: str
-    server_endpoints: tuple[str, ...]
-    """``ip:port`` of every parameter server (the port is the one it serves on)."""
-    trainer_endpoints: tuple[str, ...]
-    """``ip:port`` of every trainer; trainer 0's port hosts the trainers' gloo store."""
-    restart_count: int
-    max_restarts: int
-    backend: Backend
-    log_dir: str
-    error_dir: str
-    job_name: str = "fleetrun"
-    strategy_file: str | None = None
-    heter_endpoints: tuple[str, ...] = ()
-    """``ip:port`` of every heter worker (heterogeneous PS jobs; empty otherwise)."""
-    heter_devices: tuple[str, ...] = ()
-    """Each heter worker's device, by index (``cpu``, ``cuda``, ``cuda:N``)."""
-
-    def server_error_file(self, index: int) -> str:
-        return os.path.join(self.error_dir, f"error.server.{index}.json")
-
-    def heter_error_file(self, index: int) -> str:
-        return os.path.join(self.error_dir, f"error.heter.{index}.json")
-
-    def trainer_error_file(self, trainer_id: int) -> str:
-        return os.path.join(self.error_dir, f"error.{trainer_id}.json")
-
-    def _common(self, err: str) -> dict[str, str]:
-        return {
-            "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(self.server_endpoints),
-            "PADDLE_PSERVER_NUMS": str(len(self.server_endpoints)),
-            "PADDLE_TRAINER_ENDPOINTS": ",".join(self.trainer_endpoints),
-            "PADDLE_TRAINERS_NUM": str(len(self.trainer_endpoints)),
-            "TORCHELASTIC_RUN_ID": self.run_id,
-            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
-            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
-            "TORCHELASTIC_ERROR_FILE": err,
-            FLEET_ERROR_FILE: err,
-            FLEET_LOG_DIR: self.log_dir,
-            FLEET_BACKEND: self.backend.value,
-            FLEET_JOB_NAME: self.job_name,
-            **({FLEET_STRATEGY: self.strategy_file} if self.strategy_file else {}),
-            **(
-                {PADDLE_HETER_TRAINER_IP_PORT_LIST: ",".join(self.heter_endpoints)}
-                if self.heter_endpoints
-                else {}
-            ),
-        }
-
-
-def make_ps_server_env(layout: PSLayout, index: int, metrics_port: int = 0) -> dict[str, str]:
-    """Env of parameter server ``index`` (TRAINING_ROLE=PSERVER, POD_IP + PADDLE_PORT)."""
-    ip, _, port = layout.server_endpoints[index].rpartition(":")
-    env = layout._common(layout.server_error_file(index))
-    env.update(metrics_env(metrics_port))
-    env.update({"TRAINING_ROLE": TrainingRole.PSERVER.value, "POD_IP": ip, "PADDLE_PORT": port})
-    return env
-
-
-def make_ps_heter_env(layout: PSLayout, index: int, metrics_port: int = 0) -> dict[str, str]:
-    """Env of heter worker ``index`` (TRAINING_ROLE=HETER_TRAINER, POD_IP + PADDLE_PORT where
-    it serves the CPU trainers, PADDLE_HETER_TRAINER_DEVICE)."""
-    ip, _, port = layout.heter_endpoints[index].rpartition(":")
-    env = layout._common(layout.heter_error_file(index))
-    env.update(metrics_env(metrics_port))
-    devices = layout.heter_devices
-    device = devices[index] if index < len(devices) else (devices[-1] if devices else "cpu")
-    env.update(
-        {
-            "TRAINING_ROLE": TrainingRole.HETER_TRAINER.value,
-            "POD_IP": ip,
-            "PADDLE_PORT": port,
-            PADDLE_HETER_TRAINER_DEVICE: device,
-        }
-    )
-    return env
-
-
-def make_ps_trainer_env(
-    layout: PSLayout, trainer_id: int, local_rank: int, local_world_size: int, metrics_port: int = 0
-) -> dict[str, str]:
-    """Env of PS trainer ``trainer_id``: the Paddle PS family plus RANK/WORLD_SIZE/MASTER_* for
-    the trainers' own gloo group (barrier_worker, metrics), rooted at trainer 0's endpoint."""
-    ip = layout.trainer_endpoints[trainer_id].rpartition(":")[0]
-    master_addr, _, master_port = layout.trainer_endpoints[0].rpartition(":")
-    env = layout._common(layout.trainer_error_file(trainer_id))
-    env.update(metrics_env(metrics_port))
-    world = str(len(layout.trainer_endpoints))
-    env.update(
-        {
-            "TRAINING_ROLE": TrainingRole.TRAINER.value,
-            "POD_IP": ip,
-            "PADDLE_TRAINER_ID": str(trainer_id),
-            "PADDLE_CURRENT_ENDPOINT": layout.trainer_endpoints[trainer_id],
-            "PADDLE_RANK_IN_NODE": str(local_rank),
-            "RANK": str(trainer_id),
-            "WORLD_SIZE": world,
-            "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(local_world_size),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": master_port,
-        }
-    )
-    return env
-
-
 __all__ = [
     "Backend",
+    "EnvContractError",
+    "FLEET_BACKEND",
+    "FLEET_ERROR_FILE",
+    "FLEET_JOB_NAME",
+    "FLEET_LOG_DIR",
+    "FLEET_METRICS_HOST",
+    "FLEET_METRICS_PORT",
+    "FLEET_NNODES",
+    "FLEET_PS_CHECKPOINT_DIR",
+    "FLEET_PS_CHECKPOINT_INTERVAL",
+    "FLEET_PS_CHECKPOINT_KEEP",
+    "FLEET_PS_COORDINATOR",
+    "FLEET_PS_RESUME_POSITION",
+    "FLEET_PS_SSD_ROOT",
+    "FLEET_PS_TABLE_THREADS",
+    "FLEET_STRATEGY",
     "NodeLayout",
+    "PADDLE_HETER_TRAINER_DEVICE",
+    "PADDLE_HETER_TRAINER_IP_PORT_LIST",
     "PSCheckpointEnv",
     "PSLayout",
+    "StrEnum",
     "TrainingRole",
     "WorkerEnv",
     "find_free_port",
@@ -641,6 +449,7 @@ __all__ = [
     "make_worker_env",
     "metrics_env",
     "ps_checkpoint_env",
+    "read_int",
     "read_metrics_endpoint",
     "read_ps_checkpoint_env",
     "read_worker_env",

@@ -1,5 +1,6 @@
 """The parameter server's storage core: the tables (:mod:`~ps_server.core.table` base,
-:mod:`~ps_server.core.sparse_table`, :mod:`~ps_server.core.dense_table`,
+:mod:`~ps_server.core.sparse_table` with its input checks in :mod:`~ps_server.core.sparse_inputs`,
+:mod:`~ps_server.core.dense_table`,
 :mod:`~ps_server.core.factory` from config to table), their per-shard payloads
 (:mod:`~ps_server.core.shard_data`, :mod:`~ps_server.core.sparse_shards`), the row storage
 (:mod:`~ps_server.core.row_store` over :mod:`~ps_server.core.hash_index`,

@@ -44,10 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from ps_server.config import NonFinitePolicy, SparseTableConfig
-from ps_server.core import kernels, sparse_shards
+from ps_server.config import SparseTableConfig
+from ps_server.core import kernels, sparse_inputs, sparse_shards
 from ps_server.core.batch_ops import (
-    all_finite,
     distinct,
     pull_buffer,
     saturating_add,
@@ -56,17 +55,11 @@ from ps_server.core.batch_ops import (
 from ps_server.core.hash_index import HashIndex, KeyIndex
 from ps_server.core.hashing import KeyRNG
 from ps_server.core.optimizers import RowsMeta
-from ps_server.core.routing import ROUTE_SALT, shard_of
 from ps_server.core.row_flags import CHANGED, LIVE, SEEN
 from ps_server.core.row_store import RowStore
 from ps_server.core.shard_data import SparseShardData
 from ps_server.core.table import ChangeLog, PushStats, Table, TableSnapshot
-from ps_server.errors import (
-    NonFiniteGradientError,
-    TableCapacityError,
-    TableInputError,
-    WrongShardError,
-)
+from ps_server.errors import TableCapacityError, TableInputError
 
 logger = logging.getLogger(__name__)
 
@@ -171,65 +164,13 @@ class SparseTable(Table):
                 **self._counters,
             }
 
-    # -- validation ---------------------------------------------------------------------------
+    # -- validation (ps_server.core.sparse_inputs) --------------------------------------------
     def _check_keys(self, keys: Any) -> np.ndarray:
-        if not isinstance(keys, np.ndarray):
-            raise TableInputError(
-                self.name, "keys", f"must be a numpy int64 array, got {type(keys).__name__}"
-            )
-        if keys.dtype != np.int64:
-            raise TableInputError(
-                self.name,
-                "keys",
-                f"dtype must be int64, got {keys.dtype} (use keys.astype(np.int64))",
-            )
-        if keys.ndim != 1:
-            raise TableInputError(self.name, "keys", f"must be 1-D, got shape {keys.shape}")
-        # The shard check runs on the keys not in the table (every row's key is owned: rows
-        # are only created for checked keys, checkpoints load by owned shard), so a request of
-        # known keys costs no hash pass; a misrouted key is always a miss and still refused
-        # before anything changes.
-        return np.ascontiguousarray(keys)
+        return sparse_inputs.check_keys(self.name, keys)
 
     def check_owned(self, keys: np.ndarray) -> None:
         """:class:`WrongShardError` unless this server owns the shard of every key (int64[n])."""
-        if self._all_owned or keys.shape[0] == 0:
-            return
-        if (
-            kernels.ENABLED
-            and kernels.first_unowned(keys, ROUTE_SALT, self._owned.view(np.uint8)) < 0
-        ):
-            return  # the common case, in one compiled pass; the message is built below
-        wrong = ~self._owned[shard_of(keys, self.config.num_shards)]
-        if wrong.any():
-            raise WrongShardError(
-                self.name,
-                "keys",
-                f"{int(wrong.sum())} of {keys.shape[0]} keys (e.g. {int(keys[wrong][0])}) "
-                "belong "
-                f"to shards this server does not own (it owns {len(self.shards)} of "
-                f"{self.config.num_shards}); route keys with ps_server.group_by_server",
-            )
-
-    def _check_grads(self, keys: np.ndarray, grads: Any) -> np.ndarray:
-        if not isinstance(grads, np.ndarray):
-            raise TableInputError(
-                self.name, "grads", f"must be a numpy float32 array, got {type(grads).__name__}"
-            )
-        if grads.dtype != np.float32:
-            raise TableInputError(
-                self.name,
-                "grads",
-                f"dtype must be float32, got {grads.dtype} (use grads.astype(np.float32))",
-            )
-        if grads.shape != (keys.shape[0], self.dim):
-            raise TableInputError(
-                self.name,
-                "grads",
-                f"shape must be (len(keys), dim) = ({keys.shape[0]}, {self.dim}), "
-                f"got {grads.shape}",
-            )
-        return np.ascontiguousarray(grads)
+        sparse_inputs.check_owned(self.name, keys, self._owned, self._all_owned, len(self.shards))
 
     # -- initial values and admission ---------------------------------------------------------
     def initial_values(self, keys: np.ndarray) -> np.ndarray:
@@ -354,9 +295,11 @@ class SparseTable(Table):
     def push(self, keys: np.ndarray, grads: np.ndarray) -> PushStats:
         """Apply ``grads`` float32[n, dim] to the rows of ``keys`` int64[n] (duplicates summed)."""
         keys = self._check_keys(keys)
-        grads = self._check_grads(keys, grads)
+        grads = sparse_inputs.check_grads(self.name, keys, grads, self.dim)
         n = int(keys.shape[0])
-        keys, grads, skipped = self._drop_nonfinite(keys, grads, "grads")
+        keys, grads, skipped = sparse_inputs.drop_nonfinite(
+            self.name, self.config.nonfinite, keys, grads, "grads"
+        )
         with self.lock:
             created = filtered = evicted = 0
             rows = self.store.lookup(keys)
@@ -386,21 +329,6 @@ class SparseTable(Table):
             self._counters["nonfinite_skipped"] += skipped
             return PushStats(n, applied, created, filtered, skipped, evicted)
 
-    def _drop_nonfinite(
-        self, keys: np.ndarray, values: np.ndarray, field: str
-    ) -> tuple[np.ndarray, np.ndarray, int]:
-        """(keys, values, rows dropped) without the rows carrying NaN/inf under
-        ``nonfinite="skip"``; NonFiniteGradientError under ``"reject"``."""
-        if all_finite(values):
-            return keys, values, 0
-        finite = np.isfinite(values)
-        bad_rows = ~finite.all(axis=1)
-        if self.config.nonfinite is NonFinitePolicy.REJECT:
-            raise NonFiniteGradientError(
-                self.name, int((~finite).sum()), int(bad_rows.sum()), field=field
-            )
-        return keys[~bad_rows], values[~bad_rows], int(bad_rows.sum())
-
     def add_delta(self, keys: np.ndarray, deltas: np.ndarray) -> PushStats:
         """Add ``deltas`` float32[n, dim] to the rows of ``keys`` int64[n], no optimizer rule
         (GEO: trainers send ``local - value_at_last_exchange`` every K steps and the deltas of
@@ -419,7 +347,9 @@ class SparseTable(Table):
                 "grads",
                 f"deltas shape must be (len(keys), dim) = ({n}, {self.dim}), got {deltas.shape}",
             )
-        keys, deltas, skipped = self._drop_nonfinite(keys, deltas, "deltas")
+        keys, deltas, skipped = sparse_inputs.drop_nonfinite(
+            self.name, self.config.nonfinite, keys, deltas, "deltas"
+        )
         with self.lock:
             before = self.num_rows
             self.pull(keys)  # validates the keys (dtype, shard) and creates the admitted rows
@@ -573,22 +503,9 @@ class SparseTable(Table):
     def check_import(self, payload: SparseShardData) -> None:
         """:class:`TableInputError` unless this table can import ``payload`` (its shard is
         owned here, every key belongs to it, count-filter keys only with a counting entry)."""
-        d = payload
-        if d.shard not in self.shards:
-            raise TableInputError(
-                self.name, "shard", f"shard {d.shard} is not owned by this server"
-            )
-        for keys in (d.keys, d.pending_keys):
-            if keys.shape[0] and (shard_of(keys, self.config.num_shards) != d.shard).any():
-                raise TableInputError(
-                    self.name, "shard", f"the file of shard {d.shard} holds keys of other shards"
-                )
-        if d.pending_keys.shape[0] and self.pending is None:
-            raise TableInputError(
-                self.name,
-                "entry",
-                "the checkpoint has count-filter keys but this table's entry policy does not count",
-            )
+        sparse_inputs.check_import(
+            self.name, payload, self.shards, self.config.num_shards, self.pending is not None
+        )
 
     def clear(self) -> None:
         """Drop every row, pending key and change record."""

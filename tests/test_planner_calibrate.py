@@ -412,6 +412,10 @@ def test_calibration_job_world_two(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         fit = cluster.links[f"{op}/2/intra"]
         assert fit.alpha_s >= 0 and fit.beta_s_per_byte >= 0
         assert fit.time(1 << 20) > 0
+    assert set(cluster.fsdp) == {"dp1.sh2"}  # FSDP2's overhead on the one sharding mesh of 2
+    probe = cluster.fsdp["dp1.sh2"]
+    assert min(probe.unit_forward_s, probe.unit_backward_s, probe.param_step_s) >= 0
+    assert model.layers[2].param_count > 0 and model.layers[0].param_count == 1
     for k, v in TINY_GPT.items():  # the sizes the model's source reads are in the fingerprint
         monkeypatch.setenv(k, v)
     os.sched_setaffinity(0, {min(cpus)})  # the core count is in the fingerprint too

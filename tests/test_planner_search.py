@@ -15,11 +15,13 @@ from fleet.planner.types import (
     Calibration,
     Candidate,
     ClusterProfile,
+    FsdpOverhead,
     LayerProfile,
     Linear,
     LinkFit,
     ModelProfile,
     ModelSpec,
+    fsdp_key,
     link_key,
 )
 
@@ -463,3 +465,49 @@ def test_a_crowded_cpu_hides_no_communication() -> None:
     P = 1000 + 8 * PARAM
     assert crowded.parts["dp_comm"] == pytest.approx(fit.time(P))
     assert roomy.parts["dp_comm"] < crowded.parts["dp_comm"]
+
+
+def _with_fsdp(cal: Calibration, probes: dict[str, FsdpOverhead], count: int) -> Calibration:
+    layers = tuple(dataclasses.replace(e, param_count=count) for e in cal.model.layers)
+    model = dataclasses.replace(cal.model, layers=layers)
+    return dataclasses.replace(
+        cal, model=model, cluster=dataclasses.replace(cal.cluster, fsdp=probes)
+    )
+
+
+def test_stage3_pays_the_probed_fsdp_overhead_per_unit_round_and_parameter() -> None:
+    probe = FsdpOverhead(unit_forward_s=0.01, unit_backward_s=0.02, param_step_s=0.001)
+    base = make_cal(4, cores=2)
+    cal = _with_fsdp(base, {fsdp_key(1, 4): probe}, count=3)
+    c = Candidate(1, 1, 1, 4, 3, 2, 2, False)  # 2 micro-batches, no pipeline
+    est = estimate(c, cal)
+    units = 8 + 1  # the blocks, and the root holding the tied embedding
+    P = 1000 + 8 * PARAM
+    ag, rs = (cal.cluster.link(op, 4, False) for op in ("all_gather", "reduce_scatter"))
+    fixed = 2 * units * (0.01 + 0.02)
+    bytes_part = 2 * 2 * ag.beta_s_per_byte * P / 4 + rs.beta_s_per_byte * P  # crowded: no overlap
+    assert est.parts["sharding_comm"] == pytest.approx(fixed + bytes_part)
+    params = 3 * 9  # the tied entries stored once
+    plain = estimate(c, base)
+    assert est.parts["optimizer"] == pytest.approx(plain.parts["optimizer"] + 0.001 * params)
+    # stages 1/2 are untouched by the probe
+    s1 = Candidate(1, 1, 1, 4, 1, 2, 2, False)
+    assert estimate(s1, cal).step_s == pytest.approx(estimate(s1, base).step_s)
+
+
+def test_a_pipeline_pays_fsdp_unit_overhead_once_per_step() -> None:
+    probe = FsdpOverhead(unit_forward_s=0.01, unit_backward_s=0.02, param_step_s=0.0)
+    cal = _with_fsdp(make_cal(4, cores=2), {fsdp_key(1, 2): probe}, count=1)
+    one = estimate(Candidate(1, 1, 2, 2, 3, 4, 1, False), cal).parts["sharding_comm"]
+    four = estimate(Candidate(1, 1, 2, 2, 3, 1, 4, False), cal).parts["sharding_comm"]
+    assert one == pytest.approx(four, rel=1e-6)  # the gathered parameters stay for the step
+
+
+def test_fsdp_overhead_of_an_unmeasured_shape_is_the_nearest() -> None:
+    a = FsdpOverhead(0.001, 0.002, 0.0)
+    b = FsdpOverhead(0.004, 0.008, 0.0)
+    cl = dataclasses.replace(make_cal(8).cluster, fsdp={fsdp_key(1, 2): a, fsdp_key(1, 4): b})
+    assert cl.fsdp_overhead(1, 4) is b
+    assert cl.fsdp_overhead(2, 2) is a and cl.fsdp_overhead(1, 8) is b
+    assert dataclasses.replace(cl, fsdp={}).fsdp_overhead(1, 2) is None
+    assert ClusterProfile.from_dict(dataclasses.asdict(cl)) == cl

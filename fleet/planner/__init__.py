@@ -12,7 +12,9 @@ Rooms, in import order (each imports only those below it):
 * :mod:`fleet.planner.spec`      load the user's ``module:function`` model, sample and loss
 * :mod:`fleet.planner.profile`   per-layer forward/backward time, bytes, activations (torch)
 * :mod:`fleet.planner.links`     alpha-beta fits of the collectives per group shape (torch)
-* :mod:`fleet.planner.calibrate` both, inside a running job (``python -m fleet.planner.calibrate``)
+* :mod:`fleet.planner.fsdp_probe` FSDP2's per-unit and per-parameter overhead (torch)
+* :mod:`fleet.planner.calibrate` all three, inside a running job
+                                 (``python -m fleet.planner.calibrate``)
 * :mod:`fleet.planner.trial`     run one candidate for a few steps through the real job path
                                  (``python -m fleet.planner.trial``), timing it and its memory
 * :mod:`fleet.planner.auto`      ``DistributedStrategy(auto=True)`` at ``fleet.init``

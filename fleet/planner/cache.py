@@ -95,7 +95,7 @@ def _torch_version() -> str:
         return "none"
 
 
-CALIBRATION_FORMAT = 2
+CALIBRATION_FORMAT = 3
 """Bumped when what a calibration measures changes, so older cached ones are measured again."""
 
 

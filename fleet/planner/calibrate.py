@@ -12,8 +12,9 @@ include the contention of the job's ranks for the machine, as the real job has i
 model cannot be built at (heads not divisible by ``k``, say) is recorded with its error and
 skipped. An entry's time is the slowest rank's, scaled so that the entries add up to the median
 rank's whole forward + backward pass; the collectives are measured with every rank taking part
-(:func:`fleet.planner.links.measure_links`). On a CPU node with more ranks than cores, group 0
-also times its whole pass while the other ranks wait (``ModelProfile.idle_speedup``: what a
+(:func:`fleet.planner.links.measure_links`), and FSDP2's overhead beyond those bytes on every
+sharding mesh shape (:func:`fleet.planner.fsdp_probe.measure_fsdp_overhead`). On a CPU node
+with more ranks than cores, group 0 also times its whole pass while the other ranks wait (``ModelProfile.idle_speedup``: what a
 pipeline stage gains while its neighbours idle in the bubble). The optimizer step is timed on
 every rank at once over ``1 / world`` of the model (the share one rank updates once the model is
 split), the median rank's per-byte figure kept. Rank 0 assembles the calibration and broadcasts it,
@@ -43,6 +44,7 @@ import torch.distributed as tdist
 from collective.env import read_worker_env, usable_cpus
 from collective.errors import ConfigError
 from fleet.planner.cache import fingerprint, write_json_atomic
+from fleet.planner.fsdp_probe import measure_fsdp_overhead
 from fleet.planner.links import measure_links
 from fleet.planner.profile import (
     MpProfile,
@@ -159,6 +161,7 @@ def _combine(profiles: dict[int, list[MpProfile]]) -> list[LayerProfile]:
                 bwd_s=bwd,
                 act_bytes=act,
                 out_bytes=Linear.fit(sorted(entry.out_bytes.items())),
+                param_count=entry.param_count,
             )
         )
     return layers
@@ -271,6 +274,9 @@ def calibrate_in_job(
     t_links = time.perf_counter()
     links = measure_links(world, nnodes, nproc, **_link_args(link_sizes, link_groups, device))
     phases["links"] = time.perf_counter() - t_links
+    t_fsdp = time.perf_counter()
+    fsdp = measure_fsdp_overhead(spec.optimizer, device) if world > 1 else {}
+    phases["fsdp"] = time.perf_counter() - t_fsdp
     if rank == 0:
         logger.info(
             "calibration phases: %s", ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
@@ -305,6 +311,7 @@ def calibrate_in_job(
             memory_per_device_bytes=int(memory),
             cores_per_node=usable_cpus(),
             links=links,
+            fsdp=fsdp,
         )
         fp = fingerprint(spec, nnodes, nproc, backend, device_name, amp)
         cal = Calibration(model, cluster, fp, time.perf_counter() - start)

@@ -77,7 +77,11 @@ Time (seconds per optimizer step = one global batch)
     every updated parameter from its owner (buckets of :data:`SHARDING_SEGMENT_BYTES`).
     Stage 3: FSDP2 all-gathers every unit in forward and in backward of every micro-batch (a
     pipeline: once per step) and reduce-scatters once per step (HSDP: then an all-reduce of
-    the shard over dp); :data:`FSDP_OVERLAP` of the compute hides the gathers. A tied weight
+    the shard over dp); :data:`FSDP_OVERLAP` of the compute hides the gathers. What FSDP2 costs
+    beyond the bytes (per unit and round: latency, hooks, copies, on a crowded CPU the waits for
+    the slowest rank; per parameter tensor: the optimizer's DTensor dispatch) is the
+    calibration's probe of that mesh shape (``ClusterProfile.fsdp``), not hidden by compute;
+    without a probe the fits' latency stands for it. A tied weight
     held by several stages is all-reduced over them. Optimizer step:
     ``optimizer_step_s_per_byte`` x the float32 bytes this rank updates. The reduction after
     the pipeline is costed for every stage and the slowest counts.
@@ -370,6 +374,8 @@ def _stage_cost(
         if c.stage in (1, 2):
             post["sharding_comm"] = _sharding_time(c, cal, spans, P)
     post["optimizer"] = model.optimizer_step_s_per_byte * f * P / S
+    if c.stage == 3:
+        post["optimizer"] += _fsdp_step_time(c, cal, held)
     return StageCost(s, tuple(entries), P, fwd + bwd, rc, bwd + rc, memory, post)
 
 
@@ -414,15 +420,35 @@ def _fsdp_time(
     units = max(1, units)
     ag = _fit(cal, "all_gather", S, spans["sharding"])
     rs = _fit(cal, "reduce_scatter", S, spans["sharding"])
-    gather_once = _coll(ag, P / S, units)  # cast to the compute dtype before the gather
-    scatter = _coll(rs, f * P, units)  # reduced in float32 under O2
-    hsdp = _coll(_fit(cal, "all_reduce", c.dp, spans["data"]), f * P / S, 1) if c.dp > 1 else 0.0
+    dp = _fit(cal, "all_reduce", c.dp, spans["data"]) if c.dp > 1 else None
+    probe = cal.cluster.fsdp_overhead(c.dp, S)
+    rounds = m if c.pp == 1 else 1  # a pipeline keeps the gathered parameters for the step
+    if probe is None:
+        gather_once = _coll(ag, P / S, units)  # cast to the compute dtype before the gather
+        scatter = _coll(rs, f * P, units)  # reduced in float32 under O2
+        hsdp = _coll(dp, f * P / S, 1) if dp else 0.0
+        fixed = 0.0
+    else:
+        # the probe's figures hold every per-unit cost (latency, hooks, copies, the waits on
+        # a crowded CPU): only the bytes are left to the link fits
+        gather_once = ag.beta_s_per_byte * P / S
+        scatter = rs.beta_s_per_byte * f * P
+        hsdp = dp.beta_s_per_byte * f * P / S if dp else 0.0
+        fixed = rounds * units * (probe.unit_forward_s + probe.unit_backward_s)
     if c.pp == 1:
         gathers = 2 * m * gather_once  # forward and backward of every micro-batch
         exposed = max(0.0, gathers - overlap * m * compute_per_mb)
     else:
         exposed = gather_once  # once per step, before the first forward
-    return exposed + max(0.0, scatter - overlap * bwd_last) + hsdp
+    return fixed + exposed + max(0.0, scatter - overlap * bwd_last) + hsdp
+
+
+def _fsdp_step_time(c: Candidate, cal: Calibration, held: list[LayerProfile]) -> float:
+    """The optimizer's per-parameter cost over FSDP2's DTensor parameters (stage 3)."""
+    probe = cal.cluster.fsdp_overhead(c.dp, c.sharding)
+    if probe is None:
+        return 0.0
+    return probe.param_step_s * sum(e.param_count for e in held)
 
 
 def _crowding(cal: Calibration) -> float:

@@ -66,6 +66,8 @@ class EntryFigures:
     tp_param_bytes: int
     """The unsplit bytes of the parameters tensor parallelism splits."""
     shared_key: str | None
+    param_count: int = 0
+    """Parameter tensors it holds."""
     fwd_s: dict[int, float] = field(default_factory=dict)
     bwd_s: dict[int, float] = field(default_factory=dict)
     act_bytes: dict[int, float] = field(default_factory=dict)
@@ -499,7 +501,10 @@ def profile_model(
         tp_local = tp_param_bytes_local(module) if module is not None else 0
         shared = entries[i].layer_name if isinstance(entries[i], SharedLayerDesc) else None
         name = _entry_name(entries[i])
-        figures.append(EntryFigures(name, local - tp_local + tp_local * k, tp_local * k, shared))
+        count = sum(1 for _ in module.parameters()) if module is not None else 0
+        figures.append(
+            EntryFigures(name, local - tp_local + tp_local * k, tp_local * k, shared, count)
+        )
 
     def agree(value: float) -> float:
         if k == 1:

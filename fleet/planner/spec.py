@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from collective.errors import ConfigError
@@ -228,12 +229,31 @@ def sample_batch(spec: ModelSpec, batch_size: int) -> tuple[Any, ...]:
     return tuple(out)
 
 
+OPTIMIZERS = ("adamw", "adam", "momentum", "sgd")
+
+
+def make_optimizer(kind: str, params: Any, lr: float) -> torch.optim.Optimizer:
+    """The torch optimizer named by ``ModelSpec.optimizer``."""
+    params = list(params)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if kind == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    raise ConfigError(f"optimizer {kind!r} is unknown; use one of {OPTIMIZERS}", key="optimizer")
+
+
 __all__ = [
     "BuiltModel",
     "PlannerModelError",
     "build_model",
     "load_function",
     "longest_run_class",
+    "OPTIMIZERS",
+    "make_optimizer",
     "repeated_class",
     "sample_batch",
 ]

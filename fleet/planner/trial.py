@@ -62,24 +62,8 @@ from fleet.meta_parallel.pp_memory import SavedActivationMeter
 from fleet.parallelize.model import distributed_model
 from fleet.parallelize.optimizer import distributed_optimizer
 from fleet.planner.auto import apply_to_runtime
-from fleet.planner.spec import build_model, sample_batch
+from fleet.planner.spec import build_model, make_optimizer, sample_batch
 from fleet.planner.types import ModelSpec
-
-OPTIMIZERS = ("adamw", "adam", "momentum", "sgd")
-
-
-def make_optimizer(kind: str, params: Any, lr: float) -> torch.optim.Optimizer:
-    """The torch optimizer named by ``ModelSpec.optimizer``."""
-    params = list(params)
-    if kind == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    if kind == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if kind == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if kind == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    raise ConfigError(f"optimizer {kind!r} is unknown; use one of {OPTIMIZERS}", key="optimizer")
 
 
 def replica(hcg: Any) -> tuple[int, int]:

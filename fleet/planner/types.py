@@ -80,6 +80,9 @@ class LayerProfile:
     out_bytes: Linear
     """Bytes of the entry's output per micro-batch (what a pipeline stage sends, and what
     recompute keeps of the next entry's input)."""
+    param_count: int = 0
+    """Parameter tensors it holds (what a per-parameter cost, such as the optimizer step
+    over FSDP2's DTensor parameters, counts)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,6 +100,7 @@ class LayerProfile:
             tp_param_bytes=int(d["tp_param_bytes"]),
             shared_key=d.get("shared_key"),
             out_bytes=Linear(**d["out_bytes"]),
+            param_count=int(d.get("param_count", 0)),
             **lin,
         )
 
@@ -180,6 +184,27 @@ def link_key(op: str, group_size: int, spans_nodes: bool) -> str:
 
 
 @dataclass(frozen=True)
+class FsdpOverhead:
+    """What FSDP2 (sharding stage 3) costs beyond its collectives' bytes, measured on one mesh
+    shape with tiny parameters (:mod:`fleet.planner.fsdp_probe`): the hooks, the copies in and
+    out of the flat buffers, the collectives' latency and, on a crowded CPU, the wait of every
+    rank of the mesh for the slowest at each unit; and the optimizer's per-parameter cost over
+    DTensor parameters."""
+
+    unit_forward_s: float
+    """Seconds per unit (a ``fully_shard`` module) per forward."""
+    unit_backward_s: float
+    """Seconds per unit per backward (its all-gather again and its reduce-scatter)."""
+    param_step_s: float
+    """Seconds per parameter tensor per optimizer step, beyond the step on plain tensors."""
+
+
+def fsdp_key(dp: int, sharding: int) -> str:
+    """The key of a :class:`FsdpOverhead` in :attr:`ClusterProfile.fsdp`."""
+    return f"dp{dp}.sh{sharding}"
+
+
+@dataclass(frozen=True)
 class ClusterProfile:
     """The job's machines as calibration saw them."""
 
@@ -195,6 +220,21 @@ class ClusterProfile:
     """CPU cores the node's ranks share (what contention is measured against on CPU)."""
     links: dict[str, LinkFit]
     """:func:`link_key` -> fit."""
+    fsdp: dict[str, FsdpOverhead] = field(default_factory=dict)
+    """:func:`fsdp_key` -> FSDP2's overhead on that mesh shape (empty: not measured)."""
+
+    def fsdp_overhead(self, dp: int, sharding: int) -> FsdpOverhead | None:
+        """The overhead measured on the ``(dp, sharding)`` mesh, else on the measured shape
+        nearest in sharding size then in dp; None when nothing was measured."""
+        exact = self.fsdp.get(fsdp_key(dp, sharding))
+        if exact is not None or not self.fsdp:
+            return exact
+
+        def distance(key: str) -> tuple[int, int]:
+            d, s = (int(x[2:]) for x in key.split("."))
+            return abs(s - sharding), abs(d - dp)
+
+        return self.fsdp[min(self.fsdp, key=distance)]
 
     @property
     def world_size(self) -> int:
@@ -237,6 +277,7 @@ class ClusterProfile:
             memory_per_device_bytes=int(d["memory_per_device_bytes"]),
             cores_per_node=int(d["cores_per_node"]),
             links={k: LinkFit(**v) for k, v in d["links"].items()},
+            fsdp={k: FsdpOverhead(**v) for k, v in d.get("fsdp", {}).items()},
         )
 
 
@@ -483,6 +524,7 @@ __all__ = [
     "Candidate",
     "ClusterProfile",
     "Estimate",
+    "FsdpOverhead",
     "LayerProfile",
     "Linear",
     "LinkFit",
@@ -490,5 +532,6 @@ __all__ = [
     "ModelSpec",
     "Plan",
     "Refusal",
+    "fsdp_key",
     "link_key",
 ]

@@ -52,6 +52,7 @@ from collective.clean_exit import register_shutdown
 from collective.env import TrainingRole, WorkerEnv
 from collective.errors import ConfigError
 from fleet.telemetry.phases import (
+    FINE_BUCKETS,
     LOOP_PHASES,
     PHASE_BUCKETS,
     PHASE_SECONDS,
@@ -87,23 +88,8 @@ STEP_BUCKETS = (
     60.0,
 )
 """Seconds; from sub-millisecond steps of tiny models to minute-long steps."""
-COMM_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    10.0,
-)
+COMM_BUCKETS = (*FINE_BUCKETS, 10.0)
+"""Seconds; :data:`fleet.telemetry.phases.FINE_BUCKETS`, then 10 s."""
 COMM_OPS = ("all_reduce", "ps_pull", "ps_push")
 
 # -- metric definitions (the naming test scans this module) -----------------------------------

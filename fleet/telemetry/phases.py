@@ -35,7 +35,7 @@ LOOP_PHASES = ("data", "pull_wait", "forward", "backward", "push_optimizer", "ot
 other there)."""
 SEEN_PHASES = ("data", "pull_wait", "push_optimizer")
 """The phases fleet's hooks accumulate by themselves (a hand-written loop's breakdown)."""
-PHASE_BUCKETS = (
+FINE_BUCKETS = (
     0.0001,
     0.00025,
     0.0005,
@@ -50,12 +50,11 @@ PHASE_BUCKETS = (
     0.5,
     1.0,
     2.5,
-    5.0,
-    10.0,
-    60.0,
 )
-"""Seconds; the communication buckets (``fleet.telemetry.COMM_BUCKETS``) up to 2.5 s, then 5,
-10 and 60 s."""
+"""Seconds, 100 µs to 2.5 s: the bounds the phase and the communication histograms
+(``fleet.telemetry.COMM_BUCKETS``) share; each adds its own longer ones."""
+PHASE_BUCKETS = (*FINE_BUCKETS, 5.0, 10.0, 60.0)
+"""Seconds; :data:`FINE_BUCKETS`, then 5, 10 and 60 s."""
 
 
 class PhaseHistograms:
@@ -201,6 +200,7 @@ class PhaseTimer:
 
 
 __all__ = [
+    "FINE_BUCKETS",
     "LOOP_PHASES",
     "PHASES",
     "PHASE_BUCKETS",

@@ -66,8 +66,10 @@ Time (seconds per optimizer step = one global batch)
     core and the busy ranks run faster (:data:`CPU_BUBBLE_REUSE`): by the speedup ``u``
     calibration measured for one model-parallel group running while the others idle
     (``ModelProfile.idle_speedup``; ``k`` where it was not measured; tensor-parallel ranks gain
-    more than ``k``, as their collectives stop waiting for descheduled peers): the pipeline
-    takes ``max(m * mean_s t_s * min(1, k / u), (m + pp - 1) * max_s t_s / u)``.
+    more than ``k``, as their collectives stop waiting for descheduled peers): the schedule is
+    played out task by task (:mod:`fleet.planner.pipeline_sim`), each stage at its alone speed
+    while the computing ranks fit the cores and at the crowded figures when every stage
+    computes, messages included (:func:`_crowded_pipeline`).
     Gradient reduction: no pipeline and stage 0/1: DDP's all-reduce over the gradient group
     (dp, or dp x sharding for stage 1) overlaps :data:`DDP_OVERLAP` of the last micro-batch's
     backward (:data:`CROWDED_CPU_OVERLAP` on a CPU node with more ranks than cores, for this
@@ -87,7 +89,9 @@ Time (seconds per optimizer step = one global batch)
     the pipeline is costed for every stage and the slowest counts.
     Collective payloads follow the calibration: ``all_gather`` the shard each rank gives,
     ``reduce_scatter`` / ``all_reduce`` / ``broadcast`` the whole buffer, ``send_recv`` the
-    message; a reduce-to-owner is costed as a reduce-scatter of the buffer.
+    message; stage 2's reduce-to-owner (``tdist.reduce`` of each owner's buckets) is costed as
+    an all-reduce of the buffer: a reduce is a reduce-scatter and a gather to its root, so the
+    owners' reduces together move what one all-reduce (a reduce-scatter and an all-gather) does.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from fleet.planner.pipeline_sim import simulate
 from fleet.planner.types import (
     OPTIMIZER_STATE,
     Calibration,
@@ -136,8 +141,9 @@ SHARDING_SEGMENT_BYTES = 32 * 2**20
 """ShardedOptimizer's bucket (``sharding_configs.segment_broadcast_MB`` default)."""
 DDP_BUCKET_BYTES = 32 * 2**20
 """DDP's bucket (``fuse_grad_size_in_MB`` default): one all-reduce call each."""
-REDUCE_LINK = "reduce_scatter"
-"""The calibrated collective a reduce-to-owner is costed as."""
+REDUCE_LINK = "all_reduce"
+"""The calibrated collective stage 2's reduce-to-owner of the whole buffer is costed as (see the
+module docstring)."""
 
 LAYOUT_AXES = ("data", "pipe", "sharding", "model")
 """The hybrid grid's axes, outermost first (model fastest), as :mod:`fleet.base.topology`."""
@@ -484,13 +490,6 @@ def estimate(c: Candidate, cal: Calibration) -> Estimate:
         section = m * T
     else:
         section = (m + pp - 1) * T
-        k = _crowding(cal)
-        if CPU_BUBBLE_REUSE and k > 1:
-            speedup = max(1.0, cal.model.idle_speedup.get(c.mp, k))
-            mean = sum(st.t for st in stages) / len(stages)
-            # the floor: every stage busy at once, at the crowded figures; when tensor-parallel
-            # ranks gain more than k alone, the crowded figures waste that much of the machine
-            section = max(m * mean * min(1.0, k / speedup), section / speedup)
         bounds = stage_bounds(cal.model, pp)
         link = _fit(cal, "send_recv", 2, spans["pipe"])
         cut = max(cal.model.layers[bounds[s] - 1].out_bytes.at(b) for s in range(1, pp))
@@ -499,6 +498,8 @@ def estimate(c: Candidate, cal: Calibration) -> Estimate:
         # steady state, one of each per further micro-batch at the bottleneck (receives are
         # posted ahead: P2P_OVERLAP of them hide behind compute)
         parts["pp_comm"] = 2 * (pp - 1) * hop + (1 - P2P_OVERLAP) * 2 * (m - 1) * hop
+        if CPU_BUBBLE_REUSE and _crowding(cal) > 1:
+            section, parts["pp_comm"] = _crowded_pipeline(c, cal, stages, hop)
         parts["pp_comm"] += _tied_time(c, cal, stages, spans)
     busy = m * T
     scale = min(1.0, section / busy) if busy > 0 else 1.0
@@ -517,6 +518,31 @@ def estimate(c: Candidate, cal: Calibration) -> Estimate:
         parts=parts,
         memory_parts=memory_parts,
     )
+
+
+def _crowded_pipeline(
+    c: Candidate, cal: Calibration, stages: list[StageCost], hop: float
+) -> tuple[float, float]:
+    """The pipeline section and its exposed messages on a CPU node with more ranks than cores:
+    the schedule played out (:func:`fleet.planner.pipeline_sim.simulate`) with each task at
+    its alone speed (the crowded figures divided by the measured ``idle_speedup`` ``u``) slowed
+    by ``max(1, busy / cores) ** (ln u / ln k)``, ``busy`` the ranks of the computing stages and
+    ``k`` ranks per core: alone below the cores, the crowded figures with every stage busy."""
+    k = _crowding(cal)
+    u = max(1.0, cal.model.idle_speedup.get(c.mp, k))
+    power = math.log(u) / math.log(k)
+    cores = max(1, cal.cluster.cores_per_node)
+    per_stage = max(1, cal.cluster.nproc_per_node // c.pp)
+
+    def rate(n: int) -> float:
+        return 1.0 / max(1.0, n * per_stage / cores) ** power
+
+    fwd = [(st.t - st.t_bwd) / u for st in stages]
+    bwd = [st.t_bwd / u for st in stages]
+    m = c.accumulate_steps
+    section = simulate(fwd, bwd, m, 0.0, rate, c.schedule)
+    with_hops = simulate(fwd, bwd, m, hop, rate, c.schedule)
+    return section, max(0.0, with_hops - section)
 
 
 def _tied_time(

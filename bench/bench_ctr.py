@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import REPO, Stats, bench_env, fleetrun_cmd, report, run_checked
+from common import REPO, Stats, report, run_checked, run_ctr_job
 
 
 def run_baseline(train: int, test: int) -> dict:
@@ -52,34 +52,7 @@ def run_baseline(train: int, test: int) -> dict:
 def run_ps(train: int, test: int, mode: str, tmp: str, extra_args: Sequence[str] = ()) -> dict:
     """One ``fleetrun`` job of examples/ctr/train_ps.py (1 server + 1 trainer); ``extra_args``
     go to the script. Returns its examples/s and AUCs (and the rest of its JSON under "raw")."""
-    path = os.path.join(tmp, "ps.json")
-    env = bench_env()
-    run_checked(
-        fleetrun_cmd(
-            "--server_num",
-            "1",
-            "--worker_num",
-            "1",
-            "--log_dir",
-            os.path.join(tmp, "log"),
-            "--tee",
-            "none",
-            "examples/ctr/train_ps.py",
-            "--train",
-            str(train),
-            "--test",
-            str(test),
-            "--mode",
-            mode,
-            "--json",
-            path,
-            *extra_args,
-        ),
-        cwd=REPO,
-        env=env,
-    )
-    with open(path) as f:
-        d = json.load(f)
+    d = run_ctr_job(tmp, train, test, mode=mode, script_args=extra_args)
     return {
         "examples_per_s": d["examples_per_s"],
         "auc": d["test_auc"],

@@ -15,7 +15,6 @@ Usage: ``python bench/bench_ps_heter.py [--reps 5] [--train 100000] [--test 2000
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -23,50 +22,30 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import REPO, Stats, bench_env, fleetrun_cmd, report, run_checked
+from common import Stats, report, run_ctr_job
 
 
 def run_job(args: argparse.Namespace, tmp: str, heter: bool) -> dict:
     """One job; its examples/s and test AUC."""
-    path = os.path.join(tmp, "ctr.json")
     if heter:
-        sizes = ["--worker_num", "2", "--heter_worker_num", "1"]
-        script = [
-            "examples/ctr/train_heter.py",
-            "--max_in_flight",
-            str(args.max_in_flight),
-            "--intra_op_threads",
-            str(args.intra_op_threads),
-            "--dense_pull_interval",
-            str(args.dense_pull_interval),
-        ]
+        d = run_ctr_job(
+            tmp,
+            args.train,
+            args.test,
+            workers=2,
+            script="examples/ctr/train_heter.py",
+            fleet_args=["--heter_worker_num", "1"],
+            script_args=[
+                "--max_in_flight",
+                str(args.max_in_flight),
+                "--intra_op_threads",
+                str(args.intra_op_threads),
+                "--dense_pull_interval",
+                str(args.dense_pull_interval),
+            ],
+        )
     else:
-        sizes = ["--worker_num", "3"]
-        script = ["examples/ctr/train_ps.py"]
-    run_checked(
-        fleetrun_cmd(
-            "--server_num",
-            "1",
-            *sizes,
-            "--log_dir",
-            os.path.join(tmp, "log"),
-            "--tee",
-            "none",
-            *script,
-            "--train",
-            str(args.train),
-            "--test",
-            str(args.test),
-            "--mode",
-            "async",
-            "--json",
-            path,
-        ),
-        cwd=REPO,
-        env=bench_env(),
-    )
-    with open(path) as f:
-        d = json.load(f)
+        d = run_ctr_job(tmp, args.train, args.test, workers=3)
     return {"examples_per_s": d["examples_per_s"], "auc": d["test_auc"]}
 
 

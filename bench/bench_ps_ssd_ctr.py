@@ -14,7 +14,6 @@ Usage: ``python bench/bench_ps_ssd_ctr.py [--reps 5] [--train 100000] [--test 20
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import REPO, Stats, bench_env, fleetrun_cmd, report, run_checked
+from common import Stats, report, run_ctr_job
 
 
 def distinct_keys(train: int, test: int) -> int:
@@ -36,36 +35,9 @@ def distinct_keys(train: int, test: int) -> int:
 
 def run_job(args: argparse.Namespace, tmp: str, cache_rows: int) -> dict:
     """One job; ``cache_rows`` 0 = memory tables. Its examples/s and test AUC."""
-    path = os.path.join(tmp, "ctr.json")
     fleet_flags = ["--ps_ssd_dir", os.path.join(tmp, "ssd")] if cache_rows else []
     script_args = ["--storage", "ssd", "--cache_rows", str(cache_rows)] if cache_rows else []
-    run_checked(
-        fleetrun_cmd(
-            "--server_num",
-            "1",
-            "--worker_num",
-            "1",
-            "--log_dir",
-            os.path.join(tmp, "log"),
-            "--tee",
-            "none",
-            *fleet_flags,
-            "examples/ctr/train_ps.py",
-            "--train",
-            str(args.train),
-            "--test",
-            str(args.test),
-            "--mode",
-            "async",
-            "--json",
-            path,
-            *script_args,
-        ),
-        cwd=REPO,
-        env=bench_env(),
-    )
-    with open(path) as f:
-        d = json.load(f)
+    d = run_ctr_job(tmp, args.train, args.test, fleet_args=fleet_flags, script_args=script_args)
     return {"examples_per_s": d["examples_per_s"], "auc": d["test_auc"]}
 
 

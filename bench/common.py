@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmarks: statistics of repeated timings, ratios, machine info.
+"""Shared helpers of the benchmarks: statistics of repeated timings, ratios, machine info, and
+the runner of a fleetrun job of the CTR example (:func:`run_ctr_job`).
 
 Every benchmark measures fleetrun and its peer (or limit) in the same run and prints
 ``median [min .. max]`` of >= 5 repetitions for both, and the ratio.
@@ -89,6 +90,52 @@ def run_checked(cmd: list[str], timeout: float = 600, **kw: Any) -> subprocess.C
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return r
+
+
+def run_ctr_job(
+    tmp: str,
+    train: int,
+    test: int,
+    *,
+    mode: str = "async",
+    workers: int = 1,
+    script: str = "examples/ctr/train_ps.py",
+    fleet_args: Sequence[str] = (),
+    script_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """One ``fleetrun --server_num 1 --worker_num <workers>`` job of a CTR example script
+    (``examples/ctr``) on ``train`` + ``test`` generated examples in ``mode``, its logs under
+    ``<tmp>/log``; ``fleet_args`` go to fleetrun, ``script_args`` to the script. Returns the JSON
+    the script writes (``examples_per_s``, ``test_auc``, ``bayes_auc``, ...); raises with the
+    job's output if it fails."""
+    path = os.path.join(tmp, "ctr.json")
+    run_checked(
+        fleetrun_cmd(
+            "--server_num",
+            "1",
+            "--worker_num",
+            str(workers),
+            *fleet_args,
+            "--log_dir",
+            os.path.join(tmp, "log"),
+            "--tee",
+            "none",
+            script,
+            "--train",
+            str(train),
+            "--test",
+            str(test),
+            "--mode",
+            mode,
+            "--json",
+            path,
+            *script_args,
+        ),
+        cwd=REPO,
+        env=bench_env(),
+    )
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def report(

@@ -442,6 +442,30 @@ class PSClient(CheckpointCalls):
             )
         if mode != "sync" and sync_count is not None:
             raise ConfigError(f"is only for mode='sync' (mode is {mode!r})", key="sync_count")
+        return bool(self._push_dense(table, name, grad, mode, sync_count, False).applied)
+
+    def push_pull_dense(self, table: str, name: str, grad: Any, mode: str = "apply") -> np.ndarray:
+        """Push a gradient (``mode="apply"``) or GEO delta (``"delta"``) of block ``name`` and
+        return float32[numel]: the block's values after it, as :meth:`push_dense` then
+        :meth:`pull_dense` do, in one call when the block fits one request (else, or from a
+        server that does not answer with values, the pull follows)."""
+        if mode not in ("apply", "delta"):
+            raise ConfigError(f"must be 'apply' or 'delta', got {mode!r}", key="mode")
+        reply = self._push_dense(table, name, grad, mode, None, True)
+        if not reply.has_values:
+            return self.pull_dense(table, name)
+        return decode_values(table, reply.values, "values (reply)")
+
+    def _push_dense(
+        self,
+        table: str,
+        name: str,
+        grad: Any,
+        mode: str,
+        sync_count: int | None,
+        return_values: bool,
+    ) -> Any:
+        """The PushDense call(s) of a block; the reply to the last part."""
         server = self._dense_server(table, name)
         flat = as_flat_values(table, grad, "grad")
 
@@ -453,9 +477,10 @@ class PSClient(CheckpointCalls):
                 mode=_MODES[mode],
                 sync_count=sync_count or 0,
                 upload=upload,
+                return_values=return_values and upload is None,
             )
 
-        return bool(self._upload(server, "PushDense", flat, make, False, mode != "sync").applied)
+        return self._upload(server, "PushDense", flat, make, False, mode != "sync")
 
     # -- checkpoints, coordination, admin ---------------------------------------------------
     def save(self, directory: str, mode: str = "all") -> list[dict[str, Any]]:

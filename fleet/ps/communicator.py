@@ -358,11 +358,9 @@ class AsyncCommunicator(Communicator):
             if len(keys):
                 grads = np.concatenate([b[0][table][1] for b in batch])
                 self.client.push_sparse(table, keys, grads, mode="apply")
-        if self.dense:
-            self.client.push_dense(
-                DENSE_TABLE, DENSE_BLOCK, np.sum([b[1] for b in batch], axis=0), mode="apply"
-            )
-            latest = self.pull_dense()
+        if self.dense:  # the push's reply carries the values after it: no separate pull
+            grad = batch[0][1] if len(batch) == 1 else np.sum([b[1] for b in batch], axis=0)
+            latest = self.client.push_pull_dense(DENSE_TABLE, DENSE_BLOCK, grad, mode="apply")
             with self._lock:
                 self._latest_dense = latest
 
@@ -520,10 +518,11 @@ class GeoCommunicator(Communicator):
         self._index, self._rows, self._base = {}, {}, {}
         if self.dense:  # no barrier: GEO is asynchronous; stop_worker meets the others at the end
             if self.dense_base is not None:
-                self.client.push_dense(
+                fresh = self.client.push_pull_dense(
                     DENSE_TABLE, DENSE_BLOCK, self.dense_values() - self.dense_base, mode="delta"
                 )
-            fresh = self.pull_dense()
+            else:
+                fresh = self.pull_dense()
             self._set_dense(fresh)
             self.dense_base = np.asarray(fresh, np.float32).copy()
 

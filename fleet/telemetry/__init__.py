@@ -327,6 +327,7 @@ _CLIENT_OPS = {
     "pull_dense": "ps_pull",
     "push_sparse": "ps_push",
     "push_dense": "ps_push",
+    "push_pull_dense": "ps_push",
 }
 
 

@@ -310,7 +310,9 @@ def pull_dense(state: ServerState, req: ps_pb2.PullDenseRequest) -> ps_pb2.PullD
 
 
 def push_dense(state: ServerState, req: ps_pb2.PushDenseRequest) -> ps_pb2.PushDenseResponse:
-    """APPLY / SYNC / DELTA push of a block's gradient (or delta)."""
+    """APPLY / SYNC / DELTA push of a block's gradient (or delta); an APPLY / DELTA push of a
+    whole block in one request with ``return_values`` replies with the block's values after
+    it (one call for a trainer's push-then-pull)."""
     table = get_table(state, req.table, "dense")
     assert isinstance(table, DenseTable)
     mode = _mode(table.name, req.mode)
@@ -322,13 +324,18 @@ def push_dense(state: ServerState, req: ps_pb2.PushDenseRequest) -> ps_pb2.PushD
         raise TableInputError(
             table.name, "grad", f"has {grad.shape[0]} elements, block {req.name!r} has {numel}"
         )
-    if mode == "apply":
-        return ps_pb2.PushDenseResponse(applied=table.push(req.name, grad))
-    if mode == "delta":
-        applied = table.add(req.name, grad)
-        if not applied:
-            state.count_event("dense_nonfinite_skipped")
-        return ps_pb2.PushDenseResponse(applied=applied)
+    if mode != "sync":
+        if mode == "apply":
+            applied = table.push(req.name, grad)
+        else:
+            applied = table.add(req.name, grad)
+            if not applied:
+                state.count_event("dense_nonfinite_skipped")
+        if not (req.return_values and not req.upload.upload_id):
+            return ps_pb2.PushDenseResponse(applied=applied)
+        # the block after this push, in the same reply: saves the PullDense that follows a push
+        values, _ = table.pull_slice(req.name, 0, 0)
+        return ps_pb2.PushDenseResponse(applied=applied, values=values.tobytes(), has_values=True)
     _check_finite(table, grad, f"grad of {req.name!r}")
     arrived, parts = state.sync.add(
         table.name, f"dense/{table.name}/{req.name}", req.sync_count, grad, True

@@ -51,8 +51,9 @@ NAME_RE = re.compile(r"^fleetps_[0-9a-f]{32}$")
 """The only names a server opens (under :data:`SHM_DIR`)."""
 TOKEN_BYTES = 16
 ALIGN = 64
-MIN_SHM_BYTES = 256 * 1024
-"""Requests smaller than this go through gRPC as usual."""
+MIN_SHM_BYTES = 64 * 1024
+"""Requests smaller than this go through gRPC as usual (a CTR batch's pull or push of ~6 k keys
+at dim 8, ~250 KB, costs the server and the client each ~0.3 ms less CPU through a segment)."""
 MIN_SEGMENT_BYTES = 1 << 20
 MAX_SEGMENTS_PER_SERVER = 256
 """Segments one server keeps mapped (clients lease one per concurrent call per server)."""

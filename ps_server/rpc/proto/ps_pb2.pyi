@@ -151,28 +151,34 @@ class PullDenseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ..., total: _Optional[int] = ...) -> None: ...
 
 class PushDenseRequest(_message.Message):
-    __slots__ = ("table", "name", "grad", "mode", "sync_count", "upload")
+    __slots__ = ("table", "name", "grad", "mode", "sync_count", "upload", "return_values")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRAD_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     SYNC_COUNT_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_FIELD_NUMBER: _ClassVar[int]
+    RETURN_VALUES_FIELD_NUMBER: _ClassVar[int]
     table: str
     name: str
     grad: bytes
     mode: PushMode
     sync_count: int
     upload: DenseUpload
-    def __init__(self, table: _Optional[str] = ..., name: _Optional[str] = ..., grad: _Optional[bytes] = ..., mode: _Optional[_Union[PushMode, str]] = ..., sync_count: _Optional[int] = ..., upload: _Optional[_Union[DenseUpload, _Mapping]] = ...) -> None: ...
+    return_values: bool
+    def __init__(self, table: _Optional[str] = ..., name: _Optional[str] = ..., grad: _Optional[bytes] = ..., mode: _Optional[_Union[PushMode, str]] = ..., sync_count: _Optional[int] = ..., upload: _Optional[_Union[DenseUpload, _Mapping]] = ..., return_values: _Optional[bool] = ...) -> None: ...
 
 class PushDenseResponse(_message.Message):
-    __slots__ = ("applied", "sync_arrived")
+    __slots__ = ("applied", "sync_arrived", "values", "has_values")
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     SYNC_ARRIVED_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    HAS_VALUES_FIELD_NUMBER: _ClassVar[int]
     applied: bool
     sync_arrived: int
-    def __init__(self, applied: _Optional[bool] = ..., sync_arrived: _Optional[int] = ...) -> None: ...
+    values: bytes
+    has_values: bool
+    def __init__(self, applied: _Optional[bool] = ..., sync_arrived: _Optional[int] = ..., values: _Optional[bytes] = ..., has_values: _Optional[bool] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
     __slots__ = ("dir", "mode")

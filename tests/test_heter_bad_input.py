@@ -2,7 +2,11 @@
 run_heter_worker without a HeterModel, trainers whose model is not a HeterModel, a cut whose
 activations differ between trainers, a device that does not exist, a heter worker unreachable at
 start or lost for good, a script without a heter-worker branch; and the Heter transport's own
-checks (token, message bound)."""
+checks (token, message bound).
+
+The default run keeps one job of real processes (a cut that differs between trainers: the heter
+worker's error reaches both trainers) and the in-process checks (the transport's token, message
+bound and unavailable endpoint; device names; heter_configs); the other jobs are marked slow."""
 
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ def _fails(job: HeterJob, name: str, *texts: str, timeout_s: float = 300.0) -> s
     return log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_heter_worker_scripts_without_a_heter_worker_branch(tmp_path: Path) -> None:
     """run_heter_worker without a model; the is_worker() path only; no branch at all; a
@@ -55,6 +60,7 @@ def test_heter_worker_scripts_without_a_heter_worker_branch(tmp_path: Path) -> N
             job.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_trainers_without_a_heter_model(tmp_path: Path) -> None:
     job = HeterJob(tmp_path, ["--steps", "5", "--bad", "plain_model", "--recovery_s", "3"])
@@ -84,6 +90,7 @@ def test_cut_differs_between_trainers(tmp_path: Path) -> None:
         job.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_heter_worker_unreachable_at_start(tmp_path: Path) -> None:
     job = HeterJob(tmp_path, ["--steps", "5", "--start_s", "3"])
@@ -95,6 +102,7 @@ def test_heter_worker_unreachable_at_start(tmp_path: Path) -> None:
         job.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_lost_heter_worker_fails_naming_it(tmp_path: Path) -> None:
     job = HeterJob(tmp_path, ["--steps", "200", "--mode", "async", "--k", "1", "--recovery_s", "3"])

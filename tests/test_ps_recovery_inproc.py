@@ -4,8 +4,10 @@ SIGKILL mid-pass. Only that server restarts, on its endpoint, restoring its shar
 newest good checkpoint by itself; the other server and both trainers keep their processes and go
 on (their calls to the dead server wait for it); the job finishes with exit 0, one recovery
 listed as ``restarted: server 1 only``; every row of the restored checkpoint is still there at
-the end; no process outlives the job. The same with SSD tables: the restarted server gets its
-SSD directory back and restores both tiers.
+the end; no process outlives the job. The same with SSD tables (marked slow): the restarted server
+gets its SSD directory back and restores both tiers; the default run checks that part on one
+server process started as the launcher restarts it (``--from_env``, FLEET_PS_SSD_ROOT,
+FLEET_PS_RESTORE_LATEST).
 
 Checkpoints are taken every 0.5 s, so the kill usually lands while one is being taken or
 committed: such a checkpoint fails on the trainers, is logged and skipped, and training goes on
@@ -17,12 +19,16 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import SCRIPTS, wait_for
 from test_ps_recovery import LINES, Job, slot_dir  # noqa: F401 - slot_dir is a fixture
+
+sys.path.insert(0, str(SCRIPTS))
+from ps_cluster import start_server_process, stop_process  # noqa: E402
 
 GLOBAL_BATCH = 32
 
@@ -54,7 +60,7 @@ def keys_of(directory: Path) -> dict[str, set[int]]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("storage", ["memory", "ssd"])
+@pytest.mark.parametrize("storage", ["memory", pytest.param("ssd", marks=pytest.mark.slow)])
 def test_async_server_kill_restarts_it_alone(
     tmp_path: Path,
     slot_dir: Path,  # noqa: F811
@@ -111,6 +117,53 @@ def test_async_server_kill_restarts_it_alone(
     assert at_restore and set(at_restore) == set(at_end), (at_restore.keys(), at_end.keys())
     for name, keys in at_restore.items():  # the restored shard's rows are all still there
         assert keys <= at_end[name], (name, len(keys - at_end[name]))
+
+
+@pytest.mark.timeout(60)
+def test_server_restarted_from_env_restores_an_ssd_table(tmp_path: Path) -> None:
+    """A server started as the launcher restarts one alone (``python -m ps_server --from_env``
+    with FLEET_PS_SSD_ROOT and FLEET_PS_RESTORE_LATEST) gets its SSD directory and restores an
+    SSD table's rows, both tiers, from the newest checkpoint."""
+    import numpy as np
+
+    from collective.env import find_free_port
+    from ps_server import PSClient, PSServer
+
+    pytest.importorskip("rocksdict")
+    root, keys = str(tmp_path / "ckpt"), np.arange(2000, dtype=np.int64)
+    first = PSServer(
+        host="127.0.0.1", port=0, checkpoint_root=str(tmp_path), ssd_root=str(tmp_path)
+    )
+    port = first.start()
+    try:
+        with PSClient([f"127.0.0.1:{port}"], timeout_s=20) as client:
+            client.create_table("emb", 8, num_shards=4, storage="ssd", cache_rows=100)
+            client.push_sparse("emb", keys, np.ones((keys.size, 8), dtype=np.float32))
+            client.begin_checkpoint(root, 1).result()
+            saved = client.pull_sparse("emb", keys)
+    finally:
+        first.stop()
+    port = find_free_port()
+    env = {
+        "TRAINING_ROLE": "PSERVER",
+        "POD_IP": "127.0.0.1",
+        "PADDLE_PORT": str(port),
+        "PADDLE_PSERVERS_IP_PORT_LIST": f"127.0.0.1:{port}",
+        "PADDLE_TRAINERS_NUM": "1",
+        "FLEET_PS_CHECKPOINT_ROOT": str(tmp_path),
+        "FLEET_PS_SSD_ROOT": str(tmp_path / "ssd" / "server-0"),  # created by the server
+        "FLEET_PS_RESTORE_LATEST": root,
+    }
+    proc, endpoint = start_server_process("--from_env", env=env)
+    try:
+        with PSClient([endpoint], timeout_s=20) as client:
+            np.testing.assert_array_equal(client.pull_sparse("emb", keys), saved)
+            stats = [s for s in client.stats() if "tables" in s][0]["tables"]
+            emb = stats["emb"] if isinstance(stats, dict) else stats[0]
+            assert emb["cold_rows"] > 0 and emb["hot_rows"] <= 100, emb
+    finally:
+        stop_process(proc)
+    assert (tmp_path / "ssd" / "server-0" / "emb").is_dir()
 
 
 @pytest.mark.timeout(180)

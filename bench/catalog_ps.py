@@ -200,6 +200,37 @@ ENTRIES: tuple[Benchmark, ...] = (
         extract=ps_ssd,  # report rows, each in its own unit (row_units)
     ),
     Benchmark(
+        "ps_heter_busy",
+        "ps",
+        "Heter worker busy share, pinned to its own core, dense part dominant (async)",
+        "bench/bench_ps_heter_busy.py",
+        ("--reps", "5"),
+        ("--reps", "5", "--train", "8000", "--test", "1000"),
+        (
+            _c(
+                "busy",
+                "Heter worker busy (forward + backward + update) share of its span",
+                "^heter worker busy share",
+                "higher",
+                "always busy (1.0)",
+                ge(0.8, on="ours"),
+                goal_text="≥ 0.8",
+                needs_full=True,
+            ),
+            _c(
+                "rest",
+                "Where the heter worker's span goes",
+                "^share of the span: ",
+                "lower",
+                "the span (1.0)",
+                each=True,
+            ),
+        ),
+        extract=ps_ssd,  # report rows, each in its own unit (row_units)
+        timeout_quick=900.0,
+        timeout_full=3600.0,
+    ),
+    Benchmark(
         "ps_ssd_ctr",
         "ps",
         "The CTR example with SSD tables (5 % of the rows in memory) vs memory tables",

@@ -222,6 +222,8 @@ def run_one(
     elif raw is None:
         result["status"] = "failed"
         result["reason"] = f"the script wrote no JSON (log: {log_rel})"
+    if raw is not None and rc == 0 and raw.get("skipped"):  # the script found it cannot measure
+        result["status"], result["reason"] = "skipped", str(raw["skipped"])
     if raw is not None:
         result["raw"] = raw
         try:

@@ -15,6 +15,10 @@ One script for every role. Rank 0 prints a JSON line::
 
 Same data, initialisation and learning rates as the one-process baseline and ``train_ps.py``,
 so the AUCs compare directly.
+
+``--server_cpus``, ``--trainer_cpus`` and ``--heter_cpus`` pin each role's process to CPUs
+(``"1"``, ``"0,2-3"``) when it starts: on one host, a heter worker on cores of its own stands in
+for the device machine (``--heter_cpus 1 --server_cpus 0 --trainer_cpus 0``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import fleet
+from collective.errors import ConfigError
 from examples.ctr.data import CTRDataConfig, generate, roc_auc, shard
 from examples.ctr.model import WideDeep
 from examples.ctr.train_ps import tensor_batches
@@ -68,6 +73,60 @@ class DeviceHalf(nn.Module):
         return wide + self.dense_linear(dense).squeeze(-1) + self.mlp(deep_in).squeeze(-1)
 
 
+ROLES = ("server", "trainer", "heter")
+
+
+def parse_cpus(text: str, option: str = "cpus") -> set[int]:
+    """A CPU list as ``taskset -c`` writes it (``"1"``, ``"0,2-3"``) as a set of CPU numbers."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi or lo)
+            if first < 0 or last < first:
+                raise ValueError(part)
+            cpus.update(range(first, last + 1))
+    except ValueError:
+        raise ConfigError(
+            f"{text!r} is not a CPU list; write CPU numbers and ranges, e.g. 1 or 0,2-3",
+            key=option,
+        ) from None
+    return cpus
+
+
+def role_cpus(args: argparse.Namespace, role: str) -> set[int] | None:
+    """The CPUs ``role`` (``server``, ``trainer`` or ``heter``) is pinned to; None: not pinned."""
+    if role not in ROLES:
+        raise ConfigError(f"unknown role {role!r}; one of {', '.join(ROLES)}", key="role")
+    text = getattr(args, f"{role}_cpus")
+    return parse_cpus(text, f"--{role}_cpus") if text else None
+
+
+def pin_role(args: argparse.Namespace, role: str) -> set[int] | None:
+    """Pin every thread of this process to ``role``'s CPUs (``taskset -a``); the threads it
+    starts later inherit them. Returns the CPUs, None when the role is not pinned."""
+    cpus = role_cpus(args, role)
+    if cpus is None:
+        return None
+    allowed = os.sched_getaffinity(0)
+    if not cpus <= allowed:
+        raise ConfigError(
+            f"CPUs {sorted(cpus - allowed)} are not among this process's CPUs {sorted(allowed)}; "
+            "pick CPUs from those (see nproc, taskset -p)",
+            key=f"--{role}_cpus",
+        )
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no procfs: the calling thread, inherited by the threads it starts
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # the thread ended
+            pass
+    return cpus
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--train", type=int, default=200_000, help="global training examples")
@@ -96,6 +155,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="a CPU heter worker's intra-op threads (0: the CPUs it may use)",
     )
+    for role, what in (
+        ("server", "the parameter servers"),
+        ("trainer", "the CPU trainers"),
+        ("heter", "the heter workers"),
+    ):
+        p.add_argument(
+            f"--{role}_cpus",
+            default="",
+            metavar="LIST",
+            help=f"pin {what} to these CPUs, e.g. 1 or 0,2-3 (default: not pinned)",
+        )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="also write rank 0's result here")
     return p.parse_args(argv)
@@ -117,6 +187,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     fleet.init(is_collective=False, strategy=make_strategy(args))
+    role = "server" if fleet.is_server() else "heter" if fleet.is_heter_worker() else "trainer"
+    cpus = pin_role(args, role)
+    if cpus is not None:
+        logger.info("%s pinned to CPUs %s", role, ",".join(map(str, sorted(cpus))))
     torch.manual_seed(args.seed)
 
     def embedding(num_slots: int, dim: int) -> nn.Module:

@@ -3,12 +3,19 @@ fresh ``python -u -m collective.bootstrap ARGS`` would, without paying the impor
 
 fleetrun's agent starts it once per job (``launcher.warm.WarmPool``)::
 
-    python -u -m collective.zygote --socket PATH --agent PID [--import MODULE ...]
+    python -u -m collective.zygote --socket PATH --agent PID [--import M ...] [--later M ...]
 
-It imports the modules (torch, ``torch._dynamo``, fleet, the PS client and the job file's
-``warm_imports:``), prints one line ``{"ready": ...}`` on stdout, then serves spawn requests on the
-Unix socket until the agent closes it or dies (``PR_SET_PDEATHSIG``). It never touches CUDA,
-starts no thread and opens no process group, so a fork of it is safe.
+It imports the ``--import`` modules (numpy, torch, ``torch.distributed``, collective), prints one
+line ``{"ready": ...}`` on stdout, then serves spawn requests on the Unix socket until the agent
+closes it or dies (``PR_SET_PDEATHSIG``). Whenever no request has come for
+:data:`IDLE_BEFORE_IMPORT_S`, it imports the next ``--later`` module (``torch._dynamo``, fleet,
+the PS client, the job file's ``warm_imports:``): a job's first workers are forked as soon as
+torch is in, and the restarts find the rest in too. After each import it moves what is alive
+to the collector's permanent generation (``gc.freeze``), so the workers' collections leave the
+shared pages alone. It never touches CUDA, starts no thread and opens no process group, and it
+imports and forks from its one thread only, never both at once, so a fork of it is safe; if an
+imported module starts a Python thread, it refuses every later request (the agent then starts
+the worker afresh).
 
 A request is a length-prefixed JSON object ``{"argv": [...], "env": {...}, "cwd": "..."}`` with one
 file descriptor attached (``SCM_RIGHTS``): the write end of the pipe that becomes the worker's
@@ -48,10 +55,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import importlib
 import json
 import os
 import random
+import select
 import signal
 import socket
 import struct
@@ -64,6 +73,9 @@ MAX_MESSAGE_BYTES = 64 << 20
 """A request or reply larger than this is refused (an environment is a few kilobytes)."""
 ADOPTION_TIMEOUT_S = 5.0
 """How long a forked worker waits to be adopted by the agent before it gives up."""
+IDLE_BEFORE_IMPORT_S = 0.3
+"""Seconds without a spawn request before the warm process imports its next ``--later``
+module (the agent asks for a node's workers back to back)."""
 ORPHANED_EXIT = 70
 """Exit code of a forked worker whose agent was gone before it could run."""
 
@@ -161,10 +173,52 @@ def _spawn(request: dict[str, Any], out_fd: int) -> int:
     return int(text)
 
 
-def serve(listener: socket.socket) -> None:
-    """Serve spawn requests until the agent closes its end (an empty ``{"exit": true}`` ends it
-    too). Runs in the zygote; returns only there."""
+def _load(name: str) -> str:
+    """Import ``name``; "" or why it failed (the rest still load)."""
+    try:
+        importlib.import_module(name)
+    except Exception as err:  # noqa: BLE001 - reported, never fatal
+        return f"{type(err).__name__}: {err}"
+    _check_no_cuda()
+    return ""
+
+
+def _freeze(collect: bool) -> None:
+    """Move every object alive now to the collector's permanent generation (``gc.freeze``), so
+    a worker's collections never write to the pages it shares with this process; ``collect``
+    first drops the garbage the last imports left (it would stay frozen otherwise)."""
+    if collect:
+        gc.collect()
+    gc.freeze()
+
+
+def _threads() -> int:
+    """Python threads of this process (a fork copies only the forking one)."""
+    threading = sys.modules.get("threading")
+    return threading.active_count() if threading is not None else 1
+
+
+def _check_no_cuda() -> None:
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is not None and cuda.is_initialized():
+        raise SystemExit("collective.zygote: a preloaded module initialised CUDA; not forking")
+
+
+def serve(listener: socket.socket, later: list[str] | None = None) -> None:
+    """Serve spawn requests until an ``{"exit": true}`` one. Runs in the zygote; returns only
+    there. ``later``: modules imported while no request waits (after :data:`IDLE_BEFORE_IMPORT_S`
+    without one), so the first workers are forked as soon as the early imports are done."""
+    later = list(later or [])
     while True:
+        if later:
+            if not select.select([listener], [], [], IDLE_BEFORE_IMPORT_S)[0]:
+                name = later.pop(0)
+                why = _load(name)
+                _freeze(collect=True)
+                sys.stderr.write(f"imported {name}\n" if not why else f"{name}: {why}\n")
+                sys.stderr.flush()
+                continue
         conn, _ = listener.accept()
         with conn:
             try:
@@ -178,6 +232,8 @@ def serve(listener: socket.socket) -> None:
                 _reply(conn, {"bye": True})
                 return
             why = _check(request, fds)
+            if not why and _threads() > 1:
+                why = f"a preloaded module started {_threads() - 1} thread(s); not forking"
             if why:
                 for fd in fds:
                     os.close(fd)
@@ -252,6 +308,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--socket", required=True, help="Unix socket path to serve on")
     p.add_argument("--agent", type=int, required=True, help="pid of the agent that adopts workers")
     p.add_argument("--import", dest="imports", action="append", default=[], help="module to load")
+    p.add_argument(
+        "--later", action="append", default=[], help="module to load while no request waits"
+    )
     return p.parse_args(argv)
 
 
@@ -264,15 +323,12 @@ def main(argv: list[str]) -> None:
     started = time.monotonic()
     loaded, failed = [], {}
     for name in args.imports:
-        try:
-            importlib.import_module(name)
+        why = _load(name)
+        if why:
+            failed[name] = why
+        else:
             loaded.append(name)
-        except Exception as err:  # noqa: BLE001 - reported to the agent, the rest still load
-            failed[name] = f"{type(err).__name__}: {err}"
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "cuda", None) is not None:
-        if torch.cuda.is_initialized():
-            raise SystemExit("collective.zygote: a preloaded module initialised CUDA; not forking")
+    _freeze(collect=False)  # the first workers are forked right away: no time to collect
     zygote_env = dict(os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(args.socket)
@@ -282,7 +338,7 @@ def main(argv: list[str]) -> None:
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
     try:
-        serve(listener)
+        serve(listener, args.later)
     except _Become as become:
         listener.close()
         _become_worker(become.request, become.out_fd, args.agent, zygote_env)
@@ -296,6 +352,7 @@ if __name__ == "__main__":
 
 __all__ = [
     "ADOPTION_TIMEOUT_S",
+    "IDLE_BEFORE_IMPORT_S",
     "MAX_MESSAGE_BYTES",
     "ORPHANED_EXIT",
     "main",

@@ -1,8 +1,9 @@
 """Warm starts: the agent's side of :mod:`collective.zygote`.
 
 :class:`WarmPool` starts the job's warm process once (``python -u -m collective.zygote``, in its own
-session, killed with the agent by ``PR_SET_PDEATHSIG``); it imports torch, ``torch._dynamo``,
-fleet, the PS client and the job's ``warm_imports:`` while the agent goes on setting the job up.
+session, killed with the agent by ``PR_SET_PDEATHSIG``); it imports torch while the agent goes
+on setting the job up, then ``torch._dynamo``, fleet, the PS client and the job's
+``warm_imports:`` whenever it is not forking.
 :meth:`WarmPool.spawn` asks it for a worker: this process becomes a child subreaper for the
 moment of the request, so the forked worker (whose intermediate parent exits at once) is adopted
 here, and :class:`WarmChild` waits for it, reads its exit status and its pidfd as
@@ -36,17 +37,12 @@ from collective.zygote import recv_message, send_message
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_IMPORTS: tuple[str, ...] = (
-    "numpy",
-    "torch",
-    "torch._dynamo",
-    "torch.distributed",
-    "collective",
-    "fleet",
-    "ps_server.client",
-)
-"""What every warm process imports before the job's ``warm_imports:``. ``torch._dynamo`` is the
-second it costs the first construction of any ``torch.optim`` optimizer."""
+DEFAULT_IMPORTS: tuple[str, ...] = ("numpy", "torch", "torch.distributed", "collective")
+"""What every warm process imports before it forks the first worker."""
+LATER_IMPORTS: tuple[str, ...] = ("torch._dynamo", "fleet", "ps_server.client")
+"""What it imports next, while no worker is asked for, before the job's ``warm_imports:``
+(``torch._dynamo`` is the second the first construction of any ``torch.optim`` optimizer
+costs). A job's first workers are forked without waiting for them; restarts find them in."""
 READY_TIMEOUT_S = 120.0
 """How long the first spawn waits for the warm process's imports before starting afresh."""
 REQUEST_TIMEOUT_S = 30.0
@@ -139,7 +135,11 @@ class WarmPool:
         ready_timeout_s: float = READY_TIMEOUT_S,
     ) -> None:
         self.env = dict(env)
-        self.imports = [*DEFAULT_IMPORTS, *[m for m in imports if m not in DEFAULT_IMPORTS]]
+        self.imports = list(DEFAULT_IMPORTS)
+        self.later = [
+            *LATER_IMPORTS,
+            *[m for m in imports if m not in (*DEFAULT_IMPORTS, *LATER_IMPORTS)],
+        ]
         self.ready_timeout_s = ready_timeout_s
         self.spawned = 0
         self.fallbacks = 0
@@ -158,6 +158,8 @@ class WarmPool:
         argv += ["--agent", str(os.getpid())]
         for name in self.imports:
             argv += ["--import", name]
+        for name in self.later:
+            argv += ["--later", name]
         self.proc = subprocess.Popen(
             argv,
             env=self.env,
@@ -273,6 +275,7 @@ class WarmPool:
 __all__ = [
     "BOOTSTRAP",
     "DEFAULT_IMPORTS",
+    "LATER_IMPORTS",
     "READY_TIMEOUT_S",
     "WarmChild",
     "WarmPool",

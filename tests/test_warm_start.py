@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import REPO, live_pids, run_fleetrun, start_fleetrun, wait_gone
+
+from launcher.warm import BOOTSTRAP, WarmPool, WarmStartError
 
 PROBE = str(REPO / "tests" / "scripts" / "warm_probe.py")
 
@@ -88,13 +91,13 @@ def test_restart_loop_keeps_the_warm_process_flat(tmp_path: Path) -> None:
         env={"PROBE_ACTION": "exit:1"},
     )  # fmt: skip
     samples: dict[int, tuple[int, int]] = {}
-    zygote, settled = None, None  # settled: the first attempt after its imports were done
+    zygote, settled = None, None  # settled: the attempt by which its later imports were done
     deadline = time.monotonic() + 240
     while p.poll() is None and time.monotonic() < deadline:
         zygote = zygote or _zygote_of(p.pid)
         if zygote is not None:
             attempts = _count_probes(log)
-            if settled is None and "ready in" in _read(log / "warmlog.0"):
+            if settled is None and "imported ps_server.client" in _read(log / "warmlog.0"):
                 settled = attempts + 1
             stats = _stats(zygote)
             if settled is not None and stats and attempts not in samples:
@@ -183,6 +186,32 @@ def test_a_killed_warm_process_leaves_the_job_running_and_restarts_fresh(tmp_pat
     first, second = _probes(log, 2)[0]
     assert first["forked"] and not second["forked"]
     assert wait_gone([zygote], 5) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_warm_import_that_starts_a_thread_stops_the_forks(tmp_path: Path) -> None:
+    """The warm process forks only while it is single-threaded: once a ``warm_imports`` module
+    has started a thread, it refuses, and the agent starts the worker afresh."""
+    (tmp_path / "threadmod.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    log = tmp_path / "warmlog.0"
+    pool = WarmPool(env, str(log), ["threadmod"])
+    try:
+        deadline = time.monotonic() + 90
+        while "imported threadmod" not in _read(log) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "imported threadmod" in _read(log), _read(log)
+        argv = [sys.executable, *BOOTSTRAP, PROBE]
+        assert pool.usable(argv)
+        with pytest.raises(WarmStartError, match="started 1 thread"):
+            pool.spawn(argv, env, str(tmp_path))
+        assert pool.spawned == 0
+    finally:
+        pool.close()
+    assert wait_gone([pool.pid], 10) == []
 
 
 @pytest.mark.timeout(300)

@@ -3,7 +3,15 @@ locally (tests/scripts/k8s_local.py: each pod's container command with exactly t
 manifest gives it; the PersistentVolumeClaim is one directory every pod shares). The test plays
 the kubelet and the Job controller: the server pod's process is SIGKILLed mid-training and started
 again with the same command and env; a trainer pod that exits non-zero is started again (the
-Indexed Job's replacement pod for its index). The job restores from the checkpoint and finishes."""
+Indexed Job's replacement pod for its index). The job restores from the checkpoint and finishes.
+
+The checkpoint interval (2 s) is not shorter than a checkpoint takes to write and commit on a
+loaded machine (about 2 s at a load of 11 on 2 cores). With a much shorter one (0.5 s, say) every
+cut waits for the previous commit and the cuts come every interval of training time, so the time
+the restarted job takes grows with the square of the slowdown (more cuts, each waiting longer)
+instead of in proportion to it: past the test's window at a load of 12 to 17. The pass (187 steps
+per trainer) is long enough that the first cut, an interval into training, still comes early on
+an idle machine: the server is killed mid-pass."""
 
 from __future__ import annotations
 
@@ -25,8 +33,9 @@ from launcher.spec import build_spec
 sys.path.insert(0, str(SCRIPTS))
 import k8s_local
 
-LINES = 1500
+LINES = 3000
 GLOBAL_BATCH = 32
+CHECKPOINT_INTERVAL_S = 2.0
 CLAIM = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "ps-ckpt"}}
 MOUNT = {"name": "ckpt", "mountPath": "/ckpt"}
 
@@ -56,7 +65,11 @@ def _spec(tmp: Path, data: Path | str, **k8s: object) -> object:
             "max_restarts": 2,
             "log_dir": str(tmp / "log"),
             "env": {"OMP_NUM_THREADS": "1"},
-            "ps_checkpoint": {"dir": "/ckpt/ctr-rec", "interval_s": 0.5, "keep": 2},
+            "ps_checkpoint": {
+                "dir": "/ckpt/ctr-rec",
+                "interval_s": CHECKPOINT_INTERVAL_S,
+                "keep": 2,
+            },
             "k8s": {"volumes": [CLAIM], "volume_mounts": [MOUNT], **k8s},
         }
     )

@@ -46,7 +46,9 @@ costs). A job's first workers are forked without waiting for them; restarts find
 READY_TIMEOUT_S = 120.0
 """How long the first spawn waits for the warm process's imports before starting afresh."""
 REQUEST_TIMEOUT_S = 30.0
-"""How long one spawn request may take once the warm process is ready."""
+"""How long one spawn request may take beyond the later import the warm process may be in the
+middle of (it answers once that import is done; the import may take the pool's ready timeout:
+under load, a ``torch._dynamo`` import took over 30 s, which a fresh worker would pay too)."""
 BOOTSTRAP = ("-u", "-m", "collective.bootstrap")
 """The arguments after the interpreter that mark a Python entry point the pool can serve."""
 
@@ -222,7 +224,7 @@ class WarmPool:
         r, w = os.pipe()
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(REQUEST_TIMEOUT_S)
+                s.settimeout(REQUEST_TIMEOUT_S + self.ready_timeout_s)
                 s.connect(self.socket_path)
                 request = {"argv": list(argv[1 + len(BOOTSTRAP) :]), "env": env, "cwd": cwd}
                 # adopt what the warm process forks while it answers (its intermediate exits)

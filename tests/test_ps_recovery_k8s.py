@@ -5,13 +5,19 @@ the kubelet and the Job controller: the server pod's process is SIGKILLed mid-tr
 again with the same command and env; a trainer pod that exits non-zero is started again (the
 Indexed Job's replacement pod for its index). The job restores from the checkpoint and finishes.
 
-The checkpoint interval (2 s) is not shorter than a checkpoint takes to write and commit on a
-loaded machine (about 2 s at a load of 11 on 2 cores). With a much shorter one (0.5 s, say) every
-cut waits for the previous commit and the cuts come every interval of training time, so the time
-the restarted job takes grows with the square of the slowdown (more cuts, each waiting longer)
-instead of in proportion to it: past the test's window at a load of 12 to 17. The pass (187 steps
-per trainer) is long enough that the first cut, an interval into training, still comes early on
-an idle machine: the server is killed mid-pass."""
+The checkpoint interval (3 s) is longer than a checkpoint takes to write and commit on a loaded
+machine (2 to 2.5 s at a load of 9 to 13 on 2 cores). With a shorter one every cut waits for the
+previous commit, and the cuts come every interval of training time, so the time the restarted job
+takes grows with the square of the slowdown (more cuts, each waiting longer) instead of in
+proportion to it: at 0.5 s nearly every cut waited 1 to 1.5 s at a load of 9 to 11. The pass (250
+steps per trainer) is long enough that the first cut, an interval into training, still comes well
+before its end on an idle machine: the server is killed mid-pass.
+
+What remains after the kill is in proportion to the CPU the test gets: the pods join the new
+generation within seconds, then four processes start again (python and torch imports, the model,
+the data: about 30 s from the kill to the first resumed step at a load of 11, 2 minutes beside
+busy processes of normal priority, where the restarted job took 272 s in all) and train the rest of
+the pass. Hence the waits' bounds: 240 s for the first checkpoint, 360 s from the kill to the end."""
 
 from __future__ import annotations
 
@@ -33,9 +39,9 @@ from launcher.spec import build_spec
 sys.path.insert(0, str(SCRIPTS))
 import k8s_local
 
-LINES = 3000
+LINES = 4000
 GLOBAL_BATCH = 32
-CHECKPOINT_INTERVAL_S = 2.0
+CHECKPOINT_INTERVAL_S = 3.0
 CLAIM = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "ps-ckpt"}}
 MOUNT = {"name": "ckpt", "mountPath": "/ckpt"}
 
@@ -125,7 +131,7 @@ def _kill_pod(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(720)  # above the waits' own bounds (data, 240 s, 360 s): they name the phase
 def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Path) -> None:
     data = tmp_path / "slots"
     subprocess.run(
@@ -167,11 +173,11 @@ def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Pa
             start(name)
         from launcher.recovery.ps_policy import latest_committed
 
-        wait_for(lambda: latest_committed(str(ckpt)), 150, "a committed checkpoint")
+        wait_for(lambda: latest_committed(str(ckpt)), 240, "a committed checkpoint")
         all_pids.update(_children(procs[server].pid))
         _kill_pod(procs[server])
         start(server)  # the kubelet restarts the container: same command, same env
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 360  # the pods' start-ups and the rest of the pass
         codes: dict[str, int] = {}
         while len(codes) < len(trainers) and time.monotonic() < deadline:
             for name in trainers:

@@ -162,8 +162,9 @@ def sharding_transient_bytes(opt: Any, grads_at_step: int) -> int:
 
 class ActivationMeter(SavedActivationMeter):
     """Saved activations of one step, without the parameters FSDP2 gathers for the layers
-    (sharding stage 3 swaps the full tensors in while a unit runs): those are tracked apart as
-    ``gathered``, and :attr:`combined_peak` is the peak of activations + gathered parameters."""
+    (sharding stage 3 swaps the full tensors in while a unit runs): those, and the unsharded
+    gradients accumulating on them between micro-batches, are tracked apart as ``gathered``,
+    and :attr:`combined_peak` is the peak of activations + gathered parameters and gradients."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         params = list(module.parameters())
@@ -177,13 +178,17 @@ class ActivationMeter(SavedActivationMeter):
     def _pack(self, t: torch.Tensor) -> Any:
         gathered = 0
         if self._fsdp:  # the unsharded parameters swapped in right now
-            full = {
-                p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
-                for p in self._module.parameters()
-                if not hasattr(p, "to_local")
-            }
+            unsharded = [p for p in self._module.parameters() if not hasattr(p, "to_local")]
+            full = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in unsharded}
             self._param_storages = self._base | set(full)
-            gathered = sum(full.values())
+            # and the unsharded gradients earlier micro-batches left on them (the gradient
+            # is reduce-scattered only after the step's last backward)
+            grads = {
+                p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
+                for p in unsharded
+                if p.grad is not None
+            }
+            gathered = sum(full.values()) + sum(grads.values())
         out = super()._pack(t)
         self.combined_peak = max(self.combined_peak, self.live_bytes + gathered)
         return out

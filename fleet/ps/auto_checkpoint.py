@@ -27,7 +27,10 @@ to the trainers as FLEET_PS_CHECKPOINT_*).
   each trainer learns of it, and at its next step boundary the trainer flushes and cuts with its
   own data position; the lowest cutting rank takes the snapshot with every trainer's position (a
   dead or busy trainer's last reported one) and the others wait for it, as above. The
-  checkpoint's step is the largest trainer step. A trainer that fleetrun restarted alone
+  checkpoint's step is the largest trainer step. An epoch that opens while the servers still
+  write the leader's previous checkpoint is deferred (nobody waits; the next epoch cuts), so a
+  disk slower than the interval stretches the interval instead of stalling every trainer at
+  every cut. A trainer that fleetrun restarted alone
   (FLEET_PS_RESUME_POSITION: its data position from its progress file) loads no checkpoint: it
   skips the data it had trained and goes on, the servers untouched.
 - **The day/pass loop** (``fleet.train_days``, :mod:`fleet.streaming`) turns the interval cuts
@@ -275,6 +278,14 @@ class AutoCheckpointer:
         else:
             info = client.wait_snapshot(epoch)[1]
             info = info if isinstance(info, dict) else {"error": str(info)}
+        if "deferred" in info:
+            logger.info(
+                "trainer %d: automatic checkpoint at step %d deferred to the next interval: the "
+                "one at step %s is still being written",
+                self.rank,
+                step,
+                info["deferred"],
+            )
         previous = info.get("previous_failed")
         if previous:  # the leader's last checkpoint did not commit (every trainer counts it)
             self.failed += 1
@@ -311,6 +322,12 @@ class AutoCheckpointer:
         """The leader of an epoch: the snapshot of every server with every trainer's position
         (what every trainer learns: ``snapshot_s`` or ``error``, and ``previous_failed``)."""
         info: dict[str, Any] = {}
+        pending = st.pending_checkpoint
+        if pending is not None and not pending.done():
+            # the servers still write the last one: cutting now would hold every trainer until
+            # it committed (and, on a slow disk, every later cut too); the next epoch cuts
+            info["deferred"] = self._pending_step
+            return info
         try:
             recovery.finish_pending(st)  # one at a time; a failed one is counted and skipped
         except FleetError as err:

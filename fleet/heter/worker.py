@@ -485,6 +485,13 @@ def run_heter_worker(model: Any = None, optimizer: Any = None) -> None:
     host, _, port = env.current_endpoint.rpartition(":")
     server = HeterServer(worker, host, int(port))
     server.start()
+    logger.info(
+        "heter worker %d on %s, %s, serving on %s",
+        worker.index,
+        worker.device,
+        "sync" if worker.sync else "async",
+        env.current_endpoint,
+    )
     t0 = time.perf_counter()
     try:
         worker.serve()

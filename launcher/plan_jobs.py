@@ -253,7 +253,9 @@ def verify(
     plan: Plan, shape: JobShape, spec: ModelSpec, k: int, steps: int, log_dir: str
 ) -> dict[str, dict[str, Any]]:
     """Run the top ``k`` candidates as trial jobs; put their median step seconds into
-    ``plan.measured`` and re-rank (measured first, fastest first); return the results."""
+    ``plan.measured`` and re-rank: the measured first, led by the predicted pick unless another
+    was measured faster beyond the trials' spread (:func:`clearly_faster`), then fastest first;
+    return the results."""
     if shape.nnodes > 1:
         raise ConfigError(
             "--verify runs trial jobs on this node only; plan without it, then run the job "
@@ -299,12 +301,37 @@ def verify(
                 f"{plan.measured[key] * 1e3:.2f} ms/step, peak {format_bytes(peak)} "
                 f"(predicted {est.step_s * 1e3:.2f} ms, {format_bytes(est.memory_bytes)})"
             )
-    measured = sorted(
+    # the predicted pick stays unless a candidate's steps are faster beyond the trials' spread:
+    # a few steps on a busy machine cannot order candidates a few percent apart
+    first = top[0][1].candidate.key
+    pick = first
+    for e in sorted(
         (e for e in plan.ranked if e.candidate.key in plan.measured),
         key=lambda e: plan.measured[e.candidate.key],
+    ):
+        if e.candidate.key == first:
+            break
+        if clearly_faster(steps_of[e.candidate.key], steps_of[first]):
+            pick = e.candidate.key
+            break
+    measured = sorted(
+        (e for e in plan.ranked if e.candidate.key in plan.measured),
+        key=lambda e: (e.candidate.key != pick, plan.measured[e.candidate.key]),
     )
     plan.ranked = measured + [e for e in plan.ranked if e.candidate.key not in plan.measured]
     return results
+
+
+def clearly_faster(a: list[float], b: list[float], z: float = 1.645) -> bool:
+    """Whether step times ``a`` are shorter than ``b`` beyond their spread: a one-sided
+    Mann-Whitney U test (normal approximation, 5 % by default); with fewer than 3 steps on a
+    side, the medians decide."""
+    n, m = len(a), len(b)
+    if n < 3 or m < 3:
+        return statistics.median(a) < statistics.median(b)
+    u = sum(1.0 if x < y else 0.5 if x == y else 0.0 for x in a for y in b)
+    sd = (n * m * (n + m + 1) / 12.0) ** 0.5
+    return (u - n * m / 2.0) / sd > z
 
 
 def write_apply(path: str, plan: Plan, shape: JobShape, spec: ModelSpec) -> None:

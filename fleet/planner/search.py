@@ -461,9 +461,16 @@ def explain(plan: Plan) -> list[str]:
     limit = plan.memory_limit_bytes
     out = []
     if plan.measured and c.key in plan.measured:
+        fastest = min(plan.measured.values()) >= plan.measured[c.key]
+        how = (
+            f"the fastest of {len(plan.measured)} run"
+            if fastest
+            else f"kept as predicted: none of the {len(plan.measured)} run was faster beyond "
+            "the trials' spread"
+        )
         out.append(
             f"verified: {describe(c)} measured {plan.measured[c.key] * 1e3:.1f} ms per step "
-            f"(predicted {_ms(e)}), the fastest of {len(plan.measured)} run"
+            f"(predicted {_ms(e)}), {how}"
         )
 
     def knob(head: str, pred: Any, what: str) -> str:

@@ -362,7 +362,11 @@ def _rescale_to_whole_pass(
     CPU), while the per-entry figures keep how the time divides among the entries (where
     pipeline stages cut)."""
     per_entry = sum(f.fwd_s[b] + f.bwd_s[b] for f in figures)
-    whole = time_whole_pass(pipe, loss_fn, inputs, labels, amp_ctx, device)
+    # every entry has just run at this size, so no untimed pass first on a CPU (where the
+    # allocator keeps nothing warm between passes anyway): the median of three discards a
+    # slow first pass; a GPU's caching allocator grows in the first pass, which stays untimed
+    warmup = 1 if device.type == "cuda" else 0
+    whole = time_whole_pass(pipe, loss_fn, inputs, labels, amp_ctx, device, warmup=warmup)
     if per_entry <= 0:
         return whole
     ratio = whole / per_entry

@@ -39,6 +39,13 @@ setup(
             extra_compile_args=["-O3", "-std=c99", "-fno-fast-math"],
             optional=True,
         ),
+        # the graph tables' edge-file parser, CSR sort and sampler (graph_kernels.py: numpy otherwise)
+        Extension(
+            "ps_server.core._graph_kernels",
+            ["ps_server/core/_graph_kernels.c"],
+            extra_compile_args=["-O3", "-std=c99", "-fno-fast-math"],
+            optional=True,
+        ),
         # fleet.data's MultiSlot text parser (fleet/data/parser.py falls back to Python)
         Extension(
             "fleet.data._parser",

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ps_server.core import graph_kernels
 from ps_server.errors import TableInputError
 
 INT64_MIN = np.iinfo(np.int64).min
@@ -214,6 +215,10 @@ def _two_columns(data: bytes) -> ParsedEdges | None:
 
 
 def _fast_edges(data: bytes) -> ParsedEdges | None:
+    if graph_kernels.ENABLED:
+        got = graph_kernels.parse_edges(data)
+        if got is not None:
+            return ParsedEdges(*got)
     two = _two_columns(data)
     if two is not None:
         return two

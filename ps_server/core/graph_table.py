@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from ps_server.config import GraphTableConfig
+from ps_server.core import graph_kernels, kernels
 from ps_server.core.graph_files import (
     GraphInputError,
     check_on_error,
@@ -40,7 +42,7 @@ from ps_server.core.graph_files import (
     read_bytes,
 )
 from ps_server.core.graph_sampling import ranges, sample_segments
-from ps_server.core.routing import shard_of
+from ps_server.core.routing import ROUTE_SALT, shard_of
 
 
 def stable_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +87,8 @@ class _CSR:
 
     @staticmethod
     def build(src: np.ndarray, dst: np.ndarray, weight: np.ndarray, eid: np.ndarray) -> _CSR:
-        order, s = stable_order(src)
+        radix = graph_kernels.sort_order(src)
+        order, s = radix if radix is not None else stable_order(src)
         n = order.shape[0]
         if n and int(eid[-1]) - int(eid[0]) == n - 1 and np.all(np.diff(eid) == 1):
             eid = eid[0] + order  # consecutive ids (a load): no random gather
@@ -130,7 +133,8 @@ class _EdgeStore:
     def merged(self) -> _CSR:
         if self.pending:
             c = self.csr
-            parts = [(c.edge_src(), c.dst, c.weight, c.eid), *self.pending]
+            parts = [(c.edge_src(), c.dst, c.weight, c.eid)] if c.num_edges else []
+            parts += self.pending
             self.csr = _CSR.build(*(np.concatenate([p[k] for p in parts]) for k in range(4)))
             self.pending = []
         return self.csr
@@ -217,6 +221,10 @@ class GraphTable:
         """Mask of the ids this server owns."""
         if self.num_servers == 1:
             return np.ones(ids.shape[0], bool)
+        if graph_kernels.ENABLED:
+            return graph_kernels.owned_mask(
+                ids, ROUTE_SALT, self.config.num_shards, self.num_servers, self.server_index
+            )
         return shard_of(ids, self.config.num_shards) % self.num_servers == self.server_index
 
     @staticmethod
@@ -418,7 +426,7 @@ class GraphTable:
         name = self.edge_type(edge_type)[0]
         check_on_error(self.name, on_error)
         files = expand_paths(self.name, paths)
-        parsed = [parse_edges(self.name, read_bytes(self.name, f), f, on_error) for f in files]
+        parsed = self._parse_edge_files(files, on_error)
         src = np.concatenate([p.src for p in parsed]) if parsed else np.empty(0, np.int64)
         dst = np.concatenate([p.dst for p in parsed]) if parsed else np.empty(0, np.int64)
         weight = (
@@ -448,6 +456,21 @@ class GraphTable:
             "kept": kept,
             "skipped": skipped,
         }
+
+    def _parse_edge_files(self, files: list[str], on_error: str) -> list:
+        """Every file read and parsed; with the compiled parser (which works without the GIL),
+        files in parallel on up to the server's table threads
+        (:func:`ps_server.core.kernels.get_threads`). A bad line raises for the first file
+        (in order) that has one, as a sequential read would."""
+
+        def parse(path: str):
+            return parse_edges(self.name, read_bytes(self.name, path), path, on_error)
+
+        threads = min(len(files), kernels.get_threads()) if graph_kernels.ENABLED else 1
+        if threads <= 1:
+            return [parse(f) for f in files]
+        with ThreadPoolExecutor(threads, thread_name_prefix="graphload") as pool:
+            return list(pool.map(parse, files))
 
     def load_nodes(self, paths: str | Sequence[str], on_error: str = "raise") -> dict[str, int]:
         """Read node files (``type<TAB>id<TAB>name v v...``) and keep the nodes this server
@@ -488,11 +511,28 @@ class GraphTable:
         fanout = self.check_fanout(self.name, fanout)
         name = self.edge_type(edge_type)[0]
         ids = as_ids(self.name, "nodes", nodes)
-        csr = self._csr(name)
-        starts, deg = csr.locate(ids)
-        rng = rng or np.random.default_rng()
-        pos, counts = sample_segments(starts, deg, fanout, rng, csr.weight if weighted else None)
+        csr, pos, counts = self.sample_positions(ids, fanout, name, weighted, rng)
         return csr.dst[pos], counts, csr.weight[pos], csr.eid[pos]
+
+    def sample_positions(
+        self,
+        ids: np.ndarray,
+        fanout: int,
+        name: str,
+        weighted: bool = False,
+        rng: np.random.Generator | None = None,
+    ) -> tuple[_CSR, np.ndarray, np.ndarray]:
+        """(the CSR, the CSR positions of the sampled edges, counts per node) of
+        :meth:`sample_neighbors` with checked arguments (int64 ``ids``, the edge type's
+        ``name``), for callers that gather only some of the edges' columns."""
+        csr = self._csr(name)
+        rng = rng or np.random.default_rng()
+        if not weighted and graph_kernels.ENABLED:
+            pos, counts = graph_kernels.sample_uniform(csr.src, csr.indptr, ids, fanout, rng)
+            return csr, pos, counts
+        starts, deg = csr.locate(ids)
+        pos, counts = sample_segments(starts, deg, fanout, rng, csr.weight if weighted else None)
+        return csr, pos, counts
 
     def walk_step(
         self, nodes: object, edge_type: str | None, rng: np.random.Generator | None = None

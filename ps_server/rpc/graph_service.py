@@ -234,14 +234,15 @@ def remove_nodes(gs: GraphState, h: dict, a: dict) -> Reply:
 def sample_neighbors(gs: GraphState, h: dict, a: dict) -> Reply:
     t = gs.table(h["table"])
     rng = _rng(h, gs.server.server_index)
-    values, counts, weights, eids = t.sample_neighbors(
-        a["nodes"], h["fanout"], h.get("edge_type"), bool(h.get("weighted")), rng
-    )
-    out = {"values": values, "counts": counts}
+    fanout = t.check_fanout(t.name, h["fanout"])
+    name = t.edge_type(h.get("edge_type"))[0]
+    ids = as_ids(t.name, "nodes", a["nodes"])
+    csr, pos, counts = t.sample_positions(ids, fanout, name, bool(h.get("weighted")), rng)
+    out = {"values": csr.dst[pos], "counts": counts}  # only the columns asked for are gathered
     if h.get("return_weights"):
-        out["weights"] = weights
+        out["weights"] = csr.weight[pos]
     if h.get("return_eids"):
-        out["eids"] = eids
+        out["eids"] = csr.eid[pos]
     return {}, out
 
 

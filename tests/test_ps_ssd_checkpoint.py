@@ -1,6 +1,6 @@
 """SSD tables in a server's life and in checkpoints: ``PSServer.stop()`` closes them (the tier
 can be reopened in the same process), delta saves and delta serving exports cover both tiers,
-and a full save streams the cold rows."""
+and a full serving export streams the cold rows."""
 
 from __future__ import annotations
 
@@ -181,7 +181,11 @@ def test_full_save_streams_cold_rows_shard_by_shard_as_of_the_snapshot(
         return real_scan()
 
     monkeypatch.setattr(ssd.cold, "scan", scan)
-    snaps = {d: take_snapshot([t], "all", ChangeLog.SAVE) for t, d in ((mem, "mem"), (ssd, "ssd"))}
+    # a full serving export's snapshot streams the cold rows (a checkpoint's takes the tier as
+    # a RocksDB checkpoint instead: tests/test_ps_ssd_native_checkpoint.py)
+    snaps = {
+        d: take_snapshot([t], "all", ChangeLog.EXPORT) for t, d in ((mem, "mem"), (ssd, "ssd"))
+    }
     assert snaps["ssd"].nbytes < snaps["mem"].nbytes / 4  # the memory rows only
     assert read == []  # nothing read yet: the cold rows are read while writing
     saving[0] = False
@@ -202,7 +206,7 @@ def test_full_save_streams_cold_rows_shard_by_shard_as_of_the_snapshot(
     _assert_same_rows(loaded[0], loaded[1])
     assert loaded[1].num_rows > 4000
 
-    lost = take_snapshot([ssd], "all", None)
+    lost = take_snapshot([ssd], "all", ChangeLog.EXPORT)
     ssd.clear()  # a full load into the table while its save is pending
     with pytest.raises(SsdTierError, match="cleared or closed while its checkpoint"):
         write_snapshot(tmp_path / "void", lost)

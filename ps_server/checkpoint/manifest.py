@@ -5,13 +5,16 @@ Layout of one checkpoint (or serving export) directory::
 
     <dir>/manifest.<writer>.json        one per saving server ("server-0", "server-1", ...)
     <dir>/<table>/shard-00007.bin       one per shard (format: ps_server.checkpoint.shard_file)
+    <dir>/<table>/rocksdb-00000/        SSD tables: one server's cold rows, a RocksDB checkpoint
     <dir>/graphs/<graph table>/part-00001-of-00002.npz, config.json   a graph table's parts
 
 A server writes its shard files first (each atomically), fsyncs their directories, then its own
 manifest, atomically: a manifest lists only complete files. It holds the format version, the
 kind (``checkpoint``, or ``serving`` for a serving export), the mode (``all`` / ``delta``), per
 table its config (optimizer, initializer and entry as dicts), dim, state_dim, shard count, the
-shards written, rows, and the ``end_day`` calls since the previous save; and per file (path
+shards written, rows, the ``end_day`` calls since the previous save, and for SSD tables
+the RocksDB checkpoints of their cold rows (``cold``: :mod:`ps_server.checkpoint.ssd_files`);
+and per file (path
 relative to the directory) its size and CRC-32 (:class:`~ps_server.checkpoint.files.FileRecord`;
 manifests written by earlier fleetrun versions have no ``files``: their shard files are then
 checked by their own header and payload CRCs only). A server holding graph tables lists them
@@ -67,6 +70,9 @@ class TableEntry:
     shards: tuple[int, ...]
     days_since_last_save: int
     rows: int
+    cold: tuple[dict[str, Any], ...] = ()
+    """SSD tables: each saving server's cold rows as a RocksDB checkpoint
+    (:mod:`ps_server.checkpoint.ssd_files`); empty when every row is in the shard files."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,9 @@ def _merge_tables(
     owner: dict[tuple[str, int], str] = {}
     for p, m in manifests:
         for name, e in m["tables"].items():
-            cur = merged.setdefault(name, {**e, "shards": [], "rows": 0, "first": p.name})
+            cur = merged.setdefault(
+                name, {**e, "shards": [], "rows": 0, "first": p.name, "cold": []}
+            )
             for key in ("kind", "config", "dim", "state_dim", "num_shards", "days_since_last_save"):
                 if cur[key] != e[key]:
                     diff = config_diff(cur["config"], e["config"]) if key == "config" else []
@@ -145,6 +153,7 @@ def _merge_tables(
                 owner[(name, s)] = p.name
             cur["shards"].extend(e["shards"])
             cur["rows"] += e["rows"]
+            cur["cold"].extend(e.get("cold") or [])
     return merged
 
 
@@ -227,6 +236,7 @@ def read_checkpoint(directory: str | os.PathLike) -> CheckpointInfo:
             tuple(sorted(e["shards"])),
             e["days_since_last_save"],
             e["rows"],
+            tuple(e["cold"]),
         )
     files: dict[str, FileRecord] | None = {}
     for p, m in manifests:

@@ -64,6 +64,7 @@ from ps_server.checkpoint.manifest import (
     shard_relpath,
 )
 from ps_server.checkpoint.shard_file import FORMAT_VERSION, read_shard, write_shard
+from ps_server.checkpoint.ssd_files import ColdRows, adopt_files, write_cold
 from ps_server.config import config_diff, config_to_dict
 from ps_server.core.factory import make_table
 from ps_server.core.graph_checkpoint import (
@@ -76,6 +77,8 @@ from ps_server.core.graph_checkpoint import (
 )
 from ps_server.core.graph_table import GraphTable
 from ps_server.core.shard_data import SparseShardData
+from ps_server.core.ssd_import import adopted
+from ps_server.core.ssd_snapshot import ColdCut, NativeSnapshot, with_cold
 from ps_server.core.table import ChangeLog, Table, TableSnapshot
 from ps_server.errors import CheckpointCorruptError, CheckpointError
 
@@ -212,7 +215,9 @@ def write_snapshot(
         for snap in snapshot.tables:
             meta = snap.meta
             (root / meta.name).mkdir(exist_ok=True)
-            payloads = snap.export_shards()
+            # an SSD table's checkpoint: memory rows in shard files, cold rows as RocksDB files
+            native = kind == "checkpoint" and isinstance(snap, NativeSnapshot)
+            payloads = snap.hot_shards() if native else snap.export_shards()
             serving = kind == "serving" and meta.kind == "sparse"
             state_dim = 0 if serving else meta.state_dim
             rows = written = 0
@@ -227,6 +232,13 @@ def write_snapshot(
                 written += record.bytes
                 rows += len(payload.blocks) if meta.kind == "dense" else int(payload.keys.shape[0])
             del payloads
+            cold = []
+            if native:
+                item, cold_files, cold_bytes = write_cold(root, snap)
+                files.update(cold_files)
+                written += cold_bytes
+                rows += int(item["rows"])
+                cold.append(item)
             fsync_dir(root / meta.name)
             entries[meta.name] = {
                 "kind": meta.kind,
@@ -239,6 +251,8 @@ def write_snapshot(
                 "bytes": written,
                 "days_since_last_save": meta.days_since_save,
             }
+            if cold:
+                entries[meta.name]["cold"] = cold
         graph_entries = {}
         if kind == "checkpoint":
             for part in snapshot.graphs:
@@ -263,6 +277,10 @@ def write_snapshot(
         fsync_dir(root.parent)  # the directory's own entry
     except OSError as err:
         raise CheckpointError(f"saving to {root} failed: {err}") from err
+    finally:
+        for snap in snapshot.tables:  # staged RocksDB checkpoints: linked or copied by now
+            if isinstance(snap, NativeSnapshot):
+                snap.release()
     logger.info(
         "wrote %s %s of %d table(s) to %s in %.2fs (tables locked %.3fs)",
         snapshot.mode,
@@ -377,48 +395,94 @@ def load(
     delta = info.mode == "delta"
     items = _as_table_list(tables)
     staged = []
-    for t in items:  # read and verify everything before any table changes
-        entry = info.tables.get(t.name)
-        if entry is None:
-            raise CheckpointError(
-                f"{info.directory}: no table {t.name!r} in this checkpoint; it "
-                f"holds {sorted(info.tables)}"
-            )
-        _check_compatible(info.directory, t, entry)
-        streamed = getattr(t, "streams_load", False)
-        payloads: list[Any] = []
-        for shard in t.shards:
-            payload = _read_checked(info, entry, t.name, shard)
-            # a table larger than memory keeps only the row count now and reads again below
-            payloads.append(int(payload.keys.shape[0]) if streamed else payload)
-        staged.append((t, entry, payloads))
-    result = {}
-    for t, entry, payloads in staged:
-        with t.lock:
-            if delta:
-                t.replay_end_days(entry.days_since_last_save)
-            else:
-                t.clear()
-            if isinstance(payloads[0] if payloads else None, int):
-                with t.bulk_load(sum(payloads)):
-                    result[t.name] = sum(
-                        t.import_shard(_read_checked(info, entry, t.name, s), delta)
-                        for s in t.shards
-                    )
-            else:
-                result[t.name] = sum(t.import_shard(p, delta) for p in payloads)
-            t.mark_saved()
-        cap = getattr(t.config, "max_capacity", None)
-        if cap is not None and t.num_rows > cap:
-            logger.warning(
-                "table %r holds %d rows after loading, above max_capacity=%d: the next "
-                "batch that creates rows evicts the excess",
-                t.name,
-                t.num_rows,
-                cap,
-            )
+    try:
+        for t in items:  # read and verify everything before any table changes
+            staged.append(_stage(info, t))
+        result = {}
+        for t, entry, payloads, cold, adopt in staged:
+            with t.lock:
+                if delta:
+                    t.replay_end_days(entry.days_since_last_save)
+                else:
+                    t.clear()
+                result[t.name] = _apply(info, t, entry, payloads, cold, adopt, delta)
+                t.mark_saved()
+            _warn_capacity(t)
+    finally:
+        for _t, _e, _p, cold, _a in staged:
+            cold.close()
     logger.info("loaded %s checkpoint %s: %s", info.mode, info.directory, result)
     return result
+
+
+def _stage(info: CheckpointInfo, t: Table) -> tuple[Any, ...]:
+    """Read and verify what table ``t`` loads (nothing changes yet): (table, entry, payloads
+    or row counts, the cold rows of an SSD table's checkpoint, the RocksDB checkpoint ``t``
+    adopts whole or None)."""
+    entry = info.tables.get(t.name)
+    if entry is None:
+        raise CheckpointError(
+            f"{info.directory}: no table {t.name!r} in this checkpoint; it "
+            f"holds {sorted(info.tables)}"
+        )
+    _check_compatible(info.directory, t, entry)
+    streamed = getattr(t, "streams_load", False)
+    cold = ColdRows.of(info, entry, t.name)
+    # the same shards as a saving server: its RocksDB files become the tier (no row read)
+    adopt = cold.adoptable(t.shards) if streamed and info.mode == "all" else None
+    cold.verify([adopt] if adopt is not None else cold.touching(t.shards))
+    payloads: list[Any] = []
+    for shard in t.shards:
+        payload = _read_checked(info, entry, t.name, shard)
+        # a table larger than memory keeps only the row count now and reads again below
+        if streamed:
+            payloads.append(int(payload.keys.shape[0]))
+        else:
+            payloads.append(with_cold(payload, cold.rows(shard)))
+    if streamed and adopt is None and payloads:
+        payloads[0] += cold.count(t.shards)  # sizes the key filter (an upper bound)
+    return t, entry, payloads, cold, adopt
+
+
+def _apply(
+    info: CheckpointInfo,
+    t: Table,
+    entry: TableEntry,
+    payloads: list[Any],
+    cold: ColdRows,
+    adopt: ColdCut | None,
+    delta: bool,
+) -> int:
+    """Import what :func:`_stage` read into ``t`` (its lock held, cleared for a full load);
+    returns the rows read."""
+    if adopt is not None:
+        with adopted(t, adopt_files(adopt), adopt.to_dict(), sum(payloads)):  # type: ignore[arg-type]
+            hot = sum(
+                t.import_shard(_read_checked(info, entry, t.name, s), delta) for s in t.shards
+            )
+        return hot + adopt.rows
+    if isinstance(payloads[0] if payloads else None, int):
+        with t.bulk_load(sum(payloads)):
+            return sum(
+                t.import_shard(
+                    with_cold(_read_checked(info, entry, t.name, s), cold.rows(s)), delta
+                )
+                for s in t.shards
+            )
+    return sum(t.import_shard(p, delta) for p in payloads)
+
+
+def _warn_capacity(t: Table) -> None:
+    """Warn when a loaded table holds more rows than its ``max_capacity``."""
+    cap = getattr(t.config, "max_capacity", None)
+    if cap is not None and t.num_rows > cap:
+        logger.warning(
+            "table %r holds %d rows after loading, above max_capacity=%d: the next "
+            "batch that creates rows evicts the excess",
+            t.name,
+            t.num_rows,
+            cap,
+        )
 
 
 def _read_checked(info: CheckpointInfo, entry: TableEntry, table: str, shard: int) -> Any:

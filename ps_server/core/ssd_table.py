@@ -35,8 +35,9 @@ row read back gets the days it missed applied (unseen_days and show decay, with 
 arithmetic as ``end_day``). ``shrink`` deletes old rows from both tiers (a scan of RocksDB).
 
 Checkpoints: a full snapshot holds the rows of both tiers (the queue written first, the memory
-rows copied, the cold rows read shard by shard from a RocksDB snapshot while the checkpoint is
-written, aged to the day of the snapshot: :mod:`ps_server.core.ssd_snapshot`), so save / load / resharding work as for a memory table; a delta
+rows copied; a checkpoint's cold rows are a RocksDB checkpoint of the tier taken under the lock,
+a serving export's are read shard by shard while it is written, aged to the day of the
+snapshot: :mod:`ps_server.core.ssd_snapshot`), so save / load / resharding work as for a memory table; a delta
 snapshot (delta saves, delta serving exports) holds the changed rows of both tiers: the change
 flags travel with the rows, and :mod:`ps_server.core.ssd_changes` keeps the cold tier's side of
 each change log (epochs, the keys of changed cold rows, the keys deleted from disk).
@@ -71,7 +72,7 @@ from ps_server.core.ssd_changes import ColdChanges, LogState
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_filter import KeyFilter
 from ps_server.core.ssd_import import flush_ingest, split_import
-from ps_server.core.ssd_snapshot import ColdSaver, StreamedSnapshot
+from ps_server.core.ssd_snapshot import ColdSaver, StreamedSnapshot, native_snapshot
 from ps_server.core.ssd_tier import ColdTier, as_void, record_dtype
 from ps_server.core.table import ChangeLog, PushStats, TableSnapshot
 from ps_server.errors import SsdTierError
@@ -504,6 +505,8 @@ class SsdSparseTable(SparseTable):
         snap = super()._snapshot(delta, log)
         if not delta:  # the cold rows are read shard by shard when the checkpoint writes them
             self._write_queued()  # RocksDB holds every cold row
+            if log is not ChangeLog.EXPORT:  # a checkpoint: the tier as a RocksDB checkpoint
+                return native_snapshot(self, snap)
             saver = ColdSaver(self._seq, self.config.num_shards, self.shards)
             self._savers.add(saver)
             generation, day, cold = self.cold.generation, self.day, self.cold

@@ -425,11 +425,33 @@ class ColdTier:
             if kbuf:
                 yield self._chunk(kbuf, vbuf)
 
+    def checkpoint(self, path: str) -> None:
+        """A RocksDB checkpoint of the tier as it is now, in the new directory ``path`` (the
+        memtable flushed, the live files hard-linked: ``path`` is inside the tier directory,
+        so on its filesystem); :mod:`ps_server.core.ssd_snapshot`."""
+        with self.io_lock:
+            self._rd.Checkpoint(self._db).create_checkpoint(path)
+
+    def adopt(self, place: Any) -> None:
+        """Replace the database by the files ``place(db_dir)`` puts into its new, empty
+        directory (a checkpoint's, linked or copied), then open it."""
+        with self.io_lock:
+            self.generation += 1
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            db = os.path.join(self.path, "db")
+            shutil.rmtree(db, ignore_errors=True)
+            os.makedirs(db)
+            place(db)
+            self._open()
+
     @property
     def disk_bytes(self) -> int:
-        """Bytes of the tier's files on disk (memtables not yet flushed are not counted)."""
+        """Bytes of the tier's files on disk (memtables not yet flushed are not counted; the
+        checkpoints staged for a save are links to these files, not counted)."""
         total = 0
-        for dirpath, _dirs, files in os.walk(self.path):
+        for dirpath, _dirs, files in os.walk(os.path.join(self.path, "db")):
             for name in files:
                 try:
                     total += os.stat(os.path.join(dirpath, name)).st_size

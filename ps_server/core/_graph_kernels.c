@@ -14,6 +14,9 @@
  *     For each node (binary search in the sorted src), up to `fanout` distinct CSR positions of
  *     its edges: all of them in CSR order when the degree is <= fanout, else a uniform subset
  *     (Floyd's algorithm on a splitmix64 stream seeded by `seed`); appended to pos in node order.
+ * place_segments(offsets, positions, counts, values, out)
+ *     Jagged per-server replies back in the caller's order: the counts[i] items of position
+ *     positions[i] (taken from values in turn) go to out[offsets[p] : offsets[p + 1]].
  * All loops run without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
@@ -327,10 +330,62 @@ fail2:
     return NULL;
 }
 
+/* -- place_segments ------------------------------------------------------------------------ */
+static PyObject *gk_place_segments(PyObject *self, PyObject *args) {
+    PyObject *o_offsets, *o_positions, *o_counts, *o_values, *o_out;
+    if (!PyArg_ParseTuple(args, "OOOOO", &o_offsets, &o_positions, &o_counts, &o_values, &o_out))
+        return NULL;
+    Py_buffer bo, bp, bc, bv, bu;
+    if (!buf_of(o_offsets, &bo, 8, 0, "offsets")) return NULL;
+    if (!buf_of(o_positions, &bp, 8, 0, "positions")) { PyBuffer_Release(&bo); return NULL; }
+    if (!buf_of(o_counts, &bc, 8, 0, "counts")) goto fail2;
+    if (PyObject_GetBuffer(o_values, &bv, PyBUF_C_CONTIGUOUS) != 0) goto fail3;
+    if (PyObject_GetBuffer(o_out, &bu, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) goto fail4;
+    Py_ssize_t n = bp.len / 8, slots = bo.len / 8, item = bu.itemsize;
+    const int64_t *off = (const int64_t *)bo.buf, *p = (const int64_t *)bp.buf;
+    const int64_t *c = (const int64_t *)bc.buf;
+    int bad = bc.len / 8 != n || bv.itemsize != item || item < 1;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; !bad && i < n; i++) {
+        if (p[i] < 0 || p[i] + 1 >= slots || c[i] != off[p[i] + 1] - off[p[i]] || c[i] < 0 ||
+            off[p[i]] < 0 || (off[p[i] + 1]) * item > bu.len)
+            bad = 1;
+        total += c[i];
+    }
+    if (bad || total * item != bv.len) {
+        PyErr_SetString(PyExc_ValueError,
+                        "place_segments: each position's count must match its offsets, the values "
+                        "be the counts' sum and fit out, of out's item size");
+        goto fail5;
+    }
+    const char *v = (const char *)bv.buf;
+    char *out = (char *)bu.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t len = (size_t)(c[i] * item);
+        memcpy(out + off[p[i]] * item, v, len);
+        v += len;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&bu); PyBuffer_Release(&bv); PyBuffer_Release(&bc);
+    PyBuffer_Release(&bp); PyBuffer_Release(&bo);
+    Py_RETURN_NONE;
+fail5:
+    PyBuffer_Release(&bu);
+fail4:
+    PyBuffer_Release(&bv);
+fail3:
+    PyBuffer_Release(&bc);
+fail2:
+    PyBuffer_Release(&bp); PyBuffer_Release(&bo);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"parse_edges", gk_parse_edges, METH_VARARGS, "Parse src<TAB>dst[<TAB>weight] lines."},
     {"radix_order", gk_radix_order, METH_VARARGS, "Stable LSD radix sort of int64 keys."},
     {"owned_mask", gk_owned_mask, METH_VARARGS, "The keys a server owns."},
+    {"place_segments", gk_place_segments, METH_VARARGS, "Jagged replies back in the caller's order."},
     {"sample_uniform", gk_sample_uniform, METH_VARARGS, "Uniform neighbour sampling on a CSR."},
     {NULL, NULL, 0, NULL},
 };

@@ -259,7 +259,7 @@ def test_kernels_split_over_threads_give_the_single_thread_result(
 INITIALIZERS = {
     "uniform": Uniform(-0.01, 0.01),
     "uniform_wide": Uniform(-3, 5),
-    "normal": Normal(0.0, 0.5),  # the numpy initializer on both paths
+    "normal": Normal(0.0, 0.5),  # compiled where libm's log / cos give numpy's values
 }
 
 

@@ -41,6 +41,11 @@
  *       without rows) = float32(low + span * u(key, j)), u the KeyRNG uniform of column j
  *       (ps_server/core/hashing.py, stream = its per-(table, seed, purpose) word),
  *       bit-identical to the numpy code.
+ *   normal(keys i64[n], stream u64, attempt, mean f64, std f64, dim, dst f32[C,dim]
+ *          [, rows i64[n][, threads]])
+ *       the Normal initializer's rows: float32(mean + std * z), z the KeyRNG's Box-Muller
+ *       normal of column j and `attempt` (libm's log and cos, as numpy's float64 ufuncs
+ *       without AVX-512; kernels.py checks the two agree before it uses this kernel).
  *   group(keys i64[n], salt u64, num_shards, num_servers, out i64[n][, keys_out i64[n]])
  *         -> [count per server]
  *       the client's routing (ps_server/core/routing.py): server = mix64(key ^ salt) % num_shards
@@ -381,6 +386,8 @@ static PyMethodDef methods[] = {
      "distinct(keys, uniq, inverse, counts) -> n distinct, in first-occurrence order"},
     {"uniform", psk_uniform, METH_VARARGS,
      "uniform(keys, stream, low, span, dim, dst[, rows[, threads]]): Uniform initial rows"},
+    {"normal", psk_normal, METH_VARARGS,
+     "normal(keys, stream, attempt, mean, std, dim, dst[, rows[, threads]]): Normal rows"},
     {"group", psk_group, METH_VARARGS,
      "group(keys, salt, num_shards, num_servers, out[, keys_out]) -> [count per server]"},
     {NULL, NULL, 0, NULL},

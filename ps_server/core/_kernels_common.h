@@ -108,6 +108,7 @@ PyObject *psk_group(PyObject *self, PyObject *args);
 PyObject *psk_owned(PyObject *self, PyObject *args);
 PyObject *psk_insert(PyObject *self, PyObject *args);
 PyObject *psk_uniform(PyObject *self, PyObject *args);
+PyObject *psk_normal(PyObject *self, PyObject *args);
 PyObject *psk_distinct(PyObject *self, PyObject *args);
 
 #endif

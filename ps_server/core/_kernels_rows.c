@@ -1,5 +1,5 @@
 /* Row copies (gather, scatter), the routing hashes (group, owned) and row creation (insert,
- * distinct, uniform) of the compiled kernels; documented with the others at the top of _kernels.c. */
+ * distinct, uniform, normal) of the compiled kernels; documented with the others at the top of _kernels.c. */
 #include "_kernels_common.h"
 
 PyObject *psk_group(PyObject *self, PyObject *args) {
@@ -328,6 +328,78 @@ PyObject *psk_uniform(PyObject *self, PyObject *args) {
         uniform_ctx c = {(const uint64_t *)bk.buf, rows, (float *)bd.buf, stream, low, span, dim};
         Py_BEGIN_ALLOW_THREADS
         run_parts(threads, n, uniform_part, &c);
+        Py_END_ALLOW_THREADS
+    }
+    if (with_rows) PyBuffer_Release(&br);
+    PyBuffer_Release(&bd); PyBuffer_Release(&bk);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    const uint64_t *keys;
+    const int64_t *rows; /* NULL: row i is dst row i */
+    float *dst;
+    uint64_t stream, attempt;
+    double mean, std;
+    Py_ssize_t dim;
+} normal_ctx;
+
+static int normal_part(void *arg, int part, Py_ssize_t lo, Py_ssize_t hi) {
+    const normal_ctx *c = (const normal_ctx *)arg;
+    (void)part;
+    Py_ssize_t dim = c->dim;
+    const double two_pi = 2.0 * 3.141592653589793;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        /* hashing.KeyRNG(table, seed, keys, "init").normal(dim, attempt), then Normal.generate:
+           u1 = 1 - unit(j << 9 | a << 1), u2 = unit(... | 1), z = sqrt(-2 log u1) cos(2 pi u2),
+           float32(mean + std * z); the same float64 operations in the same order */
+        uint64_t base = mix64(mix64(c->keys[i]) ^ c->stream);
+        float *out = c->dst + (c->rows ? c->rows[i] : i) * dim;
+        for (Py_ssize_t j = 0; j < dim; j++) {
+            uint64_t ctr = ((uint64_t)j << 9) | (c->attempt << 1);
+            uint64_t b1 = mix64(base + (ctr + 1) * 0x9E3779B97F4A7C15ULL);
+            uint64_t b2 = mix64(base + ((ctr | 1) + 1) * 0x9E3779B97F4A7C15ULL);
+            double u1 = 1.0 - (double)(b1 >> 11) * (1.0 / 9007199254740992.0);
+            double u2 = (double)(b2 >> 11) * (1.0 / 9007199254740992.0);
+            double z = sqrt(-2.0 * log(u1)) * cos(two_pi * u2);
+            out[j] = (float)(c->mean + c->std * z);
+        }
+    }
+    return 0;
+}
+
+PyObject *psk_normal(PyObject *self, PyObject *args) {
+    PyObject *o_keys, *o_dst, *o_rows = Py_None;
+    unsigned long long stream, attempt;
+    double mean, std;
+    Py_ssize_t dim;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OKKddnO|Oi", &o_keys, &stream, &attempt, &mean, &std, &dim,
+                          &o_dst, &o_rows, &threads))
+        return NULL;
+    Py_buffer bk, bd, br;
+    int with_rows = o_rows != Py_None;
+    if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
+    if (!get_buf(o_dst, &bd, 4, 1, "dst")) { PyBuffer_Release(&bk); return NULL; }
+    if (with_rows && !get_buf(o_rows, &br, 8, 0, "rows")) {
+        PyBuffer_Release(&bd); PyBuffer_Release(&bk); return NULL;
+    }
+    Py_ssize_t n = bk.len / 8, cap = dim > 0 ? bd.len / 4 / dim : 0;
+    const char *err = NULL;
+    if (dim < 1 || bd.len != cap * dim * 4) err = "normal: dst must be float32[rows, dim]";
+    else if (with_rows ? br.len / 8 != n : cap != n) err = "normal: one row per key";
+    else if (attempt >= 256) err = "normal: attempt must be in [0, 256)";
+    const int64_t *rows = with_rows ? (const int64_t *)br.buf : NULL;
+    for (Py_ssize_t i = 0; !err && rows && i < n; i++)
+        if (rows[i] < 0 || rows[i] >= cap) err = "normal: a row is out of range";
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, err);
+    } else {
+        normal_ctx c = {(const uint64_t *)bk.buf, rows, (float *)bd.buf, stream, attempt,
+                        mean, std, dim};
+        Py_BEGIN_ALLOW_THREADS
+        run_parts(threads, n, normal_part, &c);
         Py_END_ALLOW_THREADS
     }
     if (with_rows) PyBuffer_Release(&br);

@@ -130,6 +130,31 @@ class Normal(Initializer):
     def generate(self, rng: KeyRNG, dim: int) -> np.ndarray:
         return (self.mean + self.std * rng.normal(dim)).astype(np.float32)
 
+    def _compiled(self, dim: int) -> bool:
+        """Whether the compiled kernel computes these rows (bit-identical to :meth:`generate`,
+        checked once per process by :func:`kernels.normal_compiled`); not for subclasses that
+        change ``generate``."""
+        return dim > 0 and type(self).generate is Normal.generate and kernels.normal_compiled()
+
+    def rows(self, table: str, seed: int, keys: np.ndarray, dim: int) -> np.ndarray:
+        if not self._compiled(dim):
+            return super().rows(table, seed, keys, dim)
+        out = np.empty((keys.shape[0], dim), dtype=np.float32)
+        kernels.normal_rows(keys, stream_of(table, seed, "init"), self.mean, self.std, out)
+        return out
+
+    def write_rows(
+        self, table: str, seed: int, keys: np.ndarray, dst: np.ndarray, rows: np.ndarray | slice
+    ) -> None:
+        if not (self._compiled(dst.shape[1]) and dst.flags.c_contiguous):
+            super().write_rows(table, seed, keys, dst, rows)
+            return
+        stream = stream_of(table, seed, "init")
+        if isinstance(rows, slice):  # a run of rows: a contiguous view, written in order
+            kernels.normal_rows(keys, stream, self.mean, self.std, dst[rows])
+        else:
+            kernels.normal_rows(keys, stream, self.mean, self.std, dst, rows)
+
 
 @Initializer.register
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ optional). The compiled path probes the hash index one key at a time in C and fu
 summing duplicated keys, the optimizer rule, the weight bounds, count / unseen_days / flags —
 into one pass over the batch without the GIL; a large batch is split over :func:`set_threads`
 threads. Row gathers / scatters, the client's routing and row creation (deduplicating the new
-keys, indexing them, the ``Uniform`` initializer's values, bit-identical to numpy's) are compiled
-too. The numpy path (``hash_index``, ``batch_ops``,
+keys, indexing them, the ``Uniform`` and ``Normal`` initializers' values, bit-identical to
+numpy's) are compiled too. The numpy path (``hash_index``, ``batch_ops``,
 ``optimizers``) computes the same results and stays the reference: rules other than the
 built-in SGD / Adagrad / Adam (user subclasses of ``OptimizerRule``) always take it.
 
@@ -170,6 +170,51 @@ def uniform_rows(
     )
 
 
+_normal_agrees: bool | None = None
+
+
+def normal_compiled() -> bool:
+    """Whether :func:`normal_rows` may compute the ``Normal`` initializer's rows: a build with
+    the kernel whose libm ``log`` / ``cos`` give numpy's values bit for bit (checked once on a
+    sample of keys; numpy's own SIMD float64 functions, on AVX-512 machines, may differ in the
+    last bit: then the numpy path stays in use)."""
+    global _normal_agrees
+    if not ENABLED:
+        return False
+    if _normal_agrees is None:
+        _normal_agrees = hasattr(_c, "normal") and _normal_matches_numpy()
+    return _normal_agrees
+
+
+def _normal_matches_numpy() -> bool:
+    from ps_server.core.hashing import KeyRNG, stream_of
+
+    keys = np.arange(-2048, 2048, dtype=np.int64) * np.int64(0x9E3779B97F4A7C1)
+    want = (0.25 + 1.5 * KeyRNG("check", 7, keys, "init").normal(16, attempt=3)).astype(np.float32)
+    got = np.empty((keys.shape[0], 16), dtype=np.float32)
+    _c.normal(keys, stream_of("check", 7, "init"), 3, 0.25, 1.5, 16, got)
+    return bool(np.array_equal(want.view(np.uint32), got.view(np.uint32)))
+
+
+def normal_rows(
+    keys: np.ndarray,
+    stream: int,
+    mean: float,
+    std: float,
+    dst: np.ndarray,
+    rows: np.ndarray | None = None,
+    attempt: int = 0,
+) -> None:
+    """The ``Normal(mean, std)`` initial rows of ``keys`` into ``dst[rows]`` (``dst`` itself
+    without rows), float32 ``[., dim]``; ``stream``: ``hashing.stream_of(table, seed, "init")``.
+    Bit-identical to ``Normal.generate`` (numpy) where :func:`normal_compiled` says so."""
+    assert _c is not None
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    if rows is not None:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+    _c.normal(keys, stream, attempt, float(mean), float(std), dst.shape[1], dst, rows, _threads)
+
+
 def push_hyper(rule: object) -> tuple[int, np.ndarray] | None:
     """(rule id, float64 hyper-parameters) of a built-in rule, or None (use numpy)."""
     if not ENABLED or type(rule) not in (SGD, Adagrad, Adam):
@@ -234,6 +279,8 @@ __all__ = [
     "get_threads",
     "group",
     "insert",
+    "normal_compiled",
+    "normal_rows",
     "probe",
     "push",
     "push_hyper",

@@ -244,8 +244,9 @@ _ID_DTYPES = (torch.int64, torch.int32)
 
 class _KeyedSlots:
     """The slots of one lookup in one layout (TorchRec's ``KeyedJaggedTensor``): all ids
-    concatenated slot after slot and deduplicated once (``keys``: the sorted unique ids,
-    ``inverse``: each id's row in ``keys``), the bags of all slots numbered in order.
+    concatenated slot after slot and deduplicated once (``keys``: the unique ids in order of
+    first occurrence, ``inverse``: each id's row in ``keys``), the bags of all slots numbered
+    in order.
 
     :meth:`pool` is one ``embedding_bag`` over all bags (a bag's rows summed in the order of
     its ids); its backward (:class:`_PoolBags`) merges the gradient of each unique key once,
@@ -266,22 +267,24 @@ class _KeyedSlots:
     def __init__(
         self, flat: np.ndarray, lengths: np.ndarray, counts: list[int], one_id: bool
     ) -> None:
-        order = np.argsort(flat, kind="stable")  # equal ids keep their batch order
-        ordered = flat[order]
-        head = np.empty(flat.shape[0], dtype=bool)
-        head[:1] = True
-        np.not_equal(ordered[1:], ordered[:-1], out=head[1:])
-        inverse = np.empty(flat.shape[0], dtype=np.int64)
-        inverse[order] = np.cumsum(head) - 1
-        self.keys = ordered[head]
-        """Sorted unique ids: the rows pulled."""
+        # the compiled hash dedup, then the ids grouped by key with a stable sort of their key
+        # index (a radix sort when it fits 16 bits): ~2x faster than a stable argsort of the
+        # int64 ids at a CTR batch's 13 k ids
+        keys, inverse, occurrences = distinct(np.ascontiguousarray(flat, dtype=np.int64))
+        inverse = inverse.reshape(-1)
+        index = inverse.astype(np.uint16) if keys.shape[0] <= 1 << 16 else inverse
+        order = np.argsort(index, kind="stable")  # equal ids keep their batch order
+        key_starts = np.zeros(keys.shape[0], dtype=np.int64)
+        np.cumsum(occurrences[:-1], out=key_starts[1:])
+        self.keys = keys
+        """Unique ids in order of first occurrence: the rows pulled."""
         self.inverse = torch.from_numpy(inverse)
         """Each id's row in ``keys``."""
-        self.key_starts = torch.from_numpy(np.flatnonzero(head))
-        """Where each key's ids start in the ids sorted by key."""
+        self.key_starts = torch.from_numpy(key_starts)
+        """Where each key's ids start in the ids grouped by key."""
         bags = order if one_id else np.repeat(np.arange(lengths.shape[0]), lengths)[order]
         self.bag_of_sorted = torch.from_numpy(bags)
-        """The bag of each id, ids sorted by key (stable)."""
+        """The bag of each id, ids grouped by key (stable)."""
         self.lengths = lengths
         """Ids per bag, all slots' bags in order."""
         self.starts = None if one_id else torch.from_numpy(np.cumsum(lengths) - lengths)

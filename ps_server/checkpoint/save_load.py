@@ -64,7 +64,7 @@ from ps_server.checkpoint.manifest import (
     shard_relpath,
 )
 from ps_server.checkpoint.shard_file import FORMAT_VERSION, read_shard, write_shard
-from ps_server.checkpoint.ssd_files import ColdRows, adopt_files, write_cold
+from ps_server.checkpoint.ssd_files import ColdRows, adopt_files, read_keyfilter, write_cold
 from ps_server.config import config_diff, config_to_dict
 from ps_server.core.factory import make_table
 from ps_server.core.graph_checkpoint import (
@@ -77,8 +77,9 @@ from ps_server.core.graph_checkpoint import (
 )
 from ps_server.core.graph_table import GraphTable
 from ps_server.core.shard_data import SparseShardData
-from ps_server.core.ssd_import import adopted
+from ps_server.core.ssd_import import adopted, import_hot
 from ps_server.core.ssd_snapshot import ColdCut, NativeSnapshot, with_cold
+from ps_server.core.ssd_table import EVICT_LOW, SsdSparseTable
 from ps_server.core.table import ChangeLog, Table, TableSnapshot
 from ps_server.errors import CheckpointCorruptError, CheckpointError
 
@@ -456,10 +457,11 @@ def _apply(
     """Import what :func:`_stage` read into ``t`` (its lock held, cleared for a full load);
     returns the rows read."""
     if adopt is not None:
-        with adopted(t, adopt_files(adopt), adopt.to_dict(), sum(payloads)):  # type: ignore[arg-type]
-            hot = sum(
-                t.import_shard(_read_checked(info, entry, t.name, s), delta) for s in t.shards
-            )
+        assert isinstance(t, SsdSparseTable)
+        hot_rows, keep = sum(payloads), int(t.cache_rows * EVICT_LOW)
+        kf = read_keyfilter(adopt)
+        with adopted(t, adopt_files(adopt), adopt.to_dict(), hot_rows, kf):  # type: ignore[arg-type]
+            hot = sum(import_hot(t, _read_checked(info, entry, t.name, s), keep) for s in t.shards)
         return hot + adopt.rows
     if isinstance(payloads[0] if payloads else None, int):
         with t.bulk_load(sum(payloads)):

@@ -12,7 +12,9 @@ Each server's manifest lists the RocksDB files under ``files`` (size and CRC-32,
 file) and, in the table's entry, ``cold``: one item per server with ``format``
 (:data:`COLD_FORMAT`), ``dir``, the ``shards`` the tier held, its ``rows``, the table's ``day``,
 eviction ``seq`` and change-log ``epochs`` at the cut, and how many files were ``linked`` and
-``copied``.
+``copied``, and ``keyfilter``: the table's key filter at the cut (``<table>/keyfilter-00000.npz``,
+its bit arrays as they were when written: a filter only gains bits, so it holds every key of the
+cut), which spares a load the key scan that would rebuild it.
 
 :func:`write_cold` hard-links the staged files (on the tier's filesystem) into the checkpoint
 directory when both are on one filesystem: the save then takes no disk space for the cold rows
@@ -37,6 +39,7 @@ import numpy as np
 
 from ps_server.checkpoint.files import FileRecord, fsync_dir, verify_file
 from ps_server.checkpoint.manifest import CheckpointInfo, TableEntry
+from ps_server.core.ssd_filter import KeyFilter
 from ps_server.core.ssd_snapshot import ColdCut, ColdReader, NativeSnapshot
 from ps_server.errors import CheckpointCorruptError, SsdTierError
 
@@ -51,6 +54,40 @@ def cold_relpath(table: str, first_shard: int) -> str:
     """The directory (relative to the checkpoint) of the cold rows of the server whose first
     owned shard is ``first_shard``."""
     return f"{table}/rocksdb-{first_shard:05d}"
+
+
+def keyfilter_relpath(table: str, first_shard: int) -> str:
+    """The file (relative to the checkpoint) of the key filter saved with the cold rows of the
+    server whose first owned shard is ``first_shard``."""
+    return f"{table}/keyfilter-{first_shard:05d}.npz"
+
+
+def _write_keyfilter(path: Path, parts: tuple[tuple[np.ndarray, int], ...]) -> FileRecord:
+    """The bit arrays and key counts of a key filter as one ``.npz`` (atomic, fsynced)."""
+    arrays = {f"words{i}": words for i, (words, _count) in enumerate(parts)}
+    arrays["counts"] = np.array([count for _words, count in parts], dtype=np.int64)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return _record(path)
+
+
+def read_keyfilter(cut: ColdCut) -> KeyFilter | None:
+    """The key filter saved with ``cut`` (verified with the other files); None if none was."""
+    if not cut.keyfilter_path:
+        return None
+    try:
+        with np.load(cut.keyfilter_path) as data:
+            counts = data["counts"]
+            parts = [(data[f"words{i}"], int(counts[i])) for i in range(counts.shape[0])]
+        return KeyFilter.from_parts(parts)
+    except (OSError, KeyError, ValueError) as err:
+        raise CheckpointCorruptError(
+            f"table {cut.table!r}: {cut.keyfilter_path}: not a key filter: {err}"
+        ) from None
 
 
 def place_file(src: str | os.PathLike, dst: str | os.PathLike, link: bool = True) -> bool:
@@ -112,6 +149,12 @@ def write_cold(root: Path, snap: NativeSnapshot) -> tuple[dict[str, Any], dict[s
     fsync_dir(dest)
     item = {"format": COLD_FORMAT, "dir": rel, **cut.to_dict(), "linked": linked}
     item["copied"] = copied
+    if cut.keyfilter:  # a load then needs no key scan
+        kf_rel = keyfilter_relpath(cut.table, cut.shards[0])
+        record = _write_keyfilter(root / kf_rel, cut.keyfilter)
+        files[kf_rel] = record.to_dict()
+        total += record.bytes
+        item["keyfilter"] = kf_rel
     if copied:
         logger.info(
             "table %r: %d of %d RocksDB files copied into %s (not on the tier's filesystem, "
@@ -156,6 +199,7 @@ class ColdRows:
                     entry.dim,
                     entry.state_dim,
                     decay,
+                    str(info.directory / item["keyfilter"]) if item.get("keyfilter") else "",
                 )
             except (KeyError, TypeError, ValueError) as err:
                 raise CheckpointCorruptError(
@@ -182,7 +226,12 @@ class ColdRows:
         files = self.info.files or {}
         for cut in cuts:
             rel = os.path.relpath(cut.path, self.info.directory).replace(os.sep, "/") + "/"
-            listed = {r: rec for r, rec in files.items() if r.startswith(rel)}
+            kf = os.path.relpath(cut.keyfilter_path, self.info.directory).replace(os.sep, "/")
+            listed = {
+                r: rec
+                for r, rec in files.items()
+                if r.startswith(rel) or (cut.keyfilter_path and r == kf)
+            }
             if not listed:
                 raise CheckpointCorruptError(
                     f"table {self.table!r}: {cut.path}: the manifests list no file of this "
@@ -240,4 +289,13 @@ def adopt_files(cut: ColdCut) -> Any:
     return place
 
 
-__all__ = ["COLD_FORMAT", "ColdRows", "adopt_files", "cold_relpath", "place_file", "write_cold"]
+__all__ = [
+    "COLD_FORMAT",
+    "ColdRows",
+    "adopt_files",
+    "cold_relpath",
+    "keyfilter_relpath",
+    "place_file",
+    "read_keyfilter",
+    "write_cold",
+]

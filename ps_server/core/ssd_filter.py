@@ -146,6 +146,39 @@ class KeyFilter:
             self._chain.append(last)
         last.insert(word, mask)
 
+    def parts(self) -> list[tuple[np.ndarray, int]]:
+        """(bit array, keys counted) of each filter of the chain, for a checkpoint: the arrays
+        themselves, not copies (an add only sets more bits, so what a later reader sees still
+        holds every key added before)."""
+        return [(b.words, b.count) for b in self._chain]
+
+    def with_room(self, keys: int) -> KeyFilter:
+        """This filter, grown (an empty bit array appended, as :meth:`add` would) when fewer
+        than ``keys`` more keys fit in it."""
+        if self.capacity - self.num_keys < keys:
+            self._chain.append(_Bloom(max(self.capacity, keys)))
+        return self
+
+    @classmethod
+    def from_parts(cls, parts: Iterable[tuple[np.ndarray, int]]) -> KeyFilter:
+        """The filter whose :meth:`parts` were saved; ValueError for arrays it cannot have."""
+        chain = []
+        for words, count in parts:
+            n = int(words.shape[0])
+            if words.dtype != np.uint64 or words.ndim != 1 or n < 2 or n & (n - 1):
+                raise ValueError(f"not a key filter's bit array: {words.dtype} {words.shape}")
+            bloom = _Bloom.__new__(_Bloom)
+            bloom.words = np.ascontiguousarray(words)
+            bloom.shift = np.uint64(64 - (n.bit_length() - 1))
+            bloom.capacity = n * 64 // BITS_PER_KEY
+            bloom.count = int(count)
+            chain.append(bloom)
+        if not chain:
+            raise ValueError("a key filter has at least one bit array")
+        out = cls.__new__(cls)
+        out._chain = chain
+        return out
+
     @classmethod
     def rebuilt(cls, key_chunks: Iterable[np.ndarray], num_keys: int) -> KeyFilter:
         """One filter of ``2 * num_keys`` keys holding the keys of ``key_chunks`` (a key scan

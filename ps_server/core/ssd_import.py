@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ps_server.core import sparse_shards
 from ps_server.core.row_flags import LIVE, SEEN
 from ps_server.core.shard_data import SparseShardData
 from ps_server.core.ssd_changes import EPOCH_FIELDS
 
 if TYPE_CHECKING:
+    from ps_server.core.ssd_filter import KeyFilter
     from ps_server.core.ssd_table import SsdSparseTable
 
 _ROW_FIELDS = ("keys", "values", "state", "count", "unseen_days", "flags")
@@ -106,18 +108,17 @@ def adopted(
     place: Callable[[str], None],
     cut: dict[str, int | dict[str, int]],
     hot_rows: int,
+    keyfilter: KeyFilter | None = None,
 ) -> Iterator[None]:
     """Around a full load whose cold rows are a RocksDB checkpoint of this table's shards: the
     tier's database becomes the files ``place(db_dir)`` puts in place, then the body imports
-    the ``hot_rows`` memory rows (``import_shard``, inside :meth:`bulk_load`). ``cut``: the
-    checkpoint's manifest entry (rows, day, seq, epochs). Call on a cleared table, its lock held.
+    the ``hot_rows`` memory rows (:func:`import_hot`, inside :meth:`bulk_load`). ``cut``: the
+    checkpoint's manifest entry (rows, day, seq, epochs); ``keyfilter``: its saved key filter
+    (None: rebuilt from a key scan of the files). Call on a cleared table, its lock held.
 
     The loaded records keep the day, sequence number and change-log epochs they were written
     with: the table takes the cut's day (its records age from it), a sequence number past the
-    cut's, and epochs past the cut's (no loaded record counts as changed). While the memory rows
-    are imported the cold rows are not counted yet, so their promotion asks nothing of RocksDB
-    (a key of the cut is in one tier only); the key filter is rebuilt from a key scan at the
-    end."""
+    cut's, and epochs past the cut's (no loaded record counts as changed)."""
     assert table.num_rows == 0 and not table.queue.queued_rows
     table.cold.adopt(place)
     rows = int(cut["rows"])  # type: ignore[arg-type]
@@ -127,10 +128,26 @@ def adopted(
     assert isinstance(epochs, dict)
     for flag, field in EPOCH_FIELDS.items():
         table.changes.epoch[flag] = max(table.changes.epoch[flag], int(epochs[field]) + 1)
+    table._cold_rows = rows
+    if keyfilter is None:
+        table._rebuild_filter(num_keys=rows + hot_rows)  # a key scan of the adopted files
+    else:
+        table.keyfilter = keyfilter.with_room(hot_rows)
     with table.bulk_load(hot_rows):
         yield
-    table._cold_rows += rows
-    table._rebuild_filter(num_keys=table._cold_rows)  # every key in RocksDB or queued
 
 
-__all__ = ["INGEST_ROWS", "adopted", "flush_ingest", "split_import"]
+def import_hot(table: SsdSparseTable, payload: SparseShardData, keep_rows: int) -> int:
+    """As ``import_shard`` (full) for the memory rows of a checkpoint whose cold rows the table
+    adopted (:func:`adopted`): a key of the cut is in one tier only, so nothing is promoted
+    (no RocksDB read); beyond ``keep_rows`` rows in memory the new rows go to disk."""
+    with table.lock:
+        table.check_import(payload)
+        hot = split_import(table, payload, keep_rows - table.store.num_rows)
+        sparse_shards.import_shard(table.store, table.pending, hot, False)
+        table._touch(hot.keys)
+        table._after_call()
+        return int(payload.keys.shape[0])
+
+
+__all__ = ["INGEST_ROWS", "adopted", "flush_ingest", "import_hot", "split_import"]

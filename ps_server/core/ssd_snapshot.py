@@ -199,6 +199,11 @@ class ColdCut:
     dim: int
     state_dim: int
     show_decay_rate: float
+    keyfilter: tuple[tuple[np.ndarray, int], ...] = ()
+    """The table's key filter at the cut (:meth:`KeyFilter.parts
+    <ps_server.core.ssd_filter.KeyFilter.parts>`: every key of the cut, maybe more)."""
+    keyfilter_path: str = ""
+    """A saved cut's key filter file ("": none saved, a load rebuilds it by a key scan)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest's part (plain data)."""
@@ -220,6 +225,7 @@ class ColdCut:
         dim: int,
         state_dim: int,
         show_decay_rate: float,
+        keyfilter_path: str = "",
     ) -> ColdCut:
         """A saved cut (a manifest entry, see :meth:`to_dict`) at ``path``."""
         return cls(
@@ -234,6 +240,7 @@ class ColdCut:
             dim=dim,
             state_dim=state_dim,
             show_decay_rate=show_decay_rate,
+            keyfilter_path=keyfilter_path,
         )
 
 
@@ -357,6 +364,7 @@ def native_snapshot(table: SsdSparseTable, base: SparseSnapshot) -> NativeSnapsh
         dim=int(table.dim),
         state_dim=int(table.state_dim),
         show_decay_rate=float(table.config.show_decay_rate),
+        keyfilter=tuple(table.keyfilter.parts()),
     )
     return NativeSnapshot(base, cut)
 

@@ -24,9 +24,11 @@ table's lock:
 
 Eviction policy: lowest show count first (the ``count`` column: pushes, decayed by
 ``show_decay_rate`` at ``end_day``), ties broken by least recent use (a per-row access tick set by
-every pull, push and GEO delta); the rows of the latest call go last, so a key pulled for the first
-time is not written to disk before its push. One ``argpartition`` over a packed 64-bit score per
-pick. Chosen over pure recency (``eviction="recency"``) by the hit rate on the benchmark's
+every pull, push and GEO delta); the rows of the latest calls go last (as many calls, newest
+first, as touched at most :data:`PROTECT_SHARE` of ``cache_rows`` keys, and always the latest),
+so a key pulled for the first time is not written to disk before its push, also when a trainer
+prefetches the next batch's rows before it pushes the current one's. One ``argpartition`` over a
+packed 64-bit score per pick. Chosen over pure recency (``eviction="recency"``) by the hit rate on the benchmark's
 Zipf(1.1) stream (the numbers are in ``docs/ps/ssd-storage.md``).
 
 Aging is lazy on disk (:mod:`ps_server.core.ssd_aging`): a cold row records the table's day
@@ -48,6 +50,7 @@ counts the rows of both tiers (:mod:`ps_server.core.ssd_capacity`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -84,6 +87,10 @@ EVICT_HIGH = 0.95
 """Past this fraction of ``cache_rows`` in memory the background thread evicts."""
 EVICT_LOW = 0.9
 """An eviction leaves this fraction of ``cache_rows`` in memory."""
+PROTECT_SHARE = 1.0
+"""The rows of the latest calls, up to this share of ``cache_rows`` keys, are evicted last."""
+_RECENT_CALLS = 64
+"""Keyed calls remembered for :data:`PROTECT_SHARE`."""
 EVICTION_POLICIES = ("count", "recency")
 _COLUMNS = ("values", "state", "count", "unseen_days")
 
@@ -145,6 +152,8 @@ class SsdSparseTable(SparseTable):
         self.ingest_buffer: list[tuple[np.ndarray, np.ndarray]] = []
         """(keys, records) a bulk load sends to disk, ingested in large files."""
         self._tick = 0
+        self._recent: collections.deque[tuple[int, int]] = collections.deque(maxlen=_RECENT_CALLS)
+        """(tick, keys) of the latest keyed calls, oldest first."""
         self._seq = 0
         """Eviction batches so far (each record carries the number of its batch)."""
         self._savers: weakref.WeakSet[ColdSaver] = weakref.WeakSet()
@@ -214,6 +223,7 @@ class SsdSparseTable(SparseTable):
         rows of ``keys`` with this call's tick; returns the distinct keys still missing (rows
         the call may create), None if none."""
         self._tick += 1
+        self._recent.append((self._tick, int(keys.shape[0])))
         st = self.store
         rows = st.lookup(keys)
         miss = rows < 0
@@ -274,7 +284,7 @@ class SsdSparseTable(SparseTable):
         """Indexes into ``live`` of the ``n`` rows to evict first (policy: module docstring)."""
         st = self.store
         tick = st.cols["tick"][live]
-        latest = (tick == np.uint64(self._tick)).astype(np.uint64) << np.uint64(63)
+        latest = (tick >= np.uint64(self._protected_since())).astype(np.uint64) << np.uint64(63)
         if self.eviction == "count":
             count = np.minimum(st.cols["count"][live], _U31_MAX).astype(np.uint64)
             score = latest | (count << np.uint64(32)) | (tick & np.uint64(0xFFFFFFFF))
@@ -283,6 +293,16 @@ class SsdSparseTable(SparseTable):
         if n >= live.shape[0]:
             return np.arange(live.shape[0])
         return np.argpartition(score, n - 1)[:n]
+
+    def _protected_since(self) -> int:
+        """The oldest tick whose rows are evicted last (:data:`PROTECT_SHARE`)."""
+        since, budget = self._tick, PROTECT_SHARE * self.cache_rows
+        for tick, n in reversed(self._recent):
+            budget -= n
+            if budget < 0 and tick != self._tick:
+                break
+            since = tick
+        return since
 
     def _evict(self) -> None:
         """Move rows to a put op until :data:`EVICT_LOW` of ``cache_rows`` remain in memory

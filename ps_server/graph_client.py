@@ -23,7 +23,7 @@ from ps_server.core import graph_kernels
 from ps_server.core.graph_files import GraphInputError
 from ps_server.core.graph_table import GraphTable, as_ids
 from ps_server.core.routing import split_by_server
-from ps_server.rpc.graph_service import GRAPH_SERVICE, HANDLERS, decode, encode
+from ps_server.rpc.graph_service import GRAPH_SERVICE, HANDLERS, decode, encode, narrow
 from ps_server.rpc.rpc_client import Call, RpcClient
 
 IDEMPOTENT = frozenset(
@@ -36,6 +36,11 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     out = np.zeros(counts.shape[0] + 1, np.int64)
     np.cumsum(counts, out=out[1:])
     return out
+
+
+def _wide(a: np.ndarray) -> np.ndarray:
+    """Ids a server sent as int32 (:func:`ps_server.rpc.graph_service.narrow`) as int64."""
+    return a.astype(np.int64) if a.dtype.kind in "iu" and a.dtype != np.int64 else a
 
 
 def _regroup(
@@ -127,17 +132,20 @@ class GraphClient(RpcClient):
         name: str = "nodes",
         row_bytes: int = 8,
         along: dict[str, np.ndarray] | None = None,
+        narrow_ids: bool = False,
     ) -> list[tuple[np.ndarray, tuple[dict, dict]]]:
         """Route ``ids`` (and the arrays ``along`` them) to their servers: one call per server,
         split into several when a request or its reply (``row_bytes`` per id, the larger of
-        the two) would not fit one message. Returns (positions in ``ids``, reply) per call."""
+        the two) would not fit one message. Returns (positions in ``ids``, reply) per call.
+        ``narrow_ids``: send the ids as int32 when they fit (the method widens them)."""
         positions, keys = self._split(table, ids)
         per = max(1, self._payload_bytes // (2 * max(row_bytes, 8)))
         calls, parts = [], []
         for s in range(self.num_servers):
             for lo in range(0, positions[s].shape[0], per):
                 part = positions[s][lo : lo + per]
-                arrays = {name: keys[s][lo : lo + per]}
+                part_keys = keys[s][lo : lo + per]
+                arrays = {name: narrow(part_keys) if narrow_ids else part_keys}
                 arrays.update({k: v[part] for k, v in (along or {}).items()})
                 calls.append((s, encode({"table": table, **header}, arrays)))
                 parts.append(part)
@@ -300,11 +308,11 @@ class GraphClient(RpcClient):
         }
         kinds = ["values"] + ["weights"] * return_weights + ["eids"] * return_eids
         row = 8 + fanout * (8 + 4 * bool(return_weights) + 8 * bool(return_eids))
-        got = self._routed("SampleNeighbors", table, ids, header, row_bytes=row)
+        got = self._routed("SampleNeighbors", table, ids, header, row_bytes=row, narrow_ids=True)
         offsets, arrays = _regroup(
             [p for p, _ in got],
             [a["counts"] for _, (_, a) in got],
-            [[a[k] for k in kinds] for _, (_, a) in got],
+            [[_wide(a[k]) for k in kinds] for _, (_, a) in got],
             ids.shape[0],
         )
         if not got:

@@ -105,6 +105,17 @@ def decode(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return header, arrays
 
 
+_I32 = np.iinfo(np.int32)
+
+
+def narrow(a: np.ndarray) -> np.ndarray:
+    """int64 ``a`` as int32 when every value fits (half the bytes on the wire; the receiver
+    widens it back with ``as_ids``), else ``a`` itself."""
+    if a.dtype == np.int64 and a.size and _I32.min <= a.min() and a.max() <= _I32.max:
+        return a.astype(np.int32)
+    return a
+
+
 # -- state -----------------------------------------------------------------------------------
 @dataclass
 class GraphState:
@@ -238,7 +249,8 @@ def sample_neighbors(gs: GraphState, h: dict, a: dict) -> Reply:
     name = t.edge_type(h.get("edge_type"))[0]
     ids = as_ids(t.name, "nodes", a["nodes"])
     csr, pos, counts = t.sample_positions(ids, fanout, name, bool(h.get("weighted")), rng)
-    out = {"values": csr.dst[pos], "counts": counts}  # only the columns asked for are gathered
+    # only the columns asked for are gathered; ids and counts go as int32 when they fit
+    out = {"values": narrow(csr.dst[pos]), "counts": narrow(counts)}
     if h.get("return_weights"):
         out["weights"] = csr.weight[pos]
     if h.get("return_eids"):
@@ -460,4 +472,4 @@ def add_graph_service(
     return gs
 
 
-__all__ = ["GRAPH_SERVICE", "GraphState", "add_graph_service", "decode", "encode"]
+__all__ = ["GRAPH_SERVICE", "GraphState", "add_graph_service", "decode", "encode", "narrow"]

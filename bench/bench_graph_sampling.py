@@ -72,6 +72,23 @@ def start_server(index: int, num: int) -> tuple[subprocess.Popen, str]:
     return proc, line.strip().rsplit(" ", 1)[-1]
 
 
+def edge_lines(pairs: np.ndarray) -> bytes:
+    """``src<TAB>dst<NL>`` lines of the non-negative int64 ``pairs`` ``[n, 2]``, formatted by
+    numpy (fixed-width digits, leading zeros masked out): no Python per line."""
+    width = max(1, len(str(int(pairs.max())))) if pairs.size else 1
+    digits = np.empty((pairs.shape[0], 2, width + 1), np.uint8)
+    vals = pairs.copy()
+    for k in range(width - 1, -1, -1):
+        digits[:, :, k] = 48 + vals % 10
+        vals //= 10
+    digits[:, 0, width], digits[:, 1, width] = 9, 10  # tab, newline
+    ndig = np.ones(pairs.shape, np.int64)
+    for k in range(1, width):
+        ndig += pairs >= 10**k
+    keep = np.arange(width + 1) >= width - ndig[:, :, None]
+    return digits[keep].tobytes()
+
+
 def write_graph(root: str, nodes: int, edges: int, seed: int) -> list[str]:
     """4 edge files of ``edges`` random edges over ``nodes`` ids; their paths."""
     rng = np.random.default_rng(seed)
@@ -79,11 +96,10 @@ def write_graph(root: str, nodes: int, edges: int, seed: int) -> list[str]:
     per = -(-edges // 4)
     for k in range(4):
         path = os.path.join(root, f"edges-{k}.txt")
-        with open(path, "w") as f:
+        with open(path, "wb") as f:
             n = min(per, edges - k * per)
             for lo in range(0, n, 1 << 20):
-                pairs = rng.integers(0, nodes, (min(1 << 20, n - lo), 2)).tolist()
-                f.write("".join(f"{a}\t{b}\n" for a, b in pairs))
+                f.write(edge_lines(rng.integers(0, nodes, (min(1 << 20, n - lo), 2))))
         paths.append(path)
     return paths
 

@@ -294,14 +294,19 @@ class HeterWorker:
                 grad = grad + more
             try:
                 t0 = time.perf_counter()
-                self.client.push_dense(HETER_DENSE_TABLE, DENSE_BLOCK, grad, mode="apply")
-                t0 = self._add("push", t0)
-                self.pushes += 1
-                if self.pushes % self.pull_interval == 0:
-                    fresh = self.client.pull_dense(HETER_DENSE_TABLE, DENSE_BLOCK)
+                if (self.pushes + 1) % self.pull_interval == 0:
+                    # the push and the pull of the fresh values in one call
+                    fresh = self.client.push_pull_dense(
+                        HETER_DENSE_TABLE, DENSE_BLOCK, grad, mode="apply"
+                    )
+                    self.pushes += 1
+                    self._add("push", t0)
                     with self.latest_lock:
                         self.latest = fresh
-                    self._add("pull", t0)
+                else:
+                    self.client.push_dense(HETER_DENSE_TABLE, DENSE_BLOCK, grad, mode="apply")
+                    self.pushes += 1
+                    self._add("push", t0)
             except Exception as err:  # noqa: BLE001 - the next micro-batch raises it
                 logger.exception("heter worker %d: dense push failed", self.index)
                 self.fatal = self.fatal or err

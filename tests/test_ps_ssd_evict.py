@@ -215,6 +215,25 @@ def test_a_failed_write_is_raised_by_the_next_call(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_rows_pulled_ahead_of_their_push_stay_in_memory(tmp_path: Path) -> None:
+    """A trainer that prefetches pulls batch n + 1 before it pushes batch n: the rows of batch n
+    (fresh, show count 0) must not be evicted by the later pull and read back by the push."""
+    table = make_table(_config("ssd", cache_rows=400), ssd_root=str(tmp_path), background=False)
+    assert isinstance(table, SsdSparseTable)
+    try:
+        rng = np.random.default_rng(0)
+        batches = [rng.choice(1 << 40, 150, replace=False) for _ in range(40)]
+        table.pull(batches[0])
+        for n in range(len(batches) - 1):
+            table.pull(batches[n + 1])  # evicts: the cache holds about 2.5 batches
+            table.push(batches[n], ONES[:150])
+        s = table.stats()
+        assert s["tier_evictions"] > 0
+        assert s["cold_hits"] == 0  # no push found its rows on their way to disk or on it
+    finally:
+        table.close()
+
+
 def test_unknown_eviction_policy_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SsdTierError, match="eviction must be one of"):
         SsdSparseTable(_config("ssd"), ssd_root=str(tmp_path), eviction="lfu")

@@ -24,10 +24,11 @@ table's lock:
 
 Eviction policy: lowest show count first (the ``count`` column: pushes, decayed by
 ``show_decay_rate`` at ``end_day``), ties broken by least recent use (a per-row access tick set by
-every pull, push and GEO delta); the rows of the latest calls go last (as many calls, newest
-first, as touched at most :data:`PROTECT_SHARE` of ``cache_rows`` keys, and always the latest),
-so a key pulled for the first time is not written to disk before its push, also when a trainer
-prefetches the next batch's rows before it pushes the current one's. One ``argpartition`` over a
+every pull, push and GEO delta); the rows of the latest call go last, and so do the rows whose
+last use was one of the latest pulls (pulled, not pushed since; as many pulls, newest first,
+as touched at most :data:`PROTECT_SHARE` of ``cache_rows`` keys), so a row pulled is not written
+to disk before its push, also when a trainer prefetches the next batch's rows before it pushes
+the current one's. One ``argpartition`` over a
 packed 64-bit score per pick. Chosen over pure recency (``eviction="recency"``) by the hit rate on the benchmark's
 Zipf(1.1) stream (the numbers are in ``docs/ps/ssd-storage.md``).
 
@@ -88,7 +89,8 @@ EVICT_HIGH = 0.95
 EVICT_LOW = 0.9
 """An eviction leaves this fraction of ``cache_rows`` in memory."""
 PROTECT_SHARE = 1.0
-"""The rows of the latest calls, up to this share of ``cache_rows`` keys, are evicted last."""
+"""The rows the latest pulls touched last, pulls of up to this share of ``cache_rows`` keys
+together, are evicted last."""
 _RECENT_CALLS = 64
 """Keyed calls remembered for :data:`PROTECT_SHARE`."""
 EVICTION_POLICIES = ("count", "recency")
@@ -152,8 +154,10 @@ class SsdSparseTable(SparseTable):
         self.ingest_buffer: list[tuple[np.ndarray, np.ndarray]] = []
         """(keys, records) a bulk load sends to disk, ingested in large files."""
         self._tick = 0
-        self._recent: collections.deque[tuple[int, int]] = collections.deque(maxlen=_RECENT_CALLS)
-        """(tick, keys) of the latest keyed calls, oldest first."""
+        self._recent: collections.deque[tuple[int, int, bool]] = collections.deque(
+            maxlen=_RECENT_CALLS
+        )
+        """(tick, keys, is a pull) of the latest keyed calls, oldest first."""
         self._seq = 0
         """Eviction batches so far (each record carries the number of its batch)."""
         self._savers: weakref.WeakSet[ColdSaver] = weakref.WeakSet()
@@ -218,12 +222,12 @@ class SsdSparseTable(SparseTable):
             return out
 
     # -- the tier around every keyed call -----------------------------------------------------
-    def _promote(self, keys: np.ndarray) -> np.ndarray | None:
+    def _promote(self, keys: np.ndarray, pull: bool = False) -> np.ndarray | None:
         """Move the rows of ``keys`` held in the cold tier into memory (batched) and stamp the
-        rows of ``keys`` with this call's tick; returns the distinct keys still missing (rows
-        the call may create), None if none."""
+        rows of ``keys`` with this call's tick (``pull``: the call is a pull); returns the
+        distinct keys still missing (rows the call may create), None if none."""
         self._tick += 1
-        self._recent.append((self._tick, int(keys.shape[0])))
+        self._recent.append((self._tick, int(keys.shape[0]), pull))
         st = self.store
         rows = st.lookup(keys)
         miss = rows < 0
@@ -284,7 +288,8 @@ class SsdSparseTable(SparseTable):
         """Indexes into ``live`` of the ``n`` rows to evict first (policy: module docstring)."""
         st = self.store
         tick = st.cols["tick"][live]
-        latest = (tick >= np.uint64(self._protected_since())).astype(np.uint64) << np.uint64(63)
+        # the latest call's rows, and the rows the latest pulls touched last (not pushed since)
+        latest = np.isin(tick, self._protected_ticks()).astype(np.uint64) << np.uint64(63)
         if self.eviction == "count":
             count = np.minimum(st.cols["count"][live], _U31_MAX).astype(np.uint64)
             score = latest | (count << np.uint64(32)) | (tick & np.uint64(0xFFFFFFFF))
@@ -294,15 +299,18 @@ class SsdSparseTable(SparseTable):
             return np.arange(live.shape[0])
         return np.argpartition(score, n - 1)[:n]
 
-    def _protected_since(self) -> int:
-        """The oldest tick whose rows are evicted last (:data:`PROTECT_SHARE`)."""
-        since, budget = self._tick, PROTECT_SHARE * self.cache_rows
-        for tick, n in reversed(self._recent):
+    def _protected_ticks(self) -> np.ndarray:
+        """The ticks whose rows are evicted last: the latest call's, and those of the latest
+        pulls that touched at most :data:`PROTECT_SHARE` of ``cache_rows`` keys together."""
+        ticks, budget = [self._tick], PROTECT_SHARE * self.cache_rows
+        for tick, n, pull in reversed(self._recent):
+            if not pull:
+                continue
             budget -= n
-            if budget < 0 and tick != self._tick:
+            if budget < 0:
                 break
-            since = tick
-        return since
+            ticks.append(tick)
+        return np.array(ticks, dtype=np.uint64)
 
     def _evict(self) -> None:
         """Move rows to a put op until :data:`EVICT_LOW` of ``cache_rows`` remain in memory
@@ -400,7 +408,7 @@ class SsdSparseTable(SparseTable):
         self.changes.stamp(rec)
         return rec
 
-    def _keyed(self, keys: Any, call: Any) -> Any:
+    def _keyed(self, keys: Any, call: Any, pull: bool = False) -> Any:
         """Run ``call()`` after the promotion, then evict (once: nested calls skip both)."""
         with self.lock:
             if self._depth:
@@ -410,7 +418,7 @@ class SsdSparseTable(SparseTable):
             self._depth += 1
             try:
                 created = self._counters["rows_created"]
-                missing = self._promote(valid)
+                missing = self._promote(valid, pull)
                 result = call()
                 if missing is not None and self._counters["rows_created"] != created:
                     self._touch(missing)  # rows the call created
@@ -429,7 +437,7 @@ class SsdSparseTable(SparseTable):
 
     def pull(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """As :meth:`SparseTable.pull`, over both tiers."""
-        return self._keyed(keys, lambda: super(SsdSparseTable, self).pull(keys, out))
+        return self._keyed(keys, lambda: super(SsdSparseTable, self).pull(keys, out), pull=True)
 
     def push(self, keys: np.ndarray, grads: np.ndarray) -> PushStats:
         """As :meth:`SparseTable.push`, over both tiers."""

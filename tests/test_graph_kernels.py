@@ -17,7 +17,10 @@ from ps_server.core.routing import ROUTE_SALT, shard_of
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not graph_kernels.ENABLED, reason="the graph kernels are not built"),
+    pytest.mark.skipif(
+        not graph_kernels.ENABLED,
+        reason="the graph kernels are not built or FLEET_PS_KERNELS=numpy",
+    ),
 ]
 
 

@@ -11,8 +11,9 @@ import pytest
 
 from ps_server.config import GraphTableConfig
 from ps_server.core import graph_files, graph_kernels, kernels
+from ps_server.core.graph_csr import CSR, stable_order
 from ps_server.core.graph_sampling import sample_segments
-from ps_server.core.graph_table import _CSR, GraphTable, stable_order
+from ps_server.core.graph_table import GraphTable
 from ps_server.core.routing import ROUTE_SALT, shard_of
 
 pytestmark = [
@@ -80,7 +81,7 @@ def test_radix_sort_and_csr_match_numpy() -> None:
     dst = rng.integers(0, 300, 5000)
     w = rng.random(5000).astype(np.float32)
     eid = rng.permutation(5000)
-    csr = _CSR.build(src, dst, w, eid)
+    csr = CSR.build(src, dst, w, eid)
     order = np.argsort(src, kind="stable")
     assert np.array_equal(csr.edge_src(), src[order]) and np.array_equal(csr.dst, dst[order])
     assert np.array_equal(csr.weight, w[order]) and np.array_equal(csr.eid, eid[order])

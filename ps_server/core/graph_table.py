@@ -7,7 +7,7 @@ of the nodes it owns and their features. Everything is numpy arrays, no object p
 * per edge type, a CSR: sorted unique ``src`` ids, ``indptr``, and per edge ``dst`` (int64),
   ``weight`` (float32, 1.0 unless given) and ``eid`` (int64 edge id). Added edges are buffered
   and merged into the CSR in one vectorised pass (a stable sort by ``src``,
-  :func:`stable_order`) before the next query, so a node's edges keep the order they were
+  :mod:`ps_server.core.graph_csr`) before the next query, so a node's edges keep the order they were
   added in; removing edges or nodes rebuilds it the same way.
 * per node type, sorted ``ids`` and one array ``[n, width]`` per feature; a node's row is found
   by ``np.searchsorted``. A node added again gets the new features (the last one wins).
@@ -33,6 +33,7 @@ import numpy as np
 
 from ps_server.config import GraphTableConfig
 from ps_server.core import graph_kernels, kernels
+from ps_server.core.graph_csr import CSR, EdgeStore
 from ps_server.core.graph_files import (
     GraphInputError,
     check_on_error,
@@ -43,101 +44,6 @@ from ps_server.core.graph_files import (
 )
 from ps_server.core.graph_sampling import ranges, sample_segments
 from ps_server.core.routing import ROUTE_SALT, shard_of
-
-
-def stable_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the stable sorting permutation of int64 ``keys``, the sorted keys), by one ``np.sort``
-    of packed int64 words (key rank in the high bits, position in the low bits): numpy sorts
-    int64 values with SIMD, several times faster than ``argsort``. Keys whose span leaves no
-    room for the position bits are first replaced by their rank among the distinct keys."""
-    n = int(keys.shape[0])
-    if n < 2:
-        return np.arange(n, dtype=np.int64), keys.copy()
-    bits = (n - 1).bit_length()
-    lo, hi = int(keys.min()), int(keys.max())
-    uniq = None
-    if hi - lo < 1 << (63 - bits):
-        packed = keys - np.int64(lo)
-    else:
-        uniq = np.unique(keys)
-        packed = np.searchsorted(uniq, keys).astype(np.int64)
-    packed <<= np.int64(bits)
-    packed |= np.arange(n, dtype=np.int64)
-    packed.sort()
-    rank = packed >> np.int64(bits)
-    packed &= np.int64((1 << bits) - 1)
-    if uniq is None:
-        rank += np.int64(lo)
-        return packed, rank
-    return packed, uniq[rank]
-
-
-@dataclass(frozen=True)
-class _CSR:
-    src: np.ndarray
-    indptr: np.ndarray
-    dst: np.ndarray
-    weight: np.ndarray
-    eid: np.ndarray
-
-    @staticmethod
-    def empty() -> _CSR:
-        z = np.empty(0, np.int64)
-        return _CSR(z, np.zeros(1, np.int64), z, np.empty(0, np.float32), z)
-
-    @staticmethod
-    def build(src: np.ndarray, dst: np.ndarray, weight: np.ndarray, eid: np.ndarray) -> _CSR:
-        radix = graph_kernels.sort_order(src)
-        order, s = radix if radix is not None else stable_order(src)
-        n = order.shape[0]
-        if n and int(eid[-1]) - int(eid[0]) == n - 1 and np.all(np.diff(eid) == 1):
-            eid = eid[0] + order  # consecutive ids (a load): no random gather
-        else:
-            eid = eid[order]
-        if n and weight.min() == weight.max():
-            weight = np.full(n, weight[0], np.float32)  # all equal (unweighted): no gather
-        else:
-            weight = weight[order]
-        cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
-        heads = np.concatenate([[0], cuts]) if s.shape[0] else cuts
-        indptr = np.concatenate([heads, [s.shape[0]]]).astype(np.int64)
-        return _CSR(s[heads], indptr, dst[order], weight, eid)
-
-    def edge_src(self) -> np.ndarray:
-        return np.repeat(self.src, np.diff(self.indptr))
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.dst.shape[0])
-
-    def locate(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(CSR start, degree) of each node (degree 0 for nodes without edges here)."""
-        if self.src.shape[0] == 0:
-            z = np.zeros(nodes.shape[0], np.int64)
-            return z, z.copy()
-        i = np.searchsorted(self.src, nodes)
-        ic = np.minimum(i, self.src.shape[0] - 1)
-        found = self.src[ic] == nodes
-        starts = self.indptr[ic]
-        deg = np.where(found, self.indptr[ic + 1] - starts, 0)
-        return starts, deg
-
-
-class _EdgeStore:
-    """One edge type's CSR plus the buffered additions."""
-
-    def __init__(self) -> None:
-        self.csr = _CSR.empty()
-        self.pending: list[tuple[np.ndarray, ...]] = []
-
-    def merged(self) -> _CSR:
-        if self.pending:
-            c = self.csr
-            parts = [(c.edge_src(), c.dst, c.weight, c.eid)] if c.num_edges else []
-            parts += self.pending
-            self.csr = _CSR.build(*(np.concatenate([p[k] for p in parts]) for k in range(4)))
-            self.pending = []
-        return self.csr
 
 
 @dataclass(frozen=True)
@@ -169,7 +75,7 @@ class GraphTable:
         self.name = config.name
         self.server_index, self.num_servers = server_index, num_servers
         self._lock = threading.RLock()
-        self._edges = {e[0]: _EdgeStore() for e in config.edge_types}
+        self._edges = {e[0]: EdgeStore() for e in config.edge_types}
         self._specs = {t: config.node_features(t) for t in config.node_types}
         self._nodes = {t: self._empty_nodes(t) for t in config.node_types}
         self._type_ids: dict[str, np.ndarray] = {}
@@ -338,7 +244,7 @@ class GraphTable:
             removed = int(gone.sum())
             if removed:
                 k = ~gone
-                self._edges[name].csr = _CSR.build(es[k], ed[k], csr.weight[k], csr.eid[k])
+                self._edges[name].csr = CSR.build(es[k], ed[k], csr.weight[k], csr.eid[k])
                 self._changed()
         return removed
 
@@ -408,7 +314,7 @@ class GraphTable:
                 es = csr.edge_src()
                 k = ~np.isin(es, ids_a)
                 if not np.all(k):
-                    self._edges[name].csr = _CSR.build(es[k], csr.dst[k], csr.weight[k], csr.eid[k])
+                    self._edges[name].csr = CSR.build(es[k], csr.dst[k], csr.weight[k], csr.eid[k])
             self._changed()
         return held
 
@@ -494,7 +400,7 @@ class GraphTable:
         return {"files": len(files), "nodes": total, "kept": kept, "skipped": skipped}
 
     # -- queries ---------------------------------------------------------------------------
-    def _csr(self, name: str) -> _CSR:
+    def _csr(self, name: str) -> CSR:
         with self._lock:
             return self._edges[name].merged()
 
@@ -521,7 +427,7 @@ class GraphTable:
         name: str,
         weighted: bool = False,
         rng: np.random.Generator | None = None,
-    ) -> tuple[_CSR, np.ndarray, np.ndarray]:
+    ) -> tuple[CSR, np.ndarray, np.ndarray]:
         """(the CSR, the CSR positions of the sampled edges, counts per node) of
         :meth:`sample_neighbors` with checked arguments (int64 ``ids``, the edge type's
         ``name``), for callers that gather only some of the edges' columns."""

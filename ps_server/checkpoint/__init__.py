@@ -6,6 +6,8 @@
   size and CRC-32), read back merged and checked (``read_checkpoint``);
 * :mod:`~ps_server.checkpoint.shard_file` — the binary format of one (table, shard) file;
 * :mod:`~ps_server.checkpoint.files` — atomic, fsynced, checksummed file writes;
+* :mod:`~ps_server.checkpoint.ssd_files` — the cold rows of SSD tables as RocksDB checkpoints
+  (hard-linked or copied in, adopted whole by a load with the same sharding);
 * :mod:`~ps_server.checkpoint.series` — numbered job checkpoints ``<root>/ckpt-<step>``:
   ``commit`` (``checkpoint.json`` last), ``latest_good`` (falls back past unfinished or corrupt
   ones, naming them), ``prune`` (keep K);

@@ -128,11 +128,14 @@ def test_a_save_during_pushes_is_one_cut_across_both_tiers(tmp_path: Path) -> No
     ]
     done: list[int] = []
     stop = threading.Event()
+    cut_taken = threading.Event()
 
     def pushes() -> None:
         for i, (keys, grads) in enumerate(batches):
             if stop.is_set():
                 return
+            if i == 200:  # the cut falls within the first 200 pushes: some always follow it
+                cut_taken.wait(60)
             with ssd.lock:  # the push and its record are one step for the save
                 ssd.push(keys, grads)
                 done.append(i)
@@ -142,11 +145,14 @@ def test_a_save_during_pushes_is_one_cut_across_both_tiers(tmp_path: Path) -> No
     try:
         while len(done) < 40:
             worker.join(0.01)
-        snap = take_snapshot([ssd], "all", ChangeLog.SAVE)
-        at_cut = len(done)
+        with ssd.lock:  # the cut and its count together (the table's lock is reentrant)
+            snap = take_snapshot([ssd], "all", ChangeLog.SAVE)
+            at_cut = len(done)
+        cut_taken.set()
         while worker.is_alive() and len(done) < at_cut + 30:
             worker.join(0.01)
     finally:
+        cut_taken.set()
         stop.set()
         worker.join(60)
     assert 40 <= at_cut < len(done)  # pushes ran on after the cut

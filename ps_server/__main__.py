@@ -22,12 +22,20 @@ answer from it (zeros for unknown keys), every call that would change it is refu
 Once listening it prints one line ``ps_server <index>/<num> serving on <host>:<port>`` to stdout
 (with ``--port 0`` this is how a caller learns the port). Exit code 0 after a graceful stop, 2 for
 a bad flag, 1 when the server cannot start (busy port, unreadable checkpoint).
+
+``kill -USR1 <pid>`` prints every thread's stack to stderr (the server keeps serving). Once the
+server has stopped (its tables closed, its checkpoints written), the interpreter's own shutdown
+gets ``EXIT_WATCHDOG_S`` seconds; past that the threads' stacks go to stderr and the process
+exits with code 1, so a stuck library thread can neither keep a stopped server alive nor hide
+where it stuck.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import sys
 
 from collective.errors import ConfigError, FleetError
@@ -42,6 +50,9 @@ from ps_server.server import (
 )
 
 logger = logging.getLogger("ps_server")
+
+EXIT_WATCHDOG_S = 15.0
+"""Seconds the interpreter's shutdown may take after a graceful stop (see the module docstring)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
         security = {
             "token": resolve_token(token_file=args.token_file),
@@ -231,5 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """``sys.exit(code)`` with the exit watchdog armed (see the module docstring)."""
+    sys.stdout.flush()
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True, file=sys.stderr)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

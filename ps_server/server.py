@@ -473,7 +473,10 @@ def serve(
     try:
         if on_ready is not None:
             on_ready(server)
-        server.wait()
+        # Wake up now and then: a signal the kernel hands to another thread (gRPC's) only sets
+        # a flag, and its Python handler runs once the main thread executes bytecode again.
+        while not server.wait(0.5):
+            pass
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,5 +1,5 @@
 """``python -m ps_server`` as a real process: serve, talk, stop (Stop RPC or SIGTERM), exit 0;
-the env-contract entry (``--from_env`` / ``serve_from_env``); a busy port."""
+the env-contract entry (``--from_env`` / ``serve_from_env``); SIGUSR1 stack dumps; a busy port."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ps_server import PSClient, SparseTable, SparseTableConfig, Uniform
 from ps_server.core.optimizers import Adagrad
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from ps_cluster import start_server_process, stop_process
+from ps_cluster import start_server_process, stop_process, wait_exit
 
 
 @pytest.mark.timeout(60)
@@ -54,7 +54,7 @@ def test_two_server_processes_serve_and_stop_on_rpc(tmp_path: Path) -> None:
             client.save(str(tmp_path / "ck"))
             client.stop_servers()
         for proc in procs:
-            assert proc.wait(timeout=20) == 0
+            assert wait_exit(proc) == 0
             _, err = proc.communicate()
             assert "stopped" in err
         assert sorted(p.name for p in (tmp_path / "ck").glob("manifest.*.json")) == [
@@ -83,9 +83,13 @@ def test_sigterm_is_graceful_and_from_env(tmp_path: Path) -> None:
             client.wait_ready(20)
             stats = client.stats()[0]
             assert (stats["server_index"], stats["num_servers"]) == (1, 2)
+            os.kill(proc.pid, signal.SIGUSR1)  # the threads' stacks to stderr; it keeps serving
+            assert client.stats()[0]["server_index"] == 1
         os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
-        assert "SIGTERM received" in proc.communicate()[1]
+        assert wait_exit(proc) == 0
+        err = proc.communicate()[1]
+        assert "SIGTERM received" in err
+        assert "Thread 0x" in err and "serve" in err
     finally:
         stop_process(proc)
 

@@ -32,7 +32,7 @@ from ps_server.rpc.tls import TLSConfig
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from pki import make_test_pki
-from ps_cluster import cluster, start_server_process, stop_process
+from ps_cluster import cluster, start_server_process, stop_process, wait_exit
 
 TOKEN = "job-token-0123456789abcdef"
 DIM = 4
@@ -240,7 +240,7 @@ def test_token_file_flag_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv("FLEET_PS_TOKEN", TOKEN)  # PSClient's default: the job's env
         with PSClient([endpoint], timeout_s=10) as client:
             client.stop_servers()
-        assert proc.wait(timeout=20) == 0
+        assert wait_exit(proc) == 0
         _, err = proc.communicate()
         assert TOKEN not in err and "job token required" in err
     finally:
@@ -330,7 +330,7 @@ def test_tls_flags_of_python_m_ps_server(pki: dict[str, Any], tmp_path: Path) ->
             [ep], token=TOKEN, tls_ca=s.ca, tls_cert=c.cert, tls_key=c.key, timeout_s=10
         ) as client:
             client.stop_servers()
-        assert proc.wait(timeout=20) == 0
+        assert wait_exit(proc) == 0
         assert "mutual TLS" in proc.communicate()[1]
     finally:
         stop_process(proc)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,23 @@ def start_server_process(
         _, err = proc.communicate(timeout=timeout_s)
         raise AssertionError(f"ps_server did not start (exit {proc.returncode}): {line!r}\n{err}")
     return proc, line.strip().rsplit(" ", 1)[-1]
+
+
+def wait_exit(proc: subprocess.Popen, timeout_s: float = 20.0) -> int:
+    """``proc``'s exit code once it exits; if it still runs after ``timeout_s``, its threads'
+    stacks (SIGUSR1, which ``python -m ps_server`` answers with them) and its stderr go into the
+    AssertionError, and the process is killed."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        stop_process(proc)
+        _, err = proc.communicate(timeout=10)
+        raise AssertionError(
+            f"ps_server still ran {timeout_s:.0f}s after it was asked to stop; its stderr and "
+            f"threads:\n{err[-12000:]}"
+        ) from None
 
 
 def stop_process(proc: subprocess.Popen) -> None:

@@ -28,17 +28,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ps_server.core.batch_ops import sorted_distinct
-from ps_server.core.row_flags import CHANGE_FLAGS, DIRTY, EXPORT_DIRTY
+from ps_server.core.row_flags import CHANGE_FLAGS, DIRTY, EXPORT_DIRTY, LIVE
+from ps_server.core.row_store import RowSnapshot
+from ps_server.core.sparse_shards import CHANGE_FLAG
+from ps_server.core.ssd_evict import ABSENT, PUT
+
+if TYPE_CHECKING:
+    from ps_server.core.sparse_shards import SparseSnapshot
+    from ps_server.core.ssd_table import SsdSparseTable
 
 EPOCH_FIELDS = {int(DIRTY): "save_epoch", int(EXPORT_DIRTY): "export_epoch"}
 """The record field holding each change log's epoch at eviction."""
 COMPACT_MIN_KEYS = 1 << 16
 """Changed keys appended before a log is first de-duplicated."""
 _NO_KEYS = np.zeros(0, dtype=np.int64)
+ROW_COLUMNS = ("values", "state", "count", "unseen_days")
+"""The columns of a row, in memory and in a cold record."""
 
 
 @dataclass(frozen=True)
@@ -170,4 +180,52 @@ class ColdChanges:
             parts.insert(0, before.deleted)
 
 
-__all__ = ["EPOCH_FIELDS", "ColdChanges", "LogState"]
+def changed_cold(table: SsdSparseTable, flag: np.uint8) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, records) of ``table``'s cold rows carrying change flag ``flag``: read from the
+    write-behind queue and in one ``multi_get`` (a scan of the tier after a lost snapshot)."""
+    changes, cold = table.changes, table.cold
+    if changes.all_changed(flag):  # after a lost snapshot: every cold row
+        table._write_queued()
+        chunks = list(cold.scan())
+        if not chunks:
+            return np.zeros(0, np.int64), np.zeros(0, dtype=cold.dtype)
+        return np.concatenate([k for k, _ in chunks]), np.concatenate([r for _, r in chunks])
+    keys = changes.changed_keys(flag, table._is_hot)
+    state, queued = table.queue.lookup(keys, cold.dtype)
+    ask = keys[state == ABSENT]
+    found, rec = cold.get(ask)
+    keys = np.concatenate([keys[state == PUT], ask[found]])
+    rec = np.concatenate([queued, rec])
+    keep = (changes.current_flags(rec) & flag).astype(bool)
+    return keys[keep], rec[keep]
+
+
+def delta_snapshot(table: SsdSparseTable, snap: SparseSnapshot, flag: np.uint8) -> SparseSnapshot:
+    """``snap`` (the changed memory rows of the log of change flag ``flag``) with the log's
+    changed cold rows, aged to today's day, and both tiers' deleted keys. Hold the table's
+    lock."""
+    keys, rec = changed_cold(table, flag)
+    hot = snap.store
+    logs = {}
+    for f in CHANGE_FLAG.values():
+        mine, gone = hot.take_deleted(f), table.changes.deleted_keys(f)
+        logs[int(f)] = None if mine is None or gone is None else np.concatenate([mine, gone])
+    rec = table._aged(rec)
+    flags = table.changes.current_flags(rec)
+    snap.store = RowSnapshot(
+        np.concatenate([hot.keys, keys]),
+        np.concatenate([hot.flags, flags | LIVE]),
+        {name: np.concatenate([hot.cols[name], rec[name]]) for name in ROW_COLUMNS},
+        logs,
+    )
+    return snap
+
+
+__all__ = [
+    "EPOCH_FIELDS",
+    "ROW_COLUMNS",
+    "ColdChanges",
+    "LogState",
+    "changed_cold",
+    "delta_snapshot",
+]

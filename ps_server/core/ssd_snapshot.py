@@ -369,6 +369,21 @@ def native_snapshot(table: SsdSparseTable, base: SparseSnapshot) -> NativeSnapsh
     return NativeSnapshot(base, cut)
 
 
+def streamed_snapshot(table: SsdSparseTable, base: SparseSnapshot) -> StreamedSnapshot:
+    """The snapshot of a full serving export (module docstring): ``base`` (the memory rows) and
+    the cold rows read shard by shard while the export is written, aged to today's day. Hold
+    the table's lock, the queue written."""
+    saver = ColdSaver(table._seq, table.config.num_shards, table.shards)
+    table._savers.add(saver)
+    generation, day, cold = table.cold.generation, table.day, table.cold
+
+    def read(shard: int) -> tuple[np.ndarray, np.ndarray] | None:
+        got = saver.shard(shard, lambda s: cold.read_shard(generation, s))
+        return None if got is None else (got[0], table._aged(got[1], day))
+
+    return StreamedSnapshot(base, saver, read)
+
+
 __all__ = [
     "STAGING_DIR",
     "ColdCut",
@@ -378,5 +393,6 @@ __all__ = [
     "ShardStream",
     "StreamedSnapshot",
     "native_snapshot",
+    "streamed_snapshot",
     "with_cold",
 ]

@@ -72,11 +72,11 @@ from ps_server.core.shard_data import SparseShardData
 from ps_server.core.sparse_table import SparseTable
 from ps_server.core.ssd_aging import aged
 from ps_server.core.ssd_capacity import make_room
-from ps_server.core.ssd_changes import ColdChanges, LogState
+from ps_server.core.ssd_changes import ROW_COLUMNS, ColdChanges, LogState, delta_snapshot
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_filter import KeyFilter
 from ps_server.core.ssd_import import flush_ingest, split_import
-from ps_server.core.ssd_snapshot import ColdSaver, StreamedSnapshot, native_snapshot
+from ps_server.core.ssd_snapshot import ColdSaver, native_snapshot, streamed_snapshot
 from ps_server.core.ssd_tier import ColdTier, as_void, record_dtype
 from ps_server.core.table import ChangeLog, PushStats, TableSnapshot
 from ps_server.errors import SsdTierError
@@ -94,7 +94,6 @@ together, are evicted last."""
 _RECENT_CALLS = 64
 """Keyed calls remembered for :data:`PROTECT_SHARE`."""
 EVICTION_POLICIES = ("count", "recency")
-_COLUMNS = ("values", "state", "count", "unseen_days")
 
 
 class SsdSparseTable(SparseTable):
@@ -264,7 +263,7 @@ class SsdSparseTable(SparseTable):
         slots[at_disk] = as_void(rec)
         rec = self._aged(slots[got].view(rec.dtype), copy=False)
         new = st.allocate(fkeys)
-        for name in _COLUMNS:
+        for name in ROW_COLUMNS:
             st.scatter(name, new, rec[name])
         st.cols["tick"][new] = self._tick
         st.flags[new] = self.changes.current_flags(rec) | LIVE
@@ -399,7 +398,7 @@ class SsdSparseTable(SparseTable):
 
     def _records(self, st: RowStore | RowSnapshot, rows: np.ndarray) -> np.ndarray:
         rec = np.empty(rows.shape[0], dtype=self.cold.dtype)
-        for name in _COLUMNS:
+        for name in ROW_COLUMNS:
             rec[name] = st.cols[name][rows]
         rec["flags"] = st.flags[rows]
         rec["day"] = self.day
@@ -505,61 +504,20 @@ class SsdSparseTable(SparseTable):
             if before is not None:
                 self.changes.requeue(sparse_shards.CHANGE_FLAG[log], before)
 
-    def _changed_cold(self, flag: np.uint8) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, records) of the cold rows carrying change flag ``flag``: read from the queue
-        and in one ``multi_get``."""
-        if self.changes.all_changed(flag):  # after a lost snapshot: every cold row
-            self._write_queued()
-            chunks = list(self.cold.scan())
-            if not chunks:
-                return np.zeros(0, np.int64), np.zeros(0, dtype=self.cold.dtype)
-            return np.concatenate([k for k, _ in chunks]), np.concatenate([r for _, r in chunks])
-        keys = self.changes.changed_keys(flag, self._is_hot)
-        state, queued = self.queue.lookup(keys, self.cold.dtype)
-        ask = keys[state == ABSENT]
-        found, rec = self.cold.get(ask)
-        keys = np.concatenate([keys[state == PUT], ask[found]])
-        rec = np.concatenate([queued, rec])
-        flags = self.changes.current_flags(rec)
-        keep = (flags & flag).astype(bool)
-        return keys[keep], rec[keep]
-
     def _snapshot(self, delta: bool, log: ChangeLog | None) -> sparse_shards.SparseSnapshot:
         """Both tiers' rows (all of them, or those of change log ``log``): the memory rows
-        copied; the cold rows aged and read later, shard by shard, from a RocksDB snapshot
-        (full: :mod:`ps_server.core.ssd_snapshot`) or now in a ``multi_get`` (the changed
-        ones)."""
+        copied; the cold rows as a RocksDB checkpoint (a checkpoint), read later shard by shard
+        (a full serving export: :mod:`ps_server.core.ssd_snapshot`) or now in a ``multi_get``
+        (the changed ones: :func:`ps_server.core.ssd_changes.delta_snapshot`)."""
         self._check_open()
         snap = super()._snapshot(delta, log)
-        if not delta:  # the cold rows are read shard by shard when the checkpoint writes them
-            self._write_queued()  # RocksDB holds every cold row
-            if log is not ChangeLog.EXPORT:  # a checkpoint: the tier as a RocksDB checkpoint
-                return native_snapshot(self, snap)
-            saver = ColdSaver(self._seq, self.config.num_shards, self.shards)
-            self._savers.add(saver)
-            generation, day, cold = self.cold.generation, self.day, self.cold
-
-            def read(shard: int) -> tuple[np.ndarray, np.ndarray] | None:
-                got = saver.shard(shard, lambda s: cold.read_shard(generation, s))
-                return None if got is None else (got[0], self._aged(got[1], day))
-
-            return StreamedSnapshot(snap, saver, read)
-        assert log is not None
-        keys, rec = self._changed_cold(sparse_shards.CHANGE_FLAG[log])
-        hot = snap.store
-        logs = {}
-        for f in sparse_shards.CHANGE_FLAG.values():
-            mine, cold = hot.take_deleted(f), self.changes.deleted_keys(f)
-            logs[int(f)] = None if mine is None or cold is None else np.concatenate([mine, cold])
-        rec = self._aged(rec)
-        flags = self.changes.current_flags(rec)
-        snap.store = RowSnapshot(
-            np.concatenate([hot.keys, keys]),
-            np.concatenate([hot.flags, flags | LIVE]),
-            {name: np.concatenate([hot.cols[name], rec[name]]) for name in _COLUMNS},
-            logs,
-        )
-        return snap
+        if delta:
+            assert log is not None
+            return delta_snapshot(self, snap, sparse_shards.CHANGE_FLAG[log])
+        self._write_queued()  # RocksDB holds every cold row
+        if log is not ChangeLog.EXPORT:  # a checkpoint: the tier as a RocksDB checkpoint
+            return native_snapshot(self, snap)
+        return streamed_snapshot(self, snap)
 
     def import_shard(self, payload: SparseShardData, delta: bool) -> int:
         """As :meth:`SparseTable.import_shard`; the new rows beyond the memory tier's room go

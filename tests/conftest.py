@@ -56,6 +56,32 @@ def base_env() -> dict[str, str]:
     return env
 
 
+def gen_slot_files(out: Path, num_files: int = 2, lines: int = 1500, *extra: str) -> Path:
+    """The CTR example's slot files (examples/ctr/gen_slot_files.py) in ``out``; ``extra``: more
+    flags (``--days``, ``--format``...). The generator's stderr is in the AssertionError if it
+    fails."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "ctr" / "gen_slot_files.py"),
+            "--out_dir",
+            str(out),
+            "--num_files",
+            str(num_files),
+            "--lines_per_file",
+            str(lines),
+            *extra,
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, f"examples/ctr/gen_slot_files.py failed: {r.stderr[-3000:]}"
+    return out
+
+
 def run_workers(
     script: str | Path,
     nprocs: int,

@@ -8,38 +8,18 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, base_env, run_fleetrun
+from conftest import REPO, gen_slot_files, run_fleetrun
 
 FILES, LINES = 4, 5000  # 20000 training examples
 TEST = "5000"
 
 
 def _gen(out: Path, fmt: str) -> None:
-    r = subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(out),
-            "--num_files",
-            str(FILES),
-            "--lines_per_file",
-            str(LINES),
-            "--format",
-            fmt,
-        ],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    gen_slot_files(out, FILES, LINES, "--format", fmt)
 
 
 def _train(tmp_path: Path, name: str, *args: str) -> dict:

@@ -6,12 +6,10 @@ in a scratch directory that holds ``data/ctr_slots/part-*`` as the guide says.""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, base_env, run_fleetrun
+from conftest import REPO, gen_slot_files, run_fleetrun
 
 MARK = re.compile(r"<!-- guide-script: (\w+) -->\n```python\n(.*?)\n```", re.S)
 
@@ -34,22 +32,7 @@ def test_the_guide_marks_its_scripts() -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_guide_script_runs_as_written(tmp_path: Path, name: str) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "examples" / "ctr" / "gen_slot_files.py"),
-            "--out_dir",
-            str(tmp_path / "data" / "ctr_slots"),
-            "--num_files",
-            "2",
-            "--lines_per_file",
-            "4000",
-        ],
-        check=True,
-        env=base_env(),
-        timeout=120,
-        capture_output=True,
-    )
+    gen_slot_files(tmp_path / "data" / "ctr_slots", 2, 4000)
     script = tmp_path / "train.py"
     script.write_text(SCRIPTS[name])
     r = run_fleetrun(

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SCRIPTS, base_env, wait_for
+from conftest import REPO, SCRIPTS, gen_slot_files, wait_for
 
 from launcher.schedulers.k8s import ps_recovery as kr
 from launcher.schedulers.k8s.render import render_job
@@ -199,23 +199,7 @@ def test_async_server_pod_killed_restarts_alone(tmp_path: Path) -> None:
     import psutil
 
     data = tmp_path / "slots"
-    subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(data),
-            "--num_files",
-            "2",
-            "--lines_per_file",
-            str(LINES),
-        ],
-        cwd=REPO,
-        env=base_env(),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    gen_slot_files(data, 2, LINES)
     pods = {
         p.name: p
         for p in k8s_local.translate(render_job(_spec(tmp_path, data)), tmp_path / "pods", REPO)

@@ -21,13 +21,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, base_env, fleetrun_cmd, start_fleetrun, wait_for
+from conftest import REPO, base_env, fleetrun_cmd, gen_slot_files, start_fleetrun, wait_for
 from test_ray_scheduler import _assert_nothing_left, cluster  # noqa: F401 - the module's cluster
 
 psutil = pytest.importorskip("psutil")
@@ -137,23 +136,7 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
     actor is paused until then, so the driver learns of the death only after) → every process
     restarts, that server on a new port, the trainers resume from a checkpoint."""
     data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"
-    subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(data),
-            "--num_files",
-            "2",
-            "--lines_per_file",
-            str(LINES),
-        ],
-        cwd=REPO,
-        env=base_env(),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    gen_slot_files(data, 2, LINES)
     job = tmp_path / "job.yaml"
     job.write_text(
         yaml.safe_dump(
@@ -286,23 +269,7 @@ def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> No
     meeting trainer 0 through the coordinator the driver hosts; trainer 0 keeps its pid and its
     steps never go back; one in-place recovery, one attempt; exit 0, nothing left."""
     data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"
-    subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(data),
-            "--num_files",
-            "2",
-            "--lines_per_file",
-            str(LINES),
-        ],
-        cwd=REPO,
-        env=base_env(),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    gen_slot_files(data, 2, LINES)
     job = tmp_path / "job.yaml"
     job.write_text(
         yaml.safe_dump(

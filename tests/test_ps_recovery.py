@@ -18,12 +18,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, base_env, fleetrun_cmd, wait_for, wait_gone
+from conftest import REPO, base_env, fleetrun_cmd, gen_slot_files, wait_for, wait_gone
 
 LINES = 4000
 """Examples per slot file; 2 files, one per trainer."""
@@ -34,23 +33,7 @@ TEST = 1000
 @pytest.fixture(scope="module")
 def slot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ctr_slots")
-    subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(out),
-            "--num_files",
-            "2",
-            "--lines_per_file",
-            str(LINES),
-        ],
-        cwd=REPO,
-        env=base_env(),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    gen_slot_files(out, 2, LINES)
     return out
 
 

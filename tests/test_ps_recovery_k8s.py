@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SCRIPTS, base_env, wait_for
+from conftest import REPO, SCRIPTS, gen_slot_files, wait_for
 
 from collective.errors import ConfigError
 from launcher.schedulers.k8s.render import render_job
@@ -134,23 +134,7 @@ def _kill_pod(proc: subprocess.Popen[bytes]) -> None:
 @pytest.mark.timeout(720)  # above the waits' own bounds (data, 240 s, 360 s): they name the phase
 def test_server_pod_killed_restarts_and_job_resumes_from_checkpoint(tmp_path: Path) -> None:
     data = tmp_path / "slots"
-    subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(data),
-            "--num_files",
-            "2",
-            "--lines_per_file",
-            str(LINES),
-        ],
-        cwd=REPO,
-        env=base_env(),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    gen_slot_files(data, 2, LINES)
     pods = {
         p.name: p
         for p in k8s_local.translate(render_job(_spec(tmp_path, data)), tmp_path / "pods", REPO)

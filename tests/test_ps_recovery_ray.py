@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, base_env, start_fleetrun, wait_for
+from conftest import REPO, gen_slot_files, start_fleetrun, wait_for
 from test_ray_scheduler import _assert_nothing_left, cluster  # noqa: F401 - the module's cluster
 
 psutil = pytest.importorskip("psutil")
@@ -29,23 +27,7 @@ GLOBAL_BATCH = 32
 @pytest.mark.timeout(300)
 def test_server_actor_killed_job_recovers(cluster: str, tmp_path: Path) -> None:  # noqa: F811
     data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"
-    subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(data),
-            "--num_files",
-            "2",
-            "--lines_per_file",
-            str(LINES),
-        ],
-        cwd=REPO,
-        env=base_env(),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    gen_slot_files(data, 2, LINES)
     job = tmp_path / "job.yaml"
     job.write_text(
         yaml.safe_dump(

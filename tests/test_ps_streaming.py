@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, base_env, run_fleetrun
+from conftest import REPO, gen_slot_files, run_fleetrun
 
 from collective.errors import DatasetFormatError
 from ps_server.checkpoint import create_tables, load, read_checkpoint
@@ -33,28 +31,7 @@ ONLINE = str(REPO / "examples" / "ctr" / "online.py")
 
 
 def _gen(root: Path) -> None:
-    r = subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(root),
-            "--num_files",
-            str(FILES),
-            "--lines_per_file",
-            str(LINES),
-            "--days",
-            ",".join(DAYS),
-            "--passes",
-            "2",
-        ],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    gen_slot_files(root, FILES, LINES, "--days", ",".join(DAYS), "--passes", "2")
 
 
 def _job(cwd: Path, name: str, *args: str) -> tuple[str, list[dict]]:

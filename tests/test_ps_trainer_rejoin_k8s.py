@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, SCRIPTS, base_env, wait_for
+from conftest import REPO, SCRIPTS, gen_slot_files, wait_for
 
 from collective.errors import FleetError
 from fleet.base.coordination import CoordinationClient
@@ -318,23 +318,7 @@ def test_trainer_pod_killed_mid_pass_restarts_alone(tmp_path: Path) -> None:
     import psutil
 
     data = tmp_path / "slots"
-    subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(data),
-            "--num_files",
-            "2",
-            "--lines_per_file",
-            str(LINES),
-        ],
-        cwd=REPO,
-        env=base_env(),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    gen_slot_files(data, 2, LINES)
     pods = _pods(tmp_path, data)
     pod_dir = tmp_path / "pods" / "claims" / "ps-ckpt" / NAME / ".pods" / NAME
     log = tmp_path / "log"

@@ -22,13 +22,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, base_env, fleetrun_cmd, wait_for, wait_gone
+from conftest import REPO, base_env, fleetrun_cmd, gen_slot_files, wait_for, wait_gone
 
 DAYS = ("20261120", "20261121")
 ONLINE = str(REPO / "examples" / "ctr" / "online.py")
@@ -45,28 +44,7 @@ EXPECTED = [
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stream") / "data"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "examples/ctr/gen_slot_files.py",
-            "--out_dir",
-            str(root),
-            "--num_files",
-            "2",
-            "--lines_per_file",
-            "2500",
-            "--days",
-            ",".join(DAYS),
-            "--passes",
-            "2",
-        ],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    gen_slot_files(root, 2, 2500, "--days", ",".join(DAYS), "--passes", "2")
     return root
 
 

@@ -22,6 +22,7 @@ Adding one — subclass, register::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,6 +35,9 @@ from ps_server.core.hashing import KeyRNG, stream_of
 from ps_server.core.registry import Registered
 
 _MAX_ATTEMPTS = 256
+RowKernel = Callable[..., None]
+"""``kernel(keys, stream, out[, rows])``: writes the initial rows of ``keys`` into ``out`` (all
+of it, or its rows ``rows``)."""
 
 
 def _finite(x: float) -> bool:
@@ -53,17 +57,34 @@ class Initializer(Registered):
         counters of column ``j`` (``j << 9 | ...``) so values do not depend on ``dim``."""
         raise NotImplementedError(f"{type(self).__name__}.generate")
 
+    def _kernel(self, dim: int) -> RowKernel | None:
+        """A compiled kernel that writes these rows bit-identically to :meth:`generate`, or
+        None (numpy's :meth:`generate` computes them). Subclasses that change ``generate`` must
+        not inherit a kernel: the built-in ones check ``type(self).generate``."""
+        return None
+
     def rows(self, table: str, seed: int, keys: np.ndarray, dim: int) -> np.ndarray:
         """The initial rows of ``keys`` in table ``table`` with ``seed`` (float32 ``[n, dim]``)."""
-        out = self.generate(KeyRNG(table, seed, keys, "init"), dim)
-        return np.ascontiguousarray(out, dtype=np.float32)
+        kernel = self._kernel(dim)
+        if kernel is None:
+            out = self.generate(KeyRNG(table, seed, keys, "init"), dim)
+            return np.ascontiguousarray(out, dtype=np.float32)
+        out = np.empty((keys.shape[0], dim), dtype=np.float32)
+        kernel(keys, stream_of(table, seed, "init"), out)
+        return out
 
     def write_rows(
         self, table: str, seed: int, keys: np.ndarray, dst: np.ndarray, rows: np.ndarray | slice
     ) -> None:
         """``dst[rows] = self.rows(table, seed, keys, dst.shape[1])``: the initial values of new
         rows written into a table's value column (``rows``: distinct rows or a slice)."""
-        put_rows(dst, rows, self.rows(table, seed, keys, dst.shape[1]))
+        kernel = self._kernel(dst.shape[1]) if dst.flags.c_contiguous else None
+        if kernel is None:
+            put_rows(dst, rows, self.rows(table, seed, keys, dst.shape[1]))
+        elif isinstance(rows, slice):  # a run of rows: a contiguous view, written in order
+            kernel(keys, stream_of(table, seed, "init"), dst[rows])
+        else:
+            kernel(keys, stream_of(table, seed, "init"), dst, rows)
 
 
 @Initializer.register
@@ -87,29 +108,12 @@ class Uniform(Initializer):
     def generate(self, rng: KeyRNG, dim: int) -> np.ndarray:
         return (self.low + (self.high - self.low) * rng.column_uniform(dim)).astype(np.float32)
 
-    def _compiled(self, dim: int) -> bool:
-        """Whether the compiled kernel computes these rows (bit-identical to :meth:`generate`;
-        not for subclasses that change :meth:`generate`)."""
-        return kernels.ENABLED and dim > 0 and type(self).generate is Uniform.generate
-
-    def rows(self, table: str, seed: int, keys: np.ndarray, dim: int) -> np.ndarray:
-        if not self._compiled(dim):
-            return super().rows(table, seed, keys, dim)
-        out = np.empty((keys.shape[0], dim), dtype=np.float32)
-        kernels.uniform_rows(keys, stream_of(table, seed, "init"), self.low, self.high, out)
-        return out
-
-    def write_rows(
-        self, table: str, seed: int, keys: np.ndarray, dst: np.ndarray, rows: np.ndarray | slice
-    ) -> None:
-        if not (self._compiled(dst.shape[1]) and dst.flags.c_contiguous):
-            super().write_rows(table, seed, keys, dst, rows)
-            return
-        stream = stream_of(table, seed, "init")
-        if isinstance(rows, slice):  # a run of rows: a contiguous view, written in order
-            kernels.uniform_rows(keys, stream, self.low, self.high, dst[rows])
-        else:
-            kernels.uniform_rows(keys, stream, self.low, self.high, dst, rows)
+    def _kernel(self, dim: int) -> RowKernel | None:
+        if not (kernels.ENABLED and dim > 0 and type(self).generate is Uniform.generate):
+            return None
+        return lambda keys, stream, out, *rows: kernels.uniform_rows(
+            keys, stream, self.low, self.high, out, *rows
+        )
 
 
 @Initializer.register
@@ -130,30 +134,13 @@ class Normal(Initializer):
     def generate(self, rng: KeyRNG, dim: int) -> np.ndarray:
         return (self.mean + self.std * rng.normal(dim)).astype(np.float32)
 
-    def _compiled(self, dim: int) -> bool:
-        """Whether the compiled kernel computes these rows (bit-identical to :meth:`generate`,
-        checked once per process by :func:`kernels.normal_compiled`); not for subclasses that
-        change ``generate``."""
-        return dim > 0 and type(self).generate is Normal.generate and kernels.normal_compiled()
-
-    def rows(self, table: str, seed: int, keys: np.ndarray, dim: int) -> np.ndarray:
-        if not self._compiled(dim):
-            return super().rows(table, seed, keys, dim)
-        out = np.empty((keys.shape[0], dim), dtype=np.float32)
-        kernels.normal_rows(keys, stream_of(table, seed, "init"), self.mean, self.std, out)
-        return out
-
-    def write_rows(
-        self, table: str, seed: int, keys: np.ndarray, dst: np.ndarray, rows: np.ndarray | slice
-    ) -> None:
-        if not (self._compiled(dst.shape[1]) and dst.flags.c_contiguous):
-            super().write_rows(table, seed, keys, dst, rows)
-            return
-        stream = stream_of(table, seed, "init")
-        if isinstance(rows, slice):  # a run of rows: a contiguous view, written in order
-            kernels.normal_rows(keys, stream, self.mean, self.std, dst[rows])
-        else:
-            kernels.normal_rows(keys, stream, self.mean, self.std, dst, rows)
+    def _kernel(self, dim: int) -> RowKernel | None:
+        # bit-identical to generate where kernels.normal_compiled() says so (checked once)
+        if not (dim > 0 and type(self).generate is Normal.generate and kernels.normal_compiled()):
+            return None
+        return lambda keys, stream, out, *rows: kernels.normal_rows(
+            keys, stream, self.mean, self.std, out, *rows
+        )
 
 
 @Initializer.register

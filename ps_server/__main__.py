@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
-import signal
 import sys
 
 from collective.errors import ConfigError, FleetError
@@ -196,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
         security = {
             "token": resolve_token(token_file=args.token_file),

@@ -42,9 +42,11 @@ files are closed (an SSD table's RocksDB, its eviction thread and its directory 
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -436,7 +438,8 @@ def serve(
     ps_server`` prints the endpoint there). ``metrics_port``, ``table_threads`` and
     ``security`` (``token``, ``insecure``, ``tls``, ``checkpoint_root``, ``ssd_root``,
     ``data_root``): as :class:`PSServer`'s.
-    Signal handlers are installed only when called from the main thread.
+    Signal handlers are installed only when called from the main thread; SIGUSR1, unless the
+    process handles it already, then prints every thread's stack to stderr.
     """
     server = PSServer(
         host,
@@ -470,6 +473,8 @@ def serve(
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
+        if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:  # nobody else's: stack dumps
+            faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
         if on_ready is not None:
             on_ready(server)

@@ -222,7 +222,8 @@ def run_server() -> None:
     st = _require("run_server()", TrainingRole.PSERVER)
     if st.server is None:
         init_server()
-    st.server.wait()
+    while not st.server.wait(0.5):  # wake now and then: a signal's handler (Ctrl-C) runs only
+        pass  # once the main thread executes bytecode, whichever thread the kernel gave it to
     logger.info("parameter server %d stopped", st.env.server_index)
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -169,7 +170,7 @@ def agents() -> Iterator[list[Agent]]:
             a.stop()
 
 
-def c10d_flags(port: int, run_id: str, nnodes: str = "1:2") -> list[str]:
+def c10d_flags(port: int, run_id: str, nnodes: str = "1:2", conf: str = FAST) -> list[str]:
     return [
         "--nnodes",
         nnodes,
@@ -180,7 +181,7 @@ def c10d_flags(port: int, run_id: str, nnodes: str = "1:2") -> list[str]:
         "--rdzv_id",
         run_id,
         "--rdzv_conf",
-        FAST,
+        conf,
         "--max_restarts",
         "3",
         "--rdzv_timeout",
@@ -237,6 +238,46 @@ def test_c10d_node_lost_then_node_joins(tmp_path: Path, agents: list[Agent]) -> 
     assert "(join): joined" in out and "world 1 -> 2" in out, out
     state = json.loads((agents[0].log_dir / "job_state.json").read_text())
     assert state["state"] == "succeeded" and len(state["membership_changes"]) >= 2
+    assert_no_orphans(agents)
+
+
+HOUR_WINDOW = "last_call_timeout=1,keep_alive_interval=720,keep_alive_max_attempt=5"
+"""A heartbeat window of an hour: a survivor that resumes inside the test's timeout did not wait
+for the dead node's heartbeats to lapse."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_c10d_dead_agent_dropped_before_its_heartbeat_window(
+    tmp_path: Path, agents: list[Agent]
+) -> None:
+    """B (agent + worker) is SIGKILLed: A finds B's liveness port refused, drops B from torch's
+    rendezvous state and resumes at world 1 -- inside B's heartbeat window (an hour)."""
+    ckpt, stop = tmp_path / "ckpt", tmp_path / "stop"
+    ckpt.mkdir()
+    port = find_free_port()
+    args = [str(ckpt), "--steps", "4", "--step_time", "0.1", "--stop_file", str(stop)]
+    flags = c10d_flags(port, "liveness", conf=HOUR_WINDOW)
+    agents.append(Agent(tmp_path, "a", flags, args))
+    wait_for("the store", lambda: "hosts the store" in agents[0].output(), agents)
+    agents.append(Agent(tmp_path, "b", flags, args))
+    wait_for("steps at world 2", lambda: steps_since(ckpt, 0, 2), agents)
+    agents[1].kill_with_workers()
+    killed = time.time()
+    wait_for("steps at world 1 after the kill", lambda: steps_since(ckpt, killed, 1), agents[:1])
+    resumed = min(
+        r["time"]
+        for r in records(ckpt)
+        if r["event"] == "step" and r["world"] == 1 and r["time"] > killed
+    )
+    assert resumed < killed + 3600
+    stop.write_text("")
+    assert agents[0].wait(60) == 0, agents[0].output()
+    out = agents[0].output()
+    gone = out.index(f"node(s) {socket.gethostname()}/{agents[1].proc.pid} gone")
+    assert "dropped from the rendezvous without waiting" in out[gone:], out
+    assert gone < out.index("(failure): left") < out.index("succeeded"), out
+    check_continuous(records(ckpt), 4)
     assert_no_orphans(agents)
 
 

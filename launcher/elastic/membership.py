@@ -41,6 +41,10 @@ class NodeRecord:
     """Whether this agent hosts the c10d rendezvous store."""
     master_port: int = 0
     """Group rank 0 only: the workers' MASTER_PORT on its ``ip``."""
+    liveness_port: int = 0
+    """The agent's liveness socket on ``ip`` (:mod:`launcher.elastic.liveness`); 0: none."""
+    rdzv_node: str = ""
+    """The agent in torch's rendezvous state (``addr_pid_localid``); empty for etcd (v1)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,14 @@ class Membership:
     def endpoints(self) -> tuple[str, ...]:
         """``ip:port`` per global rank."""
         return tuple(f"{n.ip}:{p}" for n in self.nodes for p in n.ports)
+
+    def liveness_targets(self) -> list[tuple[str, str, int]]:
+        """``(node_id, ip, liveness_port)`` of the other nodes that publish a liveness port."""
+        return [
+            (n.node_id, n.ip, n.liveness_port)
+            for i, n in enumerate(self.nodes)
+            if i != self.group_rank and n.liveness_port
+        ]
 
     def store_host(self) -> str | None:
         """``host/pid`` of the agent hosting the c10d store, if it is a member."""

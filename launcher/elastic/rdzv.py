@@ -12,8 +12,19 @@ We do not write a rendezvous engine: :func:`make_handler` builds
 * :func:`hosts_port` — whether this agent hosts the c10d store (torch decides: the first agent
   on the endpoint's host to bind it), so that losing the store can name its host.
 
-Uses two private attributes of torch's handlers (``_store`` of the dynamic handler,
-``_rdzv_impl.client`` of the etcd one) to reach the job-wide store; both exist since torch 2.0.
+* :func:`drop_dead_nodes` — nodes whose agent process is proven gone
+  (:mod:`launcher.elastic.liveness`) leave torch's rendezvous state at once instead of after the
+  heartbeat window, and :func:`last_call` skips the last-call wait when nobody else is left
+  to wait for.
+
+Private attributes of torch's handlers we use (all exist since torch 2.0; checked up to 2.13):
+``_store`` of the dynamic handler and ``_rdzv_impl.client`` of the etcd one, to reach the
+job-wide store; ``_state_holder`` (its ``state``, ``mark_dirty()``, ``sync()``),
+``_heartbeat_lock``, ``_this_node`` and ``_settings.timeout._last_call`` of the dynamic handler
+(c10d, etcd-v2), and the state's ``last_heartbeats`` / ``participants`` / ``wait_list`` /
+``redundancy_list``, to drop proven-dead nodes through torch's own sanitizer and shorten one
+round's last call. When torch changes them, :func:`drop_dead_nodes` and :func:`last_call` log
+a warning and do nothing: nodes are dropped after the heartbeat window, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +33,9 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from collective.errors import ConfigError, RendezvousError
@@ -193,6 +207,100 @@ def leave_round(handler: Any, backend: RdzvBackend, group_rank: int | None) -> N
         logger.debug("leaving the etcd round: %s", err)
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+DROP_ATTEMPTS = 5
+"""Compare-and-set attempts to write the dropped nodes (another agent may write in between)."""
+_warned: set[str] = set()
+
+
+def _warn_once(what: str) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        logger.warning(
+            "torch's rendezvous handler has no %s (torch changed?): dead nodes are dropped "
+            "after the heartbeat window only",
+            what,
+        )
+
+
+def node_key(node: Any) -> str:
+    """``addr_pid_localid`` of one of torch's rendezvous node descriptors (its repr)."""
+    return f"{node.addr}_{node.pid}_{node.local_id}"
+
+
+def this_node_key(handler: Any) -> str:
+    """:func:`node_key` of this agent in the dynamic handler; empty for the etcd (v1) one."""
+    node = getattr(handler, "_this_node", None)
+    return node_key(node) if node is not None else ""
+
+
+def drop_dead_nodes(handler: Any, keys: Collection[str]) -> list[str]:
+    """Remove the nodes named by ``keys`` (:func:`node_key`) from the dynamic handler's shared
+    state now; return the keys removed.
+
+    Only for nodes proven dead (their agent's liveness port refused a connection): each one's
+    last heartbeat is set to the epoch and the state written back (compare-and-set, retried),
+    so torch's sanitizer — ours at this sync, every other agent's at its next — removes it from
+    the participants, wait list and redundancy list as if its heartbeats had lapsed."""
+    holder = getattr(handler, "_state_holder", None)
+    lock = getattr(handler, "_heartbeat_lock", None)
+    if holder is None or lock is None:
+        if getattr(handler, "_rdzv_impl", None) is None:  # not the etcd (v1) handler either
+            _warn_once("_state_holder / _heartbeat_lock")
+        return []
+    wanted = set(keys)
+    try:
+        with lock:  # the keep-alive thread uses the same holder
+            for _ in range(DROP_ATTEMPTS):
+                holder.sync()
+                beats = holder.state.last_heartbeats
+                hits = [n for n in beats if node_key(n) in wanted]
+                if not hits:
+                    return []
+                for n in hits:
+                    beats[n] = EPOCH
+                holder.mark_dirty()
+                if holder.sync():
+                    return [node_key(n) for n in hits]
+    except AttributeError as err:
+        _warn_once(f"rendezvous state as expected ({err})")
+    return []
+
+
+def alone_in_rendezvous(handler: Any) -> bool:
+    """Whether the dynamic handler's state (last synced) names no node but this one: no other
+    participant, nobody on the wait or redundancy list."""
+    holder = getattr(handler, "_state_holder", None)
+    me = getattr(handler, "_this_node", None)
+    if holder is None or me is None:
+        return False
+    try:
+        state = holder.state
+        others = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
+    except AttributeError as err:
+        _warn_once(f"rendezvous state as expected ({err})")
+        return False
+    return not (others - {me})
+
+
+@contextmanager
+def last_call(handler: Any, seconds: float) -> Iterator[None]:
+    """For the ``with`` body, the dynamic handler closes a round ``seconds`` after it reached
+    MIN nodes (its ``last_call_timeout`` takes whole seconds, and must be positive)."""
+    timeout = getattr(getattr(handler, "_settings", None), "timeout", None)
+    old = getattr(timeout, "_last_call", None)
+    if not isinstance(old, timedelta):
+        if getattr(handler, "_rdzv_impl", None) is None:
+            _warn_once("_settings.timeout._last_call")
+        yield
+        return
+    timeout._last_call = timedelta(seconds=max(seconds, 0.001))  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        timeout._last_call = old  # type: ignore[union-attr]
+
+
 def _cause(err: BaseException) -> str:
     return f" ({err.__cause__})" if err.__cause__ else ""
 
@@ -241,13 +349,18 @@ def claim_run_id(store: Any, run_id: str, fingerprint: str, job: str) -> None:
 
 
 __all__ = [
+    "alone_in_rendezvous",
     "claim_run_id",
+    "drop_dead_nodes",
     "hosts_port",
     "is_local_host",
     "job_store",
+    "last_call",
     "leave_round",
     "make_handler",
+    "node_key",
     "probe_endpoint",
     "route_ip",
     "set_etcd_keep_alive",
+    "this_node_key",
 ]

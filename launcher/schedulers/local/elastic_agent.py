@@ -16,8 +16,13 @@ the env contract ``collective.env.make_worker_env``)::
 
 A node lost (its agent, or all its workers) makes the survivors' workers fail (their collective
 peers are gone): each survivor spends a restart and re-forms with the nodes left, as torchrun
-does. Torch's handler drops the dead node after ``keep_alive_interval * keep_alive_max_attempt``
-seconds (3 s with our defaults) and closes a round ``last_call_timeout`` (1 s) after MIN nodes.
+does. Torch's handler drops a dead node after ``keep_alive_interval * keep_alive_max_attempt``
+seconds (5 s with our defaults) and closes a round ``last_call_timeout`` (1 s) after MIN nodes.
+Before re-forming, a survivor probes the other members' liveness ports
+(:mod:`launcher.elastic.liveness`): a node whose agent process is proven gone (connection
+refused) is dropped from torch's state at once (:func:`launcher.elastic.rdzv.drop_dead_nodes`),
+and when no other node is left to wait for, the round closes without the last-call wait. A node
+that does not answer (a machine powered off) is still left to the heartbeat window.
 
 The c10d store lives in the agent that hosts it (the first one on the endpoint's host): when
 that agent dies, the others lose the store and cannot re-form (torch raises
@@ -32,6 +37,7 @@ import os
 import socket
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from collective.env import NodeLayout, find_free_port, make_worker_env, metrics_env
@@ -47,8 +53,15 @@ from launcher.attempt import (
     worker_argv,
 )
 from launcher.elastic.config import describe_job, job_fingerprint
+from launcher.elastic.liveness import LivenessListener, LivenessTracker
 from launcher.elastic.membership import Membership, MembershipChange, NodeRecord, diff, exchange
-from launcher.elastic.rdzv import leave_round
+from launcher.elastic.rdzv import (
+    alone_in_rendezvous,
+    drop_dead_nodes,
+    last_call,
+    leave_round,
+    this_node_key,
+)
 from launcher.process import ConsoleWriter, terminate_all
 from launcher.schedulers.local.agent import monitored
 from launcher.spec import JobSpec
@@ -61,6 +74,9 @@ logger = logging.getLogger(__name__)
 EXIT_BARRIER_POLL_S = 0.05
 STORE_HOST_LINGER_S = 10.0
 """After success, how long the agent hosting the c10d store waits for the others to leave."""
+ALONE_LAST_CALL_S = 0.001
+"""The last call of a round that follows a loss when every other node is proven dead: there is
+nobody to wait for (a node that starts meanwhile joins the next round, as any later node)."""
 
 
 class JobEndedWhileWaiting(Exception):
@@ -97,6 +113,8 @@ class ElasticAgent:
         self._group_rank: int | None = None
         self._dropped = False
         self.warm: WarmPool | None = None  # made when the rounds start (warm_start on)
+        self.liveness: LivenessListener | None = None  # opened when the rounds start
+        self._seen_alive = LivenessTracker()
 
     # -- rounds -----------------------------------------------------------------------------------
     def _next_round(self, round_no: int) -> Membership:
@@ -112,10 +130,13 @@ class ElasticAgent:
 
         e, timeout_s = self.spec.elastic, self.spec.rendezvous.timeout_s
         t0 = time.monotonic()
+        alone = False
         if round_no > 0:  # etcd (v1): say we left the old round instead of letting our lease expire
             leave_round(self.handler, e.rdzv_backend, self._group_rank)
+            alone = self._drop_proven_dead()
         try:
-            info = self.handler.next_rendezvous()
+            with last_call(self.handler, ALONE_LAST_CALL_S) if alone else nullcontext():
+                info = self.handler.next_rendezvous()
         except graceful_exit:  # waited beyond MAX nodes; the job ended meanwhile
             raise JobEndedWhileWaiting() from None
         except RendezvousClosedError:
@@ -156,10 +177,13 @@ class ElasticAgent:
             job=self.job,
             hosts_store=self.hosts_store,
             master_port=find_free_port(self.node_ip) if group_rank == 0 else 0,
+            liveness_port=self.liveness.port if self.liveness else 0,
+            rdzv_node=this_node_key(self.handler),
         )
         members = exchange(
             store, group_rank, group_world_size, mine, timeout_s, round_no, self.where
         )
+        self._seen_alive.check_in_background(members.liveness_targets())
         logger.info(
             "round %d formed in %.2f s: node %d of %d, world size %d (%s)",
             round_no,
@@ -170,6 +194,40 @@ class ElasticAgent:
             ", ".join(n.node_id for n in members.nodes),
         )
         return members
+
+    def _drop_proven_dead(self) -> bool:
+        """Probe the last round's other nodes; drop those whose agent is proven gone from
+        torch's rendezvous state. Whether this node is then alone in the rendezvous (nobody
+        else to wait for); False when no node was proven dead (today's rules apply)."""
+        if self.members is None:
+            return False
+        t0 = time.monotonic()
+        dead = set(self._seen_alive.proven_dead(self.members.liveness_targets()))
+        if not dead:
+            return False
+        keys = [n.rdzv_node for n in self.members.nodes if n.node_id in dead and n.rdzv_node]
+        dropped = drop_dead_nodes(self.handler, keys)
+        alone = alone_in_rendezvous(self.handler)
+        s = self._heartbeat_window_text()
+        logger.warning(
+            "node(s) %s gone (their agent's liveness port refused a connection, %.2f s): %s%s",
+            ", ".join(sorted(dead)),
+            time.monotonic() - t0,
+            f"dropped from the rendezvous without waiting for the heartbeat window{s}"
+            if dropped
+            else "already out of the rendezvous",
+            "; no other node left, the round closes without the last call" if alone else "",
+        )
+        return alone
+
+    def _heartbeat_window_text(self) -> str:
+        """`` (N s)``: torch's heartbeat window of this handler, when it has one."""
+        settings = getattr(self.handler, "_settings", None)
+        try:
+            window = settings.keep_alive_interval * settings.keep_alive_max_attempt  # type: ignore[union-attr]
+            return f" ({window.total_seconds():g} s)"
+        except (AttributeError, TypeError):
+            return ""
 
     def _lost_store_text(self, err: BaseException) -> str:
         if self.members is None:
@@ -301,6 +359,8 @@ class ElasticAgent:
             finally:
                 if self.warm is not None:
                     self.warm.close()
+                if self.liveness is not None:
+                    self.liveness.close()
 
     def _record(self, change: MembershipChange | None, monitor: JobMonitor) -> None:
         if change is None:
@@ -314,6 +374,7 @@ class ElasticAgent:
         argv = worker_argv(spec)
         restarts, round_no, cause = 0, 0, "start"
         history: list[str] = []
+        self.liveness = LivenessListener(self.node_ip)
         # the warm process imports while the first rendezvous round gathers the nodes
         self.warm = warm_pool(
             spec, base_env(spec, spec.sizes.nproc_per_node), f"agent{os.getpid()}"

@@ -45,9 +45,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge
 
 from collective.env import StrEnum, find_free_port
+from collective.metrics_http import serve_metrics, stop_metrics
 from launcher.process import ExitInfo, signal_name
 
 logger = logging.getLogger(__name__)
@@ -191,13 +192,6 @@ def write_json_atomic(path: str, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def serve_metrics(host: str = "127.0.0.1", port: int = 0) -> tuple[Any, int]:
-    """Start a ``/metrics`` HTTP server (daemon thread) on ``host:port`` (0 = free port) serving
-    the default registry; returns (server, bound port). Stop it with ``server.shutdown()``."""
-    httpd, _thread = start_http_server(port, addr=host)
-    return httpd, int(httpd.server_port)
-
-
 class JobMonitor:
     """Keeps the launcher's metrics and the ``log_dir`` files in step with the agent.
 
@@ -323,8 +317,7 @@ class JobMonitor:
     def close(self) -> None:
         """Stop the launcher's own ``/metrics`` server (idempotent)."""
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            stop_metrics(self._server)
             self._server = None
 
     def snapshot(self) -> dict[str, Any]:
@@ -536,7 +529,6 @@ __all__ = [
     "node_file",
     "read_job_states",
     "read_targets",
-    "serve_metrics",
     "targets_file",
     "write_json_atomic",
 ]

@@ -38,7 +38,7 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -49,6 +49,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from collective.errors import PSError
+from collective.metrics_http import serve_metrics, stop_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -319,7 +320,7 @@ def start(port: int, host: str = "127.0.0.1") -> int:
     with _server_lock:
         if _endpoint["server"] is None:
             try:
-                server, _thread = start_http_server(port, addr=host)
+                server, _port = serve_metrics(host, port)
             except OSError as err:
                 raise PSError(
                     f"parameter server cannot serve /metrics on {host}:{port}: "
@@ -335,8 +336,7 @@ def stop() -> None:
     with _server_lock:
         server = _endpoint["server"]
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            stop_metrics(server)
         _endpoint.update(server=None, port=0)
 
 

@@ -65,6 +65,7 @@ from ps_server.rpc.codec import (
 from ps_server.rpc.proto import ps_pb2
 from ps_server.rpc.rpc_client import RETRYABLE, Call
 from ps_server.rpc.status import PSFailedPreconditionError, PSNotFoundError, PSRpcError
+from ps_server.rpc.step_client import DensePush, SparsePush, push_step
 from ps_server.rpc.wire import wire_message
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ class PSClient(CheckpointCalls):
         super().__init__(endpoints, **options)
         self._configs: dict[str, TableConfig] = {}
         self._last_route: tuple[int, np.ndarray, list[Any]] | None = None
+        self.push_step_unsupported = False
+        """A server answered PushStep with UNIMPLEMENTED (older): :meth:`push_step` sends
+        separate calls."""
 
     # -- tables -----------------------------------------------------------------------------
     def create_table(
@@ -455,6 +459,15 @@ class PSClient(CheckpointCalls):
         if not reply.has_values:
             return self.pull_dense(table, name)
         return decode_values(table, reply.values, "values (reply)")
+
+    def push_step(
+        self, sparse: Sequence[SparsePush], dense: DensePush | None = None
+    ) -> tuple[list[dict[str, int]], np.ndarray | None]:
+        """An async step: APPLY ``sparse`` ((table, keys, grads) each, in order), then the
+        dense push ``dense`` ((table, block, grad)); each sparse push's stats and the block's
+        values after the push (None without one). One PushStep call on a one-server job, else
+        separate calls (:mod:`ps_server.rpc.step_client`)."""
+        return push_step(self, sparse, dense)
 
     def _push_dense(
         self,

@@ -94,6 +94,19 @@ def _every_rpc(tmp_path: Path) -> dict[str, tuple[Callable[..., Any], Any]]:
                 mode=ps_pb2.PUSH_MODE_APPLY,
             ),
         ),
+        "PushStep": (
+            "PushStep",
+            ps_pb2.PushStepRequest(
+                sparse=[
+                    ps_pb2.PushSparseRequest(
+                        table="emb",
+                        keys=KEYS[:1].tobytes(),
+                        grads=np.ones(DIM, np.float32).tobytes(),
+                        mode=ps_pb2.PUSH_MODE_APPLY,
+                    )
+                ]
+            ),
+        ),
         "Save": ("Save", ps_pb2.SaveRequest(dir=str(tmp_path / "stolen"))),
         "Load": ("Load", ps_pb2.LoadRequest(dir=str(tmp_path / "ck"))),
         "CheckpointBegin": (

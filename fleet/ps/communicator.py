@@ -310,6 +310,7 @@ class AsyncCommunicator(Communicator):
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._sent = 0  # steps the sender has applied (or failed on)
+        self._sparse_sent = 0  # steps whose sparse pushes are applied (or failed)
         self._sent_cv = threading.Condition()
         self._step_lock = threading.Lock()
         """Training threads queue their steps and count them one at a time (half-async: a
@@ -345,6 +346,7 @@ class AsyncCommunicator(Communicator):
             finally:
                 with self._sent_cv:
                     self._sent += len(batch)
+                    self._sparse_sent = max(self._sparse_sent, self._sent)
                     self._sent_cv.notify_all()
                 for _ in batch:
                     self._queue.task_done()
@@ -353,11 +355,29 @@ class AsyncCommunicator(Communicator):
         self, batch: list[tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]]
     ) -> None:
         # merged by summation: the same total update as separate sends under SGD
+        sparse = []
         for table in self.tables:
             keys = np.concatenate([b[0][table][0] for b in batch])
             if len(keys):
-                grads = np.concatenate([b[0][table][1] for b in batch])
-                self.client.push_sparse(table, keys, grads, mode="apply")
+                sparse.append((table, keys, np.concatenate([b[0][table][1] for b in batch])))
+        push_step = getattr(self.client, "push_step", None)
+        if push_step is not None:  # sparse and dense in one call (PSClient.push_step)
+            grad = None
+            if self.dense:
+                grad = batch[0][1] if len(batch) == 1 else np.sum([b[1] for b in batch], axis=0)
+            _, latest = push_step(sparse, (DENSE_TABLE, DENSE_BLOCK, grad) if self.dense else None)
+            with self._sent_cv:
+                self._sparse_sent += len(batch)
+                self._sent_cv.notify_all()
+            if latest is not None:
+                with self._lock:
+                    self._latest_dense = latest
+            return
+        for table, keys, grads in sparse:
+            self.client.push_sparse(table, keys, grads, mode="apply")
+        with self._sent_cv:  # a prefetch's pull reads sparse rows only: it need not wait more
+            self._sparse_sent += len(batch)
+            self._sent_cv.notify_all()
         if self.dense:  # the push's reply carries the values after it: no separate pull
             grad = batch[0][1] if len(batch) == 1 else np.sum([b[1] for b in batch], axis=0)
             latest = self.client.push_pull_dense(DENSE_TABLE, DENSE_BLOCK, grad, mode="apply")
@@ -371,14 +391,16 @@ class AsyncCommunicator(Communicator):
             ) from self._error
 
     def _prefetch_pull(self, table: str, keys: np.ndarray, steps: int) -> np.ndarray:
-        """Pull once the sender has applied the ``steps`` steps queued before the prefetch, so a
-        prefetched row misses at most this trainer's current step (without the wait it could
-        miss every step still queued: up to ``send_queue_size``, growing as the trainer gets
-        faster than its sender), less :attr:`stale_steps`. Bounded: after
-        :data:`PREFETCH_WAIT_S` it pulls anyway."""
+        """Pull once the sender has applied the sparse pushes of the ``steps`` steps queued
+        before the prefetch, so a prefetched row misses at most this trainer's current step
+        (without the wait it could miss every step still queued: up to ``send_queue_size``,
+        growing as the trainer gets faster than its sender), less :attr:`stale_steps`. The
+        pull does not wait for those steps' dense push, which follows their sparse pushes and
+        changes no row: the two round trips overlap. Bounded: after :data:`PREFETCH_WAIT_S` it
+        pulls anyway."""
         applied = steps - self.stale_steps
         with self._sent_cv:
-            self._sent_cv.wait_for(lambda: self._sent >= applied, timeout=PREFETCH_WAIT_S)
+            self._sent_cv.wait_for(lambda: self._sparse_sent >= applied, timeout=PREFETCH_WAIT_S)
         return self.client.pull_sparse(table, keys)
 
     def step(self) -> None:

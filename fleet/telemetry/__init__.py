@@ -46,11 +46,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 from collective.clean_exit import register_shutdown
 from collective.env import TrainingRole, WorkerEnv
 from collective.errors import ConfigError
+from collective.metrics_http import serve_metrics, stop_metrics
 from fleet.telemetry.phases import (
     FINE_BUCKETS,
     LOOP_PHASES,
@@ -147,7 +148,7 @@ def start(port: int, host: str = "127.0.0.1") -> int:
         if recorder.server is not None:
             return recorder.port
         try:
-            server, _thread = start_http_server(port, addr=host)
+            server, _port = serve_metrics(host, port)
         except OSError as err:
             raise ConfigError(
                 f"cannot serve /metrics on {host}:{port}: {err.strerror or err}; the port is busy "
@@ -172,8 +173,7 @@ def stop() -> None:
     """Stop the endpoint and turn the hooks off (tests, benchmarks)."""
     with _start_lock:
         if recorder.server is not None:
-            recorder.server.shutdown()
-            recorder.server.server_close()
+            stop_metrics(recorder.server)
         recorder.server, recorder.port, recorder.enabled = None, 0, False
         update_phase_timing()
 
@@ -328,6 +328,7 @@ _CLIENT_OPS = {
     "push_sparse": "ps_push",
     "push_dense": "ps_push",
     "push_pull_dense": "ps_push",
+    "push_step": "ps_push",
 }
 
 

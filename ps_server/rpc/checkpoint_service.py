@@ -46,6 +46,7 @@ MUTATING = frozenset(
         "PushSparse",
         "InitDense",
         "PushDense",
+        "PushStep",
         "Save",
         "Shrink",
         "EndDay",

@@ -258,6 +258,26 @@ def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
     return _push_response(stats, arrived)
 
 
+def push_step(state: ServerState, req: ps_pb2.PushStepRequest) -> ps_pb2.PushStepResponse:
+    """A trainer's async step in one call: each sparse push (APPLY only) as
+    :func:`push_sparse`, in order, then the dense push as :func:`push_dense` (its values in the
+    reply with ``return_values``). A part that fails stops the call: the parts before it stay
+    applied, as separate calls would leave them."""
+    for part in req.sparse:
+        if _mode(part.table, part.mode) != "apply":
+            raise TableInputError(
+                part.table, "mode", "PushStep carries APPLY pushes only; send others by PushSparse"
+            )
+    if req.HasField("dense") and _mode(req.dense.table, req.dense.mode) != "apply":
+        raise TableInputError(
+            req.dense.table, "mode", "PushStep carries an APPLY push only; send others by PushDense"
+        )
+    reply = ps_pb2.PushStepResponse(sparse=[push_sparse(state, part) for part in req.sparse])
+    if req.HasField("dense"):
+        reply.dense.CopyFrom(push_dense(state, req.dense))
+    return reply
+
+
 def shrink(state: ServerState, req: ps_pb2.ShrinkRequest) -> ps_pb2.ShrinkResponse:
     """Delete rows unseen for more than ``unseen_days`` days."""
     table = get_table(state, req.table, "sparse")

@@ -45,6 +45,7 @@ from ps_server.rpc.service import (
     pull_sparse,
     push_dense,
     push_sparse,
+    push_step,
     save,
     shm_attach,
     shm_detach,
@@ -79,6 +80,8 @@ def _record(state: ServerState, op: str, request: Any, code: str, t0: float, rep
         keys = int(reply.values.shape[0])
     elif op == "PushSparse" and reply is not None:
         keys = int(reply.num_keys)
+    elif op == "PushStep" and reply is not None:
+        keys = sum(int(r.num_keys) for r in reply.sparse)
     telemetry.record_request(op, table, code, time.perf_counter() - t0, keys)
 
 
@@ -146,6 +149,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def PushDense(self, request: Any, context: Any) -> Message:
         return self._run("PushDense", push_dense, request, context)
+
+    def PushStep(self, request: Any, context: Any) -> Message:
+        return self._run("PushStep", push_step, request, context)
 
     def Save(self, request: Any, context: Any) -> Message:
         return self._run("Save", save, request, context)

@@ -180,6 +180,22 @@ class PushDenseResponse(_message.Message):
     has_values: bool
     def __init__(self, applied: _Optional[bool] = ..., sync_arrived: _Optional[int] = ..., values: _Optional[bytes] = ..., has_values: _Optional[bool] = ...) -> None: ...
 
+class PushStepRequest(_message.Message):
+    __slots__ = ("sparse", "dense")
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    sparse: _containers.RepeatedCompositeFieldContainer[PushSparseRequest]
+    dense: PushDenseRequest
+    def __init__(self, sparse: _Optional[_Iterable[_Union[PushSparseRequest, _Mapping]]] = ..., dense: _Optional[_Union[PushDenseRequest, _Mapping]] = ...) -> None: ...
+
+class PushStepResponse(_message.Message):
+    __slots__ = ("sparse", "dense")
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    sparse: _containers.RepeatedCompositeFieldContainer[PushSparseResponse]
+    dense: PushDenseResponse
+    def __init__(self, sparse: _Optional[_Iterable[_Union[PushSparseResponse, _Mapping]]] = ..., dense: _Optional[_Union[PushDenseResponse, _Mapping]] = ...) -> None: ...
+
 class SaveRequest(_message.Message):
     __slots__ = ("dir", "mode")
     DIR_FIELD_NUMBER: _ClassVar[int]

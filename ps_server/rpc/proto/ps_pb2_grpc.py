@@ -76,6 +76,11 @@ class ParameterServerStub:
                 request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseRequest.SerializeToString,
                 response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseResponse.FromString,
                 _registered_method=True)
+        self.PushStep = channel.unary_unary(
+                '/fleetrun.ps.v1.ParameterServer/PushStep',
+                request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushStepRequest.SerializeToString,
+                response_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushStepResponse.FromString,
+                _registered_method=True)
         self.Save = channel.unary_unary(
                 '/fleetrun.ps.v1.ParameterServer/Save',
                 request_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.SaveRequest.SerializeToString,
@@ -195,6 +200,13 @@ class ParameterServerServicer:
 
     def PushDense(self, request, context):
         """A dense block's gradient (APPLY, SYNC) or delta (DELTA).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushStep(self, request, context):
+        """A trainer's async step: sparse pushes, then a dense push-and-pull, in one call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -327,6 +339,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.PushDense,
                     request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseRequest.FromString,
                     response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseResponse.SerializeToString,
+            ),
+            'PushStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushStep,
+                    request_deserializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushStepRequest.FromString,
+                    response_serializer=ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushStepResponse.SerializeToString,
             ),
             'Save': grpc.unary_unary_rpc_method_handler(
                     servicer.Save,
@@ -588,6 +605,33 @@ class ParameterServer:
             '/fleetrun.ps.v1.ParameterServer/PushDense',
             ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseRequest.SerializeToString,
             ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushDenseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrun.ps.v1.ParameterServer/PushStep',
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushStepRequest.SerializeToString,
+            ps__server_dot_rpc_dot_proto_dot_ps__pb2.PushStepResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -199,7 +199,7 @@ class ElasticAgent:
         """Probe the last round's other nodes; drop those whose agent is proven gone from
         torch's rendezvous state. Whether this node is then alone in the rendezvous (nobody
         else to wait for); False when no node was proven dead (today's rules apply)."""
-        if self.members is None:
+        if self.members is None or not this_node_key(self.handler):  # etcd (v1): no such state
             return False
         t0 = time.monotonic()
         dead = set(self._seen_alive.proven_dead(self.members.liveness_targets()))

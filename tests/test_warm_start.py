@@ -84,11 +84,14 @@ def test_exits_signals_and_root_cause_as_fresh(tmp_path: Path, action: str, expe
 @pytest.mark.timeout(300)
 def test_restart_loop_keeps_the_warm_process_flat(tmp_path: Path) -> None:
     restarts = 20
-    log = tmp_path / "log"
+    log, gate = tmp_path / "log", tmp_path / "settled"
+    # every attempt exits 1 once the gate exists; the test opens it when the warm process has
+    # done its later imports, so that the restarts are measured after them however slow the
+    # imports are under load
     p = start_fleetrun(
         "--nproc_per_node", "1", "--warm_start", "on", "--max_restarts", str(restarts),
         "--log_dir", str(log), PROBE,
-        env={"PROBE_ACTION": "exit:1"},
+        env={"PROBE_ACTION": f"gate:{gate}:1"},
     )  # fmt: skip
     samples: dict[int, tuple[int, int]] = {}
     zygote, settled = None, None  # settled: the attempt by which its later imports were done
@@ -99,6 +102,7 @@ def test_restart_loop_keeps_the_warm_process_flat(tmp_path: Path) -> None:
             attempts = _count_probes(log)
             if settled is None and "imported ps_server.client" in _read(log / "warmlog.0"):
                 settled = attempts + 1
+                gate.touch()
             stats = _stats(zygote)
             if settled is not None and stats and attempts not in samples:
                 samples[attempts] = stats

@@ -4,7 +4,8 @@ lines carry a unique id (slot ``uid``).
 A one-column table ``count`` (SGD lr 1, rows from 0) gets a gradient of exactly -1 per example
 from every step that trains it, whatever the model predicts: after the epochs its row of each
 uid is the number of times that example was trained, as the servers applied it (a lost or
-doubled push shows). Trainer 0 writes --out (JSON): per epoch the steps, examples, mean loss
+doubled push shows). ``--until-cut`` trains more epochs until an automatic checkpoint was cut
+(a fast run may end before the first interval passed). Trainer 0 writes --out (JSON): per epoch the steps, examples, mean loss
 and AUC, the phase seconds, the threads that ran forwards, how often each uid was seen by a
 forward, and the ``count`` rows of every uid."""
 
@@ -19,6 +20,7 @@ import torch
 
 import fleet
 from fleet.data import Slot
+from fleet.ps import auto_checkpoint
 from fleet.ps.runtime import get_client, get_communicator
 from ps_server import SGD, Constant, Uniform
 
@@ -30,6 +32,11 @@ p.add_argument("--threads", type=int, default=2, help="the dataset's thread_num"
 p.add_argument("--thread-num", type=int, default=None, help="train_from_dataset's thread_num")
 p.add_argument("--fail-at", type=int, default=-1, help="a forward raises at this batch")
 p.add_argument("--epochs", type=int, default=2)
+p.add_argument(
+    "--until-cut",
+    action="store_true",
+    help="with automatic checkpoints: train more epochs (at most 20 in all) until one was cut",
+)
 p.add_argument("--batch", type=int, default=32)
 args = p.parse_args()
 
@@ -107,8 +114,11 @@ else:
     ds.load_into_memory()
     opt = fleet.distributed_optimizer(torch.optim.SGD(model.fc.parameters(), lr=0.1))
     loss_fn = torch.nn.BCEWithLogitsLoss()
+    auto = auto_checkpoint.start()
     epochs = []
-    for _ in range(args.epochs):
+    while len(epochs) < args.epochs or (
+        args.until_cut and auto is not None and auto.checkpoint_step is None and len(epochs) < 20
+    ):
         forward_threads.clear()
         stats = fleet.train_from_dataset(
             model, opt, ds, loss_fn, label="click", print_period=1000, thread_num=args.thread_num

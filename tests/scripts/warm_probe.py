@@ -1,6 +1,7 @@
 """Prints what a worker sees of its own process as one JSON line (tests of warm starts), then
 acts as PROBE_ACTION says: ``exit:N``, ``raise``, ``signal:NAME``, ``sleep:S``, ``collective``,
-``fail_first:S:PATH`` (sleep S seconds, then exit 1 unless PATH exists, creating it)."""
+``fail_first:S:PATH`` (sleep S seconds, then exit 1 unless PATH exists, creating it),
+``gate:PATH:N`` (wait up to 200 s for PATH to exist, then exit N)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,12 @@ if action.startswith("signal:"):
     time.sleep(5)
 if action.startswith("sleep:"):
     time.sleep(float(action.split(":")[1]))
+if action.startswith("gate:"):
+    _, path, code = action.split(":", 2)
+    stop = time.monotonic() + 200
+    while not os.path.exists(path) and time.monotonic() < stop:
+        time.sleep(0.05)
+    sys.exit(int(code))
 if action.startswith("fail_first:"):
     _, secs, path = action.split(":", 2)
     time.sleep(float(secs))

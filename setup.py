@@ -43,6 +43,7 @@ setup(
         Extension(
             "ps_server.core._graph_kernels",
             ["ps_server/core/_graph_kernels.c"],
+            depends=["ps_server/core/_kernels_common.h"],
             extra_compile_args=["-O3", "-std=c99", "-fno-fast-math"],
             optional=True,
         ),

@@ -19,35 +19,7 @@
  *     positions[i] (taken from values in turn) go to out[offsets[p] : offsets[p + 1]].
  * All loops run without the GIL.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-static int buf_of(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable,
-                  const char *name) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) != 0) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous%s array", name,
-                     writable ? " writable" : "");
-        return 0;
-    }
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd", name, itemsize,
-                     view->itemsize);
-        PyBuffer_Release(view);
-        return 0;
-    }
-    return 1;
-}
-
-static inline uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+#include "_kernels_common.h" /* Python.h, get_buf, mix64 */
 
 /* -- parse_edges ---------------------------------------------------------------------------- */
 static inline int is_pad(char c) { return c == ' ' || c == '\r'; }
@@ -96,9 +68,9 @@ static PyObject *gk_parse_edges(PyObject *self, PyObject *args) {
     PyObject *o_data, *o_src, *o_dst, *o_w;
     if (!PyArg_ParseTuple(args, "SOOO", &o_data, &o_src, &o_dst, &o_w)) return NULL;
     Py_buffer bs, bd, bw;
-    if (!buf_of(o_src, &bs, 8, 1, "src")) return NULL;
-    if (!buf_of(o_dst, &bd, 8, 1, "dst")) { PyBuffer_Release(&bs); return NULL; }
-    if (!buf_of(o_w, &bw, 4, 1, "weight")) {
+    if (!get_buf(o_src, &bs, 8, 1, "src")) return NULL;
+    if (!get_buf(o_dst, &bd, 8, 1, "dst")) { PyBuffer_Release(&bs); return NULL; }
+    if (!get_buf(o_w, &bw, 4, 1, "weight")) {
         PyBuffer_Release(&bd); PyBuffer_Release(&bs); return NULL;
     }
     const char *p = PyBytes_AS_STRING(o_data), *end = p + PyBytes_GET_SIZE(o_data);
@@ -150,9 +122,9 @@ static PyObject *gk_radix_order(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OLiOO", &o_keys, &lo, &key_bits, &o_order, &o_sorted))
         return NULL;
     Py_buffer bk, bo, bs;
-    if (!buf_of(o_keys, &bk, 8, 0, "keys")) return NULL;
-    if (!buf_of(o_order, &bo, 8, 1, "order")) { PyBuffer_Release(&bk); return NULL; }
-    if (!buf_of(o_sorted, &bs, 8, 1, "sorted")) {
+    if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
+    if (!get_buf(o_order, &bo, 8, 1, "order")) { PyBuffer_Release(&bk); return NULL; }
+    if (!get_buf(o_sorted, &bs, 8, 1, "sorted")) {
         PyBuffer_Release(&bo); PyBuffer_Release(&bk); return NULL;
     }
     Py_ssize_t n = bk.len / 8;
@@ -227,8 +199,8 @@ static PyObject *gk_owned_mask(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_buffer bk, bo;
-    if (!buf_of(o_keys, &bk, 8, 0, "keys")) return NULL;
-    if (!buf_of(o_out, &bo, 1, 1, "out")) { PyBuffer_Release(&bk); return NULL; }
+    if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
+    if (!get_buf(o_out, &bo, 1, 1, "out")) { PyBuffer_Release(&bk); return NULL; }
     Py_ssize_t n = bk.len / 8;
     if (bo.len != n) {
         PyBuffer_Release(&bo); PyBuffer_Release(&bk);
@@ -272,11 +244,11 @@ static PyObject *gk_sample_uniform(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_buffer bs, bi, bn, bp, bc;
-    if (!buf_of(o_src, &bs, 8, 0, "src")) return NULL;
-    if (!buf_of(o_indptr, &bi, 8, 0, "indptr")) { PyBuffer_Release(&bs); return NULL; }
-    if (!buf_of(o_nodes, &bn, 8, 0, "nodes")) goto fail2;
-    if (!buf_of(o_pos, &bp, 8, 1, "pos")) goto fail3;
-    if (!buf_of(o_counts, &bc, 8, 1, "counts")) goto fail4;
+    if (!get_buf(o_src, &bs, 8, 0, "src")) return NULL;
+    if (!get_buf(o_indptr, &bi, 8, 0, "indptr")) { PyBuffer_Release(&bs); return NULL; }
+    if (!get_buf(o_nodes, &bn, 8, 0, "nodes")) goto fail2;
+    if (!get_buf(o_pos, &bp, 8, 1, "pos")) goto fail3;
+    if (!get_buf(o_counts, &bc, 8, 1, "counts")) goto fail4;
     Py_ssize_t ns = bs.len / 8, nq = bn.len / 8, total = 0;
     if (bi.len / 8 != ns + 1 || bc.len / 8 != nq || bp.len / 8 < nq * fanout) {
         PyErr_SetString(PyExc_ValueError, "sample_uniform: indptr needs len(src) + 1 items, "
@@ -336,9 +308,9 @@ static PyObject *gk_place_segments(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOO", &o_offsets, &o_positions, &o_counts, &o_values, &o_out))
         return NULL;
     Py_buffer bo, bp, bc, bv, bu;
-    if (!buf_of(o_offsets, &bo, 8, 0, "offsets")) return NULL;
-    if (!buf_of(o_positions, &bp, 8, 0, "positions")) { PyBuffer_Release(&bo); return NULL; }
-    if (!buf_of(o_counts, &bc, 8, 0, "counts")) goto fail2;
+    if (!get_buf(o_offsets, &bo, 8, 0, "offsets")) return NULL;
+    if (!get_buf(o_positions, &bp, 8, 0, "positions")) { PyBuffer_Release(&bo); return NULL; }
+    if (!get_buf(o_counts, &bc, 8, 0, "counts")) goto fail2;
     if (PyObject_GetBuffer(o_values, &bv, PyBUF_C_CONTIGUOUS) != 0) goto fail3;
     if (PyObject_GetBuffer(o_out, &bu, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) goto fail4;
     Py_ssize_t n = bp.len / 8, slots = bo.len / 8, item = bu.itemsize;

@@ -299,6 +299,46 @@ static int uniform_part(void *arg, int part, Py_ssize_t lo, Py_ssize_t hi) {
     return 0;
 }
 
+/* The buffers of a row-creation call (keys, dst float32[rows, dim], optional rows): opened and
+   checked by rows_open (0 with a Python error set: every buffer released), released by
+   rows_close. */
+typedef struct {
+    Py_buffer bk, bd, br;
+    int with_rows;
+    const int64_t *rows; /* NULL: row i is dst row i */
+    Py_ssize_t n;
+} rows_bufs;
+
+static int rows_open(rows_bufs *b, const char *name, PyObject *o_keys, PyObject *o_dst,
+                     PyObject *o_rows, Py_ssize_t dim) {
+    b->with_rows = o_rows != Py_None;
+    if (!get_buf(o_keys, &b->bk, 8, 0, "keys")) return 0;
+    if (!get_buf(o_dst, &b->bd, 4, 1, "dst")) { PyBuffer_Release(&b->bk); return 0; }
+    if (b->with_rows && !get_buf(o_rows, &b->br, 8, 0, "rows")) {
+        PyBuffer_Release(&b->bd); PyBuffer_Release(&b->bk); return 0;
+    }
+    Py_ssize_t n = b->bk.len / 8, cap = dim > 0 ? b->bd.len / 4 / dim : 0;
+    const char *err = NULL;
+    if (dim < 1 || b->bd.len != cap * dim * 4) err = "dst must be float32[rows, dim]";
+    else if (b->with_rows ? b->br.len / 8 != n : cap != n) err = "one row per key";
+    b->rows = b->with_rows ? (const int64_t *)b->br.buf : NULL;
+    for (Py_ssize_t i = 0; !err && b->rows && i < n; i++)
+        if (b->rows[i] < 0 || b->rows[i] >= cap) err = "a row is out of range";
+    b->n = n;
+    if (err) {
+        PyErr_Format(PyExc_ValueError, "%s: %s", name, err);
+        if (b->with_rows) PyBuffer_Release(&b->br);
+        PyBuffer_Release(&b->bd); PyBuffer_Release(&b->bk);
+        return 0;
+    }
+    return 1;
+}
+
+static void rows_close(rows_bufs *b) {
+    if (b->with_rows) PyBuffer_Release(&b->br);
+    PyBuffer_Release(&b->bd); PyBuffer_Release(&b->bk);
+}
+
 PyObject *psk_uniform(PyObject *self, PyObject *args) {
     PyObject *o_keys, *o_dst, *o_rows = Py_None;
     unsigned long long stream;
@@ -308,31 +348,14 @@ PyObject *psk_uniform(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OKddnO|Oi", &o_keys, &stream, &low, &span, &dim, &o_dst,
                           &o_rows, &threads))
         return NULL;
-    Py_buffer bk, bd, br;
-    int with_rows = o_rows != Py_None;
-    if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
-    if (!get_buf(o_dst, &bd, 4, 1, "dst")) { PyBuffer_Release(&bk); return NULL; }
-    if (with_rows && !get_buf(o_rows, &br, 8, 0, "rows")) {
-        PyBuffer_Release(&bd); PyBuffer_Release(&bk); return NULL;
-    }
-    Py_ssize_t n = bk.len / 8, cap = dim > 0 ? bd.len / 4 / dim : 0;
-    const char *err = NULL;
-    if (dim < 1 || bd.len != cap * dim * 4) err = "uniform: dst must be float32[rows, dim]";
-    else if (with_rows ? br.len / 8 != n : cap != n) err = "uniform: one row per key";
-    const int64_t *rows = with_rows ? (const int64_t *)br.buf : NULL;
-    for (Py_ssize_t i = 0; !err && rows && i < n; i++)
-        if (rows[i] < 0 || rows[i] >= cap) err = "uniform: a row is out of range";
-    if (err) {
-        PyErr_SetString(PyExc_ValueError, err);
-    } else {
-        uniform_ctx c = {(const uint64_t *)bk.buf, rows, (float *)bd.buf, stream, low, span, dim};
-        Py_BEGIN_ALLOW_THREADS
-        run_parts(threads, n, uniform_part, &c);
-        Py_END_ALLOW_THREADS
-    }
-    if (with_rows) PyBuffer_Release(&br);
-    PyBuffer_Release(&bd); PyBuffer_Release(&bk);
-    if (err) return NULL;
+    rows_bufs b;
+    if (!rows_open(&b, "uniform", o_keys, o_dst, o_rows, dim)) return NULL;
+    uniform_ctx c = {(const uint64_t *)b.bk.buf, b.rows, (float *)b.bd.buf, stream, low, span,
+                     dim};
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(threads, b.n, uniform_part, &c);
+    Py_END_ALLOW_THREADS
+    rows_close(&b);
     Py_RETURN_NONE;
 }
 
@@ -378,33 +401,18 @@ PyObject *psk_normal(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OKKddnO|Oi", &o_keys, &stream, &attempt, &mean, &std, &dim,
                           &o_dst, &o_rows, &threads))
         return NULL;
-    Py_buffer bk, bd, br;
-    int with_rows = o_rows != Py_None;
-    if (!get_buf(o_keys, &bk, 8, 0, "keys")) return NULL;
-    if (!get_buf(o_dst, &bd, 4, 1, "dst")) { PyBuffer_Release(&bk); return NULL; }
-    if (with_rows && !get_buf(o_rows, &br, 8, 0, "rows")) {
-        PyBuffer_Release(&bd); PyBuffer_Release(&bk); return NULL;
+    if (attempt >= 256) {
+        PyErr_SetString(PyExc_ValueError, "normal: attempt must be in [0, 256)");
+        return NULL;
     }
-    Py_ssize_t n = bk.len / 8, cap = dim > 0 ? bd.len / 4 / dim : 0;
-    const char *err = NULL;
-    if (dim < 1 || bd.len != cap * dim * 4) err = "normal: dst must be float32[rows, dim]";
-    else if (with_rows ? br.len / 8 != n : cap != n) err = "normal: one row per key";
-    else if (attempt >= 256) err = "normal: attempt must be in [0, 256)";
-    const int64_t *rows = with_rows ? (const int64_t *)br.buf : NULL;
-    for (Py_ssize_t i = 0; !err && rows && i < n; i++)
-        if (rows[i] < 0 || rows[i] >= cap) err = "normal: a row is out of range";
-    if (err) {
-        PyErr_SetString(PyExc_ValueError, err);
-    } else {
-        normal_ctx c = {(const uint64_t *)bk.buf, rows, (float *)bd.buf, stream, attempt,
-                        mean, std, dim};
-        Py_BEGIN_ALLOW_THREADS
-        run_parts(threads, n, normal_part, &c);
-        Py_END_ALLOW_THREADS
-    }
-    if (with_rows) PyBuffer_Release(&br);
-    PyBuffer_Release(&bd); PyBuffer_Release(&bk);
-    if (err) return NULL;
+    rows_bufs b;
+    if (!rows_open(&b, "normal", o_keys, o_dst, o_rows, dim)) return NULL;
+    normal_ctx c = {(const uint64_t *)b.bk.buf, b.rows, (float *)b.bd.buf, stream, attempt,
+                    mean, std, dim};
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(threads, b.n, normal_part, &c);
+    Py_END_ALLOW_THREADS
+    rows_close(&b);
     Py_RETURN_NONE;
 }
 

@@ -47,8 +47,9 @@ FAST_RDZV_CONF: dict[str, str] = {
     "keep_alive_interval": "1",
     "keep_alive_max_attempt": "5",
 }
-"""Our defaults for the c10d / etcd-v2 handlers (torch's are 30 s, 5 s and 3): a lost node is
-dropped after ~5 s without a heartbeat instead of ~15 s, and a rendezvous that reached MIN nodes
+"""Our defaults for the c10d / etcd-v2 handlers (torch's are 30 s, 5 s and 3): a silent node is
+dropped after ~5 s without a heartbeat instead of ~15 s (a node whose agent process is proven
+gone at once, see :mod:`launcher.elastic.liveness`), and a rendezvous that reached MIN nodes
 closes 1 s later instead of 30 s. Any ``rdzv_conf`` key given wins. etcd (v1) has no heartbeat
 options: there the two keep-alive keys set its members' lease TTL (interval x attempts, 5 s; torch's
 is a fixed 10 s), see :func:`launcher.elastic.rdzv.set_etcd_keep_alive`. Fewer missed heartbeats (``keep_alive_max_attempt=2``) recover

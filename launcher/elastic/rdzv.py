@@ -264,6 +264,8 @@ def drop_dead_nodes(handler: Any, keys: Collection[str]) -> list[str]:
                     return [node_key(n) for n in hits]
     except AttributeError as err:
         _warn_once(f"rendezvous state as expected ({err})")
+    except Exception as err:  # noqa: BLE001 - the store is gone: next_rendezvous names it
+        logger.debug("dropping dead nodes from the rendezvous state: %s", err)
     return []
 
 

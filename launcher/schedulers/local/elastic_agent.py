@@ -215,7 +215,8 @@ class ElasticAgent:
             time.monotonic() - t0,
             f"dropped from the rendezvous without waiting for the heartbeat window{s}"
             if dropped
-            else "already out of the rendezvous",
+            else "left to torch's rendezvous (not in its state any more, or its store did "
+            "not answer)",
             "; no other node left, the round closes without the last call" if alone else "",
         )
         return alone

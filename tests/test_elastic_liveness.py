@@ -15,6 +15,7 @@ from launcher.elastic.liveness import Liveness, LivenessListener, LivenessTracke
 from launcher.elastic.rdzv import (
     alone_in_rendezvous,
     drop_dead_nodes,
+    heartbeat_window_s,
     last_call,
     make_handler,
     this_node_key,
@@ -90,6 +91,7 @@ def test_dropped_node_leaves_the_round_before_its_heartbeat_window(
         tb.join(60)
         assert got["a"].world_size == got["b"].world_size == 2
         assert not alone_in_rendezvous(a)
+        assert heartbeat_window_s(a) == 3600.0
         assert drop_dead_nodes(a, ["nobody_1_0"]) == []
         assert drop_dead_nodes(a, [this_node_key(b)]) == [this_node_key(b)]
         assert alone_in_rendezvous(a)
@@ -118,3 +120,4 @@ def test_handlers_without_state_are_left_alone() -> None:
     with last_call(h, 0.001):
         pass
     assert this_node_key(h) == ""
+    assert heartbeat_window_s(h) is None

@@ -17,10 +17,11 @@ We do not write a rendezvous engine: :func:`make_handler` builds
   heartbeat window, and :func:`last_call` skips the last-call wait when nobody else is left
   to wait for.
 
-Private attributes of torch's handlers we use (all exist since torch 2.0; checked up to 2.13):
+Private attributes of torch's handlers we use (the first two since torch 2.0, all in 2.13):
 ``_store`` of the dynamic handler and ``_rdzv_impl.client`` of the etcd one, to reach the
 job-wide store; ``_state_holder`` (its ``state``, ``mark_dirty()``, ``sync()``),
-``_heartbeat_lock``, ``_this_node`` and ``_settings.timeout._last_call`` of the dynamic handler
+``_heartbeat_lock``, ``_this_node``, ``_settings`` (its keep-alive values) and
+``_settings.timeout._last_call`` of the dynamic handler
 (c10d, etcd-v2), and the state's ``last_heartbeats`` / ``participants`` / ``wait_list`` /
 ``redundancy_list``, to drop proven-dead nodes through torch's own sanitizer and shorten one
 round's last call. When torch changes them, :func:`drop_dead_nodes` and :func:`last_call` log
@@ -285,6 +286,17 @@ def alone_in_rendezvous(handler: Any) -> bool:
     return not (others - {me})
 
 
+def heartbeat_window_s(handler: Any) -> float | None:
+    """``keep_alive_interval * keep_alive_max_attempt`` of the dynamic handler, in seconds:
+    how long a node that stopped answering stays in the rendezvous; None for etcd (v1)."""
+    settings = getattr(handler, "_settings", None)
+    try:
+        window = settings.keep_alive_interval * settings.keep_alive_max_attempt  # type: ignore[union-attr]
+        return float(window.total_seconds())
+    except (AttributeError, TypeError):
+        return None
+
+
 @contextmanager
 def last_call(handler: Any, seconds: float) -> Iterator[None]:
     """For the ``with`` body, the dynamic handler closes a round ``seconds`` after it reached
@@ -354,6 +366,7 @@ __all__ = [
     "alone_in_rendezvous",
     "claim_run_id",
     "drop_dead_nodes",
+    "heartbeat_window_s",
     "hosts_port",
     "is_local_host",
     "job_store",

@@ -58,6 +58,7 @@ from launcher.elastic.membership import Membership, MembershipChange, NodeRecord
 from launcher.elastic.rdzv import (
     alone_in_rendezvous,
     drop_dead_nodes,
+    heartbeat_window_s,
     last_call,
     leave_round,
     this_node_key,
@@ -208,7 +209,8 @@ class ElasticAgent:
         keys = [n.rdzv_node for n in self.members.nodes if n.node_id in dead and n.rdzv_node]
         dropped = drop_dead_nodes(self.handler, keys)
         alone = alone_in_rendezvous(self.handler)
-        s = self._heartbeat_window_text()
+        window = heartbeat_window_s(self.handler)
+        s = f" ({window:g} s)" if window is not None else ""
         logger.warning(
             "node(s) %s gone (their agent's liveness port refused a connection, %.2f s): %s%s",
             ", ".join(sorted(dead)),
@@ -220,15 +222,6 @@ class ElasticAgent:
             "; no other node left, the round closes without the last call" if alone else "",
         )
         return alone
-
-    def _heartbeat_window_text(self) -> str:
-        """`` (N s)``: torch's heartbeat window of this handler, when it has one."""
-        settings = getattr(self.handler, "_settings", None)
-        try:
-            window = settings.keep_alive_interval * settings.keep_alive_max_attempt  # type: ignore[union-attr]
-            return f" ({window.total_seconds():g} s)"
-        except (AttributeError, TypeError):
-            return ""
 
     def _lost_store_text(self, err: BaseException) -> str:
         if self.members is None:

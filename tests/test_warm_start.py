@@ -82,6 +82,22 @@ def test_exits_signals_and_root_cause_as_fresh(tmp_path: Path, action: str, expe
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("warm", ["on", "off"])
+def test_the_exit_flushes_files_runs_atexit_and_joins_threads(tmp_path: Path, warm: str) -> None:
+    """A forked worker ends without the interpreter's finalization; what that would do for the
+    script still happens, as in a fresh worker: an open file flushed, atexit handlers and
+    non-daemon threads run, ``sys.exit(message)`` prints it and exits 1."""
+    path = tmp_path / "unclosed.txt"
+    r, log = _job(tmp_path, warm, warm, 1, env={"PROBE_ACTION": f"leave_open:{path}"})
+    text = (log / "workerlog.0").read_text()
+    assert r.returncode != 0 and "exit code 1" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert path.read_text() == "written, never closed"
+    assert "THREAD done" in text and "ATEXIT ran" in text and "bye from the probe" in text, text
+    assert text.index("THREAD done") < text.index("ATEXIT ran"), text  # threads joined first
+    assert _probes(log, 1)[0][0]["forked"] is (warm == "on")
+
+
+@pytest.mark.timeout(300)
 def test_restart_loop_keeps_the_warm_process_flat(tmp_path: Path) -> None:
     restarts = 20
     log, gate = tmp_path / "log", tmp_path / "settled"

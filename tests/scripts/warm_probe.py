@@ -1,7 +1,9 @@
 """Prints what a worker sees of its own process as one JSON line (tests of warm starts), then
 acts as PROBE_ACTION says: ``exit:N``, ``raise``, ``signal:NAME``, ``sleep:S``, ``collective``,
 ``fail_first:S:PATH`` (sleep S seconds, then exit 1 unless PATH exists, creating it),
-``gate:PATH:N`` (wait up to 200 s for PATH to exist, then exit N)."""
+``gate:PATH:N`` (wait up to 200 s for PATH to exist, then exit N), ``leave_open:PATH`` (write
+PATH without closing it, register an atexit handler, start a non-daemon thread that prints
+late, then ``sys.exit`` with a message: what the interpreter's own exit must still do)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,20 @@ if action.startswith("signal:"):
     time.sleep(5)
 if action.startswith("sleep:"):
     time.sleep(float(action.split(":")[1]))
+if action.startswith("leave_open:"):
+    import atexit
+    import threading
+
+    unclosed = open(action.split(":", 1)[1], "w")  # noqa: SIM115 - left open on purpose
+    unclosed.write("written, never closed")
+    atexit.register(lambda: print("ATEXIT ran", flush=True))
+
+    def late() -> None:
+        time.sleep(0.5)
+        print("THREAD done", flush=True)
+
+    threading.Thread(target=late).start()
+    sys.exit("bye from the probe")
 if action.startswith("gate:"):
     _, path, code = action.split(":", 2)
     stop = time.monotonic() + 200

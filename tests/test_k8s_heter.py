@@ -6,10 +6,7 @@ as local processes (tests/scripts/k8s_local.py), complete a heter job."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -115,25 +112,7 @@ def test_heter_pods_run_a_heter_job(tmp_path: Path) -> None:
         ps={"heter_devices": "cpu"},
         log_dir=str(tmp_path / "log"),
     )
-    pods = k8s_local.translate(render_job(spec), tmp_path / "pods", REPO)
-    procs = {}
-    try:
-        for pod in sorted(pods, key=lambda p: p.kind != "StatefulSet"):
-            procs[pod.name] = (pod, k8s_local.start(pod, tmp_path / f"{pod.name}.out"))
-        codes = {}
-        deadline = time.monotonic() + 90
-        for name, (pod, proc) in procs.items():
-            if pod.kind == "Job":
-                codes[name] = proc.wait(max(deadline - time.monotonic(), 1))
-        for name, (pod, proc) in procs.items():
-            if pod.kind == "StatefulSet":
-                codes[name] = k8s_local.stop(proc, signal.SIGTERM)
-    except subprocess.TimeoutExpired:
-        pytest.fail("pods did not finish: " + ", ".join(procs))
-    finally:
-        for _, proc in procs.values():
-            k8s_local.stop(proc, signal.SIGKILL, 5)
-    outputs = {n: (tmp_path / f"{n}.out").read_text() for n in procs}
+    codes, outputs = k8s_local.run_pods(render_job(spec), tmp_path, REPO, 90)
     assert set(codes.values()) == {0}, outputs
     (heter_file,) = out.glob("heter0.*.json")
     heter = json.loads(heter_file.read_text())

@@ -5,10 +5,7 @@ ConfigMap mounted as a directory); the job must complete. No Kubernetes API serv
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,31 +19,9 @@ import k8s_local
 
 
 def _run(objs: list[dict], tmp_path: Path, timeout: float) -> tuple[dict[str, int], dict[str, str]]:
-    """Start every pod; wait for the Job's pods; then stop the StatefulSet's (as the launcher's
-    cleanup deletes it). Returns exit codes and outputs by pod name."""
-    pods = k8s_local.translate(objs, tmp_path / "pods", REPO)
-    procs = {}
-    try:
-        for pod in sorted(pods, key=lambda p: p.kind != "StatefulSet"):
-            procs[pod.name] = (pod, k8s_local.start(pod, tmp_path / f"{pod.name}.out"))
-        deadline = time.monotonic() + timeout
-        codes: dict[str, int] = {}
-        for name, (pod, proc) in procs.items():
-            if pod.kind == "Job":
-                codes[name] = proc.wait(max(deadline - time.monotonic(), 1))
-        for name, (pod, proc) in procs.items():
-            if pod.kind == "StatefulSet":
-                codes[name] = k8s_local.stop(proc, signal.SIGTERM)
-    except subprocess.TimeoutExpired:
-        pytest.fail(
-            "pods did not finish: "
-            + "\n".join(f"--- {n}\n{(tmp_path / f'{n}.out').read_text()[-3000:]}" for n in procs)
-        )
-    finally:
-        for _, proc in procs.values():
-            k8s_local.stop(proc, signal.SIGKILL, 5)
-    outputs = {n: (tmp_path / f"{n}.out").read_text() for n in procs}
-    return codes, outputs
+    """Start every pod; wait for the Job's pods; then stop the StatefulSet's once they hold (as
+    the launcher's cleanup deletes it). Returns exit codes and outputs by pod name."""
+    return k8s_local.run_pods(objs, tmp_path, REPO, timeout)
 
 
 @pytest.mark.slow

@@ -27,9 +27,11 @@ import base64
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,3 +240,47 @@ def stop(proc: subprocess.Popen[bytes], sig: int, timeout: float = 20.0) -> int:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         return proc.wait(5)
+
+
+HOLDING = "holding until the pod is deleted"
+
+
+def _wait_for_hold(proc: subprocess.Popen[bytes], log: Path, deadline: float) -> None:
+    """Until a StatefulSet pod's fleetrun says its processes stopped and it holds (what the
+    launcher waits for before deleting the StatefulSet), it exits or ``deadline`` passes."""
+    while time.monotonic() < deadline and proc.poll() is None:
+        if HOLDING in log.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+
+
+def run_pods(
+    objs: list[dict[str, Any]], root: Path, repo: Path, timeout: float, hold_s: float = 30.0
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Start every pod (StatefulSets first); wait for the Jobs' pods; then, once each
+    StatefulSet pod holds (or after ``hold_s``), SIGTERM it as the launcher's cleanup deletes
+    it. Returns exit codes and outputs by pod name; raises AssertionError with every pod's
+    output tail when a Job's pod does not finish within ``timeout``."""
+    pods = translate(objs, root / "pods", repo)
+    procs: dict[str, tuple[LocalPod, subprocess.Popen[bytes]]] = {}
+    logs = {pod.name: root / f"{pod.name}.out" for pod in pods}
+    codes: dict[str, int] = {}
+    try:
+        for pod in sorted(pods, key=lambda p: p.kind != "StatefulSet"):
+            procs[pod.name] = (pod, start(pod, logs[pod.name]))
+        deadline = time.monotonic() + timeout
+        for name, (pod, proc) in procs.items():
+            if pod.kind == "Job":
+                codes[name] = proc.wait(max(deadline - time.monotonic(), 1))
+        hold_deadline = time.monotonic() + hold_s
+        for name, (pod, proc) in procs.items():
+            if pod.kind == "StatefulSet":
+                _wait_for_hold(proc, logs[name], hold_deadline)
+                codes[name] = stop(proc, signal.SIGTERM)
+    except subprocess.TimeoutExpired:
+        tails = "\n".join(f"--- {n}\n{logs[n].read_text()[-3000:]}" for n in procs)
+        raise AssertionError(f"pods did not finish:\n{tails}") from None
+    finally:
+        for _, proc in procs.values():
+            stop(proc, signal.SIGKILL, 5)
+    return codes, {n: logs[n].read_text() for n in procs}

@@ -20,6 +20,7 @@ from launcher.spec import (
     build_spec,
     load_yaml,
     set_path,
+    split_modules,
 )
 
 SUBCOMMANDS = ("status", "logs", "delete", "dashboard", "pod", "k8s", "plan")
@@ -52,6 +53,7 @@ FLAG_TO_KEY = {
     "pod_ip": "ps.pod_ip",
     "metrics": "metrics",
     "warm_start": "warm_start",
+    "warm_imports": "warm_imports",
     # elastic jobs (launcher/elastic/config.py folds the spellings): torchrun's, then Paddle's
     "rdzv_backend": "elastic.rdzv_backend",
     "rdzv_endpoint": "elastic.rdzv_endpoint",
@@ -89,6 +91,14 @@ Examples:
 Every option can also be set in the environment as FLEETRUN_<OPTION>
 (e.g. FLEETRUN_NPROC_PER_NODE=2). Precedence: job file < environment < flag.
 """
+
+
+def _modules(value: str | None) -> list[str] | None:
+    """``--warm_imports``' comma-separated modules; click's usage error naming a bad one."""
+    try:
+        return None if value is None else split_modules(value)
+    except ConfigError as err:
+        raise click.BadParameter(str(err)) from None
 
 
 def _opt(*names: str, **kw: Any) -> Any:
@@ -328,6 +338,12 @@ def _opt(*names: str, **kw: Any) -> Any:
     help="on: fork Python workers and their restarts from a per-node process that imported "
     "torch and fleet once (job file warm_start:, warm_imports:); off: start each afresh "
     "(default off).",
+)
+@_opt(
+    "--warm_imports",
+    "warm_imports",
+    callback=lambda _ctx, _param, value: _modules(value),
+    help="Modules the warm process also imports, comma-separated (job file warm_imports:).",
 )
 @click.option(
     "--metrics/--no-metrics",

@@ -198,6 +198,13 @@ def scale_cmd(job: str, replicas: int, namespace: str) -> None:
 @click.option("--grace_period", type=float, default=5.0)
 @click.option("--rdzv_timeout", type=float, default=300.0, help="Seconds to wait for DNS names.")
 @click.option("--index", type=int, default=None, help="Pod index (default: from the environment).")
+@click.option(
+    "--warm_start",
+    type=click.Choice(["on", "off"]),
+    default="off",
+    help="on: fork this pod's Python processes from one warm process (see fleetrun --warm_start).",
+)
+@click.option("--warm_imports", default="", help="Modules the warm process also imports.")
 @click.option("-m", "--module", "module", is_flag=True, help="ENTRY is a module.")
 @click.option("--no_python", is_flag=True, help="ENTRY is an executable.")
 @click.argument("entry")
@@ -224,6 +231,8 @@ def pod_cmd(
     grace_period: float,
     rdzv_timeout: float,
     index: int | None,
+    warm_start: str,
+    warm_imports: str,
     module: bool,
     no_python: bool,
     entry: str,
@@ -233,7 +242,7 @@ def pod_cmd(
     # lazy: a pod's entry point (pulls in the agent and rendezvous code) for `fleetrun pod` only
     from collective.env import Backend
     from launcher.schedulers.k8s.pod import PodConfig, run_pod
-    from launcher.spec import Entrypoint, Mode
+    from launcher.spec import Entrypoint, Mode, WarmStart, split_modules
 
     try:
         cfg = PodConfig(
@@ -264,6 +273,8 @@ def pod_cmd(
             grace_period_s=grace_period,
             rdzv_timeout_s=rdzv_timeout,
             index=index,
+            warm_start=WarmStart(warm_start),
+            warm_imports=tuple(split_modules(warm_imports)),
         )
         code = run_pod(cfg)
     except FleetError as err:

@@ -71,6 +71,17 @@ class WarmStart(StrEnum):
     """Every worker starts afresh (default)."""
 
 
+def split_modules(text: str) -> list[str]:
+    """``--warm_imports a,b.c`` as the job file's list; ConfigError naming a bad module name."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ConfigError(
+                f"{name!r} is not a module name (like numpy or pkg.mod)", key="warm_imports"
+            )
+    return names
+
+
 def detect_gpu_count() -> int:
     """Number of visible NVIDIA GPUs without importing torch (CUDA_VISIBLE_DEVICES, /dev, nvidia-smi)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -36,8 +36,9 @@ facts = {
     "fds": sorted(int(x) for x in os.listdir("/proc/self/fd")),
     "sigint": str(signal.getsignal(signal.SIGINT)),
     "sigterm": str(signal.getsignal(signal.SIGTERM)),
-    "forked": b"collective.zygote" in open("/proc/self/cmdline", "rb").read(),
+    "cmdline": open("/proc/self/cmdline", "rb").read().decode().split("\0"),
 }
+facts["forked"] = "collective.zygote" in facts["cmdline"]
 print("PROBE " + json.dumps(facts), flush=True)
 
 action = os.environ.get("PROBE_ACTION", "")

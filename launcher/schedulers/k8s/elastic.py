@@ -35,6 +35,7 @@ from typing import Any
 
 from collective.errors import ConfigError
 from launcher.elastic.config import DEFAULT_ETCD_PORT, RdzvBackend
+from launcher.schedulers.k8s.formats import warm_args
 from launcher.spec import JobSpec
 
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
@@ -124,6 +125,7 @@ def agent_args(spec: JobSpec, strategy_path: str | None) -> list[str]:
         args += ["--strategy", strategy_path]
     if not bool(getattr(spec, "metrics", True)):
         args.append("--no_metrics")
+    args += warm_args(spec)
     entry = spec.entrypoint
     if entry.module:
         args.append("--module")

@@ -1,5 +1,5 @@
 """Kubernetes value formats for :mod:`launcher.schedulers.k8s.render`: resource quantities
-(``2Gi`` times N, ``500m`` CPUs) and the YAML stream ``kubectl apply -f -`` reads (multi-line
+(``2Gi`` times N, ``500m`` CPUs), the warm-start arguments of a pod's command, and the YAML stream ``kubectl apply -f -`` reads (multi-line
 strings, the ConfigMap's files, as ``|`` blocks)."""
 
 from __future__ import annotations
@@ -14,6 +14,17 @@ from collective.errors import ConfigError
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource NVIDIA's device plugin offers."""
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+
+
+def warm_args(spec: Any) -> list[str]:
+    """The ``--warm_start`` / ``--warm_imports`` arguments of a pod's fleetrun command (none
+    when warm starts are off)."""
+    if str(spec.warm_start) != "on":
+        return []
+    args = ["--warm_start", "on"]
+    if spec.warm_imports:
+        args += ["--warm_imports", ",".join(spec.warm_imports)]
+    return args
 
 
 def scale_quantity(quantity: str, factor: int, key: str) -> str:

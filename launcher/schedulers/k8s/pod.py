@@ -51,13 +51,14 @@ from launcher.attempt import (
     failure_of,
     install_signal_handlers,
     start_all,
+    warm_pool,
     watch,
     worker_argv,
 )
 from launcher.heter_spec import HETER
 from launcher.process import ConsoleWriter, terminate_all, wait_any
 from launcher.schedulers.k8s import ps_recovery
-from launcher.spec import Entrypoint, JobSpec, Mode
+from launcher.spec import Entrypoint, JobSpec, Mode, WarmStart
 from launcher.summary import Failure, format_summary
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,10 @@ class PodConfig:
     """How long to wait for the job's DNS names to resolve."""
     index: int | None = None
     """This pod's index; none = from the environment (see :func:`pod_index`)."""
+    warm_start: WarmStart = WarmStart.OFF
+    """``on``: a pod running several Python processes forks them from one warm process."""
+    warm_imports: tuple[str, ...] = ()
+    """Modules the warm process imports after torch and fleet."""
 
     def __post_init__(self) -> None:
         if self.role not in (TRAINER, SERVER, HETER):
@@ -372,6 +377,7 @@ def run_pod(cfg: PodConfig) -> int:
     install_signal_handlers()  # as PID 1 we get no default signal actions
     running: list[Running] = []
     generation = None
+    warm = None
     try:
         wait_resolvable(_hosts_needed(cfg, index), cfg.rdzv_timeout_s)
         if cfg.mode is Mode.PS and cfg.role != HETER:  # automatic checkpoints: pods restart
@@ -396,8 +402,15 @@ def run_pod(cfg: PodConfig) -> int:
             len(specs),
             ", ".join(s.label for s in specs),
         )
-        job = JobSpec(name=cfg.job, entrypoint=cfg.entrypoint, log_dir=cfg.log_dir)
-        running = start_all(specs, worker_argv(job), 0, ConsoleWriter())
+        job = JobSpec(
+            name=cfg.job,
+            entrypoint=cfg.entrypoint,
+            log_dir=cfg.log_dir,
+            warm_start=cfg.warm_start if len(specs) > 1 else WarmStart.OFF,
+            warm_imports=list(cfg.warm_imports),
+        )  # one process gains nothing from a warm process: Kubernetes restarts the pod
+        warm = warm_pool(job, specs[0].env, f"{cfg.role}{index}")
+        running = start_all(specs, worker_argv(job), 0, ConsoleWriter(), warm)
         failures = _supervise(cfg, running)
         stopped = [(r.spec.role, r.spec.rank) for r in running if r.proc.exit is None]
     except ps_recovery.RecoveryRefused as err:  # the job cannot recover: it fails
@@ -413,6 +426,8 @@ def run_pod(cfg: PodConfig) -> int:
         if generation is not None:
             generation.close()
         terminate_all([r.proc for r in running], cfg.grace_period_s)
+        if warm is not None:
+            warm.close()
     if failures:
         text = format_summary(cfg.job, failures, stopped, cfg.log_dir, 0, 0, "")
         sys.stderr.write(text + "\n")

@@ -52,7 +52,13 @@ from launcher.ps_env import (
     job_ps_token,
 )
 from launcher.schedulers.k8s import coordinator, elastic, heter, ps_recovery
-from launcher.schedulers.k8s.formats import GPU_RESOURCE, cpu_quantity, scale_quantity, to_yaml
+from launcher.schedulers.k8s.formats import (
+    GPU_RESOURCE,
+    cpu_quantity,
+    scale_quantity,
+    to_yaml,
+    warm_args,
+)
 from launcher.spec import JobSpec, Mode, RoleResources
 
 CONFIG_MOUNT = "/etc/fleetrun"
@@ -284,6 +290,7 @@ def pod_args(spec: JobSpec, role: str) -> list[str]:
         ]
     if spec.strategy is not None:
         args += ["--strategy", f"{CONFIG_MOUNT}/strategy.yaml"]
+    args += warm_args(spec)
     entry = spec.entrypoint
     if entry.module:
         args += ["--module"]

@@ -26,7 +26,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, base_env, fleetrun_cmd, gen_slot_files, start_fleetrun, wait_for
+from conftest import (
+    REPO,
+    base_env,
+    fleetrun_cmd,
+    gen_slot_files,
+    live_pids,
+    start_fleetrun,
+    wait_for,
+)
 from test_ray_scheduler import _assert_nothing_left, cluster  # noqa: F401 - the module's cluster
 
 psutil = pytest.importorskip("psutil")
@@ -51,6 +59,14 @@ def _hold_port(port: int, timeout_s: float) -> socket.socket:
             sock.close()
             assert time.monotonic() < deadline, f"port {port} not free within {timeout_s} s"
             time.sleep(0.01)
+
+
+def _is_zygote(proc: psutil.Process, log: Path) -> bool:
+    """A warm process of the job logging to ``log`` (or a worker forked from one)."""
+    try:
+        return "collective.zygote" in proc.cmdline() and str(log) in str(proc.environ())
+    except psutil.Error:
+        return False
 
 
 @pytest.mark.timeout(30)
@@ -130,11 +146,18 @@ def test_trainer_alone_falls_back_where_the_local_path_does(tmp_path: Path) -> N
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("warm", ["off", "on"])
+def test_async_server_restarts_alone_then_on_a_new_port(
+    cluster: str,  # noqa: F811
+    tmp_path: Path,
+    warm: str,
+) -> None:
     """Kill 1: server 0's actor SIGKILLed → only that actor re-created, on the same port.
     Kill 2: server 0's process SIGKILLed while its port is taken (the test listens on it; its
     actor is paused until then, so the driver learns of the death only after) → every process
-    restarts, that server on a new port, the trainers resume from a checkpoint."""
+    restarts, that server on a new port, the trainers resume from a checkpoint. With warm
+    starts, the same (the actor of kill 2 answers, so it is kept, then killed for the
+    restart of every process)."""
     data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"
     gen_slot_files(data, 2, LINES)
     job = tmp_path / "job.yaml"
@@ -167,6 +190,7 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
                 "grace_period_s": 2.0,
                 "ps_checkpoint": {"dir": str(ckpt), "interval_s": 0.5, "keep": 2},
                 "ray": {"placement_timeout_s": 60, "address": cluster},
+                "warm_start": warm,
             }
         )
     )
@@ -263,11 +287,13 @@ def test_async_server_restarts_alone_then_on_a_new_port(cluster: str, tmp_path: 
 
 
 @pytest.mark.timeout(180)
-def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("warm", ["off", "on"])
+def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path, warm: str) -> None:  # noqa: F811
     """2 servers + 2 async trainers: trainer 1's process SIGKILLed mid-pass → only its actor is
     re-created, in its bundle, and it resumes at its data position (FLEET_PS_RESUME_POSITION),
     meeting trainer 0 through the coordinator the driver hosts; trainer 0 keeps its pid and its
-    steps never go back; one in-place recovery, one attempt; exit 0, nothing left."""
+    steps never go back; one in-place recovery, one attempt; exit 0, nothing left. With warm
+    starts the actor is kept and the new process is forked from its warm process."""
     data, log, ckpt = tmp_path / "slots", tmp_path / "log", tmp_path / "ckpt"
     gen_slot_files(data, 2, LINES)
     job = tmp_path / "job.yaml"
@@ -300,11 +326,13 @@ def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> No
                 "grace_period_s": 2.0,
                 "ps_checkpoint": {"dir": str(ckpt), "interval_s": 0.5, "keep": 2},
                 "ray": {"placement_timeout_s": 60, "address": cluster},
+                "warm_start": warm,
             }
         )
     )
     pids: set[int] = set()
     seen: dict[int, set[int]] = {0: set(), 1: set()}
+    restarted: dict[str, object] = {}
     steps0: list[int] = []
 
     def state() -> dict:
@@ -328,7 +356,13 @@ def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> No
 
     def ended() -> bool:  # sample trainer 0's step and every trainer pid as the job runs
         steps0.append(progress(0)["step"])
-        state()
+        pid = up("trainer").get(1)
+        if pid and pid != trainers[1] and "cmdline" not in restarted:
+            try:
+                proc = psutil.Process(pid)
+                restarted.update(cmdline=proc.cmdline(), ppid=proc.ppid())
+            except psutil.NoSuchProcess:
+                pass
         return p.poll() is not None
 
     err_path = tmp_path / "stderr.txt"
@@ -353,7 +387,10 @@ def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> No
             "every process up, trainer 1 at step 20 meeting through the coordinator",
         )
         trainers = up("trainer")
-        assert "FLEET_PS_COORDINATOR" in psutil.Process(trainers[1]).environ()
+        first = psutil.Process(trainers[1])
+        assert "FLEET_PS_COORDINATOR" in first.environ()
+        actor_pid = first.ppid()  # a process is its actor's child, forked or not
+        assert ("collective.zygote" in first.cmdline()) is (warm == "on"), first.cmdline()
         os.kill(trainers[1], signal.SIGKILL)
         dead = progress(1)["position"]
         wait_for(ended, 150, "the job's end")
@@ -383,4 +420,11 @@ def test_async_trainer_restarts_alone_on_ray(cluster: str, tmp_path: Path) -> No
     log1 = (log / "workerlog.1").read_text()
     assert "rank 1 restarted alone" in log1 and "restarted alone: resumes at pass 0" in log1
     assert any("replayed from the record" in ln for ln in log1.splitlines()), log1[-3000:]
+    assert restarted, "the restarted trainer was not seen"
+    assert ("collective.zygote" in restarted["cmdline"]) is (warm == "on"), restarted
+    assert (restarted["ppid"] == actor_pid) is (warm == "on"), (restarted, actor_pid)
+    if warm == "on":  # the actors' warm processes went with them
+        assert (log / "warmlog.trainer1").exists() and (log / "warmlog.server0").exists()
+        zygotes = [p.pid for p in psutil.process_iter() if _is_zygote(p, log)]
+        wait_for(lambda: not live_pids(zygotes), 20, "the warm processes' exit")
     _assert_nothing_left(cluster, sorted(pids))

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collective.env import find_free_port
 from collective.errors import ConfigError
 from launcher.attempt import SERVER, TRAINER
-from launcher.schedulers.ray.actor import ProcessActor
+from launcher.schedulers.ray.actor import ProcessActor, WarmRequest
 from launcher.schedulers.ray.cluster import LOOPBACK_ENV, non_loopback_listeners
 from launcher.schedulers.ray.plan import (
     AttemptPaths,
@@ -197,6 +197,41 @@ def test_process_actor_streams_output_and_error_file_without_ray(tmp_path: Path)
     assert reply.error_text is not None and "KeyError" in reply.error_text
     actor.stop(1.0)
     assert live_pids([pid]) == []
+
+
+@pytest.mark.timeout(120)
+def test_process_actor_restarts_its_child_from_its_warm_process(tmp_path: Path) -> None:
+    """The actor class itself (no cluster), warm starts on: the first child and the child
+    restarted in the same actor are forked from the actor's one warm process, children of the
+    actor's process; the warm process goes with the actor (here: its close)."""
+    script = tmp_path / "who.py"
+    script.write_text(
+        "import os\nprint('CMD', open('/proc/self/cmdline','rb').read().split(b'\\0')[3],"
+        " os.getppid(), flush=True)\n"
+    )
+    actor = ProcessActor()
+    argv = [sys.executable, "-u", "-m", "collective.bootstrap", str(script)]
+    warm = WarmRequest(str(tmp_path / "warmlog.trainer0"), ("json",))
+    seen = []
+    for _ in range(2):
+        pid = actor.start(argv, {"PYTHONPATH": str(REPO)}, str(tmp_path), sys.executable, warm)
+        output, reply = b"", None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            reply = actor.poll(1.0)
+            output += reply.output
+            if reply.returncode is not None:
+                break
+        assert reply is not None and reply.returncode == 0, output
+        seen.append((pid, output.decode()))
+    assert seen[0][0] != seen[1][0]
+    for _, text in seen:
+        assert f"CMD b'collective.zygote' {os.getpid()}" in text, text
+    assert "ready in" in (tmp_path / "warmlog.trainer0").read_text()
+    zygote = actor._warm
+    assert zygote is not None and zygote.spawned == 2
+    zygote.close()
+    assert live_pids([zygote.pid]) == []
 
 
 # -- a real cluster --------------------------------------------------------------------------------

@@ -17,6 +17,11 @@ bundle:
   it happened (with the error file's text), which the driver writes to ``log_dir`` and the console;
 * :meth:`ProcessActor.stop` — SIGTERM the child's process group, SIGKILL after the grace period.
 
+With warm starts (``warm_start: on``) the first ``start`` also starts the actor's warm process
+(:class:`launcher.warm.WarmPool`, killed with the actor) and forks the child from it; a child
+restarted in the same actor (a PS server or trainer restarted alone) is forked from it again,
+with every import already done.
+
 The driver calls ``poll`` and ``stop`` concurrently: the actor is threaded (``max_concurrency``).
 """
 
@@ -31,6 +36,8 @@ from dataclasses import dataclass
 
 from collective.env import find_free_port
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all
+from launcher.warm import WarmPool
+from launcher.warm import supported as warm_supported
 
 MAX_CHUNK_BYTES = 1 << 20
 """At most this much output per poll reply (the rest comes with the next poll)."""
@@ -45,6 +52,16 @@ class ActorInfo:
     hostname: str
     gpu_ids: tuple[str, ...]
     pid: int
+
+
+@dataclass(frozen=True)
+class WarmRequest:
+    """Fork the actor's child from a warm process (the job's ``warm_start: on``)."""
+
+    log_path: str
+    """The warm process's log (``log_dir/warmlog.<role><rank>``)."""
+    imports: tuple[str, ...] = ()
+    """The job's ``warm_imports``."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,7 @@ class ProcessActor:
         self._proc: WorkerProcess | None = None
         self._buf = _Buffer()
         self._error_file: str | None = None
+        self._warm: WarmPool | None = None
 
     def info(self) -> ActorInfo:
         """Node IP / id / host name / GPU ids of this actor."""
@@ -143,10 +161,17 @@ class ProcessActor:
             time.sleep(0.2)
 
     def start(
-        self, argv: list[str], env: dict[str, str], cwd: str | None, driver_python: str
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        driver_python: str,
+        warm: WarmRequest | None = None,
     ) -> int:
         """Start the child; return its pid. ``env`` holds the job's variables (spec env and the
-        contract), laid over this actor's own environment."""
+        contract), laid over this actor's own environment. ``warm``: fork it from this actor's
+        warm process (started by the first such call; a child restarted in this actor later
+        finds every import done)."""
         if argv and argv[0] == driver_python:
             argv = [sys.executable, *argv[1:]]  # this node's interpreter (same venv on one node)
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -158,7 +183,10 @@ class ProcessActor:
                 os.remove(self._error_file)
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # relative script paths resolve as on the driver's machine
-        self._proc = WorkerProcess(argv, full_env, os.devnull, ConsoleWriter(self._buf))  # type: ignore[arg-type]
+        if warm is not None and self._warm is None and warm_supported()[0]:
+            self._warm = WarmPool(full_env, warm.log_path, warm.imports)
+        pool = self._warm if warm is not None else None
+        self._proc = WorkerProcess(argv, full_env, os.devnull, ConsoleWriter(self._buf), warm=pool)  # type: ignore[arg-type]
         return self._proc.pid
 
     def poll(self, timeout_s: float) -> PollReply:

@@ -5,19 +5,22 @@ failure) and :class:`Group` (the attempt's placement group, actors and members) 
 :mod:`~launcher.schedulers.ray.start`, watched and torn down by
 :mod:`~launcher.schedulers.ray.watch`, and recorded through :meth:`Member.view` by
 :class:`~launcher.telemetry.JobMonitor`. :func:`actor_results` is ``ray.get`` of small actor
-calls, bounded in time with errors as LaunchError; :func:`remove_pg` removes a placement group.
+calls, bounded in time with errors as LaunchError; :func:`remove_pg` removes a placement group;
+:func:`warm_request` says whether an actor forks its process from a warm process.
 ``ray`` is imported inside the functions only.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from collective.errors import LaunchError
 from launcher.attempt import ProcSpec
 from launcher.process import ExitInfo
-from launcher.schedulers.ray.actor import ActorInfo, PollReply
+from launcher.schedulers.ray.actor import ActorInfo, PollReply, WarmRequest
+from launcher.spec import JobSpec, WarmStart
 from launcher.summary import Failure
 from launcher.telemetry import MemberView
 
@@ -65,6 +68,15 @@ class Group:
     pg: Any
     actors: list[Any] = field(default_factory=list)
     members: list[Member] = field(default_factory=list)
+
+
+def warm_request(spec: JobSpec, log_dir: str, proc: ProcSpec) -> WarmRequest | None:
+    """What an actor is told to fork ``proc`` from a warm process (None: warm starts off, or a
+    ``--no_python`` entry point); its log in ``log_dir`` (the driver's absolute one)."""
+    if spec.warm_start is not WarmStart.ON or spec.entrypoint.no_python:
+        return None
+    log_path = os.path.join(log_dir, f"warmlog.{proc.role}{proc.rank}")
+    return WarmRequest(log_path, tuple(spec.warm_imports))
 
 
 def actor_results(ray: Any, refs: list[Any], what: str) -> list[Any]:

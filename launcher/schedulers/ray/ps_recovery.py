@@ -11,7 +11,9 @@ the attempt):
 1. the dead server's actor is killed (its process may have died with it, or alone);
 2. a new :class:`~launcher.schedulers.ray.actor.ProcessActor` is created **in the same
    placement-group bundle** (the job's placement group is kept for the whole job), so on the
-   same node;
+   same node. With warm starts (``warm_start: on``) the dead process's own actor is kept when
+   it still answers, and the process is forked from that actor's warm process, every import
+   done (steps 1 and 2 apply when the actor died too);
 3. it checks on that node that the server's previous port is free: the trainers' PSClient knows
    the servers by endpoint (PADDLE_PSERVERS_IP_PORT_LIST, fixed for a process's life), so the
    server must come back on it. When the port is taken, nothing is restarted alone: the attempt
@@ -46,13 +48,15 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
 from collective.env import metrics_env
+from collective.errors import LaunchError
 from launcher.attempt import SERVER, TRAINER, ProcSpec
 from launcher.recovery.ps_policy import PSRecovery, Recovery
-from launcher.schedulers.ray.actor import ActorInfo
+from launcher.schedulers.ray.actor import ActorInfo, WarmRequest
 from launcher.summary import Failure
 
 logger = logging.getLogger(__name__)
@@ -93,6 +97,9 @@ class RespawnContext:
     get: Any
     """``members.actor_results`` on the job's ray: ray.get bounded in time, errors as
     LaunchError."""
+    warm: Callable[[ProcSpec], WarmRequest | None] | None = None
+    """``members.warm_request`` on the job's spec (warm starts on): the process is restarted
+    in its actor, if that is alive, forked from the actor's warm process."""
 
 
 def server_argv(ctx: RespawnContext) -> list[str]:
@@ -125,8 +132,15 @@ def respawn_server(
     (failed,) = failures
     if not recovery.alone_possible(attempt, failed.role, budget_left):
         return None
-    actor, info = _recreate(
-        ctx, old_actor, bundle_index, bundle, failed, attempt, len(recovery.recoveries) + 1
+    actor, info = _actor_for_restart(
+        ctx,
+        old_actor,
+        old_proc,
+        bundle_index,
+        bundle,
+        failed,
+        attempt,
+        len(recovery.recoveries) + 1,
     )
     port = int(old_proc.env["PADDLE_PORT"])
     ip = old_proc.env["POD_IP"]
@@ -184,8 +198,15 @@ def respawn_trainer(
     (failed,) = failures
     if not recovery.alone_possible(attempt, TRAINER, budget_left, failed.rank):
         return None
-    actor, info = _recreate(
-        ctx, old_actor, bundle_index, bundle, failed, attempt, len(recovery.recoveries) + 1
+    actor, info = _actor_for_restart(
+        ctx,
+        old_actor,
+        old_proc,
+        bundle_index,
+        bundle,
+        failed,
+        attempt,
+        len(recovery.recoveries) + 1,
     )
     if info.node_ip != old_proc.env["POD_IP"]:
         logger.warning(
@@ -222,6 +243,27 @@ def _kill(ctx: RespawnContext, actor: Any) -> None:
         ctx.ray.kill(actor, no_restart=True)
     except (RayError, ValueError):
         pass  # already gone with its node or process
+
+
+def _actor_for_restart(
+    ctx: RespawnContext,
+    old_actor: Any,
+    old_proc: ProcSpec,
+    bundle_index: int,
+    bundle: dict[str, float],
+    failed: Failure,
+    attempt: int,
+    number: int,
+) -> tuple[Any, ActorInfo]:
+    """With warm starts, the dead process's own actor when it answers (its warm process has
+    every import done); otherwise a new one in the same bundle (:func:`_recreate`)."""
+    if ctx.warm is not None and ctx.warm(old_proc) is not None:
+        try:
+            info: ActorInfo = ctx.get([old_actor.info.remote()], "reach the actor")[0]
+            return old_actor, info
+        except LaunchError:  # the actor died with the process (or its node): a new one
+            pass
+    return _recreate(ctx, old_actor, bundle_index, bundle, failed, attempt, number)
 
 
 def _recreate(
@@ -275,8 +317,10 @@ def _launch(
         f"==== fleetrun: attempt {attempt}, {proc.label} restarted alone, {stamp}, "
         f"ray node {info.node_ip} ({info.hostname}) ====\n".encode()
     )
+    warm = ctx.warm(proc) if ctx.warm is not None else None
     pid = ctx.get(
-        [actor.start.remote(argv, proc.env, ctx.cwd, sys.executable)], f"restart {proc.label}"
+        [actor.start.remote(argv, proc.env, ctx.cwd, sys.executable, warm)],
+        f"restart {proc.label}",
     )[0]
     return Respawned(actor, info, proc, int(pid), rec)
 

@@ -22,7 +22,7 @@ from launcher.heter_spec import HETER
 from launcher.ps_env import FLEET_PS_CHECKPOINT_ROOT
 from launcher.schedulers.ray import elastic
 from launcher.schedulers.ray.actor import ActorInfo
-from launcher.schedulers.ray.members import Group, Member, actor_results
+from launcher.schedulers.ray.members import Group, Member, actor_results, warm_request
 from launcher.schedulers.ray.plan import AttemptPaths, Placed, Slot, make_proc_specs
 from launcher.spec import Mode
 
@@ -143,7 +143,13 @@ def start_attempt(job: RayJob, group: Group, attempt: int) -> None:
     pids = actor_results(
         job.ray,
         [
-            m.actor.start.remote(job.argv, m.proc.env, job.cwd, sys.executable)
+            m.actor.start.remote(
+                job.argv,
+                m.proc.env,
+                job.cwd,
+                sys.executable,
+                warm_request(job.spec, job.log_dir, m.proc),
+            )
             for m in group.members
         ],
         "start the processes",

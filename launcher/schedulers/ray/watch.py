@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 from launcher.attempt import TRAINER
 from launcher.schedulers.ray import elastic, ps_recovery
 from launcher.schedulers.ray.actor import ActorInfo, PollReply
-from launcher.schedulers.ray.members import Group, Member, actor_results, first_line, remove_pg
+from launcher.schedulers.ray.members import (
+    Group,
+    Member,
+    actor_results,
+    first_line,
+    remove_pg,
+    warm_request,
+)
 from launcher.summary import Failure, read_error_file
 
 if TYPE_CHECKING:
@@ -88,6 +95,7 @@ def _restart_alone(
         job.cwd,
         job.monitor.metrics_enabled,
         functools.partial(actor_results, job.ray),
+        functools.partial(warm_request, job.spec, job.log_dir),
     )
     respawn = (
         ps_recovery.respawn_trainer if old.proc.role == TRAINER else ps_recovery.respawn_server
@@ -110,7 +118,8 @@ def _restart_alone(
         return None
     member = Member(got.actor, got.info, got.proc, old.log, got.pid)
     group.members[i] = member
-    group.actors.append(got.actor)
+    if got.actor is not old.actor:  # a new actor (the old one kept: warm starts)
+        group.actors.append(got.actor)
     job.restarts += 1
     job.monitor.recovered(old.proc.role, got.recovery.text())
     job.monitor.restarted_in_place(job.restarts)

@@ -7,7 +7,9 @@ measured alternately in the same run (``bench/warm_job.py`` is the job).
    init and a barrier, warm vs fresh (torchrun 2.13's own restart of a gloo job fails here: its
    restarted workers time out connecting, with a static or a c10d rendezvous);
 3. memory: the PSS (``/proc/PID/smaps_rollup``) of 4 idle workers that imported torch and built
-   an optimizer, forked (with the warm process counted) vs fresh (goal: ≤ 0.7×).
+   an optimizer, forked (with the warm process counted) vs fresh (goal: ≤ 0.7×): the job's first
+   workers (forked once torch is in, before the warm process's later imports), and workers
+   restarted once the warm process imported everything (attempt 0 waits for that, then fails).
 
 Usage: ``python bench/bench_warm_start.py [--reps 5] [--json PATH]``
 """
@@ -74,7 +76,8 @@ def _pss_kb(pid: int) -> int:
     raise RuntimeError(f"no Pss for {pid}")
 
 
-def _zygote_pss(agent: int) -> int:
+def _zygote_pss(agent: int, workers: list[int]) -> int:
+    """PSS of the agent's warm process (a forked worker shows the same command line)."""
     total = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -86,18 +89,40 @@ def _zygote_pss(agent: int) -> int:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except OSError:
             continue
-        if ppid == agent and b"collective.zygote" in cmd and b"warm_job" not in cmd:
+        if ppid == agent and b"collective.zygote" in cmd and int(pid) not in workers:
             total += _pss_kb(int(pid))
     return total
 
 
-def memory(kind: str, tmp: str, nproc: int = 4) -> float:
-    """PSS in MiB of ``nproc`` idle workers (plus the warm process for ``warm``)."""
+def _release_when_imported(stamp: str, log_dir: str, nproc: int, deadline: float) -> None:
+    """Once attempt 0's workers wait and the warm process logged its last import, let them fail."""
+    waiting = [os.path.join(stamp, f"wait.{r}") for r in range(nproc)]
+    log = os.path.join(log_dir, "warmlog.0")
+    while time.monotonic() < deadline:
+        if all(os.path.exists(f) for f in waiting) and os.path.exists(log):
+            with open(log) as f:
+                if "imported ps_server.client" in f.read():
+                    break
+        time.sleep(0.1)
+    else:
+        raise RuntimeError("the warm process did not finish its imports")
+    open(os.path.join(stamp, "go"), "w").close()
+
+
+def memory(kind: str, tmp: str, nproc: int = 4, restarted: bool = False) -> float:
+    """PSS in MiB of ``nproc`` idle workers (plus the warm process for ``warm``); ``restarted``:
+    of the workers of attempt 1, forked after every import."""
     stamp = tempfile.mkdtemp(dir=tmp)
-    cmd = _cmd(kind, os.path.join(tmp, kind), nproc, "--mode", "hold", "--stamp", stamp)
+    log_dir = os.path.join(stamp, "log")  # its own warmlog.0, which the release reads
+    extra = ("--fail_first",) if restarted else ()
+    cmd = _cmd(
+        kind, log_dir, nproc, "--mode", "hold", "--stamp", stamp, *extra, restarts=int(restarted)
+    )
     p = subprocess.Popen(cmd, env=bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 180
+        if restarted:
+            _release_when_imported(stamp, log_dir, nproc, deadline)
         pids: list[int] = []
         while time.monotonic() < deadline and p.poll() is None:
             files = [os.path.join(stamp, f"pid.{r}") for r in range(nproc)]
@@ -110,7 +135,7 @@ def memory(kind: str, tmp: str, nproc: int = 4) -> float:
         time.sleep(1.0)
         kb = sum(_pss_kb(pid) for pid in pids)
         if kind == "warm":
-            kb += _zygote_pss(p.pid)
+            kb += _zygote_pss(p.pid, pids)
         return kb / 1024
     finally:
         open(os.path.join(stamp, "stop"), "w").close()
@@ -127,7 +152,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     t: dict[str, dict[str, list[float]]] = {
-        what: {k: [] for k in KINDS} for what in ("launch", "restart", "memory")
+        what: {k: [] for k in KINDS} for what in ("launch", "restart", "memory", "memory_restart")
     }
     with tempfile.TemporaryDirectory() as tmp:
         for kind in KINDS:
@@ -139,6 +164,8 @@ def main() -> None:
                 if kind != "torchrun":
                     t["restart"][kind].append(restart_cost(kind, tmp))
                     t["memory"][kind].append(memory(kind, tmp))
+                if kind == "warm":
+                    t["memory_restart"][kind].append(memory(kind, tmp, restarted=True))
             print(
                 f"rep {rep + 1}: "
                 + "  ".join(f"{w}/{k} {v[k][-1]:.2f}" for w, v in t.items() for k in KINDS if v[k]),
@@ -167,8 +194,16 @@ def main() -> None:
                 "warm/fresh time",
             ),
             (
-                "memory: PSS of 4 idle workers (MiB), warm (its warm process counted) vs fresh",
+                "memory: first workers, PSS of 4 idle workers (MiB), warm (its warm process "
+                "counted) vs fresh",
                 s["memory"]["warm"],
+                s["memory"]["fresh"],
+                "warm/fresh PSS",
+            ),
+            (
+                "memory: restarted workers, PSS of 4 idle workers forked after every import "
+                "(MiB), warm (its warm process counted) vs fresh",
+                s["memory_restart"]["warm"],
                 s["memory"]["fresh"],
                 "warm/fresh PSS",
             ),

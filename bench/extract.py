@@ -61,10 +61,15 @@ def figure(
 
 
 def report_rows(raw: dict[str, Any]) -> list[Figure]:
-    """The rows of :func:`common.report`'s JSON."""
+    """The rows of :func:`common.report`'s JSON (a row whose label says ``(MiB)`` is in MiB)."""
     unit = raw.get("unit", "s")
     return [
-        figure(r["label"], unit, as_stats(r["ours"]), as_stats(r["peer"]))
+        figure(
+            r["label"],
+            "MiB" if "(MiB)" in r["label"] else unit,
+            as_stats(r["ours"]),
+            as_stats(r["peer"]),
+        )
         for r in raw.get("rows", [])
     ]
 

@@ -5,7 +5,9 @@
 first barrier; a restarted attempt writes the time its rank 1 is back through init and a barrier
 (a restart's cost to the job).
 ``--mode hold --stamp DIR``: import torch, build an optimizer (``torch._dynamo``), write this
-process's pid, then wait for ``DIR/stop`` (memory of idle workers).
+process's pid, then wait for ``DIR/stop`` (memory of idle workers). With ``--fail_first``,
+attempt 0 writes ``DIR/wait.RANK``, waits for ``DIR/go`` and exits 1, so the workers measured
+are the restarted ones.
 """
 
 import argparse
@@ -18,9 +20,16 @@ import torch.distributed as dist
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["barrier", "restart", "hold"], default="barrier")
 p.add_argument("--stamp", default="")
+p.add_argument("--fail_first", action="store_true")
 args = p.parse_args()
 rank = int(os.environ["RANK"])
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+if args.fail_first and restart == 0:
+    open(os.path.join(args.stamp, f"wait.{rank}"), "w").close()
+    while not os.path.exists(os.path.join(args.stamp, "go")):
+        time.sleep(0.05)
+    raise SystemExit(1)
 
 if args.mode == "hold":
     torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.1)

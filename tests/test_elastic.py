@@ -189,23 +189,31 @@ def c10d_flags(port: int, run_id: str, nnodes: str = "1:2", conf: str = FAST) ->
     ]
 
 
-@pytest.mark.timeout(480)
-def test_c10d_node_lost_then_node_joins(tmp_path: Path, agents: list[Agent]) -> None:
-    """A and B train at world 2; B (agent + worker) is SIGKILLed: A re-forms alone and resumes
-    from the checkpoint; C starts: it is admitted and the world grows back to 2; exit 0."""
+def _lose_b(
+    tmp_path: Path, agents: list[Agent], run_id: str, steps: int, conf: str
+) -> tuple[Path, Path, list[str], list[str], float]:
+    """Agents A and B train at world 2; B (agent + worker) is SIGKILLed; A steps at world 1
+    again. The checkpoint dir, the stop file, the agents' flags and script args, the kill time."""
     ckpt, stop = tmp_path / "ckpt", tmp_path / "stop"
     ckpt.mkdir()
-    port = find_free_port()
-    args = [str(ckpt), "--steps", "6", "--step_time", "0.1", "--stop_file", str(stop)]
-    flags = c10d_flags(port, "lost-join")
+    args = [str(ckpt), "--steps", str(steps), "--step_time", "0.1", "--stop_file", str(stop)]
+    flags = c10d_flags(find_free_port(), run_id, conf=conf)
     agents.append(Agent(tmp_path, "a", flags, args))
     wait_for("the store", lambda: "hosts the store" in agents[0].output(), agents)
     agents.append(Agent(tmp_path, "b", flags, args))
     wait_for("steps at world 2", lambda: steps_since(ckpt, 0, 2), agents)
     agents[1].kill_with_workers()
     killed = time.time()
+    wait_for("steps at world 1 after the kill", lambda: steps_since(ckpt, killed, 1), agents[:1])
+    return ckpt, stop, flags, args, killed
+
+
+@pytest.mark.timeout(480)
+def test_c10d_node_lost_then_node_joins(tmp_path: Path, agents: list[Agent]) -> None:
+    """A and B train at world 2; B (agent + worker) is SIGKILLed: A re-forms alone and resumes
+    from the checkpoint; C starts: it is admitted and the world grows back to 2; exit 0."""
+    ckpt, stop, flags, args, killed = _lose_b(tmp_path, agents, "lost-join", 6, FAST)
     live = [agents[0]]
-    wait_for("steps at world 1 after the kill", lambda: steps_since(ckpt, killed, 1), live)
     agents.append(Agent(tmp_path, "c", flags, args))
     joined = time.time()
     live.append(agents[2])
@@ -253,18 +261,7 @@ def test_c10d_dead_agent_dropped_before_its_heartbeat_window(
 ) -> None:
     """B (agent + worker) is SIGKILLed: A finds B's liveness port refused, drops B from torch's
     rendezvous state and resumes at world 1 -- inside B's heartbeat window (an hour)."""
-    ckpt, stop = tmp_path / "ckpt", tmp_path / "stop"
-    ckpt.mkdir()
-    port = find_free_port()
-    args = [str(ckpt), "--steps", "4", "--step_time", "0.1", "--stop_file", str(stop)]
-    flags = c10d_flags(port, "liveness", conf=HOUR_WINDOW)
-    agents.append(Agent(tmp_path, "a", flags, args))
-    wait_for("the store", lambda: "hosts the store" in agents[0].output(), agents)
-    agents.append(Agent(tmp_path, "b", flags, args))
-    wait_for("steps at world 2", lambda: steps_since(ckpt, 0, 2), agents)
-    agents[1].kill_with_workers()
-    killed = time.time()
-    wait_for("steps at world 1 after the kill", lambda: steps_since(ckpt, killed, 1), agents[:1])
+    ckpt, stop, _, _, killed = _lose_b(tmp_path, agents, "liveness", 4, HOUR_WINDOW)
     resumed = min(
         r["time"]
         for r in records(ckpt)

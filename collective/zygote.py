@@ -38,6 +38,9 @@ The worker, before it runs the entry point:
   state). Device generators are not touched: they seed themselves when the device is first
   used, in the worker, as in a fresh process;
 * applies ``OMP_NUM_THREADS`` to torch when the request's value differs from the zygote's;
+* shows ``python -u -m collective.bootstrap ARGS`` as its command line (``ps``, ``top``,
+  ``pkill -f``, ``/proc/PID/cmdline``), written over the zygote's in the arguments area as
+  setproctitle(3) does (cut to that area's length: the zygote's own command line);
 * then runs :func:`collective.bootstrap.main` with the request's arguments: ``-m MODULE`` or a
   script as ``__main__``, the error file, the clean exit;
 * and ends as the interpreter would (exit status of ``SystemExit``, an uncaught exception
@@ -48,7 +51,9 @@ The worker, before it runs the entry point:
 
 What a fork cannot give a worker: its own ``PYTHONHASHSEED`` (siblings share the zygote's hash
 seed: ``set`` iteration order of strings agrees between them, as with ``PYTHONHASHSEED`` set),
-and a module's import-time reading of a variable that differs per process. The zygote starts
+its own ``/proc/PID/environ`` (the kernel shows the environment the zygote was started with;
+``os.environ`` is the worker's), and a module's import-time reading of a variable that differs
+per process. The zygote starts
 with the job's environment (fleetrun's plus the job's ``env:``), so only the per-process env
 contract (``RANK``, ``LOCAL_RANK``, ``PADDLE_*``, ``FLEET_*``, ...) differs, and no fleet module
 reads those at import.
@@ -254,6 +259,8 @@ def serve(listener: socket.socket, later: list[str] | None = None) -> None:
                 continue
             os.close(fds[0])
             _reply(conn, {"pid": pid})
+            sys.stderr.write(f"forked {pid}: {' '.join(request['argv'])}\n")
+            sys.stderr.flush()
 
 
 def _reply(conn: socket.socket, data: dict[str, Any]) -> None:
@@ -261,6 +268,26 @@ def _reply(conn: socket.socket, data: dict[str, Any]) -> None:
         send_message(conn, data)
     except OSError:
         pass  # the agent went away; it sees no reply and starts the worker afresh
+
+
+def set_cmdline(argv: list[str]) -> bool:
+    """Show ``argv`` as this process's command line by writing over its arguments area (Linux's
+    ``arg_start`` .. ``arg_end`` of ``/proc/self/stat``): the words joined by spaces and a NUL,
+    NULs after it but a last byte that is not one, so the kernel reads the area as one title up
+    to its first NUL (the setproctitle(3) convention; ``psutil`` splits it at the spaces). Text
+    longer than the area is cut. False where there is no such area."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])
+    except (OSError, ValueError, IndexError):
+        return False
+    size = end - start
+    if start <= 0 or size < 3:
+        return False
+    text = " ".join(argv).encode(errors="replace")[: size - 2]
+    ctypes.memmove(start, text + b"\0" * (size - len(text) - 1) + b" ", size)
+    return True
 
 
 def _become_worker(request: dict[str, Any], out_fd: int, agent: int, zygote_env: dict) -> None:
@@ -292,6 +319,7 @@ def _become_worker(request: dict[str, Any], out_fd: int, agent: int, zygote_env:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.default_generator.seed()
+    set_cmdline([sys.executable, "-u", "-m", "collective.bootstrap", *request["argv"]])
     threads = request["env"].get("OMP_NUM_THREADS")
     if torch is not None and threads and threads != zygote_env.get("OMP_NUM_THREADS"):
         try:
@@ -436,4 +464,5 @@ __all__ = [
     "recv_message",
     "send_message",
     "serve",
+    "set_cmdline",
 ]

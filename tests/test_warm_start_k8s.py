@@ -86,8 +86,8 @@ def test_a_pods_processes_fork_from_one_warm_process(tmp_path: Path) -> None:
     assert probes[0]["random"] != probes[1]["random"]
     assert probes[0]["argv"] == [PROBE]
     assert "ready in" in (log / "warmlog.trainer0").read_text()
-    cmdline = probes[0]["cmdline"]  # the warm process's, which a forked worker keeps
-    assert cmdline[cmdline.index("email.parser") - 1] == "--later", cmdline
+    orig = probes[0]["orig_argv"]  # the warm process's, which a forked worker keeps
+    assert orig[orig.index("email.parser") - 1] == "--later", orig
     assert "SUM 3.0" in (log / "workerlog.0").read_text()
 
 

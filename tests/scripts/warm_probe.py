@@ -36,9 +36,11 @@ facts = {
     "fds": sorted(int(x) for x in os.listdir("/proc/self/fd")),
     "sigint": str(signal.getsignal(signal.SIGINT)),
     "sigterm": str(signal.getsignal(signal.SIGTERM)),
-    "cmdline": open("/proc/self/cmdline", "rb").read().decode().split("\0"),
+    # what ps shows: NUL-separated words, or one space-separated title (a forked worker's)
+    "cmdline": " ".join(w for w in open("/proc/self/cmdline").read().split("\0") if w),
+    "orig_argv": sys.orig_argv,  # the interpreter's own command line: the warm process's if forked
 }
-facts["forked"] = "collective.zygote" in facts["cmdline"]
+facts["forked"] = "collective.zygote" in facts["orig_argv"]
 print("PROBE " + json.dumps(facts), flush=True)
 
 action = os.environ.get("PROBE_ACTION", "")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,27 @@ def coordinated_pair() -> Iterator[tuple[Coordinator, list[CoordinationClient]]]
         for c in clients:
             c.close()
         coord.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_closed_coordinator_leaves_no_thread_on_its_sockets() -> None:
+    """close() ends the accept thread and every connection's thread (each closes its own
+    socket): a descriptor closed under a thread about to read it could be handed to the next
+    socket of the process, and that thread would take its bytes."""
+    before = {t for t in threading.enumerate() if t.name.startswith("ps-coordinator")}
+    with coordinated_pair() as (coord, clients):
+        poller = CoordinationClient(coord.endpoint, "secret", 0, 2, 0)
+        clients.append(poller)
+        waiting, _ = _in_thread(lambda: poller.poll_epoch(-1))  # a connection busy in a wait
+        coord.close()  # while the clients are still connected
+        waiting.join(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            left = {t for t in threading.enumerate() if t.name.startswith("ps-coordinator")}
+            if not left - before:
+                break
+            time.sleep(0.05)
+        assert not left - before, [t.name for t in left - before]
 
 
 @pytest.mark.timeout(60)

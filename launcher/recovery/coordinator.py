@@ -83,6 +83,20 @@ class _Epoch:
     outcome: list[Any] | None = None
 
 
+def _shut_down(fd: int) -> None:
+    """Shut the socket ``fd`` down for reading and writing (its blocked reads and accepts
+    return) without closing the descriptor."""
+    if fd < 0:
+        return
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected (yet or any more)
+    finally:
+        sock.detach()
+
+
 class Coordinator:
     """The coordination service of one PS job (see the module docstring)."""
 
@@ -156,21 +170,19 @@ class Coordinator:
             self.cond.notify_all()
 
     def close(self) -> None:
-        """Stop listening and drop every connection."""
+        """Stop listening and end every connection: each is shut down here and closed by its own
+        thread. A descriptor closed under a thread that is about to read it can be handed to the
+        next socket this process opens, whose bytes that thread would then take."""
         with self.cond:
             self._closed = True
-            conns = list(self._conns)
-            self._conns.clear()  # closed here, not again by their threads (a reused fd)
+            for c in self._conns:
+                _shut_down(c.fileno())
             self.cond.notify_all()
+        _shut_down(self._listener.fileno())  # wakes the accept thread
         try:
             self._listener.close()
         except OSError:
             pass
-        for c in conns:
-            try:
-                c.close()
-            except OSError:
-                pass
 
     # -- connections -----------------------------------------------------------------------------
     def _accept(self) -> None:
@@ -201,17 +213,15 @@ class Coordinator:
         except Exception as err:  # noqa: BLE001 - one bad client must not stop the service
             logger.warning("coordinator connection failed: %s: %s", type(err).__name__, err)
         finally:
-            with self.cond:
-                mine = conn in self._conns  # else close() closed it
+            with self.cond:  # closed by this thread only, under the lock close() shuts it under
                 self._conns.discard(conn)
+                conn.close()
                 for rank, cid in list(self.pollers.items()):
                     if cid == id(conn):  # its process ended: it takes part in no more cuts
                         del self.pollers[rank]
                         self.joined.discard(rank)
                         self._check_close()
                         self.cond.notify_all()
-            if mine:
-                conn.close()
 
     def _handle(
         self, h: dict[str, Any], payloads: list[bytes], cid: int

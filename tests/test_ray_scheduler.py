@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collective.env import find_free_port
 from collective.errors import ConfigError
 from launcher.attempt import SERVER, TRAINER
-from launcher.schedulers.ray.actor import ProcessActor, WarmRequest
+from launcher.schedulers.ray.actor import PollReply, ProcessActor, WarmRequest
 from launcher.schedulers.ray.cluster import LOOPBACK_ENV, non_loopback_listeners
 from launcher.schedulers.ray.plan import (
     AttemptPaths,
@@ -171,6 +171,18 @@ def test_static_ps_lists_are_refused_on_ray() -> None:
         make_slots(spec)
 
 
+def _poll_to_exit(actor: ProcessActor, timeout_s: float) -> tuple[bytes, PollReply | None]:
+    """The actor's child's output and its last poll reply, once it exited (or at the timeout)."""
+    output, reply = b"", None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reply = actor.poll(1.0)
+        output += reply.output
+        if reply.returncode is not None:
+            break
+    return output, reply
+
+
 @pytest.mark.timeout(60)
 def test_process_actor_streams_output_and_error_file_without_ray(tmp_path: Path) -> None:
     """The actor class itself (no cluster): child output by long poll, exit, the error file."""
@@ -185,13 +197,7 @@ def test_process_actor_streams_output_and_error_file_without_ray(tmp_path: Path)
         str(tmp_path),
         sys.executable,
     )
-    output, reply = b"", None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        reply = actor.poll(1.0)
-        output += reply.output
-        if reply.returncode is not None:
-            break
+    output, reply = _poll_to_exit(actor, 30)
     assert reply is not None and reply.returncode == 1 and reply.pid == pid
     assert b"hello\n" in output and reply.exit_desc == "exit code 1"
     assert reply.error_text is not None and "KeyError" in reply.error_text
@@ -212,13 +218,7 @@ def test_process_actor_restarts_its_child_from_its_warm_process(tmp_path: Path) 
     seen = []
     for _ in range(2):
         pid = actor.start(argv, {"PYTHONPATH": str(REPO)}, str(tmp_path), sys.executable, warm)
-        output, reply = b"", None
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            reply = actor.poll(1.0)
-            output += reply.output
-            if reply.returncode is not None:
-                break
+        output, reply = _poll_to_exit(actor, 90)
         assert reply is not None and reply.returncode == 0, output
         seen.append((pid, output.decode()))
     assert seen[0][0] != seen[1][0]

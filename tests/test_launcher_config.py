@@ -160,6 +160,8 @@ def test_bad_flag_values(tmp_path: Path) -> None:
     assert r.returncode == 2 and "PS mode needs server_num >= 1 and worker_num >= 1" in r.stderr
     r = run_fleetrun("--dry_run", "--log_dir", str(tmp_path), WORKER)
     assert r.returncode == 2 and "--dry_run prints Kubernetes manifests" in r.stderr
+    r = run_fleetrun("--warm_imports", "numpy,my model", WORKER)
+    assert r.returncode == 2 and "'my model' is not a module name" in r.stderr, r.stderr
     r = run_fleetrun("-c", str(tmp_path / "nope.yaml"), WORKER)
     assert r.returncode == 2 and "nope.yaml' does not exist" in r.stderr
 

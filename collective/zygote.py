@@ -38,6 +38,8 @@ The worker, before it runs the entry point:
   state). Device generators are not touched: they seed themselves when the device is first
   used, in the worker, as in a fresh process;
 * applies ``OMP_NUM_THREADS`` to torch when the request's value differs from the zygote's;
+* shows its own environment in ``/proc/PID/environ`` (:func:`set_environ`: written over the
+  zygote's environment area, which the agent pads with :data:`ENV_AREA_BYTES` of filler);
 * shows ``python -u -m collective.bootstrap ARGS`` as its command line (``ps``, ``top``,
   ``pkill -f``, ``/proc/PID/cmdline``), written over the zygote's in the arguments area as
   setproctitle(3) does (cut to that area's length: the zygote's own command line);
@@ -51,9 +53,7 @@ The worker, before it runs the entry point:
 
 What a fork cannot give a worker: its own ``PYTHONHASHSEED`` (siblings share the zygote's hash
 seed: ``set`` iteration order of strings agrees between them, as with ``PYTHONHASHSEED`` set),
-its own ``/proc/PID/environ`` (the kernel shows the environment the zygote was started with;
-``os.environ`` is the worker's), and a module's import-time reading of a variable that differs
-per process. The zygote starts
+and a module's import-time reading of a variable that differs per process. The zygote starts
 with the job's environment (fleetrun's plus the job's ``env:``), so only the per-process env
 contract (``RANK``, ``LOCAL_RANK``, ``PADDLE_*``, ``FLEET_*``, ...) differs, and no fleet module
 reads those at import.
@@ -91,6 +91,12 @@ IDLE_BEFORE_IMPORT_S = 0.3
 module (the agent asks for a node's workers back to back)."""
 ORPHANED_EXIT = 70
 """Exit code of a forked worker whose agent was gone before it could run."""
+ENV_AREA_VAR = "FLEETRUN_ENV_AREA"
+"""A variable of filler the agent adds to the warm process's environment (and the warm process
+drops at once), so that the environment area at the top of its stack, which a forked worker
+inherits, has room for the worker's own (:func:`set_environ`)."""
+ENV_AREA_BYTES = 65536
+"""The filler's length: room for a worker's environment beyond the warm process's."""
 
 
 class _Become(BaseException):
@@ -290,6 +296,41 @@ def set_cmdline(argv: list[str]) -> bool:
     return True
 
 
+def _libc_environ() -> list[int]:
+    """The addresses of the C library's ``environ`` strings."""
+    env = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
+    out, i = [], 0
+    while env[i]:
+        out.append(env[i])
+        i += 1
+    return out
+
+
+def set_environ(env: dict[str, str]) -> bool:
+    """Show ``env`` as this process's ``/proc/PID/environ`` by writing it over the environment
+    area the process was started with (``env_start`` .. ``env_end`` of ``/proc/self/stat``):
+    ``KEY=VALUE`` entries, each ending in a NUL, then NULs to the area's end (readers such as
+    ``psutil`` stop at the first empty entry). Entries that do not fit are left out. Only once
+    ``os.environ`` has been replaced, so that the C library's ``environ`` holds copies
+    (``setenv``) and nothing reads the area any more; False, untouched, where a string of
+    ``environ`` still lies in it, or where there is no such area."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])
+        if start <= 0 or end <= start or any(start <= a < end for a in _libc_environ()):
+            return False
+    except (OSError, ValueError, IndexError, AttributeError):
+        return False
+    data = bytearray()
+    for key, value in env.items():
+        entry = os.fsencode(key) + b"=" + os.fsencode(value) + b"\0"
+        if len(data) + len(entry) <= end - start:
+            data += entry
+    ctypes.memmove(start, bytes(data) + b"\0" * (end - start - len(data)), end - start)
+    return True
+
+
 def _become_worker(request: dict[str, Any], out_fd: int, agent: int, zygote_env: dict) -> None:
     """Turn this forked process into the worker (module docstring), then run the entry."""
     os.setsid()
@@ -312,6 +353,7 @@ def _become_worker(request: dict[str, Any], out_fd: int, agent: int, zygote_env:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    set_environ(request["env"])
     random.seed()
     np = sys.modules.get("numpy")
     if np is not None:
@@ -422,6 +464,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> None:
     """The zygote's life: preload, say ready, serve; in a forked worker, run the entry."""
     args = _parse(argv)
+    os.environ.pop(ENV_AREA_VAR, None)  # its room stays in the area; no module sees it
     _set_pdeathsig()  # dies with the agent
     if os.getppid() != args.agent:
         raise SystemExit(f"collective.zygote: agent {args.agent} is gone")
@@ -457,6 +500,8 @@ if __name__ == "__main__":
 
 __all__ = [
     "ADOPTION_TIMEOUT_S",
+    "ENV_AREA_BYTES",
+    "ENV_AREA_VAR",
     "IDLE_BEFORE_IMPORT_S",
     "MAX_MESSAGE_BYTES",
     "ORPHANED_EXIT",
@@ -465,4 +510,5 @@ __all__ = [
     "send_message",
     "serve",
     "set_cmdline",
+    "set_environ",
 ]

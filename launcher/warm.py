@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from collective.errors import LaunchError
-from collective.zygote import recv_message, send_message
+from collective.zygote import ENV_AREA_BYTES, ENV_AREA_VAR, recv_message, send_message
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class WarmPool:
             argv += ["--later", name]
         self.proc = subprocess.Popen(
             argv,
-            env=self.env,
+            env={**self.env, ENV_AREA_VAR: "0" * ENV_AREA_BYTES},  # room for a worker's env
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._log,

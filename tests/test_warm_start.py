@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ def test_forked_workers_look_like_fresh_ones(tmp_path: Path) -> None:
         assert fw["sid"] == fw["pid"] == fw["pgid"]  # leads its own session, as a fresh one
         assert fw["ppid"] == w[0]["ppid"] != fw["pid"]  # the agent's child, as a fresh one
         keys = ("argv", "main_file", "name", "cwd", "marker", "threads", "sigint", "sigterm")
+        assert fw["proc_environ_is_own"] and fc["proc_environ_is_own"]  # /proc/PID/environ
         for key in (*keys, "cmdline"):  # ps shows the same command line
             assert fw[key] == fc[key], key
         assert fw["argv"] == [PROBE, "--flag", "x"] and fw["name"] == "__main__"
@@ -312,3 +314,32 @@ def test_data_parallel_parity_with_forked_workers(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ready in" in (log / "warmlog.0").read_text()
     _check_training(_records(out, 2))
+
+
+@pytest.mark.timeout(60)
+def test_the_environment_area_is_rewritten_only_once_nothing_reads_it(tmp_path: Path) -> None:
+    """``set_environ`` leaves the area alone while the C library's ``environ`` still points into
+    it, and shows the new environment once ``os.environ`` was replaced (entries that do not
+    fit are left out, never cut)."""
+    code = (
+        "import os, json\n"
+        "from collective.zygote import set_environ\n"
+        "first = set_environ({'A': '1'})\n"
+        "size = len(open('/proc/self/environ', 'rb').read())\n"
+        "env = {'A': '1', 'B': 'x' * (size - 4), 'C': '2'}\n"
+        "os.environ.clear(); os.environ.update(env)\n"
+        "second = set_environ(env)\n"
+        "raw = open('/proc/self/environ', 'rb').read()\n"
+        "print(json.dumps([first, second, len(raw) == size, raw.split(b'\\0\\0')[0].decode()]))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "PAD": "p" * 200},
+        timeout=50,
+    )
+    assert r.returncode == 0, r.stderr
+    first, second, same_size, shown = json.loads(r.stdout)
+    assert first is False and second is True and same_size
+    assert shown.split("\0") == ["A=1", "C=2"]  # B does not fit: left out, C still shown

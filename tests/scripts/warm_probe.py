@@ -17,6 +17,19 @@ import time
 import numpy as np
 import torch
 
+
+def _proc_environ() -> dict[str, str]:
+    with open(f"/proc/{os.getpid()}/environ", "rb") as f:
+        entries = f.read().split(b"\0")
+    out = {}
+    for entry in entries:
+        if not entry:
+            break
+        key, _, value = os.fsdecode(entry).partition("=")
+        out[key] = value
+    return out
+
+
 facts = {
     "rank": int(os.environ.get("RANK", "-1")),
     "pid": os.getpid(),
@@ -39,6 +52,8 @@ facts = {
     # what ps shows: NUL-separated words, or one space-separated title (a forked worker's)
     "cmdline": " ".join(w for w in open("/proc/self/cmdline").read().split("\0") if w),
     "orig_argv": sys.orig_argv,  # the interpreter's own command line: the warm process's if forked
+    # what another process reads of this one's environment (entries up to the first empty one)
+    "proc_environ_is_own": _proc_environ() == dict(os.environ),
 }
 facts["forked"] = "collective.zygote" in facts["orig_argv"]
 print("PROBE " + json.dumps(facts), flush=True)

@@ -337,7 +337,7 @@ def _opt(*names: str, **kw: Any) -> Any:
     type=click.Choice(["on", "off"]),
     help="on: fork Python workers and their restarts from a per-node process that imported "
     "torch and fleet once (job file warm_start:, warm_imports:); off: start each afresh "
-    "(default off).",
+    "(default on where the platform can fork).",
 )
 @_opt(
     "--warm_imports",

@@ -66,9 +66,9 @@ class WarmStart(StrEnum):
 
     ON = "on"
     """Python workers (and their restarts) are forked from a per-node process that imported
-    torch, fleet and ``warm_imports`` once; anything else starts afresh."""
+    torch, fleet and ``warm_imports`` once; anything else starts afresh (default)."""
     OFF = "off"
-    """Every worker starts afresh (default)."""
+    """Every worker starts afresh."""
 
 
 def split_modules(text: str) -> list[str]:
@@ -467,7 +467,7 @@ class JobSpec:
     ``log_dir/metrics_targets.json``; false = no endpoints (job_state.json is still written)."""
     grace_period_s: float = 5.0
     """After SIGTERM, seconds before remaining processes get SIGKILL."""
-    warm_start: WarmStart = WarmStart.OFF
+    warm_start: WarmStart = WarmStart.ON
     """``on``: fork Python workers and their restarts from a per-node warm process that
     imported torch, fleet and ``warm_imports`` once (local and elastic agents, the agent in each
     Kubernetes pod); ``off``: start every worker afresh."""

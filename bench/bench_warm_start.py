@@ -1,14 +1,15 @@
 """Warm starts: fleetrun with ``--warm_start on`` vs fleetrun starting workers afresh vs torchrun,
 measured alternately in the same run (``bench/warm_job.py`` is the job).
 
-1. launch-to-exit of a trivial 2-rank gloo barrier job (goal: warm ≤ 0.4× torchrun);
+1. launch-to-exit of a trivial 2-rank gloo barrier job (goal: warm ≤ 0.4× torchrun), also
+   under a CPU hog (one busy loop per core, started before and killed after each launch);
 2. a restart: rank 1 dies after its first barrier, fleetrun restarts the job
    (``--max_restarts 1``); the time from the death to the restarted rank 1 being back through
    init and a barrier, warm vs fresh (torchrun 2.13's own restart of a gloo job fails here: its
    restarted workers time out connecting, with a static or a c10d rendezvous);
-3. memory: the PSS (``/proc/PID/smaps_rollup``) of 4 idle workers that imported torch and built
-   an optimizer, forked (with the warm process counted) vs fresh (goal: ≤ 0.7×): the job's first
-   workers (forked once torch is in, before the warm process's later imports), and workers
+3. memory: the PSS (``/proc/PID/smaps_rollup``) of 4 idle workers, forked (the warm process
+   counted, once it has done its later imports) vs fresh (goal: ≤ 0.7×): the job's first workers
+   after ``import torch`` (the goal's measure) and after building an optimizer, and workers
    restarted once the warm process imported everything (attempt 0 waits for that, then fails).
 
 Usage: ``python bench/bench_warm_start.py [--reps 5] [--json PATH]``
@@ -17,6 +18,7 @@ Usage: ``python bench/bench_warm_start.py [--reps 5] [--json PATH]``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -94,29 +96,50 @@ def _zygote_pss(agent: int, workers: list[int]) -> int:
     return total
 
 
-def _release_when_imported(stamp: str, log_dir: str, nproc: int, deadline: float) -> None:
-    """Once attempt 0's workers wait and the warm process logged its last import, let them fail."""
-    waiting = [os.path.join(stamp, f"wait.{r}") for r in range(nproc)]
+def _wait_imported(log_dir: str, deadline: float, also: tuple[str, ...] = ()) -> None:
+    """Until the warm process logged its last import (and the files ``also`` exist)."""
     log = os.path.join(log_dir, "warmlog.0")
     while time.monotonic() < deadline:
-        if all(os.path.exists(f) for f in waiting) and os.path.exists(log):
+        if all(os.path.exists(f) for f in also) and os.path.exists(log):
             with open(log) as f:
-                if "imported ps_server.client" in f.read():
-                    break
+                text = f.read()
+                if "imported ps_server.client" in text or "ps_server.client\n" in text:
+                    return  # imported later, or before the first fork (crowded node)
         time.sleep(0.1)
-    else:
-        raise RuntimeError("the warm process did not finish its imports")
+    raise RuntimeError("the warm process did not finish its imports")
+
+
+def _release_when_imported(stamp: str, log_dir: str, nproc: int, deadline: float) -> None:
+    """Once attempt 0's workers wait and the warm process logged its last import, let them fail."""
+    _wait_imported(log_dir, deadline, tuple(os.path.join(stamp, f"wait.{r}") for r in range(nproc)))
     open(os.path.join(stamp, "go"), "w").close()
 
 
-def memory(kind: str, tmp: str, nproc: int = 4, restarted: bool = False) -> float:
-    """PSS in MiB of ``nproc`` idle workers (plus the warm process for ``warm``); ``restarted``:
-    of the workers of attempt 1, forked after every import."""
+@contextlib.contextmanager
+def cpu_hog(n: int):
+    """``n`` busy Python loops at the same priority for the duration."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def memory(
+    kind: str, tmp: str, nproc: int = 4, restarted: bool = False, mode: str = "hold"
+) -> float:
+    """PSS in MiB of ``nproc`` idle workers (plus the warm process for ``warm``, once it has
+    done its later imports: its steady state); ``restarted``: of the workers of attempt 1,
+    forked after every import; ``mode``: ``hold`` (an optimizer built) or ``idle`` (``import
+    torch`` alone)."""
     stamp = tempfile.mkdtemp(dir=tmp)
     log_dir = os.path.join(stamp, "log")  # its own warmlog.0, which the release reads
     extra = ("--fail_first",) if restarted else ()
     cmd = _cmd(
-        kind, log_dir, nproc, "--mode", "hold", "--stamp", stamp, *extra, restarts=int(restarted)
+        kind, log_dir, nproc, "--mode", mode, "--stamp", stamp, *extra, restarts=int(restarted)
     )
     p = subprocess.Popen(cmd, env=bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -132,6 +155,8 @@ def memory(kind: str, tmp: str, nproc: int = 4, restarted: bool = False) -> floa
             time.sleep(0.1)
         if not pids:
             raise RuntimeError(f"{kind}: the workers did not start")
+        if kind == "warm":
+            _wait_imported(log_dir, deadline)
         time.sleep(1.0)
         kb = sum(_pss_kb(pid) for pid in pids)
         if kind == "warm":
@@ -151,9 +176,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
     args = ap.parse_args()
-    t: dict[str, dict[str, list[float]]] = {
-        what: {k: [] for k in KINDS} for what in ("launch", "restart", "memory", "memory_restart")
-    }
+    whats = ("launch", "launch_hog", "restart", "memory_torch", "memory", "memory_restart")
+    t: dict[str, dict[str, list[float]]] = {what: {k: [] for k in KINDS} for what in whats}
+    hogs = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         for kind in KINDS:
             launch_to_exit(kind, tmp)  # the page cache
@@ -161,8 +186,12 @@ def main() -> None:
             order = KINDS if rep % 2 == 0 else tuple(reversed(KINDS))
             for kind in order:
                 t["launch"][kind].append(launch_to_exit(kind, tmp))
+                if kind != "fresh":
+                    with cpu_hog(hogs):
+                        t["launch_hog"][kind].append(launch_to_exit(kind, tmp))
                 if kind != "torchrun":
                     t["restart"][kind].append(restart_cost(kind, tmp))
+                    t["memory_torch"][kind].append(memory(kind, tmp, mode="idle"))
                     t["memory"][kind].append(memory(kind, tmp))
                 if kind == "warm":
                     t["memory_restart"][kind].append(memory(kind, tmp, restarted=True))
@@ -182,6 +211,12 @@ def main() -> None:
                 "warm/torchrun time",
             ),
             (
+                f"launch-to-exit under a CPU hog ({hogs} busy loops), warm vs torchrun",
+                s["launch_hog"]["warm"],
+                s["launch_hog"]["torchrun"],
+                "warm/torchrun time",
+            ),
+            (
                 "launch-to-exit, 2-rank gloo barrier job, warm vs fresh",
                 s["launch"]["warm"],
                 s["launch"]["fresh"],
@@ -194,15 +229,22 @@ def main() -> None:
                 "warm/fresh time",
             ),
             (
-                "memory: first workers, PSS of 4 idle workers (MiB), warm (its warm process "
-                "counted) vs fresh",
+                "memory: first workers after import torch, PSS of 4 idle workers (MiB), warm (its "
+                "warm process counted) vs fresh",
+                s["memory_torch"]["warm"],
+                s["memory_torch"]["fresh"],
+                "warm/fresh PSS",
+            ),
+            (
+                "memory: first workers after building an optimizer, PSS of 4 idle workers (MiB), "
+                "warm (its warm process counted) vs fresh",
                 s["memory"]["warm"],
                 s["memory"]["fresh"],
                 "warm/fresh PSS",
             ),
             (
-                "memory: restarted workers, PSS of 4 idle workers forked after every import "
-                "(MiB), warm (its warm process counted) vs fresh",
+                "memory: restarted workers, PSS of 4 idle workers forked after every import, "
+                "optimizer built (MiB), warm (its warm process counted) vs fresh",
                 s["memory_restart"]["warm"],
                 s["memory"]["fresh"],
                 "warm/fresh PSS",

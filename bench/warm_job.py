@@ -5,7 +5,8 @@
 first barrier; a restarted attempt writes the time its rank 1 is back through init and a barrier
 (a restart's cost to the job).
 ``--mode hold --stamp DIR``: import torch, build an optimizer (``torch._dynamo``), write this
-process's pid, then wait for ``DIR/stop`` (memory of idle workers). With ``--fail_first``,
+process's pid, then wait for ``DIR/stop`` (memory of idle workers). ``--mode idle``: the same
+without the optimizer (workers after ``import torch`` alone). With ``--fail_first``,
 attempt 0 writes ``DIR/wait.RANK``, waits for ``DIR/go`` and exits 1, so the workers measured
 are the restarted ones.
 """
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 p = argparse.ArgumentParser()
-p.add_argument("--mode", choices=["barrier", "restart", "hold"], default="barrier")
+p.add_argument("--mode", choices=["barrier", "restart", "hold", "idle"], default="barrier")
 p.add_argument("--stamp", default="")
 p.add_argument("--fail_first", action="store_true")
 args = p.parse_args()
@@ -31,8 +32,9 @@ if args.fail_first and restart == 0:
         time.sleep(0.05)
     raise SystemExit(1)
 
-if args.mode == "hold":
-    torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.1)
+if args.mode in ("hold", "idle"):
+    if args.mode == "hold":
+        torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.1)
     with open(os.path.join(args.stamp, f"pid.{rank}"), "w") as f:
         f.write(str(os.getpid()))
     while not os.path.exists(os.path.join(args.stamp, "stop")):

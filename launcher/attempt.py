@@ -230,11 +230,14 @@ def worker_argv(spec: JobSpec) -> list[str]:
     return [sys.executable, "-u", "-m", "collective.bootstrap", entry.script, *entry.args]
 
 
-def warm_pool(spec: JobSpec, env: dict[str, str], node: str = "0") -> WarmPool | None:
+def warm_pool(
+    spec: JobSpec, env: dict[str, str], node: str = "0", workers: int = 1
+) -> WarmPool | None:
     """The job's warm process on this node when ``warm_start`` is on and the entry point is
     Python (its output in ``log_dir/warmlog.<node>``); None otherwise, or where the platform
     cannot fork workers from one (said once). ``env``: the environment the node's workers share
-    (a worker's own is applied when it is forked)."""
+    (a worker's own is applied when it is forked); ``workers``: how many processes the node's
+    first attempt starts."""
     if spec.warm_start is not WarmStart.ON or spec.entrypoint.no_python:
         return None
     ok, why = warm_supported()
@@ -242,7 +245,7 @@ def warm_pool(spec: JobSpec, env: dict[str, str], node: str = "0") -> WarmPool |
         logger.warning("fleetrun: warm start unavailable, starting workers afresh: %s", why)
         return None
     log_path = os.path.join(spec.log_dir, f"warmlog.{node}")
-    return WarmPool(env, log_path, spec.warm_imports)
+    return WarmPool(env, log_path, spec.warm_imports, workers=workers)
 
 
 def base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:

@@ -38,7 +38,9 @@ from collective.zygote import ENV_AREA_BYTES, ENV_AREA_VAR, recv_message, send_m
 logger = logging.getLogger(__name__)
 
 DEFAULT_IMPORTS: tuple[str, ...] = ("numpy", "torch", "torch.distributed", "collective")
-"""What every warm process imports before it forks the first worker."""
+"""What every warm process imports before it forks the first worker (and, when a node's first
+attempt runs more workers than the process may use cores, the later imports too: those workers'
+own imports of them would queue for the cores, each paying its own copy in memory)."""
 LATER_IMPORTS: tuple[str, ...] = ("torch._dynamo", "fleet", "ps_server.client")
 """What it imports next, while no worker is asked for, before the job's ``warm_imports:``
 (``torch._dynamo`` is the second the first construction of any ``torch.optim`` optimizer
@@ -135,6 +137,7 @@ class WarmPool:
         log_path: str,
         imports: Sequence[str] = (),
         ready_timeout_s: float = READY_TIMEOUT_S,
+        workers: int = 1,
     ) -> None:
         self.env = dict(env)
         self.imports = list(DEFAULT_IMPORTS)
@@ -142,6 +145,9 @@ class WarmPool:
             *LATER_IMPORTS,
             *[m for m in imports if m not in (*DEFAULT_IMPORTS, *LATER_IMPORTS)],
         ]
+        if workers > len(os.sched_getaffinity(0)):  # crowded: the first workers' own imports
+            self.imports += self.later  # would queue for the cores; import once, before forking
+            self.later = []
         self.ready_timeout_s = ready_timeout_s
         self.spawned = 0
         self.fallbacks = 0

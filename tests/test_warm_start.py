@@ -343,3 +343,22 @@ def test_the_environment_area_is_rewritten_only_once_nothing_reads_it(tmp_path: 
     first, second, same_size, shown = json.loads(r.stdout)
     assert first is False and second is True and same_size
     assert shown.split("\0") == ["A=1", "C=2"]  # B does not fit: left out, C still shown
+
+
+@pytest.mark.timeout(300)
+def test_a_crowded_node_imports_everything_before_its_first_fork(tmp_path: Path) -> None:
+    """More first workers than usable cores: the later imports come before the first fork (the
+    workers' own imports of them would queue for the cores); otherwise after it."""
+    cores = len(os.sched_getaffinity(0))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for workers, before in ((cores + 1, True), (cores, False)):
+        log = tmp_path / f"warmlog.{workers}"
+        pool = WarmPool(env, str(log), ["json"], workers=workers)
+        try:
+            child = pool.spawn([sys.executable, *BOOTSTRAP, PROBE], env, str(tmp_path))
+            assert child.wait(120) == 0
+            ready = next(line for line in _read(log).splitlines() if line.startswith("ready"))
+            assert ("torch._dynamo" in ready and "json" in ready) == before, ready
+        finally:
+            pool.close()
+        assert wait_gone([pool.pid], 10) == []

@@ -409,7 +409,7 @@ def run_pod(cfg: PodConfig) -> int:
             warm_start=cfg.warm_start if len(specs) > 1 else WarmStart.OFF,
             warm_imports=list(cfg.warm_imports),
         )  # one process gains nothing from a warm process: Kubernetes restarts the pod
-        warm = warm_pool(job, specs[0].env, f"{cfg.role}{index}")
+        warm = warm_pool(job, specs[0].env, f"{cfg.role}{index}", len(specs))
         running = start_all(specs, worker_argv(job), 0, ConsoleWriter(), warm)
         failures = _supervise(cfg, running)
         stopped = [(r.spec.role, r.spec.rank) for r in running if r.proc.exit is None]

@@ -224,7 +224,7 @@ class Agent:
         while True:
             specs = [self._with_metrics(s, monitor) for s in plan.specs(attempt)]
             if attempt == 0 and specs:
-                self.warm = warm_pool(spec, specs[0].env, str(self.node_rank))
+                self.warm = warm_pool(spec, specs[0].env, str(self.node_rank), len(specs))
             running = start_all(specs, argv, attempt, self.console, self.warm)
             monitor.attempt_started(attempt, running)
             stopped: list[tuple[str, int]] = []

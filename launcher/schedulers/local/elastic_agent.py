@@ -370,9 +370,8 @@ class ElasticAgent:
         history: list[str] = []
         self.liveness = LivenessListener(self.node_ip)
         # the warm process imports while the first rendezvous round gathers the nodes
-        self.warm = warm_pool(
-            spec, base_env(spec, spec.sizes.nproc_per_node), f"agent{os.getpid()}"
-        )
+        nproc = spec.sizes.nproc_per_node
+        self.warm = warm_pool(spec, base_env(spec, nproc), f"agent{os.getpid()}", nproc)
         while True:
             members = self._next_round(round_no)
             self._record(diff(self.members, members, cause), monitor)

@@ -5,6 +5,10 @@ with the table's ``num_shards``), and replies are put back in the caller's order
 use the layout of :mod:`fleet.data`: ``values`` (all items, node after node) and ``offsets``
 (int64, ``len(nodes) + 1``; node ``i``'s items are ``values[offsets[i]:offsets[i + 1]]``).
 
+SampleNeighbors to a server on this host moves its ids and the sampled neighbours through a
+shared-memory segment (:mod:`ps_server.rpc.graph_shm`) instead of gRPC messages; the results are
+the same. ``GraphClient(..., shm=False)`` or ``FLEET_PS_SHM=0`` turn it off.
+
 Queries are idempotent and retried as the parameter server's pulls are; loads and edits are not
 (a retried add would add twice). Errors are :class:`ps_server.rpc.status.PSRpcError` subclasses
 naming the method, the server and the server's message (a bad request: INVALID_ARGUMENT naming
@@ -23,8 +27,11 @@ from ps_server.core import graph_kernels
 from ps_server.core.graph_files import GraphInputError
 from ps_server.core.graph_table import GraphTable, as_ids
 from ps_server.core.routing import split_by_server
+from ps_server.rpc import graph_shm
 from ps_server.rpc.graph_service import GRAPH_SERVICE, HANDLERS, decode, encode, narrow
 from ps_server.rpc.rpc_client import Call, RpcClient
+from ps_server.rpc.shm import Segment
+from ps_server.rpc.status import PSRpcError
 
 IDEMPOTENT = frozenset(
     {"Describe", "SampleNeighbors", "Degree", "NodeFeatures", "RandomNodes", "NodePage", "WalkStep"}
@@ -132,24 +139,30 @@ class GraphClient(RpcClient):
         name: str = "nodes",
         row_bytes: int = 8,
         along: dict[str, np.ndarray] | None = None,
-        narrow_ids: bool = False,
     ) -> list[tuple[np.ndarray, tuple[dict, dict]]]:
         """Route ``ids`` (and the arrays ``along`` them) to their servers: one call per server,
         split into several when a request or its reply (``row_bytes`` per id, the larger of
-        the two) would not fit one message. Returns (positions in ``ids``, reply) per call.
-        ``narrow_ids``: send the ids as int32 when they fit (the method widens them)."""
+        the two) would not fit one message. Returns (positions in ``ids``, reply) per call."""
         positions, keys = self._split(table, ids)
-        per = max(1, self._payload_bytes // (2 * max(row_bytes, 8)))
         calls, parts = [], []
         for s in range(self.num_servers):
-            for lo in range(0, positions[s].shape[0], per):
-                part = positions[s][lo : lo + per]
-                part_keys = keys[s][lo : lo + per]
-                arrays = {name: narrow(part_keys) if narrow_ids else part_keys}
+            for part, part_keys in self._pieces(positions[s], keys[s], row_bytes):
+                arrays = {name: part_keys}
                 arrays.update({k: v[part] for k, v in (along or {}).items()})
                 calls.append((s, encode({"table": table, **header}, arrays)))
                 parts.append(part)
         return list(zip(parts, self._send(op, calls)))
+
+    def _pieces(
+        self, positions: np.ndarray, keys: np.ndarray, row_bytes: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(positions, keys) of one server's ids in parts whose request and reply (``row_bytes``
+        per id, the larger of the two) each fit one message."""
+        per = max(1, self._payload_bytes // (2 * max(row_bytes, 8)))
+        return [
+            (positions[lo : lo + per], keys[lo : lo + per])
+            for lo in range(0, positions.shape[0], per)
+        ]
 
     # -- tables and loading ----------------------------------------------------------------
     def create_graph_table(self, config: GraphTableConfig) -> bool:
@@ -306,16 +319,55 @@ class GraphClient(RpcClient):
             "return_eids": bool(return_eids),
             "seed": seed,
         }
-        kinds = ["values"] + ["weights"] * return_weights + ["eids"] * return_eids
-        row = 8 + fanout * (8 + 4 * bool(return_weights) + 8 * bool(return_eids))
-        got = self._routed("SampleNeighbors", table, ids, header, row_bytes=row, narrow_ids=True)
-        offsets, arrays = _regroup(
-            [p for p, _ in got],
-            [a["counts"] for _, (_, a) in got],
-            [[_wide(a[k]) for k in kinds] for _, (_, a) in got],
-            ids.shape[0],
-        )
-        if not got:
+        return self._sample(table, ids, header, retry=True)
+
+    def _sample(
+        self, table: str, ids: np.ndarray, header: dict, retry: bool
+    ) -> tuple[np.ndarray, ...]:
+        """:meth:`sample_neighbors` of checked ``ids``: through a shared-memory segment for
+        each server on this host (:mod:`ps_server.rpc.graph_shm`), else through gRPC; once
+        more when a server lost its segment (it restarted)."""
+        fanout, rw, re = header["fanout"], header["return_weights"], header["return_eids"]
+        kinds = ["values"] + ["weights"] * rw + ["eids"] * re
+        row = 8 + fanout * (8 + 4 * rw + 8 * re)
+        positions, keys = self._split(table, ids)
+        calls: list[tuple[int, bytes]] = []
+        parts: list[np.ndarray] = []
+        segs: list[Segment | None] = []
+        for s in range(self.num_servers):
+            n = positions[s].shape[0]
+            seg = self._lease_bytes(s, graph_shm.bytes_needed(n, fanout, rw, re)) if n else None
+            if seg is not None:
+                graph_shm.views(seg.buf, seg.size, n, fanout, rw, re)["nodes"][...] = keys[s]
+                shm_h = {"shm_segment": seg.name, "shm_num_nodes": n}
+                calls.append((s, encode({"table": table, **header, **shm_h})))
+                parts.append(positions[s])
+                segs.append(seg)
+                continue
+            for part, part_keys in self._pieces(positions[s], keys[s], row):
+                calls.append((s, encode({"table": table, **header}, {"nodes": narrow(part_keys)})))
+                parts.append(part)
+                segs.append(None)
+        try:
+            counts, items = [], []
+            for (h, a), part, seg in zip(self._send("SampleNeighbors", calls), parts, segs):
+                if seg is None:
+                    counts.append(a["counts"])
+                    items.append([_wide(a[k]) for k in kinds])
+                    continue
+                v = graph_shm.views(seg.buf, seg.size, part.shape[0], fanout, rw, re)
+                counts.append(v["counts"])
+                items.append([v[k][: h["total"]] for k in kinds])
+            offsets, arrays = _regroup(parts, counts, items, ids.shape[0])  # copies out
+        except PSRpcError as err:
+            if self._release(segs, err) and retry:  # a server lost its segment: once more
+                return self._sample(table, ids, header, retry=False)
+            raise
+        except BaseException:
+            self._release(segs, None)
+            raise
+        self._release(segs, None)
+        if not calls:
             arrays = [np.empty(0, np.float32 if k == "weights" else np.int64) for k in kinds]
         return (arrays[0], offsets, *arrays[1:])
 

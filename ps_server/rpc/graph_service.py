@@ -43,6 +43,7 @@ from ps_server.core.graph_files import GraphInputError
 from ps_server.core.graph_table import GraphTable, as_ids
 from ps_server.core.routing import split_by_server
 from ps_server.errors import ReadOnlyServingError, TableNotFoundError
+from ps_server.rpc import graph_shm
 from ps_server.rpc.auth import METADATA_KEY
 from ps_server.rpc.service import MAX_DETAILS_CHARS, ServerState
 from ps_server.rpc.status import RequestDecodeError, rpc_error, status_of
@@ -247,6 +248,8 @@ def sample_neighbors(gs: GraphState, h: dict, a: dict) -> Reply:
     rng = _rng(h, gs.server.server_index)
     fanout = t.check_fanout(t.name, h["fanout"])
     name = t.edge_type(h.get("edge_type"))[0]
+    if h.get("shm_segment") is not None:
+        return _sample_in_shm(gs, t, h, a, fanout, name, rng)
     ids = as_ids(t.name, "nodes", a["nodes"])
     csr, pos, counts = t.sample_positions(ids, fanout, name, bool(h.get("weighted")), rng)
     # only the columns asked for are gathered; ids and counts go as int32 when they fit
@@ -256,6 +259,34 @@ def sample_neighbors(gs: GraphState, h: dict, a: dict) -> Reply:
     if h.get("return_eids"):
         out["eids"] = csr.eid[pos]
     return {}, out
+
+
+def _sample_in_shm(
+    gs: GraphState,
+    t: GraphTable,
+    h: dict,
+    a: dict,
+    fanout: int,
+    name: str,
+    rng: np.random.Generator,
+) -> Reply:
+    """:func:`sample_neighbors` of the nodes in a same-host client's segment, the reply written
+    there (:mod:`ps_server.rpc.graph_shm`); the reply frame carries the sampled count."""
+    if a:
+        raise RequestDecodeError(f"{t.name}: a shm SampleNeighbors request carries no arrays")
+    rw, re = bool(h.get("return_weights")), bool(h.get("return_eids"))
+    buf, size = gs.server.shm.mapping(str(h["shm_segment"]))
+    v = graph_shm.views(buf, size, h["shm_num_nodes"], fanout, rw, re)
+    csr, pos, counts = t.sample_positions(v["nodes"], fanout, name, bool(h.get("weighted")), rng)
+    v["counts"][...] = counts
+    total = int(pos.shape[0])
+    # mode="clip": no bounds-check buffer (the positions are the CSR's own)
+    np.take(csr.dst, pos, out=v["values"][:total], mode="clip")
+    if rw:
+        np.take(csr.weight, pos, out=v["weights"][:total], mode="clip")
+    if re:
+        np.take(csr.eid, pos, out=v["eids"][:total], mode="clip")
+    return {"total": total}, {}
 
 
 def degree(gs: GraphState, h: dict, a: dict) -> Reply:

@@ -226,12 +226,11 @@ class RpcClient:
                 c.request, timeout=timeout, metadata=self._metadata
             )
 
-        # grpc's .future() starts a thread per call (~1 ms each on this class of machine): one
-        # call runs inline, several run on the client's long-lived pool, in parallel.
-        if len(calls) == 1:
-            futs: list[Any] = [_Inline(blocking, calls[0])]
-        else:
-            futs = [self._pool.submit(blocking, c) for c in calls]
+        # grpc's .future() starts a thread per call (~1 ms each on this class of machine): the
+        # first call runs inline on this thread, the others on the client's long-lived pool, in
+        # parallel with it (submitted before it starts: one hand-off fewer than all on the pool)
+        futs: list[Any] = [_Inline(blocking, calls[0])] if calls else []
+        futs += [self._pool.submit(blocking, c) for c in calls[1:]]
         results: list[Any] = [None] * len(calls)
         error: Exception | None = None
         for i, (call, fut) in enumerate(zip(calls, futs)):
@@ -304,7 +303,11 @@ class RpcClient:
     def _lease(self, server: int, num_keys: int, dim: int) -> Segment | None:
         """A shared-memory segment for a request of ``num_keys`` rows to ``server``, or None
         (TCP: small request, shm off, or the server is not on this host)."""
-        nbytes = shm_mod.bytes_needed(num_keys, dim)
+        return self._lease_bytes(server, shm_mod.bytes_needed(num_keys, dim))
+
+    def _lease_bytes(self, server: int, nbytes: int) -> Segment | None:
+        """A shared-memory segment of at least ``nbytes`` for a request to ``server``, or None
+        (TCP: small or too large a request, shm off, or the server is not on this host)."""
         if self._shm is None or not self._shm.usable(server, nbytes):
             return None
         return self._shm.lease(server, nbytes, self._attach)

@@ -24,6 +24,9 @@ Protocol:
 4. ``ShmDetach(segment)`` when the client closes; a segment a server does not know (it restarted,
    or never attached it) is a FAILED_PRECONDITION naming it.
 
+SampleNeighbors of the graph tables uses the same segments, with a layout of its own
+(:mod:`ps_server.rpc.graph_shm`).
+
 Used for requests of at least :data:`MIN_SHM_BYTES` (below that the copies are cheap and one
 extra code path is not worth it) up to ``shm_max_mb``; off with ``PSClient(..., shm=False)`` or
 ``FLEET_PS_SHM=0``.
@@ -261,15 +264,19 @@ class ShmRegistry:
         close_quietly(entry[0])  # a request may still read it
         return True
 
-    def views(self, name: str, num_keys: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, rows[num_keys, dim]) views of attached segment ``name``."""
+    def mapping(self, name: str) -> tuple[mmap.mmap, int]:
+        """(the mapping, its size in bytes) of attached segment ``name``."""
         entry = self._maps.get(name)
         if entry is None:
             raise ShmSegmentError(
                 f"shm: segment {name} is not attached to this server (it restarted, or the "
                 "client never called ShmAttach); the client re-attaches on its next call"
             )
-        return _views(entry[0], entry[1], num_keys, dim)
+        return entry
+
+    def views(self, name: str, num_keys: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, rows[num_keys, dim]) views of attached segment ``name``."""
+        return _views(*self.mapping(name), num_keys, dim)
 
     def close(self) -> None:
         """Unmap every segment."""

@@ -32,7 +32,7 @@ from enum import Enum
 from collective.errors import LaunchError
 from launcher.heter_spec import HETER
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all, wait_any
-from launcher.spec import JobSpec, Tee, WarmStart
+from launcher.spec import JobSpec, Mode, SchedulerKind, Tee, WarmStart
 from launcher.summary import Failure, read_error_file, role_label
 from launcher.warm import WarmPool
 from launcher.warm import supported as warm_supported
@@ -245,7 +245,44 @@ def warm_pool(
         logger.warning("fleetrun: warm start unavailable, starting workers afresh: %s", why)
         return None
     log_path = os.path.join(spec.log_dir, f"warmlog.{node}")
+    early = _EARLY.pop(log_path, None)
+    if early is not None:
+        return early
     return WarmPool(env, log_path, spec.warm_imports, workers=workers)
+
+
+_EARLY: dict[str, WarmPool] = {}
+"""Warm processes started by :func:`start_warm_early`, by log path, until an agent takes one."""
+
+
+def start_warm_early(spec: JobSpec) -> None:
+    """Start the warm process of a one-node local job now, before fleetrun imports its
+    scheduler and sets the job up (about 0.1 s sooner): its ``import torch`` is what the first
+    workers wait for. The node's agent takes it over (:func:`warm_pool`); one that is never
+    taken is closed by :func:`close_warm_early`. Jobs on several nodes, elastic and
+    non-local jobs start theirs as before."""
+    if (
+        spec.scheduler is not SchedulerKind.LOCAL
+        or spec.elastic.enabled
+        or spec.num_nodes != 1
+        or (spec.entrypoint.script and not os.path.isfile(spec.entrypoint.script))
+    ):
+        return
+    if spec.mode is Mode.PS:
+        if spec.ps.servers or spec.ps.workers or spec.ps.heter_workers:
+            return  # a static layout: which of them run here is the agent's to say
+        n = spec.sizes.server_num + spec.sizes.worker_num + spec.sizes.heter_worker_num
+    else:
+        n = spec.sizes.nproc_per_node
+    pool = warm_pool(spec, base_env(spec, n), "0", n)
+    if pool is not None:
+        _EARLY[pool.log_path] = pool
+
+
+def close_warm_early() -> None:
+    """Close the early warm processes no agent took (the launch stopped before its workers)."""
+    while _EARLY:
+        _EARLY.popitem()[1].close()
 
 
 def base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:

@@ -14,6 +14,7 @@ import click
 from click.core import ParameterSource
 
 from collective.errors import ConfigError, FleetError
+from launcher.attempt import close_warm_early, start_warm_early
 from launcher.schedulers import get_scheduler
 from launcher.spec import (
     JobSpec,
@@ -416,13 +417,18 @@ def spec_from_params(ctx: click.Context, params: dict[str, Any]) -> JobSpec:
 def launch(spec: JobSpec, *, dry_run: bool = False, dashboard: bool = False) -> int:
     """Run a validated spec on its scheduler (:func:`launcher.schedulers.get_scheduler`); return
     the process exit code."""
-    scheduler = get_scheduler(spec.scheduler)
-    scheduler.check_dry_run(dry_run)
-    if dashboard and scheduler.log_dir_here:
-        from launcher.dashboard import start_dashboard_thread  # lazy: HTTP server code, ~10 ms
+    if not dry_run:
+        start_warm_early(spec)  # its imports overlap the scheduler's
+    try:
+        scheduler = get_scheduler(spec.scheduler)
+        scheduler.check_dry_run(dry_run)
+        if dashboard and scheduler.log_dir_here:
+            from launcher.dashboard import start_dashboard_thread  # lazy: HTTP server code
 
-        start_dashboard_thread(spec.log_dir)
-    return scheduler.launch(spec, dry_run=dry_run)
+            start_dashboard_thread(spec.log_dir)
+        return scheduler.launch(spec, dry_run=dry_run)
+    finally:
+        close_warm_early()
 
 
 def init_logging() -> None:

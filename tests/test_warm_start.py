@@ -362,3 +362,39 @@ def test_a_crowded_node_imports_everything_before_its_first_fork(tmp_path: Path)
         finally:
             pool.close()
         assert wait_gone([pool.pid], 10) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_launch_that_fails_before_its_workers_closes_the_early_warm_process(
+    tmp_path: Path,
+) -> None:
+    """A one-node local job starts its warm process before the job is set up; when the set-up
+    fails (a busy --master_port), that warm process goes with fleetrun."""
+    import socket
+
+    log = tmp_path / "log"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        p = start_fleetrun(
+            "--nproc_per_node", "2", "--log_dir", str(log), "--master_port", str(port), PROBE,
+        )  # fmt: skip
+        out, err = p.communicate(timeout=100)
+    assert p.returncode != 0 and f"master port {port}" in err, err
+    assert (log / "warmlog.0").exists()  # the warm process had started
+    mark = f"--agent\0{p.pid}\0".encode()
+    deadline = time.monotonic() + 10
+    while True:
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"collective.zygote" in cmd and mark in cmd:
+                left.append(int(pid))
+        if not live_pids(left) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not live_pids(left)

@@ -351,7 +351,8 @@ def test_etcd_node_lost_with_paddle_and_torchrun_spellings(
 ) -> None:
     """etcd rendezvous against a real etcd: one agent started with Paddle's flags
     (--elastic_server etcd://, --job_id, --np), one with torchrun's; the second is SIGKILLed and
-    the first goes on alone from the checkpoint; a third joins and the world grows back to 2."""
+    the first goes on alone from the checkpoint; a third joins and the world grows back to 2.
+    Workers start afresh (``--warm_start off``)."""
     pytest.importorskip(
         "etcd", reason="python-etcd (the v2 client torch's etcd handler uses) is missing"
     )
@@ -359,6 +360,7 @@ def test_etcd_node_lost_with_paddle_and_torchrun_spellings(
     ckpt.mkdir()
     args = [str(ckpt), "--steps", "6", "--step_time", "0.1", "--stop_file", str(stop)]
     common = ["--max_restarts", "3", "--rdzv_timeout", "90", "--rdzv_conf", "last_call_timeout=1"]
+    common += ["--warm_start", "off"]  # the c10d tests run with warm starts (the default)
     paddle = ["--elastic_server", f"etcd://{etcd}", "--job_id", "etcd-job", "--np", "1:2", *common]
     torchrun = [
         "--nnodes",

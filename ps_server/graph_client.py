@@ -17,9 +17,11 @@ the value; an unknown table: NOT_FOUND).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
 import numpy as np
 
 from ps_server.config import GraphTableConfig
@@ -27,14 +29,25 @@ from ps_server.core import graph_kernels
 from ps_server.core.graph_files import GraphInputError
 from ps_server.core.graph_table import GraphTable, as_ids
 from ps_server.core.routing import split_by_server
-from ps_server.rpc import graph_shm
+from ps_server.rpc import graph_shm, local_channel
 from ps_server.rpc.graph_service import GRAPH_SERVICE, HANDLERS, decode, encode, narrow
 from ps_server.rpc.rpc_client import Call, RpcClient
 from ps_server.rpc.shm import Segment
-from ps_server.rpc.status import PSRpcError
+from ps_server.rpc.status import ERROR_OF_CODE, PSInternalError, PSRpcError
+
+logger = logging.getLogger(__name__)
 
 IDEMPOTENT = frozenset(
-    {"Describe", "SampleNeighbors", "Degree", "NodeFeatures", "RandomNodes", "NodePage", "WalkStep"}
+    {
+        "LocalChannel",
+        "Describe",
+        "SampleNeighbors",
+        "Degree",
+        "NodeFeatures",
+        "RandomNodes",
+        "NodePage",
+        "WalkStep",
+    }
 )
 """Graph calls that are retried like pulls."""
 
@@ -104,6 +117,7 @@ class GraphClient(RpcClient):
             for op in HANDLERS:
                 methods[f"Graph.{op}"] = channel.unary_unary(f"/{GRAPH_SERVICE}/{op}")
         self._configs: dict[str, GraphTableConfig] = {}
+        self._local = local_channel.LocalChannels() if self._shm is not None else None
 
     # -- plumbing --------------------------------------------------------------------------
     def _send(self, op: str, calls: list[tuple[int, bytes]]) -> list[tuple[dict, dict]]:
@@ -152,6 +166,73 @@ class GraphClient(RpcClient):
                 calls.append((s, encode({"table": table, **header}, arrays)))
                 parts.append(part)
         return list(zip(parts, self._send(op, calls)))
+
+    def _exchange(
+        self, calls: list[tuple[int, bytes]], segs: list[Segment | None]
+    ) -> list[tuple[dict, dict]]:
+        """SampleNeighbors ``calls``: those with a segment over their server's local channel
+        (:mod:`ps_server.rpc.local_channel`) where it has one, the others through gRPC, all at
+        once; a call whose connection breaks or times out goes again through gRPC."""
+        local = self._local
+        if local is None or not any(seg is not None for seg in segs):
+            return self._send("SampleNeighbors", calls)
+        socks = [local.lease(s, self._hello) if g else None for (s, _), g in zip(calls, segs)]
+        out: list[Any] = [None] * len(calls)
+        error: PSRpcError | None = None
+        try:
+            for i, sock in enumerate(socks):
+                try:
+                    if sock is not None:
+                        local_channel.send(sock, calls[i][1], self.timeout_s)
+                except OSError as err:
+                    socks[i] = local.broken(calls[i][0], sock, err)
+            rest = [i for i, sock in enumerate(socks) if sock is None]
+            for i, reply in zip(rest, self._send("SampleNeighbors", [calls[i] for i in rest])):
+                out[i] = reply
+            for i, sock in enumerate(socks):
+                if sock is None:
+                    continue
+                s = calls[i][0]
+                try:
+                    code, data = local_channel.receive(sock)
+                except OSError as err:
+                    socks[i] = local.broken(s, sock, err)
+                    out[i] = self._send("SampleNeighbors", [calls[i]])[0]
+                    continue
+                socks[i] = local.release(s, sock)
+                if code is None:
+                    out[i] = decode(data)
+                elif error is None:
+                    error = ERROR_OF_CODE.get(code, PSInternalError)(
+                        "Graph.SampleNeighbors",
+                        self.endpoints[s],
+                        code,
+                        data.decode("utf-8", "replace"),
+                    )
+        finally:
+            for sock in socks:  # a reply still on its way: the connection cannot be reused
+                if sock is not None:
+                    sock.close()
+        if error is not None:
+            raise error
+        return out
+
+    def _hello(self, server: int) -> tuple[str, bytes] | None:
+        """(name, key) of ``server``'s local channel; None when it has none."""
+        try:
+            h, _ = self._calls("LocalChannel", {server: encode({})})[server]
+        except PSRpcError as err:
+            if err.code not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED):
+                raise
+            logger.info("%s: no local channel, using gRPC: %s", self.endpoints[server], err.details)
+            return None
+        return str(h["name"]), bytes.fromhex(h["key"])
+
+    def close(self) -> None:
+        """Close the local channels, then as :meth:`RpcClient.close`."""
+        if self._local is not None:
+            self._local.close()
+        super().close()
 
     def _pieces(
         self, positions: np.ndarray, keys: np.ndarray, row_bytes: int
@@ -350,7 +431,7 @@ class GraphClient(RpcClient):
                 segs.append(None)
         try:
             counts, items = [], []
-            for (h, a), part, seg in zip(self._send("SampleNeighbors", calls), parts, segs):
+            for (h, a), part, seg in zip(self._exchange(calls, segs), parts, segs):
                 if seg is None:
                     counts.append(a["counts"])
                     items.append([_wide(a[k]) for k in kinds])

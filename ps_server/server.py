@@ -80,7 +80,7 @@ from ps_server.rpc.channel_options import (
     DEFAULT_MAX_MESSAGE_MB,
     grpc_message_options,
 )
-from ps_server.rpc.graph_service import add_graph_service
+from ps_server.rpc.graph_service import GraphState, add_graph_service
 from ps_server.rpc.service import SERVICE_NAME, ServerState, load_dir
 from ps_server.rpc.servicer import ParameterServerServicer, add_servicer_to_server
 from ps_server.rpc.tls import TLSConfig, server_credentials
@@ -205,6 +205,7 @@ class PSServer:
         self.metrics_port, self.metrics_host = int(metrics_port), metrics_host or "127.0.0.1"
         telemetry.TABLES.add(self.state)
         self._server: grpc.Server | None = None
+        self.graph: GraphState | None = None
         self._health: health.HealthServicer | None = None
         self._stop_lock = threading.Lock()
         self._stopping = False
@@ -375,6 +376,8 @@ class PSServer:
         self.state.barriers.stop()
         if self._server is not None:
             self._server.stop(grace).wait()
+        if self.graph is not None:
+            self.graph.close()
         self.state.checkpoints.close()  # a checkpoint being written is finished, not cut
         self.state.shm.close()
         self._close_tables()

@@ -1,10 +1,14 @@
-"""SampleNeighbors through same-host shared memory (ps_server/rpc/graph_shm.py) against live
-servers on 127.0.0.1: the same arrays as through gRPC, off by ``shm=False`` or FLEET_PS_SHM=0, a
-server that cannot attach or lost its segments, and bad segment requests refused by name."""
+"""SampleNeighbors through same-host shared memory (ps_server/rpc/graph_shm.py) and the local
+channel (ps_server/rpc/local_channel.py) against live servers on 127.0.0.1: the same arrays as
+through gRPC, off by ``shm=False`` or FLEET_PS_SHM=0, a server that cannot attach, lost its
+segments or closed its channel, a connection without the key, and bad requests refused by
+name."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 
 import grpc
 import numpy as np
@@ -16,6 +20,7 @@ from ps_server.graph_client import GraphClient
 from ps_server.rpc.graph_service import encode
 from ps_server.rpc.graph_shm import bytes_needed
 from ps_server.rpc.shm import MIN_SHM_BYTES, SHM_DIR
+from ps_server.rpc.status import PSNotFoundError
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm")
 
@@ -71,6 +76,8 @@ def test_shm_sampling_equals_grpc(num_servers: int) -> None:
             assert slow._shm is None
             assert fast._shm is not None and fast._shm.attached  # the segments were used
             assert all(len(s.state.shm) > 0 for s in servers)
+            assert all(s.graph is not None and s.graph.local is not None for s in servers)
+            assert fast._local is not None and fast._local.free  # the local channels were used
             assert _our_segments() - before == set()  # unlinked once attached
         finally:
             slow.close()
@@ -145,3 +152,43 @@ def test_bad_shm_requests_are_refused_by_name() -> None:
             assert text in info.value.details()
         for got, want in zip(client.sample_neighbors("g", nodes, 10, seed=1), expected):
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.timeout(120)
+def test_closed_channel_falls_back_and_reconnects() -> None:
+    """A server that closed its channel (stopping, or restarted): the calls in the way go
+    through gRPC, the next ones over a new channel; errors keep their status over it."""
+    with graph_cluster(2, client_kw={"shm": True}) as (servers, fast):
+        slow = GraphClient(fast.endpoints, timeout_s=20, shm=False)
+        try:
+            _load(fast)
+            nodes = np.random.default_rng(4).integers(-NODES, NODES, QUERY)
+            _same(fast, slow, nodes, 7)
+            old = [s.graph.local.name for s in servers]  # type: ignore[union-attr]
+            for s in servers:
+                s.graph.close()  # type: ignore[union-attr]
+            _same(fast, slow, nodes, 8)
+            _same(fast, slow, nodes, 9)
+            new = [s.graph.local.name for s in servers]  # type: ignore[union-attr]
+            assert all(a != b for a, b in zip(old, new))
+            with pytest.raises(PSNotFoundError, match="graph table 'nope' does not exist"):
+                fast.sample_neighbors("nope", nodes, 10)
+        finally:
+            slow.close()
+
+
+@pytest.mark.timeout(60)
+def test_connection_without_the_key_is_closed() -> None:
+    with graph_cluster(1, client_kw={"shm": True}) as (servers, client):
+        _load(client)
+        client.sample_neighbors("g", np.arange(-NODES, NODES, 3), 10)  # opens the channel
+        listener = servers[0].graph.local  # type: ignore[union-attr]
+        assert listener is not None
+        served = servers[0].state.requests["Graph.SampleNeighbors"]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect("\0" + listener.name)
+            sock.sendall(b"k" * 16 + b"\x08\0\0\0" + b"x" * 8)
+            with contextlib.suppress(ConnectionResetError):  # closed with the frame unread
+                assert sock.recv(16) == b""
+        assert servers[0].state.requests["Graph.SampleNeighbors"] == served  # nothing served

@@ -42,9 +42,10 @@ from ps_server.core.graph_checkpoint import load_table, read_config, save_part
 from ps_server.core.graph_files import GraphInputError
 from ps_server.core.graph_table import GraphTable, as_ids
 from ps_server.core.routing import split_by_server
-from ps_server.errors import ReadOnlyServingError, TableNotFoundError
+from ps_server.errors import ReadOnlyServingError, ShmSegmentError, TableNotFoundError
 from ps_server.rpc import graph_shm
 from ps_server.rpc.auth import METADATA_KEY
+from ps_server.rpc.local_channel import LocalListener
 from ps_server.rpc.service import MAX_DETAILS_CHARS, ServerState
 from ps_server.rpc.status import RequestDecodeError, rpc_error, status_of
 from ps_server.rpc.tls import TLSConfig, channel_credentials, channel_options
@@ -129,6 +130,15 @@ class GraphState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     _peers: dict[str, Any] = field(default_factory=dict)
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
+    local: LocalListener | None = None
+    """The same-host SampleNeighbors channel (:mod:`ps_server.rpc.local_channel`), once asked."""
+
+    def close(self) -> None:
+        """Close the same-host channel (its connections' calls fail over to gRPC)."""
+        with self.lock:
+            local, self.local = self.local, None
+        if local is not None:
+            local.close()
 
     def table(self, name: str) -> GraphTable:
         """Graph table ``name`` (TableNotFoundError naming the graph tables that exist)."""
@@ -426,7 +436,25 @@ def load_graph(gs: GraphState, h: dict, a: dict) -> Reply:
     return counts, {}
 
 
+def local_channel(gs: GraphState, h: dict, a: dict) -> Reply:
+    """The name and key of this server's same-host channel (:mod:`ps_server.rpc.local_channel`),
+    opened on first use; FAILED_PRECONDITION when it cannot be (shared memory off here, or no
+    abstract Unix sockets: not Linux)."""
+    if not gs.server.shm.enabled:
+        raise ShmSegmentError("local channel: shared memory is off on this server (FLEET_PS_SHM=0)")
+    with gs.lock:
+        if gs.local is None:
+            try:
+                gs.local = LocalListener(
+                    _serving(gs, "SampleNeighbors"), f"graph{gs.server.server_index}"
+                )
+            except (OSError, AttributeError) as err:  # AttributeError: no AF_UNIX
+                raise ShmSegmentError(f"local channel: cannot listen ({err}); use gRPC") from err
+        return {"name": gs.local.name, "key": gs.local.key.hex()}, {}
+
+
 HANDLERS: dict[str, Callable[[GraphState, dict, dict], Reply]] = {
+    "LocalChannel": local_channel,
     "SaveGraph": save_graph,
     "LoadGraph": load_graph,
     "CreateGraphTable": create_graph_table,
@@ -448,11 +476,12 @@ HANDLERS: dict[str, Callable[[GraphState, dict, dict], Reply]] = {
 """Method name -> handler ``(state, header, arrays) -> (header, arrays)``."""
 
 
-def _method(gs: GraphState, op: str) -> Callable[[bytes, Any], bytes]:
+def _serving(gs: GraphState, op: str) -> Callable[[bytes], tuple[grpc.StatusCode | None, Any]]:
+    """Method ``op`` on a request frame: (None, reply frame) or (status code, details)."""
     fn = HANDLERS[op]
     label = f"Graph.{op}"
 
-    def handle(request: bytes, context: Any) -> bytes:
+    def serve(request: bytes) -> tuple[grpc.StatusCode | None, Any]:
         st = gs.server
         with st.counter_lock:
             st.requests[label] += 1
@@ -471,7 +500,7 @@ def _method(gs: GraphState, op: str) -> Callable[[bytes, Any], bytes]:
                 raise RequestDecodeError(f"{label}: the request has no {missing}") from None
             if t0:
                 telemetry.record_request(label, table, "OK", time.perf_counter() - t0)
-            return encode(out_h, out_a)
+            return None, encode(out_h, out_a)
         except Exception as err:  # noqa: BLE001 - every error becomes a status code
             code = status_of(err)
             if t0:
@@ -485,8 +514,20 @@ def _method(gs: GraphState, op: str) -> Callable[[bytes, Any], bytes]:
                 )
             else:
                 details = str(err)
-            context.abort(code, details[:MAX_DETAILS_CHARS])
+            return code, details[:MAX_DETAILS_CHARS]
+
+    return serve
+
+
+def _method(gs: GraphState, op: str) -> Callable[[bytes, Any], bytes]:
+    serve = _serving(gs, op)
+
+    def handle(request: bytes, context: Any) -> bytes:
+        code, out = serve(request)
+        if code is not None:
+            context.abort(code, out)
             raise AssertionError("context.abort returned") from None  # pragma: no cover
+        return out
 
     return handle
 

@@ -187,8 +187,9 @@ class GraphClient(RpcClient):
                 except OSError as err:
                     socks[i] = local.broken(calls[i][0], sock, err)
             rest = [i for i, sock in enumerate(socks) if sock is None]
-            for i, reply in zip(rest, self._send("SampleNeighbors", [calls[i] for i in rest])):
-                out[i] = reply
+            if rest:
+                for i, reply in zip(rest, self._send("SampleNeighbors", [calls[i] for i in rest])):
+                    out[i] = reply
             for i, sock in enumerate(socks):
                 if sock is None:
                     continue

@@ -10,7 +10,8 @@ with fanouts [15, 10] from 1,024 seeds: ``sample_neighbors(seeds, 15)``, then
 Peers, measured in the same run, interleaved repetition by repetition on the same seeds:
 
 * **local limit**: the same 2-hop sampling done in this process on one CSR holding the whole
-  graph (:class:`ps_server.core.graph_table.GraphTable`, vectorised numpy, no RPC). Goal: 1
+  graph (:class:`ps_server.core.graph_table.GraphTable`'s compiled sampler, gathering the
+  neighbour ids only, as the servers do; no RPC). Goal: 1
   server's batches/s >= 0.5x the local limit's.
 * **1 server**, for the 2-server row: goal 2 servers' wall time per batch <= 0.7x one server's.
   The client and the servers share the machine's cores, so two more rows say what the machine
@@ -131,6 +132,18 @@ def pin(procs: list[subprocess.Popen], cpus: list[set[int]]) -> None:
                 pass
 
 
+def table_sample(table, nodes: np.ndarray, fanout: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of ``fanout`` uniform neighbours per node from an in-process table,
+    gathering the neighbour ids only, as a server does for ``sample_neighbors`` without
+    ``return_weights`` / ``return_eids`` (``GraphTable.sample_neighbors`` gathers weights and
+    edge ids too: two more random reads per sampled edge)."""
+    ids = np.ascontiguousarray(nodes, dtype=np.int64)
+    csr, pos, counts = table.sample_positions(ids, fanout, table.edge_type(None)[0])
+    offsets = np.zeros(counts.shape[0] + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return csr.dst[pos], offsets
+
+
 def split_work(halves, cfg, seeds: np.ndarray) -> float:
     """The 2-hop batch on two in-process tables holding server 0's and server 1's part of the
     graph: the seconds of the larger share of each hop, summed (each server's sampling work
@@ -143,7 +156,7 @@ def split_work(halves, cfg, seeds: np.ndarray) -> float:
         share, got = [], []
         for table, k in zip(halves, keys):
             t = time.perf_counter()
-            got.append(table.sample_neighbors(k, fanout)[0])
+            got.append(table_sample(table, k, fanout)[0])
             share.append(time.perf_counter() - t)
         total += max(share)
         nodes = distinct(np.concatenate(got))
@@ -232,7 +245,7 @@ def main() -> None:
             free = [set(cpus)] * 3
             pinned = [{cpus[0]}, {cpus[0]}, {cpus[-1]}]  # one server; two servers: a core each
             samplers = {
-                "local": (None, lambda s, f: local.sample_neighbors(s, f)[:2]),
+                "local": (None, lambda s, f: table_sample(local, s, f)),
                 "1 server": (free, lambda s, f: one.sample_neighbors("g", s, f)),
                 "2 servers": (free, lambda s, f: two.sample_neighbors("g", s, f)),
                 "1 server pinned": (pinned, lambda s, f: one.sample_neighbors("g", s, f)),

@@ -49,9 +49,17 @@ ENTRIES: tuple[Benchmark, ...] = (
             _c(
                 "launch",
                 "Launch-to-exit, trivial 2-rank gloo barrier job, --warm_start on",
-                "^launch-to-exit.*warm vs torchrun",
+                "^launch-to-exit, 2-rank gloo barrier job, warm vs torchrun",
                 "lower",
                 "torchrun (static rendezvous)",
+                le(0.4),
+            ),
+            _c(
+                "launch_hog",
+                "Launch-to-exit of the same job under a CPU hog (one busy loop per core)",
+                "^launch-to-exit under a CPU hog",
+                "lower",
+                "torchrun under the same hog",
                 le(0.4),
             ),
             _c(
@@ -72,8 +80,16 @@ ENTRIES: tuple[Benchmark, ...] = (
             ),
             _c(
                 "memory",
-                "PSS of a job's 4 first idle workers that imported torch (the warm process counted)",
-                "^memory: first workers",
+                "PSS of a job's 4 first idle workers after import torch (the warm process counted)",
+                "^memory: first workers after import torch",
+                "lower",
+                "4 fresh workers",
+                le(0.7),
+            ),
+            _c(
+                "memory_optimizer",
+                "PSS of a job's 4 first idle workers that built an optimizer (warm process counted)",
+                "^memory: first workers after building an optimizer",
                 "lower",
                 "4 fresh workers",
                 le(0.7),
@@ -87,7 +103,7 @@ ENTRIES: tuple[Benchmark, ...] = (
                 le(0.7),
             ),
         ),
-        not_quick="each repetition launches 9 jobs of 2 to 4 ranks, about 2 minutes",
+        not_quick="each repetition launches 12 jobs of 2 to 4 ranks, about 2 minutes",
     ),
     Benchmark(
         "import",

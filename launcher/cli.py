@@ -14,7 +14,6 @@ import click
 from click.core import ParameterSource
 
 from collective.errors import ConfigError, FleetError
-from collective.zygote import end_process, exit_code
 from launcher.attempt import close_warm_early, start_warm_early
 from launcher.schedulers import get_scheduler
 from launcher.spec import (
@@ -452,11 +451,4 @@ def main(argv: list[str] | None = None) -> None:
 
         tools.main(args=args, prog_name="fleetrun", auto_envvar_prefix="FLEETRUN")
         return
-    try:
-        run_command.main(args=args, prog_name="fleetrun", auto_envvar_prefix="FLEETRUN")
-    except SystemExit as done:
-        if argv is not None:  # called from Python: the caller decides
-            raise
-        # the command line's launch: end as the interpreter would (threads joined, atexit
-        # handlers, streams flushed) without tearing the modules down, ~25 ms of a launch
-        end_process(exit_code(done.code))
+    run_command.main(args=args, prog_name="fleetrun", auto_envvar_prefix="FLEETRUN")

@@ -6,6 +6,7 @@ name."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import socket
@@ -192,3 +193,30 @@ def test_connection_without_the_key_is_closed() -> None:
             with contextlib.suppress(ConnectionResetError):  # closed with the frame unread
                 assert sock.recv(16) == b""
         assert servers[0].state.requests["Graph.SampleNeighbors"] == served  # nothing served
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_calls_from_threads() -> None:
+    """Calls from several threads at once: a segment and a connection each, the same samples."""
+    with graph_cluster(2, client_kw={"shm": True}) as (_, fast):
+        slow = GraphClient(fast.endpoints, timeout_s=20, shm=False)
+        try:
+            _load(fast)
+            batches = [
+                np.random.default_rng(10 + i).integers(-NODES, NODES, QUERY) for i in range(8)
+            ]
+            want = [slow.sample_neighbors("g", b, 10, seed=i) for i, b in enumerate(batches)]
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                got = list(
+                    pool.map(
+                        lambda ib: fast.sample_neighbors("g", ib[1], 10, seed=ib[0]),
+                        enumerate(batches),
+                    )
+                )
+            for g, w in zip(got, want):
+                for a, b in zip(g, w):
+                    np.testing.assert_array_equal(a, b)
+            assert fast._local is not None
+            assert 1 <= sum(len(v) for v in fast._local.free.values()) <= 8
+        finally:
+            slow.close()

@@ -123,8 +123,9 @@ def test_restart_loop_keeps_the_warm_process_flat(tmp_path: Path) -> None:
                 settled = attempts + 1
                 gate.touch()
             stats = _stats(zygote)
-            if settled is not None and stats and attempts not in samples:
-                samples[attempts] = stats
+            if settled is not None and stats:  # per attempt, the floor of its samples
+                old = samples.get(attempts, stats)
+                samples[attempts] = (min(old[0], stats[0]), min(old[1], stats[1]))
         time.sleep(0.05)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 1, out + err
@@ -132,28 +133,32 @@ def test_restart_loop_keeps_the_warm_process_flat(tmp_path: Path) -> None:
     assert all(f["forked"] for f in _probes(log, 1)[0])
     assert settled is not None and settled < restarts - 5, (settled, samples)
     early = [v for k, v in samples.items() if settled <= k <= settled + 2]
-    late = [v for k, v in samples.items() if k >= restarts - 2]
+    late = [v for k, v in samples.items() if k >= restarts - 4]
     assert early and late, samples
-    rss_early, fds_early = min(early)
-    rss_late, fds_late = max(late)
+    # the floor of the samples: one taken while a spawn request is in flight holds its
+    # connection and the passed pipe ends for a moment; a leak raises the floor
+    rss_early, fds_early = min(v[0] for v in early), min(v[1] for v in early)
+    rss_late, fds_late = max(v[0] for v in late), min(v[1] for v in late)
     assert fds_late <= fds_early, samples
     assert rss_late <= rss_early * 1.05 + 4096, samples  # kB; no growth per restart
     assert zygote is not None and wait_gone([zygote], 10) == []
 
 
 def _zygote_of(agent: int) -> int | None:
+    """The agent's warm process: its child with the warm process's command line that started
+    first (a worker just forked shows that command line too until it writes its own)."""
+    found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == agent and b"collective.zygote" in cmd:
-            return int(pid)
-    return None
+        if int(stat[1]) == agent and b"collective.zygote" in cmd:
+            found.append((int(stat[19]), int(pid)))  # starttime, pid
+    return min(found)[1] if found else None
 
 
 def _read(path: Path) -> str:

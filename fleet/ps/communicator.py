@@ -247,7 +247,10 @@ class Communicator:
         return torch.cat(parts).cpu().numpy().copy() if parts else np.zeros(0, np.float32)
 
     def _set_dense(self, flat: np.ndarray) -> None:
-        values = torch.from_numpy(np.asarray(flat, np.float32))
+        arr = np.asarray(flat, np.float32)
+        if not arr.flags.writeable:  # a reply's buffer: torch wants memory it may write
+            arr = arr.copy()
+        values = torch.from_numpy(arr)
         offset = 0
         with torch.no_grad():
             for p in self.dense:

@@ -134,6 +134,31 @@ def failure_of(r: Running, attempt: int) -> Failure:
     )
 
 
+PEER_LOSS_WORDS = (
+    "closed by peer",
+    "reset by peer",
+    "broken pipe",
+    "remote worker",
+    "remote process",
+    "connection refused",
+)
+"""Words of the errors a collective raises when a peer process died (gloo, NCCL, the store)."""
+PEER_REPORT_WAIT_S = 2.0
+"""How long a node whose first failure reads as a lost peer waits for another node to report a
+failure seen before it (the root cause), before reporting its own."""
+
+
+SEEN_WAIT_S = 5.0
+"""How long node 0, whose fleetrun holds the rendezvous store, waits before it ends a failed job
+for the other nodes to have read the failure."""
+
+
+def lost_a_peer(failure: Failure) -> bool:
+    """Whether ``failure``'s error reads as a collective that lost a peer process."""
+    text = failure.message.lower()
+    return any(word in text for word in PEER_LOSS_WORDS)
+
+
 def watch(
     running: Sequence[Running],
     attempt: int,

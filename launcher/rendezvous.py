@@ -133,11 +133,53 @@ class NodeRendezvous:
             nodes.append(NodeInfo(r, d["ip"], d["host"], tuple(d["ports"])))
         return nodes, int(self._get(f"{prefix}/worker_port"))
 
-    def report_failure(self, attempt: int, text: str) -> None:
-        """Tell every node that attempt ``attempt`` failed (the first report wins)."""
-        self._store.compare_set(
-            f"{attempt}/failed", "", json.dumps({"node": self.node_rank, "text": text})
-        )
+    def report_failure(self, attempt: int, text: str, when: float | None = None) -> None:
+        """Tell every node that attempt ``attempt`` failed (the first report wins the key the
+        nodes poll); each node's own report, with the time its failure was seen (``when``,
+        epoch seconds), stays under its node rank for :meth:`earlier_failure`."""
+        record = json.dumps({"node": self.node_rank, "text": text, "time": when})
+        self._store.set(f"{attempt}/failed/{self.node_rank}", record)
+        self._store.compare_set(f"{attempt}/failed", "", record)
+        self.saw_failure(attempt)
+
+    def saw_failure(self, attempt: int) -> None:
+        """Record that this node knows attempt ``attempt`` failed (:meth:`wait_seen`)."""
+        self._store.set(f"{attempt}/seen/{self.node_rank}", "1")
+
+    def wait_seen(self, attempt: int, timeout_s: float) -> None:
+        """On node 0, whose fleetrun holds the store: before it ends the job, wait (up to
+        ``timeout_s``) until every other node has seen attempt ``attempt``'s failure, so that
+        they read its report instead of losing the store mid-read."""
+        if self.node_rank != 0:
+            return
+        keys = [f"{attempt}/seen/{r}" for r in range(1, self.num_nodes)]
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not all(self._has(k) for k in keys) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except RendezvousError:
+            pass  # nothing left to wait for
+
+    def earlier_failure(self, attempt: int, when: float, wait_s: float = 0.0) -> str | None:
+        """Another node's failure of ``attempt`` seen before ``when`` (this node's first
+        failure), waiting up to ``wait_s`` for one to be reported: the root cause when this
+        node's processes failed only because a peer on that node died first."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            found = []
+            for r in range(self.num_nodes):
+                key = f"{attempt}/failed/{r}"
+                if r == self.node_rank or not self._has(key):
+                    continue
+                d = json.loads(self._get(key))
+                if d.get("time") is not None and d["time"] < when:
+                    found.append((d["time"], r, d["text"]))
+            if found:
+                _, r, text = min(found)
+                return f"node {r} reported: {text}"
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def remote_failure(self, attempt: int) -> str | None:
         """The failure another node reported for ``attempt``, if any."""

@@ -114,9 +114,24 @@ def test_failure_on_one_node_stops_both_and_restart_budget_is_global(tmp_path: P
     assert rc0 == 1 and rc1 == 1, err0 + err1
     assert "RuntimeError: injected failure on rank 3" in err1
     assert "trainer  : rank 3 (local_rank 1, node 1)" in err1
-    assert "node 1 reported: rank 3" in err0
+    assert "node 1 reported: rank 3" in err0, err0
     assert "restarts used 1/1" in err1
     assert "attempt=2" not in out0 + out1
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("warm", ["on", "off"])
+def test_each_node_names_the_failure_seen_first(tmp_path: Path, warm: str) -> None:
+    """Rank 1 (node 0) fails; node 1's ranks then fail because their peer died. Node 0 names
+    its own rank as the root cause, node 1 names node 0's report, not its own lost peers, with
+    workers forked or fresh (a forked worker exits sooner, so its node sees the lost peer
+    sooner)."""
+    procs = _nodes(tmp_path, "--fail_rank", "1", flags=("--warm_start", warm))
+    (rc0, _out0, err0), (rc1, _out1, err1) = _finish(procs)
+    assert rc0 == 1 and rc1 == 1, err0 + err1
+    assert "trainer  : rank 1 (local_rank 1, node 0)" in err0, err0
+    assert "RuntimeError: injected failure on rank 1" in err0, err0
+    assert "node 0 reported: rank 1" in err1, err1
 
 
 @pytest.mark.timeout(60)

@@ -25,6 +25,8 @@ from dataclasses import replace
 from collective.env import metrics_env
 from collective.errors import LaunchError, RendezvousError
 from launcher.attempt import (
+    PEER_REPORT_WAIT_S,
+    SEEN_WAIT_S,
     SERVER,
     TRAINER,
     Decision,
@@ -32,6 +34,7 @@ from launcher.attempt import (
     ProcSpec,
     Running,
     decide,
+    lost_a_peer,
     start_all,
     warm_pool,
     watch,
@@ -252,8 +255,14 @@ class Agent:
                 if failures:
                     first = min(failures, key=lambda f: f.time)
                     plan.report_failure(
-                        attempt, f"{_label(first)} {first.exit_desc} {first.message}"
+                        attempt, f"{_label(first)} {first.exit_desc} {first.message}", first.time
                     )
+                    wait = PEER_REPORT_WAIT_S if lost_a_peer(first) else 0.0
+                    earlier = plan.earlier_failure(attempt, first.time, wait)
+                    if earlier is not None:  # ours only followed another node's failure
+                        failures, remote = [], earlier
+                elif remote is not None:
+                    plan.saw_failure(attempt)
                 stopped = [
                     (r.spec.role, r.spec.rank)
                     for r in running
@@ -310,6 +319,7 @@ class Agent:
                     plan.max_restarts,
                 )
                 continue
+            plan.wait_seen(attempt, SEEN_WAIT_S)  # node 0 holds the store the others read
             note = "Earlier attempts: " + "; ".join(history[:-1]) if len(history) > 1 else ""
             after = (
                 "\n".join(t for t in (no_recovery, recovery.finish(attempt)) if t)

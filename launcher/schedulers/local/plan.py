@@ -72,7 +72,13 @@ class Plan(Protocol):
 
     def remote_failure(self, attempt: int) -> str | None: ...
 
-    def report_failure(self, attempt: int, text: str) -> None: ...
+    def report_failure(self, attempt: int, text: str, when: float | None = None) -> None: ...
+
+    def earlier_failure(self, attempt: int, when: float, wait_s: float = 0.0) -> str | None: ...
+
+    def saw_failure(self, attempt: int) -> None: ...
+
+    def wait_seen(self, attempt: int, timeout_s: float) -> None: ...
 
     def finish(self, attempt: int) -> str | None: ...
 
@@ -160,9 +166,20 @@ class CollectivePlan:
     def remote_failure(self, attempt: int) -> str | None:
         return self.rdzv.remote_failure(attempt) if self.rdzv else None
 
-    def report_failure(self, attempt: int, text: str) -> None:
+    def report_failure(self, attempt: int, text: str, when: float | None = None) -> None:
         if self.rdzv:
-            self.rdzv.report_failure(attempt, text)
+            self.rdzv.report_failure(attempt, text, when)
+
+    def earlier_failure(self, attempt: int, when: float, wait_s: float = 0.0) -> str | None:
+        return self.rdzv.earlier_failure(attempt, when, wait_s) if self.rdzv else None
+
+    def saw_failure(self, attempt: int) -> None:
+        if self.rdzv:
+            self.rdzv.saw_failure(attempt)
+
+    def wait_seen(self, attempt: int, timeout_s: float) -> None:
+        if self.rdzv:
+            self.rdzv.wait_seen(attempt, timeout_s)
 
     def finish(self, attempt: int) -> str | None:
         return self.rdzv.finish(attempt) if self.rdzv else None
@@ -346,7 +363,16 @@ class PSPlan:
     def remote_failure(self, attempt: int) -> str | None:
         return None
 
-    def report_failure(self, attempt: int, text: str) -> None:
+    def report_failure(self, attempt: int, text: str, when: float | None = None) -> None:
+        return None
+
+    def earlier_failure(self, attempt: int, when: float, wait_s: float = 0.0) -> str | None:
+        return None
+
+    def saw_failure(self, attempt: int) -> None:
+        return None
+
+    def wait_seen(self, attempt: int, timeout_s: float) -> None:
         return None
 
     def finish(self, attempt: int) -> str | None:

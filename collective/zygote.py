@@ -3,11 +3,13 @@ fresh ``python -u -m collective.bootstrap ARGS`` would, without paying the impor
 
 fleetrun's agent starts it once per job (``launcher.warm.WarmPool``)::
 
-    python -u -m collective.zygote --socket PATH --agent PID [--import M ...] [--later M ...]
+    python -u -m collective.zygote --socket @NAME --agent PID [--import M ...] [--later M ...]
 
 It imports the ``--import`` modules (numpy, torch, ``torch.distributed``, collective), prints one
 line ``{"ready": ...}`` on stdout, then serves spawn requests on the Unix socket until the agent
-closes it or dies (``PR_SET_PDEATHSIG``). Whenever no request has come for
+closes it or dies (``PR_SET_PDEATHSIG``). ``@NAME`` is a socket in Linux's abstract namespace,
+which leaves no file behind however the job ends; since such a socket has no file permissions,
+the zygote answers only a peer that is the agent itself (``SO_PEERCRED``: its pid and user). Whenever no request has come for
 :data:`IDLE_BEFORE_IMPORT_S`, it imports the next ``--later`` module (``torch._dynamo``, fleet,
 the PS client, the job file's ``warm_imports:``): a job's first workers are forked as soon as
 torch is in, and the restarts find the rest in too. After each import it moves what is alive
@@ -250,10 +252,19 @@ def _check_no_cuda() -> None:
         raise SystemExit("collective.zygote: a preloaded module initialised CUDA; not forking")
 
 
-def serve(listener: socket.socket, later: list[str] | None = None) -> None:
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """The pid and user id of the process at the other end of a Unix socket."""
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid
+
+
+def serve(
+    listener: socket.socket, later: list[str] | None = None, agent: int | None = None
+) -> None:
     """Serve spawn requests until an ``{"exit": true}`` one. Runs in the zygote; returns only
     there. ``later``: modules imported while no request waits (after :data:`IDLE_BEFORE_IMPORT_S`
-    without one), so the first workers are forked as soon as the early imports are done."""
+    without one), so the first workers are forked as soon as the early imports are done.
+    ``agent``: the only process whose requests are served (others get an error reply)."""
     later = list(later or [])
     while True:
         if later:
@@ -266,6 +277,12 @@ def serve(listener: socket.socket, later: list[str] | None = None) -> None:
                 continue
         conn, _ = listener.accept()
         with conn:
+            if agent is not None and _peer(conn) != (agent, os.getuid()):
+                pid, uid = _peer(conn)
+                _reply(
+                    conn, {"error": f"only the agent (pid {agent}) may ask; pid {pid}, uid {uid}"}
+                )
+                continue
             try:
                 request, fds = recv_message(conn)
             except (OSError, ValueError) as err:
@@ -479,7 +496,9 @@ def _max_fd() -> int:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m collective.zygote")
-    p.add_argument("--socket", required=True, help="Unix socket path to serve on")
+    p.add_argument(
+        "--socket", required=True, help="Unix socket to serve on: a path, or @NAME (abstract)"
+    )
     p.add_argument("--agent", type=int, required=True, help="pid of the agent that adopts workers")
     p.add_argument("--import", dest="imports", action="append", default=[], help="module to load")
     p.add_argument(
@@ -506,14 +525,14 @@ def main(argv: list[str]) -> None:
     _freeze(collect=False)  # the first workers are forked right away: no time to collect
     zygote_env = dict(os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(args.socket)
+    listener.bind("\0" + args.socket[1:] if args.socket.startswith("@") else args.socket)
     listener.listen(64)
     ready = {"ready": True, "loaded": loaded, "failed": failed}
     ready["seconds"] = round(time.monotonic() - started, 3)
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
     try:
-        serve(listener, args.later)
+        serve(listener, args.later, agent=args.agent)
     except _Become as become:
         listener.close()
         _become_worker(become.request, become.out_fd, args.agent, zygote_env)

@@ -21,13 +21,12 @@ import ctypes
 import json
 import logging
 import os
+import secrets
 import selectors
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import IO, Any
@@ -154,15 +153,16 @@ class WarmPool:
         self.ready_info: dict[str, Any] | None = None
         self._down = ""  # why the pool cannot serve ("" while it can)
         self._said = False
-        self._dir = tempfile.mkdtemp(prefix="fleetrun-warm-")
-        self.socket_path = os.path.join(self._dir, "zygote.sock")
+        # an abstract socket: nothing on disk to leave behind when the agent is SIGKILLed; the
+        # warm process serves only this process (it checks the peer's credentials)
+        self.socket_name = f"fleetrun-warm-{os.getpid()}-{secrets.token_hex(8)}"
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         self.log_path = log_path
         self._log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
         self._log.write(
             f"==== fleetrun: warm process, {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode()
         )
-        argv = [sys.executable, "-u", "-m", "collective.zygote", "--socket", self.socket_path]
+        argv = [sys.executable, "-u", "-m", "collective.zygote", "--socket", "@" + self.socket_name]
         argv += ["--agent", str(os.getpid())]
         for name in self.imports:
             argv += ["--import", name]
@@ -231,7 +231,7 @@ class WarmPool:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(REQUEST_TIMEOUT_S + self.ready_timeout_s)
-                s.connect(self.socket_path)
+                s.connect("\0" + self.socket_name)
                 request = {"argv": list(argv[1 + len(BOOTSTRAP) :]), "env": env, "cwd": cwd}
                 # adopt what the warm process forks while it answers (its intermediate exits)
                 _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -264,7 +264,8 @@ class WarmPool:
             logger.warning("fleetrun: warm start unavailable, starting workers afresh: %s", why)
 
     def close(self) -> None:
-        """Stop the warm process and remove its socket (workers it forked are not touched)."""
+        """Stop the warm process (workers it forked are not touched; its abstract socket goes
+        with it)."""
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -277,7 +278,6 @@ class WarmPool:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._log.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 __all__ = [

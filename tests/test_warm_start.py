@@ -235,6 +235,35 @@ def test_a_warm_import_that_starts_a_thread_stops_the_forks(tmp_path: Path) -> N
     assert wait_gone([pool.pid], 10) == []
 
 
+@pytest.mark.timeout(180)
+def test_the_warm_process_serves_only_its_agent(tmp_path: Path) -> None:
+    """Its socket is abstract (no file to leave behind, no file permissions): a request from
+    any process but the agent is refused, and the agent is still served afterwards."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    pool = WarmPool(env, str(tmp_path / "warmlog.0"), [])
+    try:
+        argv = [sys.executable, *BOOTSTRAP, PROBE]
+        pool._wait_ready()
+        other = subprocess.run(
+            [sys.executable, "-c", (
+                "import os, socket, sys\n"
+                "from collective.zygote import recv_message, send_message\n"
+                "r, w = os.pipe()\n"
+                "s = socket.socket(socket.AF_UNIX)\n"
+                "s.connect('\\0' + sys.argv[1])\n"
+                "send_message(s, {'argv': ['x.py'], 'env': {}, 'cwd': '/'}, [w])\n"
+                "print(recv_message(s)[0])\n"
+            ), pool.socket_name],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "only the agent" in other.stdout, other.stdout + other.stderr
+        child = pool.spawn(argv, env, str(tmp_path))
+        assert child.wait(120) == 0 and pool.spawned == 1
+    finally:
+        pool.close()
+    assert wait_gone([pool.pid], 10) == []
+
+
 @pytest.mark.timeout(300)
 def test_killing_fleetrun_leaves_no_orphans(tmp_path: Path) -> None:
     log = tmp_path / "log"

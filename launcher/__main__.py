@@ -1,6 +1,6 @@
 """``python -m launcher`` is ``fleetrun``."""
 
-from launcher.cli import main
+from launcher.prestart import main
 
 if __name__ == "__main__":
     main()

@@ -34,7 +34,7 @@ from launcher.heter_spec import HETER
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all, wait_any
 from launcher.spec import JobSpec, Mode, SchedulerKind, Tee, WarmStart
 from launcher.summary import Failure, read_error_file, role_label
-from launcher.warm import WarmPool
+from launcher.warm import WarmPool, close_early, keep_early, node_env, take_begun, take_early
 from launcher.warm import supported as warm_supported
 
 logger = logging.getLogger(__name__)
@@ -270,54 +270,56 @@ def warm_pool(
         logger.warning("fleetrun: warm start unavailable, starting workers afresh: %s", why)
         return None
     log_path = os.path.join(spec.log_dir, f"warmlog.{node}")
-    early = _EARLY.pop(log_path, None)
+    early = take_early(log_path)
     if early is not None:
         return early
     return WarmPool(env, log_path, spec.warm_imports, workers=workers)
 
 
-_EARLY: dict[str, WarmPool] = {}
-"""Warm processes started by :func:`start_warm_early`, by log path, until an agent takes one."""
-
-
 def start_warm_early(spec: JobSpec) -> None:
     """Start the warm process of a one-node local job now, before fleetrun imports its
     scheduler and sets the job up (about 0.1 s sooner): its ``import torch`` is what the first
-    workers wait for. The node's agent takes it over (:func:`warm_pool`); one that is never
-    taken is closed by :func:`close_warm_early`. Jobs on several nodes, elastic and
-    non-local jobs start theirs as before."""
+    workers wait for; or adopt the one :mod:`launcher.prestart` began before the command line
+    was read, when it is exactly the one this job needs. The node's agent takes it over
+    (:func:`warm_pool`); one that is never taken is closed by :func:`close_warm_early`. Jobs
+    on several nodes, elastic and non-local jobs start theirs as before."""
+    began = take_begun()
     if (
         spec.scheduler is not SchedulerKind.LOCAL
         or spec.elastic.enabled
         or spec.num_nodes != 1
         or (spec.entrypoint.script and not os.path.isfile(spec.entrypoint.script))
     ):
-        return
-    if spec.mode is Mode.PS:
-        if spec.ps.servers or spec.ps.workers or spec.ps.heter_workers:
-            return  # a static layout: which of them run here is the agent's to say
+        n = 0
+    elif spec.mode is Mode.PS:
         n = spec.sizes.server_num + spec.sizes.worker_num + spec.sizes.heter_worker_num
+        if spec.ps.servers or spec.ps.workers or spec.ps.heter_workers:
+            n = 0  # a static layout: which of them run here is the agent's to say
     else:
         n = spec.sizes.nproc_per_node
-    pool = warm_pool(spec, base_env(spec, n), "0", n)
-    if pool is not None:
-        _EARLY[pool.log_path] = pool
+    env = base_env(spec, n)
+    if began is not None:
+        wanted = n and spec.warm_start is WarmStart.ON and not spec.entrypoint.no_python
+        if wanted and began.serves(env, spec.warm_imports, n):
+            began.attach_log(os.path.join(spec.log_dir, "warmlog.0"))
+            keep_early(began)  # until the node's agent asks for it
+            return
+        began.close()
+    if n:
+        pool = warm_pool(spec, env, "0", n)
+        if pool is not None:
+            keep_early(pool)
 
 
 def close_warm_early() -> None:
     """Close the early warm processes no agent took (the launch stopped before its workers)."""
-    while _EARLY:
-        _EARLY.popitem()[1].close()
+    close_early()
 
 
 def base_env(spec: JobSpec, nproc_here: int) -> dict[str, str]:
     """fleetrun's environment plus the job's ``env:``, for a node running ``nproc_here``
     processes (OMP_NUM_THREADS=1 when several share it, unless set)."""
-    env = dict(os.environ)
-    env.update(spec.env)
-    if nproc_here > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = "1"  # as torchrun: N processes must not each take all cores
-    return env
+    return node_env(spec.env, nproc_here)
 
 
 def console_prefix(spec: JobSpec, role: str, rank: int) -> tuple[bool, bytes]:

@@ -130,7 +130,7 @@ class Agent:
                 return self._run(monitor)
         finally:
             if self.warm is not None:
-                self.warm.close()
+                self.warm.close(wait=False)  # killed; freed while fleetrun ends
             if getattr(self.plan, "recovery", None) is not None:
                 self.plan.recovery.close()  # type: ignore[attr-defined]
 

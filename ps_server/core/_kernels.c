@@ -256,14 +256,30 @@ static PyObject *k_push(PyObject *self, PyObject *args) {
     Py_buffer bh, bw, bst, bc, bu, bf, br, bg;
     int got = 0;
     PyObject *result = NULL;
-    if (!get_buf(o_h, &bh, 8, 0, "hyper")) goto done; got = 1;
-    if (!get_buf(o_w, &bw, 4, 1, "values")) goto done; got = 2;
-    if (!get_buf(o_st, &bst, 4, 1, "state")) goto done; got = 3;
-    if (!get_buf(o_cnt, &bc, 4, 1, "count")) goto done; got = 4;
-    if (!get_buf(o_uns, &bu, 2, 1, "unseen")) goto done; got = 5;
-    if (!get_buf(o_flags, &bf, 1, 1, "flags")) goto done; got = 6;
-    if (!get_buf(o_rows, &br, 8, 0, "rows")) goto done; got = 7;
-    if (!get_buf(o_g, &bg, 4, 0, "grads")) goto done; got = 8;
+    if (!get_buf(o_h, &bh, 8, 0, "hyper"))
+        goto done;
+    got = 1;
+    if (!get_buf(o_w, &bw, 4, 1, "values"))
+        goto done;
+    got = 2;
+    if (!get_buf(o_st, &bst, 4, 1, "state"))
+        goto done;
+    got = 3;
+    if (!get_buf(o_cnt, &bc, 4, 1, "count"))
+        goto done;
+    got = 4;
+    if (!get_buf(o_uns, &bu, 2, 1, "unseen"))
+        goto done;
+    got = 5;
+    if (!get_buf(o_flags, &bf, 1, 1, "flags"))
+        goto done;
+    got = 6;
+    if (!get_buf(o_rows, &br, 8, 0, "rows"))
+        goto done;
+    got = 7;
+    if (!get_buf(o_g, &bg, 4, 0, "grads"))
+        goto done;
+    got = 8;
     {
         Py_ssize_t cap = bc.len / 4, n = br.len / 8;
         if (bh.len / 8 < 7 || cap == 0 || bw.len / 4 % cap != 0 || bst.len / 4 % cap != 0 ||

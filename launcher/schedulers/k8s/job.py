@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import sys
 
+from launcher.scheduler_spec import CleanupPolicy
 from launcher.schedulers.k8s.render import TRAINER, object_names, render_job, to_yaml
-from launcher.spec import CleanupPolicy, JobSpec
+from launcher.spec import JobSpec
 
 logger = logging.getLogger(__name__)
 

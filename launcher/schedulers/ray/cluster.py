@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collective.errors import ConfigError, LaunchError
-from launcher.spec import RayConfig
+from launcher.scheduler_spec import RayConfig
 
 logger = logging.getLogger(__name__)
 

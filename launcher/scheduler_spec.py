@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from collective.env import StrEnum
+from collective.env_base import StrEnum
 from collective.typed_config import require
 
 

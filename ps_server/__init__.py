@@ -51,37 +51,53 @@ from typing import Any
 
 from collective.errors import FleetNotImplementedError
 from collective.moved_modules import install_moved_modules
-from ps_server import checkpoint
-from ps_server.checkpoint import create_tables, load, read_checkpoint, save
-from ps_server.config import (
-    DenseTableConfig,
-    NonFinitePolicy,
-    SparseTableConfig,
-    check_same_config,
-    config_diff,
-    config_from_dict,
-    config_to_dict,
-)
-from ps_server.core.dense_table import DenseTable
-from ps_server.core.entry import CountFilterEntry, EntryPolicy, ProbabilityEntry
-from ps_server.core.factory import make_table
-from ps_server.core.initializers import Constant, Initializer, Normal, TruncatedNormal, Uniform
-from ps_server.core.optimizers import SGD, Adagrad, Adam, OptimizerRule, RowsMeta
-from ps_server.core.routing import block_shard, group_by_server, shard_of, shards_of_server
-from ps_server.core.sparse_table import SparseTable
-from ps_server.core.table import PushStats, Table
 
 _NOT_YET: dict[str, str] = {}
 """Names that are announced but not implemented yet (using one raises FleetNotImplementedError)."""
 
 _LAZY = {
+    "checkpoint": "ps_server.checkpoint.",
+    "create_tables": "ps_server.checkpoint",
+    "load": "ps_server.checkpoint",
+    "read_checkpoint": "ps_server.checkpoint",
+    "save": "ps_server.checkpoint",
+    "DenseTableConfig": "ps_server.config",
+    "NonFinitePolicy": "ps_server.config",
+    "SparseTableConfig": "ps_server.config",
+    "check_same_config": "ps_server.config",
+    "config_diff": "ps_server.config",
+    "config_from_dict": "ps_server.config",
+    "config_to_dict": "ps_server.config",
+    "DenseTable": "ps_server.core.dense_table",
+    "CountFilterEntry": "ps_server.core.entry",
+    "EntryPolicy": "ps_server.core.entry",
+    "ProbabilityEntry": "ps_server.core.entry",
+    "make_table": "ps_server.core.factory",
+    "Constant": "ps_server.core.initializers",
+    "Initializer": "ps_server.core.initializers",
+    "Normal": "ps_server.core.initializers",
+    "TruncatedNormal": "ps_server.core.initializers",
+    "Uniform": "ps_server.core.initializers",
+    "SGD": "ps_server.core.optimizers",
+    "Adagrad": "ps_server.core.optimizers",
+    "Adam": "ps_server.core.optimizers",
+    "OptimizerRule": "ps_server.core.optimizers",
+    "RowsMeta": "ps_server.core.optimizers",
+    "block_shard": "ps_server.core.routing",
+    "group_by_server": "ps_server.core.routing",
+    "shard_of": "ps_server.core.routing",
+    "shards_of_server": "ps_server.core.routing",
+    "SparseTable": "ps_server.core.sparse_table",
+    "PushStats": "ps_server.core.table",
+    "Table": "ps_server.core.table",
     "PSClient": "ps_server.client",
     "PSServer": "ps_server.server",
     "serve": "ps_server.server",
     "serve_from_env": "ps_server.server",
     "PSRpcError": "ps_server.rpc.status",
 }
-"""The gRPC layer, imported on first use (``import ps_server`` does not import grpc)."""
+"""Every public name, imported on first use: ``import ps_server`` (which importing any of its
+modules runs first) loads nothing more; the gRPC layer's names load grpc."""
 
 MOVED_MODULES: dict[str, str] = {
     "ps_server.batch_ops": "ps_server.core.batch_ops",
@@ -120,8 +136,14 @@ install_moved_modules("ps_server", MOVED_MODULES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    module = _LAZY.get(name)
+    if module is not None:
+        if module.endswith("."):
+            value: Any = importlib.import_module(module[:-1])
+        else:
+            value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
     if f"ps_server.{name}" in MOVED_MODULES:  # ``ps_server.routing.X``: warns, as its import does
         return importlib.import_module(f"ps_server.{name}")
     if name in _NOT_YET:

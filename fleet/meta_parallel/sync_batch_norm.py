@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 
@@ -52,6 +51,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         group = self.process_group or tdist.group.WORLD
         if not self.training or not tdist.is_initialized() or tdist.get_world_size(group) == 1:
             return super().forward(input)
+        import torch.distributed._functional_collectives as funcol  # lazy: 90 ms of import
+
         self._check_input_dim(input)
         channels = input.shape[1]
         dims = [0, *range(2, input.dim())]

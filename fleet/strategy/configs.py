@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from collective.env import StrEnum
+from collective.env_base import StrEnum
 from collective.errors import ConfigError
 from collective.typed_config import convert, require, to_dict, unknown_key_error
 

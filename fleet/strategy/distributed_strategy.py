@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from collective.errors import ConfigError
 from collective.typed_config import convert, from_dict, unknown_key_error
 from fleet.strategy.configs import (
@@ -220,6 +218,8 @@ class DistributedStrategy:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as err:
             raise ConfigError(f"cannot read strategy file {str(path)!r}: {err}") from None
+        import yaml  # lazy: `import fleet` stays light; only strategy files need YAML
+
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
@@ -245,6 +245,8 @@ class DistributedStrategy:
 
     def to_yaml(self) -> str:
         """:meth:`to_dict` as a YAML document (loadable by :meth:`from_yaml`)."""
+        import yaml  # lazy, as in from_yaml
+
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     # ---- display -----------------------------------------------------------------------------

@@ -133,11 +133,16 @@ class NodeRendezvous:
             nodes.append(NodeInfo(r, d["ip"], d["host"], tuple(d["ports"])))
         return nodes, int(self._get(f"{prefix}/worker_port"))
 
-    def report_failure(self, attempt: int, text: str, when: float | None = None) -> None:
+    def report_failure(
+        self, attempt: int, text: str, when: float | None = None, lost_peer: bool = False
+    ) -> None:
         """Tell every node that attempt ``attempt`` failed (the first report wins the key the
         nodes poll); each node's own report, with the time its failure was seen (``when``,
-        epoch seconds), stays under its node rank for :meth:`earlier_failure`."""
-        record = json.dumps({"node": self.node_rank, "text": text, "time": when})
+        epoch seconds) and whether it only reads as a lost peer (``lost_peer``), stays under
+        its node rank for :meth:`earlier_failure`."""
+        record = json.dumps(
+            {"node": self.node_rank, "text": text, "time": when, "lost_peer": lost_peer}
+        )
         self._store.set(f"{attempt}/failed/{self.node_rank}", record)
         self._store.compare_set(f"{attempt}/failed", "", record)
         self.saw_failure(attempt)
@@ -160,22 +165,33 @@ class NodeRendezvous:
         except RendezvousError:
             pass  # nothing left to wait for
 
-    def earlier_failure(self, attempt: int, when: float, wait_s: float = 0.0) -> str | None:
-        """Another node's failure of ``attempt`` seen before ``when`` (this node's first
-        failure), waiting up to ``wait_s`` for one to be reported: the root cause when this
-        node's processes failed only because a peer on that node died first."""
+    def earlier_failure(
+        self, attempt: int, when: float, wait_s: float = 0.0, lost_peer: bool = False
+    ) -> str | None:
+        """Another node's failure of ``attempt`` that is the root cause rather than this node's
+        own first failure, seen at ``when``. A failure of its own that is an error of its own
+        (``lost_peer`` false) yields only to another node's error of its own seen before it:
+        a peer's "connection closed" can be seen before the error that caused it, since a dying
+        process closes its connections before it exits. A failure that only reads as a lost
+        peer yields to another node's error of its own reported within ``wait_s``, else to
+        any failure another node saw before it."""
         deadline = time.monotonic() + wait_s
         while True:
-            found = []
+            reports = []
             for r in range(self.num_nodes):
                 key = f"{attempt}/failed/{r}"
                 if r == self.node_rank or not self._has(key):
                     continue
                 d = json.loads(self._get(key))
-                if d.get("time") is not None and d["time"] < when:
-                    found.append((d["time"], r, d["text"]))
-            if found:
-                _, r, text = min(found)
+                seen = d.get("time")
+                reports.append(
+                    (seen if seen is not None else when, r, d["text"], d.get("lost_peer"))
+                )
+            causes = [x for x in reports if not x[3] and (lost_peer or x[0] < when)]
+            if not causes and lost_peer and time.monotonic() >= deadline:
+                causes = [x for x in reports if x[0] < when]
+            if causes:
+                _, r, text, _ = min(causes)
                 return f"node {r} reported: {text}"
             if time.monotonic() >= deadline:
                 return None

@@ -121,7 +121,7 @@ def test_failure_on_one_node_stops_both_and_restart_budget_is_global(tmp_path: P
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("warm", ["on", "off"])
-def test_each_node_names_the_failure_seen_first(tmp_path: Path, warm: str) -> None:
+def test_each_node_names_the_rank_error_as_the_root_cause(tmp_path: Path, warm: str) -> None:
     """Rank 1 (node 0) fails; node 1's ranks then fail because their peer died. Node 0 names
     its own rank as the root cause, node 1 names node 0's report, not its own lost peers, with
     workers forked or fresh (a forked worker exits sooner, so its node sees the lost peer
@@ -132,6 +132,38 @@ def test_each_node_names_the_failure_seen_first(tmp_path: Path, warm: str) -> No
     assert "trainer  : rank 1 (local_rank 1, node 0)" in err0, err0
     assert "RuntimeError: injected failure on rank 1" in err0, err0
     assert "node 0 reported: rank 1" in err1, err1
+
+
+@pytest.mark.timeout(60)
+def test_a_lost_peer_seen_first_never_hides_an_error_of_its_own() -> None:
+    """The rule behind the root cause on several nodes, on a real store with two nodes: a dying
+    rank closes its connections before its process exits, so another node may see its lost
+    peer first; that report must not take the place of the error itself."""
+    from launcher.rendezvous import NodeRendezvous
+
+    port = find_free_port()
+    nodes = [NodeRendezvous("127.0.0.1", port, 2, r, 10.0, 0, "job") for r in (0, 1)]
+    a, b = nodes
+    # b's own error, a's lost peer seen before it: b names its own
+    a.report_failure(0, "rank 0 Connection closed by peer", 1.0, lost_peer=True)
+    b.report_failure(0, "rank 3 RuntimeError", 2.0)
+    assert b.earlier_failure(0, 2.0, 0.0, lost_peer=False) is None
+    # both errors of their own: the one seen first
+    a.report_failure(1, "rank 1 RuntimeError", 1.0)
+    b.report_failure(1, "rank 3 RuntimeError", 2.0)
+    assert b.earlier_failure(1, 2.0) == "node 0 reported: rank 1 RuntimeError"
+    assert a.earlier_failure(1, 1.0) is None
+    # b's lost peer: a's error wins even if seen later
+    b.report_failure(2, "rank 2 Connection closed by peer", 1.0, lost_peer=True)
+    a.report_failure(2, "rank 0 RuntimeError", 2.0)
+    assert b.earlier_failure(2, 1.0, 0.5, lost_peer=True) == "node 0 reported: rank 0 RuntimeError"
+    # lost peers on both: the one seen first, after the wait
+    a.report_failure(3, "rank 0 Connection reset by peer", 1.0, lost_peer=True)
+    b.report_failure(3, "rank 2 Connection closed by peer", 2.0, lost_peer=True)
+    assert b.earlier_failure(3, 2.0, 0.2, lost_peer=True) == (
+        "node 0 reported: rank 0 Connection reset by peer"
+    )
+    assert a.earlier_failure(3, 1.0, 0.2, lost_peer=True) is None
 
 
 @pytest.mark.timeout(60)

@@ -254,11 +254,11 @@ class Agent:
                     monitor.restarted_in_place(attempt + alone)
                 if failures:
                     first = min(failures, key=lambda f: f.time)
-                    plan.report_failure(
-                        attempt, f"{_label(first)} {first.exit_desc} {first.message}", first.time
-                    )
-                    wait = PEER_REPORT_WAIT_S if lost_a_peer(first) else 0.0
-                    earlier = plan.earlier_failure(attempt, first.time, wait)
+                    peer = lost_a_peer(first)
+                    text = f"{_label(first)} {first.exit_desc} {first.message}"
+                    plan.report_failure(attempt, text, first.time, peer)
+                    wait = PEER_REPORT_WAIT_S if peer else 0.0
+                    earlier = plan.earlier_failure(attempt, first.time, wait, peer)
                     if earlier is not None:  # ours only followed another node's failure
                         failures, remote = [], earlier
                 elif remote is not None:

@@ -72,9 +72,13 @@ class Plan(Protocol):
 
     def remote_failure(self, attempt: int) -> str | None: ...
 
-    def report_failure(self, attempt: int, text: str, when: float | None = None) -> None: ...
+    def report_failure(
+        self, attempt: int, text: str, when: float | None = None, lost_peer: bool = False
+    ) -> None: ...
 
-    def earlier_failure(self, attempt: int, when: float, wait_s: float = 0.0) -> str | None: ...
+    def earlier_failure(
+        self, attempt: int, when: float, wait_s: float = 0.0, lost_peer: bool = False
+    ) -> str | None: ...
 
     def saw_failure(self, attempt: int) -> None: ...
 
@@ -166,12 +170,18 @@ class CollectivePlan:
     def remote_failure(self, attempt: int) -> str | None:
         return self.rdzv.remote_failure(attempt) if self.rdzv else None
 
-    def report_failure(self, attempt: int, text: str, when: float | None = None) -> None:
+    def report_failure(
+        self, attempt: int, text: str, when: float | None = None, lost_peer: bool = False
+    ) -> None:
         if self.rdzv:
-            self.rdzv.report_failure(attempt, text, when)
+            self.rdzv.report_failure(attempt, text, when, lost_peer)
 
-    def earlier_failure(self, attempt: int, when: float, wait_s: float = 0.0) -> str | None:
-        return self.rdzv.earlier_failure(attempt, when, wait_s) if self.rdzv else None
+    def earlier_failure(
+        self, attempt: int, when: float, wait_s: float = 0.0, lost_peer: bool = False
+    ) -> str | None:
+        if not self.rdzv:
+            return None
+        return self.rdzv.earlier_failure(attempt, when, wait_s, lost_peer)
 
     def saw_failure(self, attempt: int) -> None:
         if self.rdzv:
@@ -363,10 +373,14 @@ class PSPlan:
     def remote_failure(self, attempt: int) -> str | None:
         return None
 
-    def report_failure(self, attempt: int, text: str, when: float | None = None) -> None:
+    def report_failure(
+        self, attempt: int, text: str, when: float | None = None, lost_peer: bool = False
+    ) -> None:
         return None
 
-    def earlier_failure(self, attempt: int, when: float, wait_s: float = 0.0) -> str | None:
+    def earlier_failure(
+        self, attempt: int, when: float, wait_s: float = 0.0, lost_peer: bool = False
+    ) -> str | None:
         return None
 
     def saw_failure(self, attempt: int) -> None:

@@ -382,6 +382,16 @@ def _calibrate_job(tmp_path: Path, spec: ModelSpec, env: dict[str, str]) -> Cali
     return cal
 
 
+def test_a_fitted_cost_is_never_negative_inside_the_measured_sizes() -> None:
+    """Times that bend up with the micro-batch size (a small layer, caches) gave an
+    unconstrained line with a negative intercept: zero cost at b = 1."""
+    bent = Linear.fit([(1, 1e-4), (2, 6e-4), (4, 1.7e-3)])
+    assert bent.a == 0.0 and bent.at(1) > 0 and bent.at(4) > bent.at(1)
+    falling = Linear.fit([(1, 3.0), (2, 2.0), (4, 1.0)])
+    assert falling == Linear(2.0, 0.0)
+    assert Linear.fit([(1, 2.0), (2, 3.0), (4, 5.0)]) == Linear(1.0, 1.0)  # unconstrained
+
+
 @pytest.mark.timeout(180)
 def test_calibration_job_world_two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = ModelSpec(

@@ -32,7 +32,12 @@ class Linear:
 
     @staticmethod
     def fit(points: list[tuple[float, float]]) -> Linear:
-        """Least-squares line through ``(b, value)`` points (one point: proportional to b)."""
+        """Least-squares line through ``(b, value)`` points with ``a >= 0`` and ``c >= 0`` (one
+        point: proportional to b). A cost has no negative part: measured times of a small
+        layer can bend up with ``b`` (caches) or wobble, and an unconstrained line then crosses
+        zero inside the measured sizes; the constrained one is the nearest line that does not
+        (through the origin when the intercept would be negative, flat at the mean when the
+        slope would be)."""
         if not points:
             return Linear(0.0, 0.0)
         if len({b for b, _ in points}) == 1:
@@ -44,6 +49,12 @@ class Linear:
         mv = sum(v for _, v in points) / n
         sbb = sum((b - mb) ** 2 for b, _ in points)
         c = sum((b - mb) * (v - mv) for b, v in points) / sbb
+        if mv - c * mb < 0:  # through the origin instead
+            return Linear(
+                0.0, max(0.0, sum(b * v for b, v in points) / sum(b * b for b, _ in points))
+            )
+        if c < 0:  # flat
+            return Linear(max(0.0, mv), 0.0)
         return Linear(mv - c * mb, c)
 
 

@@ -58,6 +58,7 @@ from ps_server.rpc.codec import (
     as_flat_values,
     as_keys,
     as_rows,
+    as_shows,
     decode_rows,
     decode_values,
     encode_values,
@@ -254,13 +255,16 @@ class PSClient(CheckpointCalls):
         grads: Any,
         mode: str = "apply",
         sync_count: int | None = None,
+        shows: Any = None,
     ) -> dict[str, int]:
         """Push ``grads`` float32[len(keys), dim] for ``keys``; returns the summed push stats.
 
         ``mode``: ``"apply"`` (optimizer now), ``"sync"`` (with ``sync_count=W``: each server
         applies the mean of the W pushes of a round once; every server gets a request, empty if
         it has no keys, so its count reaches W — see :mod:`ps_server.rpc.sync`) or ``"delta"`` (GEO:
-        add to the rows). Not retried (see the module docstring).
+        add to the rows). ``shows`` (``"delta"`` only): the show count each key adds to its row
+        (integers >= 0, one per key; default one per occurrence of the key), as a pass cache
+        reports its examples' occurrences. Not retried (see the module docstring).
         """
         if mode not in _MODES:
             raise ConfigError(f"must be one of {sorted(_MODES)}, got {mode!r}", key="mode")
@@ -272,9 +276,11 @@ class PSClient(CheckpointCalls):
             )
         if not sync and sync_count is not None:
             raise ConfigError(f"is only for mode='sync' (mode is {mode!r})", key="sync_count")
-        stats, lost = self._push_sparse(table, keys, grads, mode, sync_count, None)
+        if shows is not None and mode != "delta":
+            raise ConfigError(f"is only for mode='delta' (mode is {mode!r})", key="shows")
+        stats, lost = self._push_sparse(table, keys, grads, mode, sync_count, None, shows)
         if lost:  # restarted servers refused segments they no longer know, unread: once more
-            again, _ = self._push_sparse(table, keys, grads, mode, sync_count, lost)
+            again, _ = self._push_sparse(table, keys, grads, mode, sync_count, lost, shows)
             stats = {f: stats[f] + again[f] for f in stats}
         return stats
 
@@ -286,6 +292,7 @@ class PSClient(CheckpointCalls):
         mode: str,
         sync_count: int | None,
         only: set[int] | None,
+        shows: Any = None,
     ) -> tuple[dict[str, int], set[int]]:
         """The push to every server (``only``: to these); returns the summed stats and, for an
         APPLY/GEO push, the servers that refused its shared-memory segment unread (lost it in a
@@ -294,11 +301,13 @@ class PSClient(CheckpointCalls):
         config: SparseTableConfig = self._config(table, SparseTableConfig)
         keys = as_keys(table, keys)
         grads = as_rows(table, grads, keys.shape[0], config.dim)
-        row_bytes = config.dim * VALUE_BYTES + KEY_BYTES
+        counts = None if shows is None else as_shows(table, shows, keys.shape[0])
+        row_bytes = config.dim * VALUE_BYTES + KEY_BYTES + (0 if counts is None else 4)
         first, last, segs = [], [], []  # SYNC: every part but a server's last goes first
         common = {"mode": _MODES[mode], "sync_count": sync_count or 0, "table": table}
         for server, (pos, skeys) in enumerate(self._route(keys, config.num_shards)):
             sgrads = grads if pos is None else take_rows(grads, pos)
+            scounts = counts if counts is None or pos is None else counts[pos]
             n = skeys.shape[0]
             if (n == 0 and not sync) or (only is not None and server not in only):
                 continue
@@ -307,7 +316,12 @@ class PSClient(CheckpointCalls):
                 k, g = seg.views(n, config.dim)
                 k[...], g[...] = skeys, sgrads
                 request = _PUSH_SPARSE_REQUEST.encode(
-                    {**common, "shm_segment": seg.name, "shm_num_keys": n}
+                    {
+                        **common,
+                        "shm_segment": seg.name,
+                        "shm_num_keys": n,
+                        **({} if scounts is None else {"shows": scounts.tobytes()}),
+                    }
                 )
                 last.append(Call(server, "PushSparse", request))
                 segs.append(seg)
@@ -321,6 +335,7 @@ class PSClient(CheckpointCalls):
                         "keys": _le(skeys[part], KEY_DTYPE),
                         "grads": _le(take_rows(sgrads, part), VALUE_DTYPE),
                         "more_parts": more,
+                        **({} if scounts is None else {"shows": scounts[part].tobytes()}),
                     }
                 )
                 (first if more else last).append(Call(server, "PushSparse", request))

@@ -358,3 +358,28 @@ def test_add_delta_adds_without_the_rule_and_counts_as_a_push() -> None:
     assert info.value.field == "deltas" and r.num_rows == 0
     with pytest.raises(TableInputError, match=r"\(2, 2\)"):
         r.add_delta(k(1, 2), np.zeros((2, 3), np.float32))
+
+
+@pytest.mark.timeout(30)
+def test_add_delta_with_shows_counts_them() -> None:
+    """``add_delta(keys, deltas, shows)``: each row's count grows by the shows of its keys (a
+    pass cache's occurrences) instead of one per key; rows dropped as non-finite or filtered take
+    their shows with them; bad shows are a TableInputError naming ``shows``."""
+    t = table(dim=2, nonfinite="skip")
+    t.add_delta(k(1, 2, 1, 3), g([[1, 1], [1, 1], [1, 1], [np.nan, 1]]), np.array([5, 2, 4, 9]))
+    assert meta(t, 1) == (9, 0) and meta(t, 2) == (2, 0)
+    assert t.store.lookup(k(3))[0] < 0  # its row carried NaN: neither created nor counted
+    t.add_delta(k(2), g([[0, 0]]), np.array([0], np.uint32))
+    assert meta(t, 2) == (2, 0)
+    f = table(dim=2, entry=CountFilterEntry(3))
+    f.add_delta(k(4), g([[1, 1]]), np.array([7]))  # not admitted: filtered, nothing counted
+    assert f.num_rows == 0
+    for bad, why in (
+        (np.array([1, 2]), r"1 integer show counts.*shape \(2,\)"),
+        (np.array([1.5]), "integer show counts"),
+        (np.array([-1]), ">= 0"),
+    ):
+        with pytest.raises(TableInputError, match=why) as info:
+            t.add_delta(k(7), g([[1, 1]]), bad)
+        assert info.value.field == "shows"
+    assert t.store.lookup(k(7))[0] < 0  # nothing of a refused delta was applied

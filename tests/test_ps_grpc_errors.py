@@ -117,6 +117,15 @@ def test_wrong_dim_length_mismatch_truncated_keys(live: Any) -> None:
         _push("emb", keys, np.ones((20, DIM), np.float32).tobytes(), mode=0),
     )
     assert "mode" in msg
+    grads = np.zeros((20, DIM), np.float32).tobytes()
+    for mode, shows, want in (
+        (ps_pb2.PUSH_MODE_DELTA, b"\x01" * 79, "79 bytes, expected len(keys) * 4 = 20 * 4"),
+        (ps_pb2.PUSH_MODE_APPLY, b"\x01" * 80, "delta push only"),
+    ):
+        request = _push("emb", keys, grads, mode=mode)
+        request.shows = shows
+        msg = _fails(grpc.StatusCode.INVALID_ARGUMENT, stub.PushSparse, request)
+        assert "'emb'" in msg and "shows" in msg and want in msg, msg
     _still_serves(client, ref)
 
 

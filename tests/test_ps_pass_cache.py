@@ -155,7 +155,7 @@ def test_two_trainers_deltas_merge() -> None:
     net = _Net(emb)
     data = [_batches(10, n=4), _batches(11, n=4)]
     keys = np.arange(60, dtype=np.int64)
-    with cluster(2) as (_, client):
+    with cluster(2) as (servers, client):
         client.create_table_from_config(emb.table_config())
         before = client.pull_sparse("pc_merge", keys)
         comms = [SyncCommunicator(client, 1, lambda: None) for _ in data]
@@ -164,6 +164,7 @@ def test_two_trainers_deltas_merge() -> None:
             comm.add_table("pc_merge", DIM, 0.5)
             caches.append(pass_cache.start([emb], batches, client, comm, register=False))
         deltas = []
+        shows = np.zeros(keys.shape[0], np.int64)
         for comm, cache, batches in zip(comms, caches, data):
             _train(net, comm, batches)
             table = cache.tables["pc_merge"]
@@ -171,11 +172,56 @@ def test_two_trainers_deltas_merge() -> None:
             full = np.zeros_like(before)
             full[k] = d
             deltas.append(full)
+            shows[k] += table.show[np.searchsorted(table.keys_np, k)]
             pass_cache.finish(cache, barrier=False)
             assert "pc_merge" in comm.tables  # given back to the communicator
         after = client.pull_sparse("pc_merge", keys)
+        counts = _server_counts(servers, "pc_merge", keys)
     assert np.abs(deltas[0]).sum() > 0 and np.abs(deltas[1]).sum() > 0
     np.testing.assert_allclose(after, before + deltas[0] + deltas[1], rtol=1e-5, atol=1e-6)
+    # the servers counted each row's occurrences in both passes' examples (Paddle's show)
+    assert shows.sum() > len(keys) and np.array_equal(counts, shows)
+
+
+def _server_counts(servers: list[Any], table: str, keys: np.ndarray) -> np.ndarray:
+    """Each key's show count on whichever in-process server holds its row (0: no row)."""
+    out = np.zeros(keys.shape[0], np.int64)
+    for server in servers:
+        t = server.state.tables[table]
+        with t.lock:
+            rows = t.store.lookup(keys)
+            out[rows >= 0] = t.store.cols["count"][rows[rows >= 0]]
+    return out
+
+
+@pytest.mark.parametrize("num_keys", [40, 20_000], ids=["bytes", "shm"])
+def test_delta_push_carries_show_counts(num_keys: int) -> None:
+    """``push_sparse(mode="delta", shows=...)`` through gRPC bytes and the same-host segment:
+    each row's count grows by its key's shows; shows for another mode or of the wrong length
+    are refused before anything is sent."""
+    from ps_server import SparseTableConfig
+    from ps_server.errors import TableInputError
+
+    keys = np.arange(num_keys, dtype=np.int64) * 7919
+    shows = (np.arange(num_keys) % 5).astype(np.int64)
+    with cluster(2) as (servers, client):
+        client.create_table_from_config(
+            SparseTableConfig("pc_shows", DIM, SGD(0.1), Uniform(-0.1, 0.1))
+        )
+        zeros = np.zeros((num_keys, DIM), np.float32)
+        client.push_sparse("pc_shows", keys, zeros + 1, mode="delta", shows=shows)
+        client.push_sparse("pc_shows", keys[:3], zeros[:3], mode="delta")  # one a key
+        assert all((len(x.state.shm) > 0) == (num_keys > 1000) for x in servers)
+        want = shows.copy()
+        want[:3] += 1
+        assert np.array_equal(_server_counts(servers, "pc_shows", keys), want)
+        with pytest.raises(ConfigError, match="mode='delta'"):
+            client.push_sparse("pc_shows", keys, zeros, shows=shows)
+        with pytest.raises(TableInputError, match="show counts"):
+            client.push_sparse("pc_shows", keys, zeros, mode="delta", shows=shows[1:])
+        with pytest.raises(TableInputError, match=r"\[0, 2\*\*32 - 1\]"):
+            client.push_sparse("pc_shows", keys, zeros, mode="delta", shows=shows - 1)
+        assert np.array_equal(_server_counts(servers, "pc_shows", keys), want)
 
 
 def test_too_large_pass_is_a_clear_error_before_any_pull() -> None:

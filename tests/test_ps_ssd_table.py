@@ -77,7 +77,8 @@ def _assert_same_rows(a: SparseTable, b: SparseTable) -> None:
 
 
 def _drive(tables: list[SparseTable], steps: int, num_keys: int, seed: int = 0) -> None:
-    """The same random pulls, pushes, GEO deltas and end_days on every table; pulls must agree."""
+    """The same random pulls, pushes, GEO deltas (some with show counts) and end_days on every
+    table; pulls must agree."""
     rng = np.random.default_rng(seed)
     for step in range(steps):
         keys = rng.integers(0, num_keys, 400).astype(np.int64)
@@ -88,7 +89,8 @@ def _drive(tables: list[SparseTable], steps: int, num_keys: int, seed: int = 0) 
                 assert np.array_equal(outs[0], out), step
         elif op == 3:
             d = rng.standard_normal((400, 8)).astype(np.float32) * 0.01
-            stats = [t.add_delta(keys, d).to_dict() for t in tables]
+            shows = rng.integers(0, 5, 400) if step % 8 == 7 else None  # a pass cache's counts
+            stats = [t.add_delta(keys, d, shows).to_dict() for t in tables]
             assert all(s == stats[0] for s in stats), stats
         else:
             g = rng.standard_normal((400, 8)).astype(np.float32)

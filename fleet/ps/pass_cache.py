@@ -29,8 +29,9 @@ Show (occurrences) and click
 
 :func:`end_pass` pushes each table's value delta (``local - pulled``) once, with
 ``mode="delta"``: the servers add the deltas of every trainer (``SparseTable.add_delta``, the
-GEO merge), reset ``unseen_days`` and count one show per pushed row, so ``shrink`` and show
-decay keep working. Then the trainers meet in a barrier, so the next pass pulls every
+GEO merge), reset ``unseen_days`` and add each row's show count of the pass (its occurrences in
+the pass's examples, what the per-step pushes would have counted), so ``shrink``, show decay,
+the SSD tier's eviction by show count and serving exports' ``min_show`` keep working. Then the trainers meet in a barrier, so the next pass pulls every
 trainer's updates.
 
 Checkpoints are cut at pass ends: ``fleet.ps.checkpoint`` and ``fleet.save_persistables``
@@ -500,7 +501,8 @@ def finish(cache: PassCache | None = None, barrier: bool = True) -> PassStats:
             keys, delta = table.delta()
             pushes = 0
             if keys.shape[0]:
-                cache.client.push_sparse(name, keys, delta, mode="delta")
+                shows = table.show[np.searchsorted(table.keys_np, keys)]
+                cache.client.push_sparse(name, keys, delta, mode="delta", shows=shows)
                 pushes = 1
             cache.stats.tables[name] = TableStats(
                 keys=int(table.keys_np.shape[0]),

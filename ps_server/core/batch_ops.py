@@ -61,6 +61,15 @@ def saturating_add(a: np.ndarray, b: np.ndarray | int, limit: int, dtype: type) 
     return np.minimum(a.astype(np.int64) + b, limit).astype(dtype)
 
 
+def shows_per_row(rows: np.ndarray, urows: np.ndarray, shows: np.ndarray) -> np.ndarray:
+    """int64 sum of ``shows`` per distinct row, in the order :func:`sum_duplicates` gave
+    ``urows`` of ``rows`` (as given when no row repeats; ascending otherwise)."""
+    if urows.shape[0] == rows.shape[0]:
+        return shows.astype(np.int64, copy=False)
+    _, inverse = np.unique(rows, return_inverse=True)
+    return np.bincount(inverse, weights=shows, minlength=urows.shape[0]).astype(np.int64)
+
+
 def sum_duplicates(
     rows: np.ndarray, grads: np.ndarray, num_rows: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -158,6 +167,7 @@ __all__ = [
     "put_rows",
     "row_view",
     "saturating_add",
+    "shows_per_row",
     "sum_duplicates",
     "take_rows",
 ]

@@ -90,6 +90,23 @@ def check_grads(table: str, keys: np.ndarray, grads: Any, dim: int) -> np.ndarra
     return np.ascontiguousarray(grads)
 
 
+def check_shows(table: str, shows: Any, n: int) -> np.ndarray:
+    """``shows`` as int64[n] of counts >= 0; :class:`TableInputError` naming ``shows``
+    otherwise."""
+    arr = np.asarray(shows)
+    if arr.shape != (n,) or not np.issubdtype(arr.dtype, np.integer):
+        raise TableInputError(
+            table,
+            "shows",
+            f"must be {n} integer show counts (one per key), got dtype {arr.dtype} shape "
+            f"{arr.shape}",
+        )
+    arr = arr.astype(np.int64, copy=False)
+    if n and int(arr.min()) < 0:
+        raise TableInputError(table, "shows", f"show counts must be >= 0, got {int(arr.min())}")
+    return arr
+
+
 def drop_nonfinite(
     table: str, policy: NonFinitePolicy, keys: np.ndarray, values: np.ndarray, field: str
 ) -> tuple[np.ndarray, np.ndarray, int]:

@@ -50,6 +50,7 @@ from ps_server.core.batch_ops import (
     distinct,
     pull_buffer,
     saturating_add,
+    shows_per_row,
     sum_duplicates,
 )
 from ps_server.core.hash_index import HashIndex, KeyIndex
@@ -329,7 +330,9 @@ class SparseTable(Table):
             self._counters["nonfinite_skipped"] += skipped
             return PushStats(n, applied, created, filtered, skipped, evicted)
 
-    def add_delta(self, keys: np.ndarray, deltas: np.ndarray) -> PushStats:
+    def add_delta(
+        self, keys: np.ndarray, deltas: np.ndarray, shows: np.ndarray | None = None
+    ) -> PushStats:
         """Add ``deltas`` float32[n, dim] to the rows of ``keys`` int64[n], no optimizer rule
         (GEO: trainers send ``local - value_at_last_exchange`` every K steps and the deltas of
         several trainers sum, as in Paddle's ``GeoCommunicator``).
@@ -337,7 +340,8 @@ class SparseTable(Table):
         A missing row is first created as a pull creates it (the entry policy applies; the
         ``pull_keys`` counter counts these keys), then the delta is added; keys the policy has
         not admitted are dropped and counted as ``filtered``. Duplicated keys are summed first.
-        A delta marks its rows pushed (``unseen_days = 0``, ``count`` += occurrences) and
+        A delta marks its rows pushed (``unseen_days = 0``, ``count`` += occurrences, or the
+        sum of ``shows`` of its keys: the show counts a pass cache counted in its examples) and
         changed (in the next delta checkpoint). NaN/inf follow ``nonfinite`` as gradients do.
         """
         n = int(keys.shape[0])
@@ -347,6 +351,10 @@ class SparseTable(Table):
                 "grads",
                 f"deltas shape must be (len(keys), dim) = ({n}, {self.dim}), got {deltas.shape}",
             )
+        if shows is not None:
+            shows = sparse_inputs.check_shows(self.name, shows, n)
+            if not sparse_inputs.all_finite(deltas):
+                shows = shows[np.isfinite(deltas).all(axis=1)]
         keys, deltas, skipped = sparse_inputs.drop_nonfinite(
             self.name, self.config.nonfinite, keys, deltas, "deltas"
         )
@@ -360,7 +368,10 @@ class SparseTable(Table):
             filtered = int((~keep).sum())
             if filtered:
                 rows, deltas = rows[keep], deltas[keep]
+                shows = None if shows is None else shows[keep]
             urows, udeltas, occ = sum_duplicates(rows, np.ascontiguousarray(deltas), st.high_water)
+            if shows is not None:
+                occ = shows_per_row(rows, urows, shows)
             if urows.shape[0]:
                 values = st.gather("values", urows)
                 values += udeltas

@@ -442,9 +442,11 @@ class SsdSparseTable(SparseTable):
         """As :meth:`SparseTable.push`, over both tiers."""
         return self._keyed(keys, lambda: super(SsdSparseTable, self).push(keys, grads))
 
-    def add_delta(self, keys: np.ndarray, deltas: np.ndarray) -> PushStats:
+    def add_delta(
+        self, keys: np.ndarray, deltas: np.ndarray, shows: np.ndarray | None = None
+    ) -> PushStats:
         """As :meth:`SparseTable.add_delta`, over both tiers."""
-        return self._keyed(keys, lambda: super(SsdSparseTable, self).add_delta(keys, deltas))
+        return self._keyed(keys, lambda: super(SsdSparseTable, self).add_delta(keys, deltas, shows))
 
     def _evict_for(self, num_new: int, protect: np.ndarray) -> int:
         """``max_capacity`` over both tiers (:func:`~ps_server.core.ssd_capacity.make_room`)."""

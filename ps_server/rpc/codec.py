@@ -68,6 +68,18 @@ def decode_rows(
     )
 
 
+def decode_shows(table: str, data: bytes, num_keys: int) -> np.ndarray:
+    """``num_keys * 4`` bytes -> uint32[num_keys] show counts (a read-only view)."""
+    if len(data) != num_keys * 4:
+        raise TableInputError(
+            table,
+            "shows",
+            f"{len(data)} bytes, expected len(keys) * 4 = {num_keys} * 4 = {num_keys * 4} "
+            "(one uint32 little-endian show count per key)",
+        )
+    return np.frombuffer(data, dtype="<u4").astype(np.uint32, copy=False)
+
+
 def decode_values(table: str, data: bytes, field: str, numel: int | None = None) -> np.ndarray:
     """``numel * 4`` bytes → float32[numel] (a read-only view); ``numel=None`` takes any whole
     number of floats."""
@@ -113,6 +125,25 @@ def as_rows(table: str, grads: Any, num_rows: int, dim: int, field: str = "grads
     return np.ascontiguousarray(arr.reshape(num_rows, dim))
 
 
+def as_shows(table: str, shows: Any, num_keys: int) -> np.ndarray:
+    """Client side: one integer show count per key (0 .. 2**32 - 1) → uint32 little-endian."""
+    arr = np.asarray(shows)
+    if arr.shape != (num_keys,) or (arr.size and arr.dtype.kind not in "iu"):
+        raise TableInputError(
+            table,
+            "shows",
+            f"must be {num_keys} integer show counts (one per key), got dtype {arr.dtype} and "
+            f"shape {arr.shape}",
+        )
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
+        raise TableInputError(
+            table,
+            "shows",
+            f"show counts must be in [0, 2**32 - 1], got {int(arr.min())} .. {int(arr.max())}",
+        )
+    return np.ascontiguousarray(arr, dtype="<u4")
+
+
 def as_flat_values(table: str, values: Any, field: str) -> np.ndarray:
     """Client side: a float array-like of any shape → contiguous float32[numel]."""
     arr = np.asarray(values)
@@ -129,8 +160,10 @@ __all__ = [
     "as_flat_values",
     "as_keys",
     "as_rows",
+    "as_shows",
     "decode_keys",
     "decode_rows",
+    "decode_shows",
     "decode_values",
     "encode_keys",
     "encode_values",

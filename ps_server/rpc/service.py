@@ -47,7 +47,7 @@ from ps_server.errors import (
     TableNotFoundError,
 )
 from ps_server.rpc import shm
-from ps_server.rpc.codec import decode_keys, decode_rows, decode_values
+from ps_server.rpc.codec import decode_keys, decode_rows, decode_shows, decode_values
 from ps_server.rpc.proto import ps_pb2
 from ps_server.rpc.status import RequestDecodeError
 from ps_server.rpc.sync import Barriers, DenseUploads, SyncRounds
@@ -238,10 +238,16 @@ def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
     mode = _mode(table.name, req.mode)
     keys, grads = _sparse_arrays(state, table, req, with_rows=True)
     assert grads is not None
+    shows = getattr(req, "shows", b"")
+    if shows and mode != "delta":
+        raise TableInputError(
+            table.name, "shows", f"show counts go with a delta push only, not mode {mode!r}"
+        )
     if mode == "apply":
         return _push_response(table.push(keys, grads))
     if mode == "delta":
-        return _push_response(table.add_delta(keys, grads))
+        counts = decode_shows(table.name, shows, keys.shape[0]) if shows else None
+        return _push_response(table.add_delta(keys, grads, counts))
     table.check_owned(keys)
     _check_finite(table, grads, "grads")
     if req.shm_segment:  # kept until the round completes: the segment is reused meanwhile

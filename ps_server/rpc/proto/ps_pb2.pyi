@@ -63,7 +63,7 @@ class PullSparseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table", "keys", "grads", "mode", "sync_count", "more_parts", "shm_segment", "shm_num_keys")
+    __slots__ = ("table", "keys", "grads", "mode", "sync_count", "more_parts", "shm_segment", "shm_num_keys", "shows")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class PushSparseRequest(_message.Message):
     MORE_PARTS_FIELD_NUMBER: _ClassVar[int]
     SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     SHM_NUM_KEYS_FIELD_NUMBER: _ClassVar[int]
+    SHOWS_FIELD_NUMBER: _ClassVar[int]
     table: str
     keys: bytes
     grads: bytes
@@ -80,7 +81,8 @@ class PushSparseRequest(_message.Message):
     more_parts: bool
     shm_segment: str
     shm_num_keys: int
-    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., mode: _Optional[_Union[PushMode, str]] = ..., sync_count: _Optional[int] = ..., more_parts: _Optional[bool] = ..., shm_segment: _Optional[str] = ..., shm_num_keys: _Optional[int] = ...) -> None: ...
+    shows: bytes
+    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., mode: _Optional[_Union[PushMode, str]] = ..., sync_count: _Optional[int] = ..., more_parts: _Optional[bool] = ..., shm_segment: _Optional[str] = ..., shm_num_keys: _Optional[int] = ..., shows: _Optional[bytes] = ...) -> None: ...
 
 class PushSparseResponse(_message.Message):
     __slots__ = ("num_keys", "applied", "created", "filtered", "skipped_nonfinite", "evicted", "sync_arrived")

@@ -157,7 +157,10 @@ class DistributedEmbedding(torch.nn.Module):
         rows = self._pull(keys)
         if offsets is not None:
             return F.embedding_bag(inverse, rows, offsets.to(torch.int64), mode=self.pooling)
-        out = F.embedding(inverse.view(ids.shape), rows)
+        # index_select, not F.embedding: the same rows, and its backward (index_add_ into the
+        # [U, dim] gradient, the ids in batch order) gives the same sums as embedding's dense
+        # backward at a fraction of its cost on CPU (which sorts the ids of a large batch)
+        out = rows.index_select(0, inverse.reshape(-1)).view(*ids.shape, rows.shape[1])
         if self.pooling == "sum":
             return out.sum(dim=1)
         if self.pooling == "mean":
@@ -176,7 +179,9 @@ class DistributedEmbedding(torch.nn.Module):
             table = self.table
 
             def push_hook(grad: torch.Tensor) -> None:
-                comm.record_sparse(table, keys, grad.detach().to(torch.float32).numpy().copy())
+                # no copy: the gradient is a fresh tensor of this backward that nothing writes
+                # afterwards (the rows are a leaf of this step only; no optimizer holds them)
+                comm.record_sparse(table, keys, grad.detach().to(torch.float32).numpy())
 
             rows.register_hook(push_hook)
         return rows

@@ -11,7 +11,10 @@ loaded into an InMemoryDataset, the CTR example's wide & deep model (rows Adagra
 * the peer: ``python -m examples.ctr.baseline`` (one process, hashed sparse ``nn.Embedding``).
 
 Runs alternate; median of >= 5 with min/max. Reports examples/s (pass vs baseline, pass vs
-async), the test AUC of each, and the sparse RPCs of a pass.
+async), the test AUC of each, and the sparse RPCs of a pass. Each repetition also runs ``pass``
+and ``async`` with 1 server + 2 trainers (each trainer reads one of the two files) for their
+test AUC, measured by trainer 0 once both trainers are done (the servers' rows and dense
+parameters, so both trainers' updates).
 
 Usage: ``python bench/bench_ps_pass_cache.py [--reps 5] [--train 100000] [--test 20000]``
 (``--worker`` is the fleetrun script's mode).
@@ -69,7 +72,7 @@ def worker(args: argparse.Namespace) -> None:
     opt = fleet.distributed_optimizer(torch.optim.Adam(list(model.dense_parameters()), lr=1e-3))
     ds = fleet.InMemoryDataset()
     ds.init(batch_size=512, thread_num=1, use_var=make_slots(), pipe_command="cat")
-    ds.set_filelist(sorted(glob.glob(os.path.join(args.data, "part-*"))))
+    ds.set_filelist(fleet.util.get_file_shard(sorted(glob.glob(os.path.join(args.data, "part-*")))))
     ds.load_into_memory()
     client = get_client()
     calls = {"pull": 0, "push": 0}
@@ -104,6 +107,8 @@ def worker(args: argparse.Namespace) -> None:
         fleet.end_pass()
     opt.comm.flush()
     seconds = time.perf_counter() - t0
+    fleet.barrier_worker()  # every trainer's updates are on the servers
+    opt.comm._set_dense(opt.comm.pull_dense())  # the servers' dense parameters
     phases["end"] = seconds - phases["loop"] - phases["begin"]
     rpcs = calls["pull"] + calls["push"]  # the pass's (evaluation pulls not counted)
     test = generate(data, args.test, args.train)
@@ -118,11 +123,17 @@ def worker(args: argparse.Namespace) -> None:
                 )
             )
             state.update(p, test.labels[lo : lo + 8192])
+    # every trainer scores the same test examples with the same model: the global AUC of
+    # fleet.metrics (summed histograms) is the AUC of one trainer's
+    auc = fleet.metrics.auc(state.stat_pos, state.stat_neg)
+    if fleet.worker_index() != 0:
+        fleet.stop_worker()
+        return
     with open(args.out, "w") as f:
         json.dump(
             {
                 "examples_per_s": examples / seconds,
-                "auc": fleet.metrics.auc(state.stat_pos, state.stat_neg),
+                "auc": auc,
                 "sparse_rpcs": rpcs,
                 "phases": phases,
             },
@@ -131,14 +142,14 @@ def worker(args: argparse.Namespace) -> None:
     fleet.stop_worker()
 
 
-def run_ps(kind: str, data: str, train: int, test: int, tmp: str) -> dict:
-    out = os.path.join(tmp, f"{kind}.json")
+def run_ps(kind: str, data: str, train: int, test: int, tmp: str, trainers: int = 1) -> dict:
+    out = os.path.join(tmp, f"{kind}{trainers}.json")
     run_checked(
         fleetrun_cmd(
             "--server_num",
             "1",
             "--worker_num",
-            "1",
+            str(trainers),
             "--log_dir",
             os.path.join(tmp, f"log_{kind}"),
             "--tee",
@@ -185,8 +196,14 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    res: dict[str, list[dict]] = {"pass": [], "async": [], "baseline": []}
-    order = ("pass", "async", "baseline")
+    res: dict[str, list[dict]] = {
+        "pass": [],
+        "async": [],
+        "baseline": [],
+        "pass2": [],
+        "async2": [],
+    }
+    order = ("pass", "async", "baseline", "pass2", "async2")
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "data")
         run_checked(
@@ -196,11 +213,11 @@ def main() -> None:
         )
         for rep in range(args.reps):
             for kind in order if rep % 2 == 0 else order[::-1]:
-                r = (
-                    run_baseline(args.train, args.test)
-                    if kind == "baseline"
-                    else run_ps(kind, data, args.train, args.test, tmp)
-                )
+                if kind == "baseline":
+                    r = run_baseline(args.train, args.test)
+                else:
+                    trainers = 2 if kind.endswith("2") else 1
+                    r = run_ps(kind.rstrip("2"), data, args.train, args.test, tmp, trainers)
                 res[kind].append(r)
     speed = {k: Stats.of([r["examples_per_s"] for r in v]) for k, v in res.items()}
     auc = {k: Stats.of([r["auc"] for r in v]) for k, v in res.items()}
@@ -224,12 +241,18 @@ def main() -> None:
             "auc_pass": auc["pass"].__dict__,
             "auc_async": auc["async"].__dict__,
             "auc_baseline": auc["baseline"].__dict__,
+            "auc_pass_2_trainers": auc["pass2"].__dict__,
+            "auc_async_2_trainers": auc["async2"].__dict__,
             "sparse_rpcs_per_pass": rpcs.__dict__,
         },
     )
     print(
         f"test AUC: pass cache {auc['pass'].fmt('', digits=4)} | async "
         f"{auc['async'].fmt('', digits=4)} | baseline {auc['baseline'].fmt('', digits=4)}"
+    )
+    print(
+        f"test AUC, 2 trainers: pass cache {auc['pass2'].fmt('', digits=4)} | async "
+        f"{auc['async2'].fmt('', digits=4)}"
     )
     print(f"sparse RPCs per pass (2 tables): {rpcs.median:.0f} (async path: per step)")
 

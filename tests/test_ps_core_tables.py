@@ -371,9 +371,15 @@ def test_add_delta_with_shows_counts_them() -> None:
     assert t.store.lookup(k(3))[0] < 0  # its row carried NaN: neither created nor counted
     t.add_delta(k(2), g([[0, 0]]), np.array([0], np.uint32))
     assert meta(t, 2) == (2, 0)
+    # a count filter counts the shows toward admission, as a push counts occurrences
     f = table(dim=2, entry=CountFilterEntry(3))
-    f.add_delta(k(4), g([[1, 1]]), np.array([7]))  # not admitted: filtered, nothing counted
-    assert f.num_rows == 0
+    stats = f.add_delta(k(4, 5), g([[1, 1], [2, 2]]), np.array([1, 7]))
+    assert (stats.created, stats.filtered, f.num_rows, f.num_pending) == (1, 1, 1, 1)
+    np.testing.assert_allclose(f.pull(k(5)), f.initial_values(k(5)) + 2)
+    assert meta(f, 5) == (7, 0)
+    f.add_delta(k(4), g([[1, 1]]), np.array([2]))  # 1 + 2 shows: admitted now, with this delta
+    np.testing.assert_allclose(f.pull(k(4)), f.initial_values(k(4)) + 1)
+    assert meta(f, 4) == (3, 0) and f.num_pending == 0
     for bad, why in (
         (np.array([1, 2]), r"1 integer show counts.*shape \(2,\)"),
         (np.array([1.5]), "integer show counts"),

@@ -342,7 +342,10 @@ class SparseTable(Table):
         not admitted are dropped and counted as ``filtered``. Duplicated keys are summed first.
         A delta marks its rows pushed (``unseen_days = 0``, ``count`` += occurrences, or the
         sum of ``shows`` of its keys: the show counts a pass cache counted in its examples) and
-        changed (in the next delta checkpoint). NaN/inf follow ``nonfinite`` as gradients do.
+        changed (in the next delta checkpoint). With ``shows``, keys the entry policy has not
+        admitted count their shows toward admission as a push counts its occurrences (a count
+        filter admits a key once its shows reach the threshold, and the delta goes to the new
+        row); without, they are dropped. NaN/inf follow ``nonfinite`` as gradients do.
         """
         n = int(keys.shape[0])
         if deltas.shape != (n, self.dim):
@@ -364,6 +367,10 @@ class SparseTable(Table):
             created = max(self.num_rows - before, 0)
             st = self.store
             rows = st.lookup(keys)
+            evicted = 0
+            if shows is not None and (rows < 0).any():
+                more, evicted = self._admit_shown(keys, rows, shows)
+                created += more
             keep = rows >= 0
             filtered = int((~keep).sum())
             if filtered:
@@ -381,7 +388,29 @@ class SparseTable(Table):
                 )
                 st.cols["unseen_days"][urows] = 0
                 st.flags[urows] |= SEEN | CHANGED
-        return PushStats(n, int(urows.shape[0]), created, filtered, skipped, 0)
+        return PushStats(n, int(urows.shape[0]), created, filtered, skipped, evicted)
+
+    def _admit_shown(
+        self, keys: np.ndarray, rows: np.ndarray, shows: np.ndarray
+    ) -> tuple[int, int]:
+        """A delta with show counts: its keys without a row count their shows toward the entry
+        policy as a push counts its occurrences; rows are created for the keys it admits
+        (``rows`` filled in place). Returns (rows created, rows evicted)."""
+        miss = rows < 0
+        mkeys, inv, _ = distinct(keys[miss])
+        inv = inv.reshape(-1)
+        shown = np.bincount(inv, weights=shows[miss], minlength=mkeys.shape[0]).astype(np.int64)
+        prow, before = self._pending_counts(mkeys)
+        counts = before + shown
+        admit = self._admit(mkeys, counts)
+        mrows = np.full(mkeys.shape[0], -1, dtype=np.int64)
+        evicted = 0
+        if admit.any():  # the row starts with the shows counted before; the delta adds its own
+            mrows[admit], evicted = self._create(mkeys[admit], before[admit], rows)
+        if self.pending is not None:
+            self._update_pending(mkeys, prow, counts, admit)
+        rows[miss] = mrows[inv]
+        return int(admit.sum()), evicted
 
     def _update_pending(
         self, keys: np.ndarray, prow: np.ndarray, counts: np.ndarray, admit: np.ndarray

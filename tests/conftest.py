@@ -184,6 +184,19 @@ def run_fleetrun(
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
+def warm_processes_of(mark: bytes) -> list[int]:
+    """Pids of the warm processes (``collective.zygote``) whose command line holds ``mark``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"collective.zygote" in cmd and mark in cmd:
+            found.append(int(pid))
+    return found
+
+
 def live_pids(pids: list[int]) -> list[int]:
     """The pids among ``pids`` that still run (zombies count as gone)."""
     import psutil

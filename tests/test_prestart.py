@@ -4,12 +4,11 @@ fleetrun runs and real warm processes."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_fleetrun, start_fleetrun, wait_gone
+from conftest import REPO, run_fleetrun, start_fleetrun, wait_gone, warm_processes_of
 
 from launcher import warm
 from launcher.attempt import close_warm_early, start_warm_early
@@ -73,9 +72,9 @@ def test_a_bad_command_line_stops_the_begun_warm_process(tmp_path: Path) -> None
     assert not log.exists()
     mark = f"--agent\0{p.pid}\0".encode()
     deadline = time.monotonic() + 10
-    while _warm_processes_of(mark) and time.monotonic() < deadline:
+    while warm_processes_of(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _warm_processes_of(mark) == []
+    assert warm_processes_of(mark) == []
 
 
 @pytest.mark.timeout(180)
@@ -101,15 +100,3 @@ def test_a_begun_warm_process_the_job_does_not_need_is_replaced(tmp_path: Path) 
     finally:
         wrong.close()
         close_warm_early()
-
-
-def _warm_processes_of(mark: bytes) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"collective.zygote" in cmd and mark in cmd:
-            found.append(int(pid))
-    return found

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, live_pids, run_fleetrun, start_fleetrun, wait_gone
+from conftest import REPO, live_pids, run_fleetrun, start_fleetrun, wait_gone, warm_processes_of
 
 from launcher.warm import BOOTSTRAP, WarmPool, WarmStartError
 
@@ -441,14 +441,7 @@ def test_a_launch_that_fails_before_its_workers_closes_the_early_warm_process(
     mark = f"--agent\0{p.pid}\0".encode()
     deadline = time.monotonic() + 10
     while True:
-        left = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"collective.zygote" in cmd and mark in cmd:
-                left.append(int(pid))
+        left = warm_processes_of(mark)
         if not live_pids(left) or time.monotonic() > deadline:
             break
         time.sleep(0.1)

@@ -12,26 +12,16 @@ from bench.spec import claim as _c
 
 
 def ps_pass_cache(raw: dict[str, Any]) -> list[Figure]:
-    """bench_ps_pass_cache.py: examples/s rows, AUC (pass cache vs async), RPCs per pass."""
+    """bench_ps_pass_cache.py: examples/s rows, AUC (pass cache vs async, 1 and 2 trainers),
+    RPCs per pass."""
     out = report_rows(raw)
-    if "auc_pass" in raw:
-        out.append(
-            figure(
-                "test AUC, pass cache vs async",
-                "AUC",
-                as_stats(raw["auc_pass"]),
-                as_stats(raw["auc_async"]),
-            )
-        )
-    if "auc_pass_2_trainers" in raw:
-        out.append(
-            figure(
-                "test AUC with 2 trainers, pass cache vs async",
-                "AUC",
-                as_stats(raw["auc_pass_2_trainers"]),
-                as_stats(raw["auc_async_2_trainers"]),
-            )
-        )
+    for label, suffix in (
+        ("test AUC, pass cache vs async", ""),
+        ("test AUC with 2 trainers, pass cache vs async", "_2_trainers"),
+    ):
+        if f"auc_pass{suffix}" in raw:
+            ours, peer = as_stats(raw[f"auc_pass{suffix}"]), as_stats(raw[f"auc_async{suffix}"])
+            out.append(figure(label, "AUC", ours, peer))
     if "sparse_rpcs_per_pass" in raw:
         out.append(figure("sparse RPCs per pass", "RPCs", as_stats(raw["sparse_rpcs_per_pass"])))
     return out

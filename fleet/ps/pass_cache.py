@@ -31,8 +31,8 @@ Show (occurrences) and click
 ``mode="delta"``: the servers add the deltas of every trainer (``SparseTable.add_delta``, the
 GEO merge), reset ``unseen_days`` and add each row's show count of the pass (its occurrences in
 the pass's examples, what the per-step pushes would have counted), so ``shrink``, show decay,
-the SSD tier's eviction by show count and serving exports' ``min_show`` keep working. Then the trainers meet in a barrier, so the next pass pulls every
-trainer's updates.
+the SSD tier's eviction by show count and serving exports' ``min_show`` keep working. Then the
+trainers meet in a barrier, so the next pass pulls every trainer's updates.
 
 Checkpoints are cut at pass ends: ``fleet.ps.checkpoint`` and ``fleet.save_persistables``
 refuse inside a pass (:func:`refuse_in_pass`). An automatic checkpoint taken inside a pass

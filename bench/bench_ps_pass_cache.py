@@ -77,16 +77,17 @@ def worker(args: argparse.Namespace) -> None:
     client = get_client()
     calls = {"pull": 0, "push": 0}
     pull, push = client.pull_sparse, client.push_sparse
+    pull_state = client.pull_sparse_with_state  # a pass's pull of Adagrad rows
 
-    def counted_pull(*a, **kw):
-        calls["pull"] += 1
-        return pull(*a, **kw)
+    def counted(kind, call):
+        def wrapped(*a, **kw):
+            calls[kind] += 1
+            return call(*a, **kw)
 
-    def counted_push(*a, **kw):
-        calls["push"] += 1
-        return push(*a, **kw)
+        return wrapped
 
-    client.pull_sparse, client.push_sparse = counted_pull, counted_push
+    client.pull_sparse, client.push_sparse = counted("pull", pull), counted("push", push)
+    client.pull_sparse_with_state = counted("pull", pull_state)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     fleet.barrier_worker()
     t0 = time.perf_counter()

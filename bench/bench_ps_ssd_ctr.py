@@ -4,8 +4,10 @@ Both jobs are ``fleetrun --server_num 1 --worker_num 1 examples/ctr/train_ps.py`
 generated examples (``--train``, ``--test``), async mode, the same seed; ours adds ``--storage
 ssd --cache_rows N`` (fleetrun ``--ps_ssd_dir``), N = ``--cache_share`` of the distinct keys the
 job's examples hold (each of the two tables, wide and deep, has one row per distinct key), the
-peer keeps every row in memory. Runs alternate; median of ``--reps`` (>= 5) with min/max of the
-training examples/s and the test AUC, ratio ours/memory.
+peer keeps every row in memory. A second pair trains the same examples from slot files with
+``--pass_cache`` (Paddle's use of its SSD table: the pass's rows are pulled out of the tiers once
+before the pass and written back once after it). Runs alternate; median of ``--reps`` (>= 5)
+with min/max of the training examples/s and the test AUC, ratio ours/memory.
 
 Usage: ``python bench/bench_ps_ssd_ctr.py [--reps 5] [--train 100000] [--test 20000]
 [--cache_share 0.05] [--json PATH]``
@@ -21,7 +23,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import Stats, report, run_ctr_job
+from common import REPO, Stats, bench_env, report, run_checked, run_ctr_job
 
 
 def distinct_keys(train: int, test: int) -> int:
@@ -33,10 +35,31 @@ def distinct_keys(train: int, test: int) -> int:
     return int(sorted_distinct(batch.sparse_ids.reshape(-1)).shape[0])
 
 
-def run_job(args: argparse.Namespace, tmp: str, cache_rows: int) -> dict:
-    """One job; ``cache_rows`` 0 = memory tables. Its examples/s and test AUC."""
+def write_slot_files(out: str, train: int) -> None:
+    """The first ``train`` generated examples as slot files (what the tensors path trains)."""
+    run_checked(
+        [
+            sys.executable,
+            os.path.join(REPO, "examples", "ctr", "gen_slot_files.py"),
+            "--out_dir",
+            out,
+            "--num_files",
+            "1",
+            "--lines_per_file",
+            str(train),
+        ],
+        cwd=REPO,
+        env=bench_env(),
+    )
+
+
+def run_job(args: argparse.Namespace, tmp: str, cache_rows: int, slots: str = "") -> dict:
+    """One job; ``cache_rows`` 0 = memory tables; ``slots``: train from these slot files with
+    the pass cache. Its examples/s and test AUC."""
     fleet_flags = ["--ps_ssd_dir", os.path.join(tmp, "ssd")] if cache_rows else []
     script_args = ["--storage", "ssd", "--cache_rows", str(cache_rows)] if cache_rows else []
+    if slots:
+        script_args += ["--data_dir", slots, "--pass_cache"]
     d = run_ctr_job(tmp, args.train, args.test, fleet_args=fleet_flags, script_args=script_args)
     return {"examples_per_s": d["examples_per_s"], "auc": d["test_auc"]}
 
@@ -52,26 +75,45 @@ def main() -> None:
     keys = distinct_keys(args.train, args.test)
     cache = max(1, int(keys * args.cache_share))
     print(f"{keys:,} distinct keys per table; SSD tables keep {cache:,} rows in memory", flush=True)
-    res: dict[str, list[dict]] = {"ssd": [], "memory": []}
+    res: dict[str, list[dict]] = {"ssd": [], "memory": [], "ssd_pass": [], "memory_pass": []}
     with tempfile.TemporaryDirectory() as tmp:
+        slots = os.path.join(tmp, "slots")
+        write_slot_files(slots, args.train)
         for rep in range(args.reps):
-            for which in ("ssd", "memory") if rep % 2 == 0 else ("memory", "ssd"):
-                r = run_job(args, tmp, cache if which == "ssd" else 0)
+            order = list(res) if rep % 2 == 0 else list(reversed(res))
+            for which in order:
+                storage_cache = cache if which.startswith("ssd") else 0
+                r = run_job(args, tmp, storage_cache, slots if which.endswith("pass") else "")
                 res[which].append(r)
                 print(
                     f"rep {rep} {which}: {r['examples_per_s']:,.0f} ex/s, AUC {r['auc']:.4f}",
                     flush=True,
                 )
-    ours = Stats.of([r["examples_per_s"] for r in res["ssd"]])
-    peer = Stats.of([r["examples_per_s"] for r in res["memory"]])
-    auc_ssd = Stats.of([r["auc"] for r in res["ssd"]])
-    auc_mem = Stats.of([r["auc"] for r in res["memory"]])
+    speed = {k: Stats.of([r["examples_per_s"] for r in v]) for k, v in res.items()}
+    auc = {k: Stats.of([r["auc"] for r in v]) for k, v in res.items()}
     report(
         f"CTR example, 1 server + 1 trainer, async, {args.train:,} examples: SSD tables "
         f"(cache {100 * cache / keys:.1f} % of the rows) vs memory tables",
         [
-            ("train examples/s, SSD tables vs memory tables", ours, peer, "ssd/memory"),
-            ("test AUC, SSD tables vs memory tables", auc_ssd, auc_mem, "ssd/memory"),
+            (
+                "train examples/s, SSD tables vs memory tables",
+                speed["ssd"],
+                speed["memory"],
+                "ssd/memory",
+            ),
+            ("test AUC, SSD tables vs memory tables", auc["ssd"], auc["memory"], "ssd/memory"),
+            (
+                "pass cache: train examples/s, SSD tables vs memory tables",
+                speed["ssd_pass"],
+                speed["memory_pass"],
+                "ssd/memory",
+            ),
+            (
+                "pass cache: test AUC, SSD tables vs memory tables",
+                auc["ssd_pass"],
+                auc["memory_pass"],
+                "ssd/memory",
+            ),
         ],
         goal="examples/s >= 0.8x; AUC within 0.002",
         unit="",
@@ -79,7 +121,7 @@ def main() -> None:
         extra={
             "distinct_keys": keys,
             "cache_rows": cache,
-            "row_units": ["ex/s", "AUC"],
+            "row_units": ["ex/s", "AUC", "ex/s", "AUC"],
         },
     )
 

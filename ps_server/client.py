@@ -65,6 +65,7 @@ from ps_server.rpc.codec import (
 )
 from ps_server.rpc.proto import ps_pb2
 from ps_server.rpc.rpc_client import RETRYABLE, Call
+from ps_server.rpc.shm import blocks
 from ps_server.rpc.status import PSFailedPreconditionError, PSNotFoundError, PSRpcError
 from ps_server.rpc.step_client import DensePush, SparsePush, push_step
 from ps_server.rpc.wire import wire_message
@@ -201,31 +202,47 @@ class PSClient(CheckpointCalls):
 
     def pull_sparse(self, table: str, keys: Any) -> np.ndarray:
         """float32[len(keys), dim]: the rows of ``keys`` (any order, duplicates allowed)."""
-        return self._pull_sparse(table, keys, retry=True)
+        return self._pull_sparse(table, keys, retry=True, with_state=False)[0]
 
-    def _pull_sparse(self, table: str, keys: Any, retry: bool) -> np.ndarray:
+    def pull_sparse_with_state(self, table: str, keys: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(float32[len(keys), dim] rows, float32[len(keys), state_dim] their optimizer state)
+        of ``keys``, each server's part read under one lock: what a pass cache seeds its local
+        rows with, so the rule (Adagrad's accumulators, Adam's moments and step) continues
+        across passes."""
+        values, state = self._pull_sparse(table, keys, retry=True, with_state=True)
+        assert state is not None
+        return values, state
+
+    def _pull_sparse(
+        self, table: str, keys: Any, retry: bool, with_state: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         config: SparseTableConfig = self._config(table, SparseTableConfig)
         keys = as_keys(table, keys)
-        out = np.empty((keys.shape[0], config.dim), dtype=np.float32)
+        dim = config.dim
+        sdim = config.optimizer.state_dim(dim) if with_state else 0
+        out = np.empty((keys.shape[0], dim), dtype=np.float32)
+        state = np.empty((keys.shape[0], sdim), dtype=np.float32) if with_state else None
+        flag = {"with_state": True} if with_state else {}
         calls, targets, segs = [], [], []
         for server, (pos, skeys) in enumerate(self._route(keys, config.num_shards)):
             n = skeys.shape[0]
             if n == 0:
                 continue
-            seg = self._lease(server, n, config.dim)
+            seg = self._lease(server, n, dim + sdim)  # with state: values, then state
             if seg is not None:
-                seg.views(n, config.dim)[0][...] = skeys
+                seg.views(n, dim + sdim)[0][...] = skeys
                 fields: dict[str, Any] = {
                     "table": table,
                     "shm_segment": seg.name,
                     "shm_num_keys": n,
+                    **flag,
                 }
                 parts: list[Any] = [slice(0, n)]
             else:
-                parts = self._chunks(skeys, config.dim * VALUE_BYTES + KEY_BYTES, False)
+                parts = self._chunks(skeys, (dim + sdim) * VALUE_BYTES + KEY_BYTES, False)
             for part in parts:
                 if seg is None:
-                    fields = {"table": table, "keys": _le(skeys[part], KEY_DTYPE)}
+                    fields = {"table": table, "keys": _le(skeys[part], KEY_DTYPE), **flag}
                 calls.append(Call(server, "PullSparse", _PULL_SPARSE_REQUEST.encode(fields)))
                 targets.append(part if pos is None else pos[part])
                 segs.append(seg)
@@ -234,19 +251,22 @@ class PSClient(CheckpointCalls):
             for target, reply, seg in zip(targets, replies, segs):
                 n = target.stop - target.start if isinstance(target, slice) else target.shape[0]
                 if seg is not None:
-                    put_rows(out, target, seg.views(n, config.dim)[1])
+                    rows, rows_state = blocks(seg.views(n, dim + sdim)[1], (dim, sdim))
                 else:
-                    rows = decode_rows(table, reply.values, n, config.dim, "values (reply)")
-                    put_rows(out, target, rows)
+                    rows = decode_rows(table, reply.values, n, dim, "values (reply)")
+                    rows_state = decode_rows(table, reply.state, n, sdim, "state (reply)")
+                put_rows(out, target, rows)
+                if state is not None:
+                    put_rows(state, target, rows_state)
         except PSRpcError as err:
             if self._release(segs, err) and retry:  # a server lost its segment: once more
-                return self._pull_sparse(table, keys, retry=False)
+                return self._pull_sparse(table, keys, False, with_state)
             raise
         except BaseException:
             self._release(segs, None)
             raise
         self._release(segs, None)
-        return out
+        return out, state
 
     def push_sparse(
         self,
@@ -256,6 +276,7 @@ class PSClient(CheckpointCalls):
         mode: str = "apply",
         sync_count: int | None = None,
         shows: Any = None,
+        state_deltas: Any = None,
     ) -> dict[str, int]:
         """Push ``grads`` float32[len(keys), dim] for ``keys``; returns the summed push stats.
 
@@ -264,7 +285,9 @@ class PSClient(CheckpointCalls):
         it has no keys, so its count reaches W — see :mod:`ps_server.rpc.sync`) or ``"delta"`` (GEO:
         add to the rows). ``shows`` (``"delta"`` only): the show count each key adds to its row
         (integers >= 0, one per key; default one per occurrence of the key), as a pass cache
-        reports its examples' occurrences. Not retried (see the module docstring).
+        reports its examples' occurrences. ``state_deltas`` (``"delta"`` only):
+        float32[len(keys), state_dim] changes of the rows' optimizer state, merged by the
+        rule (a pass cache's state at the pass's end minus what it pulled). Not retried (see the module docstring).
         """
         if mode not in _MODES:
             raise ConfigError(f"must be one of {sorted(_MODES)}, got {mode!r}", key="mode")
@@ -276,11 +299,13 @@ class PSClient(CheckpointCalls):
             )
         if not sync and sync_count is not None:
             raise ConfigError(f"is only for mode='sync' (mode is {mode!r})", key="sync_count")
-        if shows is not None and mode != "delta":
-            raise ConfigError(f"is only for mode='delta' (mode is {mode!r})", key="shows")
-        stats, lost = self._push_sparse(table, keys, grads, mode, sync_count, None, shows)
+        for name, given in (("shows", shows), ("state_deltas", state_deltas)):
+            if given is not None and mode != "delta":
+                raise ConfigError(f"is only for mode='delta' (mode is {mode!r})", key=name)
+        extra = (shows, state_deltas)
+        stats, lost = self._push_sparse(table, keys, grads, mode, sync_count, None, extra)
         if lost:  # restarted servers refused segments they no longer know, unread: once more
-            again, _ = self._push_sparse(table, keys, grads, mode, sync_count, lost, shows)
+            again, _ = self._push_sparse(table, keys, grads, mode, sync_count, lost, extra)
             stats = {f: stats[f] + again[f] for f in stats}
         return stats
 
@@ -292,34 +317,49 @@ class PSClient(CheckpointCalls):
         mode: str,
         sync_count: int | None,
         only: set[int] | None,
-        shows: Any = None,
+        extra: tuple[Any, Any] = (None, None),
     ) -> tuple[dict[str, int], set[int]]:
-        """The push to every server (``only``: to these); returns the summed stats and, for an
-        APPLY/GEO push, the servers that refused its shared-memory segment unread (lost it in a
-        restart; the caller sends their part again)."""
+        """The push to every server (``only``: to these); ``extra``: (shows, state_deltas) of a
+        delta push. Returns the summed stats and, for an APPLY/GEO push, the servers that
+        refused its shared-memory segment unread (lost it in a restart; the caller sends their
+        part again)."""
         sync = mode == "sync"
         config: SparseTableConfig = self._config(table, SparseTableConfig)
         keys = as_keys(table, keys)
         grads = as_rows(table, grads, keys.shape[0], config.dim)
+        shows, state_deltas = extra
         counts = None if shows is None else as_shows(table, shows, keys.shape[0])
         row_bytes = config.dim * VALUE_BYTES + KEY_BYTES + (0 if counts is None else 4)
+        moved = None
+        if state_deltas is not None:
+            sdim = config.optimizer.state_dim(config.dim)
+            moved = as_rows(table, state_deltas, keys.shape[0], sdim, "state_deltas")
+            row_bytes += sdim * VALUE_BYTES
         first, last, segs = [], [], []  # SYNC: every part but a server's last goes first
         common = {"mode": _MODES[mode], "sync_count": sync_count or 0, "table": table}
         for server, (pos, skeys) in enumerate(self._route(keys, config.num_shards)):
             sgrads = grads if pos is None else take_rows(grads, pos)
             scounts = counts if counts is None or pos is None else counts[pos]
+            smoved = moved if moved is None or pos is None else take_rows(moved, pos)
             n = skeys.shape[0]
             if (n == 0 and not sync) or (only is not None and server not in only):
                 continue
-            seg = self._lease(server, n, config.dim)
-            if seg is not None:
-                k, g = seg.views(n, config.dim)
-                k[...], g[...] = skeys, sgrads
+            width = config.dim + (0 if smoved is None else smoved.shape[1])
+            seg = self._lease(server, n, width)
+            if seg is not None:  # with state deltas: the deltas, then the state deltas
+                k, rows = seg.views(n, width)
+                k[...] = skeys
+                if smoved is None:
+                    rows[...] = sgrads
+                else:
+                    g, m = blocks(rows, (config.dim, smoved.shape[1]))
+                    g[...], m[...] = sgrads, smoved
                 request = _PUSH_SPARSE_REQUEST.encode(
                     {
                         **common,
                         "shm_segment": seg.name,
                         "shm_num_keys": n,
+                        "with_state": smoved is not None,
                         **({} if scounts is None else {"shows": scounts.tobytes()}),
                     }
                 )
@@ -336,6 +376,11 @@ class PSClient(CheckpointCalls):
                         "grads": _le(take_rows(sgrads, part), VALUE_DTYPE),
                         "more_parts": more,
                         **({} if scounts is None else {"shows": scounts[part].tobytes()}),
+                        **(
+                            {}
+                            if smoved is None
+                            else {"state_deltas": _le(take_rows(smoved, part), VALUE_DTYPE)}
+                        ),
                     }
                 )
                 (first if more else last).append(Call(server, "PushSparse", request))

@@ -11,6 +11,7 @@ import pytest
 from ps_server import (
     SGD,
     Adagrad,
+    Adam,
     Constant,
     CountFilterEntry,
     DenseTable,
@@ -389,3 +390,42 @@ def test_add_delta_with_shows_counts_them() -> None:
             t.add_delta(k(7), g([[1, 1]]), bad)
         assert info.value.field == "shows"
     assert t.store.lookup(k(7))[0] < 0  # nothing of a refused delta was applied
+
+
+@pytest.mark.timeout(30)
+def test_state_deltas_and_pull_with_state() -> None:
+    """``pull_with_state``: rows and their optimizer state (the rule's initial state for keys
+    the entry policy has not admitted). ``add_delta(..., state_deltas=)``: summed over
+    duplicates and added to the state (Adam keeps ``v`` and its step >= 0); rows dropped as
+    non-finite take their state deltas along; a bad shape is a TableInputError naming them."""
+    conf = SparseTableConfig(
+        "emb", 2, Adagrad(1.0, initial_accumulator_value=0.5), Constant(0.5), nonfinite="skip"
+    )
+    t = SparseTable(conf)
+    t.push(k(1), g([[1, 2]]))
+    values, state = t.pull_with_state(k(1, 2, 1))
+    np.testing.assert_allclose(state, [[1.5, 4.5], [0.5, 0.5], [1.5, 4.5]])
+    np.testing.assert_array_equal(values, t.pull(k(1, 2, 1)))
+    stats = t.add_delta(
+        k(1, 1, 2, 3),
+        g([[0, 0], [0, 0], [1, 1], [0, 0]]),
+        state_deltas=g([[1, 1], [2, 0], [0, 1], [np.nan, 0]]),
+    )
+    assert (stats.applied, stats.skipped_nonfinite) == (2, 1)
+    assert t.store.lookup(k(3))[0] < 0  # its state delta was NaN: no row
+    _, state = t.pull_with_state(k(1, 2, 3))
+    np.testing.assert_allclose(state, [[4.5, 5.5], [0.5, 1.5], [0.5, 0.5]])
+    with pytest.raises(TableInputError, match=r"\(1, 2\).*shape \(1, 3\)") as info:
+        t.add_delta(k(4), g([[1, 1]]), state_deltas=g([[1, 1, 1]]))
+    assert info.value.field == "state_deltas" and t.store.lookup(k(4))[0] < 0
+    filtered = SparseTable(
+        SparseTableConfig("f", 2, Adagrad(1.0, 0.25), Constant(0.5), entry=CountFilterEntry(3))
+    )
+    values, state = filtered.pull_with_state(k(9))
+    assert filtered.num_rows == 0 and np.array_equal(state, [[0.25, 0.25]])
+    adam = SparseTable(SparseTableConfig("a", 1, Adam(0.1), Constant(0.0)))
+    adam.push(k(1), g([[1.0]]))
+    _, before = adam.pull_with_state(k(1))
+    adam.add_delta(k(1), g([[0]]), state_deltas=g([[0.5, -1.0, 2.0]]))
+    _, after = adam.pull_with_state(k(1))
+    np.testing.assert_allclose(after, [[before[0, 0] + 0.5, 0.0, 3.0]])

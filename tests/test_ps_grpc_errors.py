@@ -18,6 +18,7 @@ import pytest
 
 from ps_server import SGD, Adagrad, DenseTableConfig, SparseTable, SparseTableConfig, Uniform
 from ps_server.core.routing import shard_of
+from ps_server.errors import TableInputError
 from ps_server.rpc.proto import ps_pb2, ps_pb2_grpc
 from ps_server.rpc.service import SERVICE_NAME, ServerState
 from ps_server.rpc.servicer import ParameterServerServicer
@@ -126,6 +127,27 @@ def test_wrong_dim_length_mismatch_truncated_keys(live: Any) -> None:
         request.shows = shows
         msg = _fails(grpc.StatusCode.INVALID_ARGUMENT, stub.PushSparse, request)
         assert "'emb'" in msg and "shows" in msg and want in msg, msg
+    for mode, moved, want in (
+        (ps_pb2.PUSH_MODE_DELTA, b"\x01" * 79, "79 bytes, expected len(keys) * dim * 4"),
+        (ps_pb2.PUSH_MODE_APPLY, b"\x01" * 80, "delta push only"),
+    ):
+        request = _push("emb", keys, grads, mode=mode)
+        request.state_deltas = moved
+        msg = _fails(grpc.StatusCode.INVALID_ARGUMENT, stub.PushSparse, request)
+        assert "'emb'" in msg and "state_deltas" in msg and want in msg, msg
+    request = _push("emb", keys, grads, mode=ps_pb2.PUSH_MODE_DELTA)
+    request.with_state = True  # the shm push's flag, over bytes
+    msg = _fails(grpc.StatusCode.INVALID_ARGUMENT, stub.PushSparse, request)
+    assert "with_state is for a shm push" in msg and "state_deltas" in msg, msg
+    from collective.errors import ConfigError
+
+    ones = np.ones((20, DIM), np.float32)
+    with pytest.raises(ConfigError, match="only for mode='delta'") as info:
+        client.push_sparse("emb", KEYS, ones, state_deltas=ones)  # the client's own checks
+    assert info.value.key == "state_deltas"
+    with pytest.raises(TableInputError, match=r"\(20, 4\), got \(20, 5\)") as err:
+        client.push_sparse("emb", KEYS, ones, mode="delta", state_deltas=np.ones((20, 5)))
+    assert err.value.field == "state_deltas"
     _still_serves(client, ref)
 
 
@@ -263,6 +285,18 @@ def test_oversize_request_and_client_splitting(live: Any) -> None:
     requests = client.stats()[0]["requests"]
     assert requests["PushSparse"] == 2 + 3  # fixture + _still_serves, then 3 parts (the
     # oversize request never reached the handler: gRPC refused it)
+    # a pass cache's pull and push carry the optimizer state too: split to fit as well
+    values, state = client.pull_sparse_with_state("emb", keys)
+    ref_values, ref_state = ref.pull_with_state(keys)
+    np.testing.assert_array_equal(values, ref_values)
+    np.testing.assert_array_equal(state, ref_state)
+    moved = np.full((100_000, DIM), 0.5, np.float32)
+    client.push_sparse("emb", keys, grads, mode="delta", state_deltas=moved)
+    ref.add_delta(keys, grads, state_deltas=moved)
+    assert client.stats()[0]["requests"]["PushSparse"] == 5 + 5  # 40 B a row: 5 parts
+    values, state = client.pull_sparse_with_state("emb", keys)
+    np.testing.assert_array_equal(state, ref.pull_with_state(keys)[1])
+    np.testing.assert_array_equal(values, ref.pull(keys))
 
 
 @pytest.mark.timeout(10)

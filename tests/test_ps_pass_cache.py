@@ -3,9 +3,10 @@ table, trained with the table's own rule, pushed back once as a delta.
 
 On real in-process parameter servers (127.0.0.1, port 0) through a SYNC communicator: a
 pass-cached single-trainer run and a non-cached one over the same batches end with the same
-rows (SGD over two passes, Adagrad over one: the accumulators restart each pass); one pull and
-one push per table per pass; two trainers' deltas both reach the rows; a pass too large for its
-budget is a ConfigError before anything is pulled; checkpoints refuse inside a pass.
+rows and optimizer state (SGD, Adagrad and Adam over two passes: the state travels with the
+rows); one pull and one push per table per pass; two trainers' value and state deltas both
+reach the rows; a pass too large for its budget is a ConfigError before anything is pulled;
+checkpoints refuse inside a pass.
 """
 
 from __future__ import annotations
@@ -87,19 +88,27 @@ class _Counted:
         self.calls: list[tuple[str, str]] = []
         self.client = client
         self._pull, self._push = client.pull_sparse, client.push_sparse
+        self._pull_state = client.pull_sparse_with_state
 
         def pull(table: str, keys: Any) -> Any:
             self.calls.append(("pull", table))
             return self._pull(table, keys)
+
+        def pull_state(table: str, keys: Any) -> Any:
+            self.calls.append(("pull", table))
+            return self._pull_state(table, keys)
 
         def push(table: str, *a: Any, **kw: Any) -> Any:
             self.calls.append(("push", table))
             return self._push(table, *a, **kw)
 
         client.pull_sparse, client.push_sparse = pull, push
+        client.pull_sparse_with_state = pull_state
 
 
 def _run(rule: Any, passes: list[list[Batch]], cached: bool, name: str) -> tuple[Any, list]:
+    """((rows, optimizer state) of every key after training ``passes``, the client's sparse
+    calls of each pass)."""
     emb = DistributedEmbedding(
         name, DIM, optimizer=rule, initializer=Uniform(-0.5, 0.5), pooling="sum"
     )
@@ -121,64 +130,76 @@ def _run(rule: Any, passes: list[list[Batch]], cached: bool, name: str) -> tuple
             else:
                 _train(net, comm, batches)
             per_pass.append(list(counted.calls))
-        rows = counted._pull(name, keys)
+        rows = counted._pull_state(name, keys)
     return rows, per_pass
 
 
 @pytest.mark.parametrize("store", ["kernels", "torch"])
 @pytest.mark.parametrize(
-    ("rule", "num_passes"), [(SGD(0.3), 2), (Adagrad(0.2, initial_accumulator_value=0.1), 1)]
+    "rule", [SGD(0.3), Adagrad(0.2, initial_accumulator_value=0.1), Adam(0.05)]
 )
 def test_cached_pass_equals_sync_training(
-    rule: Any, num_passes: int, store: str, monkeypatch: pytest.MonkeyPatch
+    rule: Any, store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both stores: the server's compiled kernels on the local columns, and the torch tensors
-    with the rule's numpy update (what CUDA and other rules use)."""
+    """Two passes over the same rows: the second starts from the state the first left on the
+    servers (Adagrad's accumulators, Adam's moments and per-row step). Both stores: the
+    server's compiled kernels on the local columns, and the torch tensors with the rule's numpy
+    update (what CUDA and other rules use)."""
     if store == "torch":
         monkeypatch.setattr(pass_cache, "make_rows", TorchRows)
     else:
         assert kernels.ENABLED
-    passes = [_batches(seed) for seed in range(num_passes)]
+    passes = [_batches(seed) for seed in range(2)]
     name = f"pc_eq_{rule.TYPE}"
-    plain, _ = _run(rule, passes, cached=False, name=name)
-    cached, calls = _run(rule, passes, cached=True, name=name)
+    (plain, plain_state), _ = _run(rule, passes, cached=False, name=name)
+    (cached, cached_state), calls = _run(rule, passes, cached=True, name=name)
     if store == "kernels" and rule.TYPE == "sgd":  # the server's own push, locally
         np.testing.assert_array_equal(cached, plain)
     np.testing.assert_allclose(cached, plain, rtol=1e-6, atol=1e-7)
-    assert not np.allclose(plain, _run(rule, [], cached=False, name=name)[0])  # it trained
+    np.testing.assert_allclose(cached_state, plain_state, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(plain, _run(rule, [], cached=False, name=name)[0][0])  # it trained
     for c in calls:  # one pull and one push per table per pass, nothing per step
         assert c == [("pull", name), ("push", name)], c
 
 
 def test_two_trainers_deltas_merge() -> None:
-    emb = DistributedEmbedding("pc_merge", DIM, optimizer=SGD(0.5), pooling="sum")
+    """Each trainer's value and Adagrad state deltas add up on the servers (the accumulators
+    hold both trainers' squared gradients)."""
+    emb = DistributedEmbedding(
+        "pc_merge", DIM, optimizer=Adagrad(0.5, initial_accumulator_value=0.1), pooling="sum"
+    )
     net = _Net(emb)
     data = [_batches(10, n=4), _batches(11, n=4)]
     keys = np.arange(60, dtype=np.int64)
     with cluster(2) as (servers, client):
         client.create_table_from_config(emb.table_config())
-        before = client.pull_sparse("pc_merge", keys)
+        before, state_before = client.pull_sparse_with_state("pc_merge", keys)
         comms = [SyncCommunicator(client, 1, lambda: None) for _ in data]
         caches = []
         for comm, batches in zip(comms, data):  # both pull the same rows before either pushes
             comm.add_table("pc_merge", DIM, 0.5)
             caches.append(pass_cache.start([emb], batches, client, comm, register=False))
-        deltas = []
+        deltas, state_deltas = [], []
         shows = np.zeros(keys.shape[0], np.int64)
         for comm, cache, batches in zip(comms, caches, data):
             _train(net, comm, batches)
             table = cache.tables["pc_merge"]
-            k, d = table.delta()
-            full = np.zeros_like(before)
-            full[k] = d
+            k, d, sd = table.delta()
+            full, full_state = np.zeros_like(before), np.zeros_like(state_before)
+            full[k], full_state[k] = d, sd
             deltas.append(full)
+            state_deltas.append(full_state)
             shows[k] += table.show[np.searchsorted(table.keys_np, k)]
             pass_cache.finish(cache, barrier=False)
             assert "pc_merge" in comm.tables  # given back to the communicator
-        after = client.pull_sparse("pc_merge", keys)
+        after, state_after = client.pull_sparse_with_state("pc_merge", keys)
         counts = _server_counts(servers, "pc_merge", keys)
     assert np.abs(deltas[0]).sum() > 0 and np.abs(deltas[1]).sum() > 0
+    assert (state_deltas[0] >= 0).all() and state_deltas[0].sum() > 0
     np.testing.assert_allclose(after, before + deltas[0] + deltas[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        state_after, state_before + state_deltas[0] + state_deltas[1], rtol=1e-5, atol=1e-6
+    )
     # the servers counted each row's occurrences in both passes' examples (Paddle's show)
     assert shows.sum() > len(keys) and np.array_equal(counts, shows)
 
@@ -288,7 +309,7 @@ def test_cuda_pass_equals_cpu_pass() -> None:
             cache = pass_cache.start([emb], batches, client, comm, device=device)
             assert cache.tables[emb.table].rows.values.device.type == device
             _train(net, comm, batches)
-            k, d = cache.tables[emb.table].delta()
+            k, d, _ = cache.tables[emb.table].delta()
             pass_cache.finish()
         out[device] = (k, d)
     assert np.array_equal(out["cpu"][0], out["cuda"][0])

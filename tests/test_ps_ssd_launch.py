@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_fleetrun
+from conftest import REPO, gen_slot_files, run_fleetrun
 
 from collective.errors import ConfigError
 from launcher.ps_env import FLEET_PS_SSD_ROOT, check_ps_ssd_dir, ps_ssd_root_env
@@ -207,3 +207,56 @@ def test_ctr_example_trains_with_ssd_tables(tmp_path: Path) -> None:
         size = sum(f.stat().st_size for f in (tier / "db").iterdir() if f.is_file())
         assert size > 10_000, (table, size)
     assert os.listdir(ssd) == ["server-0"]
+
+
+@pytest.mark.timeout(150)
+def test_ctr_example_pass_cache_over_ssd_tables(tmp_path: Path) -> None:
+    """``train_ps.py --pass_cache`` on SSD tables: the pass's rows come out of both tiers in one
+    pull per table, its deltas and optimizer state go back in one push per table; the same
+    job on memory tables ends with the same test AUC."""
+    gen_slot_files(tmp_path / "slots", 2, 1500)
+    results = {}
+    for storage in ("ssd", "memory"):
+        ssd, out = tmp_path / "ssd", tmp_path / f"{storage}.json"
+        tables = ["--storage", "ssd", "--cache_rows", "500"] if storage == "ssd" else []
+        r = run_fleetrun(
+            "--server_num",
+            "1",
+            "--worker_num",
+            "1",
+            "--log_dir",
+            str(tmp_path / f"log-{storage}"),
+            *(["--ps_ssd_dir", str(ssd)] if storage == "ssd" else []),
+            "examples/ctr/train_ps.py",
+            *tables,
+            "--data_dir",
+            str(tmp_path / "slots"),
+            "--pass_cache",
+            "--mode",
+            "sync",
+            "--test",
+            "1000",
+            "--json",
+            str(out),
+            cwd=REPO,
+            timeout=100,
+        )
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        results[storage] = json.loads(out.read_text())
+        log = (tmp_path / f"log-{storage}" / "workerlog.0").read_text()
+        assert "pass: 4 sparse RPCs" in log, log[-2000:]  # 2 tables x (one pull + one push)
+    result = results["ssd"]
+    assert result["pass_cache"] and result["storage"] == "ssd" and result["examples"] >= 2560
+    assert abs(result["test_auc"] - results["memory"]["test_auc"]) < 0.002, results
+    for table in ("ctr_dim1", "ctr_dim16"):  # the pass's rows overflowed the caches to disk
+        tier = ssd / "server-0" / table / "shards-00000" / "db"
+        assert sum(f.stat().st_size for f in tier.iterdir() if f.is_file()) > 10_000, table
+
+
+def test_ctr_example_pass_cache_needs_a_loaded_dataset() -> None:
+    from examples.ctr.train_ps import parse_args
+
+    for argv in (["--pass_cache"], ["--pass_cache", "--data_dir", "d", "--dataset", "queue"]):
+        with pytest.raises(SystemExit) as info:
+            parse_args(argv)
+        assert info.value.code == 2

@@ -77,20 +77,27 @@ def _assert_same_rows(a: SparseTable, b: SparseTable) -> None:
 
 
 def _drive(tables: list[SparseTable], steps: int, num_keys: int, seed: int = 0) -> None:
-    """The same random pulls, pushes, GEO deltas (some with show counts) and end_days on every
-    table; pulls must agree."""
+    """The same random pulls, pushes, GEO deltas (some with show counts and state deltas, as
+    a pass cache sends) and end_days on every table; pulls must agree."""
     rng = np.random.default_rng(seed)
     for step in range(steps):
         keys = rng.integers(0, num_keys, 400).astype(np.int64)
         op = step % 4
-        if op == 0:
+        if op == 0 and step % 8 == 4:  # a pass cache's pull: rows and optimizer state
+            got = [t.pull_with_state(keys) for t in tables]
+            for values, state in got[1:]:
+                assert np.array_equal(got[0][0], values) and np.array_equal(got[0][1], state)
+        elif op == 0:
             outs = [t.pull(keys) for t in tables]
             for out in outs[1:]:
                 assert np.array_equal(outs[0], out), step
         elif op == 3:
             d = rng.standard_normal((400, 8)).astype(np.float32) * 0.01
-            shows = rng.integers(0, 5, 400) if step % 8 == 7 else None  # a pass cache's counts
-            stats = [t.add_delta(keys, d, shows).to_dict() for t in tables]
+            shows = moved = None
+            if step % 8 == 7:  # a pass cache's push: show counts and state deltas
+                shows = rng.integers(0, 5, 400)
+                moved = rng.random((400, 8)).astype(np.float32)
+            stats = [t.add_delta(keys, d, shows, moved).to_dict() for t in tables]
             assert all(s == stats[0] for s in stats), stats
         else:
             g = rng.standard_normal((400, 8)).astype(np.float32)

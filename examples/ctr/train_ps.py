@@ -12,6 +12,8 @@ with ``fleet.metrics`` over the union of their test shares. Rank 0 prints a JSON
 
 ``--storage ssd --cache_rows N`` keeps at most N rows of each table per server in memory and the
 others on the servers' disks (fleetrun ``--ps_ssd_dir DIR``; ``configs/ctr_ps_ssd.yaml``).
+``--pass_cache`` trains the files' pass against a trainer-local copy of its rows
+(``fleet.begin_pass`` / ``fleet.end_pass``: one pull and one push per table for the pass).
 
 Same model, data, initialisation scales and learning rates as the single-process baseline
 (``python -m examples.ctr.baseline``), so the AUCs compare directly.
@@ -28,6 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -107,6 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="--storage ssd: rows of each table one server keeps in memory",
     )
+    p.add_argument(
+        "--pass_cache",
+        action="store_true",
+        help="pull the pass's rows once into the trainer, train there, push the deltas once at "
+        "its end (a_sync_configs.use_ps_gpu); needs --data_dir / --files, --dataset inmemory",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default="", help="save the tables here at the end")
     p.add_argument("--json", default="", help="also write rank 0's result here")
@@ -115,6 +124,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--storage ssd needs --cache_rows N (N >= 1 rows per table per server in memory)")
     if args.storage == "memory" and args.cache_rows:
         p.error("--cache_rows is for --storage ssd")
+    if (
+        args.pass_cache
+        and not (args.data_dir or args.files)
+        or (args.pass_cache and args.dataset != "inmemory")
+    ):
+        p.error(
+            "--pass_cache builds the pass from a loaded InMemoryDataset: give --data_dir or "
+            "--files (and --dataset inmemory)"
+        )
+    if args.pass_cache and args.mode == "geo":
+        p.error("--pass_cache with --mode geo: GEO already trains rows locally; use sync or async")
     return args
 
 
@@ -127,6 +147,8 @@ def make_strategy(args: argparse.Namespace) -> fleet.DistributedStrategy:
         s.a_sync_configs = {"barrier_interval": 20}
     if args.mode == "geo":
         s.a_sync_configs = {"k_steps": args.geo_k}
+    if args.pass_cache:
+        s.a_sync_configs = {"use_ps_gpu": True}
     return s
 
 
@@ -145,9 +167,9 @@ def count_lines(paths: list[str]) -> int:
 
 def file_batches(
     args: argparse.Namespace, local_batch: int
-) -> tuple[int, int, Iterator[Batch], float]:
-    """(examples to train, examples in the files, batches, load seconds) of this trainer's share
-    of the slot files. The two counts differ when a fleetrun job with --ps_checkpoint_dir
+) -> tuple[int, int, Iterator[Batch], float, Any]:
+    """(examples to train, examples in the files, batches, load seconds, the dataset) of this
+    trainer's share of the slot files. The two counts differ when a fleetrun job with --ps_checkpoint_dir
     resumed: the dataset then skips (and does not count) what was trained before."""
     files = args.files or sorted(glob.glob(os.path.join(args.data_dir, "part-*")))
     if not files:
@@ -171,7 +193,7 @@ def file_batches(
     else:  # streamed while training: sync lockstep needs the step count before the first batch
         held = count_lines(mine)  # a resumed trainer's pass skips what it trained: not counted
         count = held - data_position.skip_examples(local_batch, held)
-    return count, held, (batch_to_inputs(b) for b in ds), time.perf_counter() - t0
+    return count, held, (batch_to_inputs(b) for b in ds), time.perf_counter() - t0, ds
 
 
 def tensor_batches(train: CTRBatch, local_batch: int) -> Iterator[Batch]:
@@ -221,8 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     local_batch = max(args.batch_size // world, 1)
     from_files = bool(args.data_dir or args.files)
     load_seconds = 0.0
+    ds = None
     if from_files:
-        count, held, batches, load_seconds = file_batches(args, local_batch)
+        count, held, batches, load_seconds, ds = file_batches(args, local_batch)
         test_start = int(fleet.metrics.sum(held))  # the files hold examples 0 .. (gen_slot_files)
     else:
         start, held = shard(args.train, rank, world)
@@ -245,6 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     fleet.barrier_worker()
     t0 = time.perf_counter()
     examples = 0
+    if args.pass_cache:  # keys of the pass -> one pull per table -> trainer-local rows
+        fleet.begin_pass(ds, label="click")
     nxt = next(batches, None)
     for step in range(steps):
         if nxt is None:
@@ -265,6 +290,10 @@ def main(argv: list[str] | None = None) -> None:
         fleet.report(loss=loss, samples=labels.shape[0])  # Prometheus / dashboard (no-op without)
         if rank == 0 and step % 100 == 0:
             logger.info("step %d/%d loss %.4f", step, steps, loss.item())
+    if args.pass_cache:  # one delta push per table, then every trainer's deltas are in
+        pass_stats = fleet.end_pass()
+        if rank == 0:
+            logger.info("pass: %d sparse RPCs, %s", pass_stats.rpcs, pass_stats.tables)
     seconds = fleet.metrics.max(time.perf_counter() - t0)
     trained = fleet.metrics.sum(examples)
     load_seconds = float(fleet.metrics.max(load_seconds))
@@ -296,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
             "servers": fleet.server_num(),
             "source": args.dataset if from_files else "tensors",
             "storage": args.storage,
+            "pass_cache": args.pass_cache,
             "load_seconds": load_seconds,
             "examples": int(trained),
             "train_seconds": float(seconds),

@@ -18,8 +18,9 @@ sparse slots, or the embedding's ``cache_slots``; vectorised over the loaded col
 that the pass fits the device (:func:`memory_budget`: free CUDA memory, or a fraction of the
 available RAM; a :class:`~collective.errors.ConfigError` saying how many keys the pass has and
 how many fit, before anything is pulled), pulls each table's rows in one logical request
-(``PSClient.pull_sparse`` splits it into messages) and keeps them in a :class:`PassTable` on
-the trainer's device (CUDA when available; :mod:`fleet.ps.pass_store`). During the pass a
+(``PSClient.pull_sparse`` splits it into messages; with the rule's state, Adagrad's
+accumulators or Adam's moments and step, by ``pull_sparse_with_state``) and keeps them in a
+:class:`PassTable` on the trainer's device (CUDA when available; :mod:`fleet.ps.pass_store`). During the pass a
 lookup reads the local table; its backward's gradient is applied by the table's own optimizer
 rule at the next step boundary, as a SYNC server would apply one trainer's push: on CPU with the
 built-in rules by the server's own compiled push on local copies of its columns, otherwise by
@@ -27,9 +28,11 @@ the :mod:`ps_server.core.optimizers` formulas (their torch form on CUDA).
 Show (occurrences) and click
 (occurrences in examples whose label is positive) are counted per row from the pass's data.
 
-:func:`end_pass` pushes each table's value delta (``local - pulled``) once, with
-``mode="delta"``: the servers add the deltas of every trainer (``SparseTable.add_delta``, the
-GEO merge), reset ``unseen_days`` and add each row's show count of the pass (its occurrences in
+:func:`end_pass` pushes each table's value delta (``local - pulled``) and state delta once,
+with ``mode="delta"``: the servers add the deltas of every trainer (``SparseTable.add_delta``,
+the GEO merge; the rule merges the state: a sum, so one trainer's rows and state after a pass
+are those of training without the cache, and Adagrad's accumulators of several trainers hold
+every trainer's squared gradients), reset ``unseen_days`` and add each row's show count of the pass (its occurrences in
 the pass's examples, what the per-step pushes would have counted), so ``shrink``, show decay,
 the SSD tier's eviction by show count and serving exports' ``min_show`` keep working. Then the
 trainers meet in a barrier, so the next pass pulls every trainer's updates.
@@ -119,13 +122,14 @@ class PassTable:
         clicks: np.ndarray,
         device: torch.device,
         steps: Any,
+        state: np.ndarray | None = None,
     ) -> None:
         self.name = name
         self.rule = rule
         self.device = device
         self.dim = int(rows.shape[1])
         self.keys_np = keys
-        self.rows = make_rows(rule, keys, rows, device)
+        self.rows = make_rows(rule, keys, rows, device, state)
         self.show = shows
         self.click = clicks
         self._steps = steps  # () -> the communicator's step count
@@ -180,8 +184,9 @@ class PassTable:
             pending, self._pending = self._pending, []
             self.rows.apply(pending)
 
-    def delta(self) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, ``values - base``) of the rows the pass updated (CPU numpy)."""
+    def delta(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, ``values - base``, ``state - base state``) of the rows the pass updated (CPU
+        numpy)."""
         self.apply_due(force=True)
         with self._lock:
             return self.rows.delta()
@@ -367,10 +372,10 @@ def collect_keys(
 
 
 def bytes_per_key(dim: int, rule: Any) -> int:
-    """Device bytes one key of a pass takes: the key, its values twice (trained and as
-    pulled), the rule's state, and 16 B of counters and index (the CPU store's count,
+    """Device bytes one key of a pass takes: the key, its values and the rule's state twice
+    (trained and as pulled), and 16 B of counters and index (the CPU store's count,
     unseen-days and flag columns and hash slots; the CUDA store's counter)."""
-    return 8 + 4 * (2 * dim + rule.state_dim(dim)) + 16
+    return 8 + 4 * 2 * (dim + rule.state_dim(dim)) + 16
 
 
 def memory_budget(device: torch.device, max_memory_fraction: float | None = None) -> int:
@@ -452,7 +457,7 @@ def start(
         # the tables' pulls run together (each one logical pull, split into messages by the
         # client); the servers create the rows they do not hold yet meanwhile
         pulled = {
-            m.table: pool.submit(client.pull_sparse, m.table, collected[m.table][0])
+            m.table: pool.submit(_pull, client, m, collected[m.table][0])
             for m in modules
             if collected[m.table][0].shape[0]
         }
@@ -460,7 +465,11 @@ def start(
     for m in modules:
         keys, show, click = collected[m.table]
         future = pulled.get(m.table)
-        rows = future.result() if future is not None else np.zeros((0, m.embedding_dim), np.float32)
+        rows, state = (
+            future.result()
+            if future is not None
+            else (np.zeros((0, m.embedding_dim), np.float32), None)
+        )
         tables[m.table] = PassTable(
             m.table,
             m.optimizer,
@@ -470,6 +479,7 @@ def start(
             click,
             dev,
             steps,
+            state,
         )
     cache = PassCache(client, communicator, tables)
     cache.open()
@@ -498,11 +508,18 @@ def finish(cache: PassCache | None = None, barrier: bool = True) -> PassStats:
         # before the tables are given back
         cache.communicator.flush()
         for name, table in cache.tables.items():
-            keys, delta = table.delta()
+            keys, delta, state = table.delta()
             pushes = 0
             if keys.shape[0]:
                 shows = table.show[np.searchsorted(table.keys_np, keys)]
-                cache.client.push_sparse(name, keys, delta, mode="delta", shows=shows)
+                cache.client.push_sparse(
+                    name,
+                    keys,
+                    delta,
+                    mode="delta",
+                    shows=shows,
+                    state_deltas=state if state.shape[1] else None,
+                )
                 pushes = 1
             cache.stats.tables[name] = TableStats(
                 keys=int(table.keys_np.shape[0]),
@@ -522,6 +539,13 @@ def finish(cache: PassCache | None = None, barrier: bool = True) -> PassStats:
         comm.barrier()  # the next pass pulls every trainer's deltas
     cache.stats.end_seconds = time.perf_counter() - t0
     return cache.stats
+
+
+def _pull(client: Any, module: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A pass's rows of ``module``'s table, with their optimizer state when the rule has one."""
+    if module.optimizer.state_dim(module.embedding_dim):
+        return client.pull_sparse_with_state(module.table, keys)
+    return client.pull_sparse(module.table, keys), None
 
 
 def _default_device() -> torch.device:

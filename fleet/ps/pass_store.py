@@ -8,7 +8,8 @@
 * :class:`TorchRows` (CUDA, or any other rule): torch tensors on the device, a sorted key array
   searched with ``searchsorted``, the rule by :func:`fleet.ps.pass_rules.apply_rule`.
 
-Both keep the rows as pulled (``base``) for the delta :meth:`delta` gives at the pass's end.
+Both start from the rows and optimizer state the servers hold (the rule continues across
+passes) and keep both as pulled for the deltas :meth:`delta` gives at the pass's end.
 """
 
 from __future__ import annotations
@@ -23,42 +24,53 @@ from ps_server.core import kernels
 from ps_server.core.hash_index import HashIndex
 
 
-def make_rows(rule: Any, keys: np.ndarray, rows: np.ndarray, device: torch.device) -> Any:
-    """The store for a table's pass: :class:`KernelRows` where it applies, else
-    :class:`TorchRows`."""
+def make_rows(
+    rule: Any,
+    keys: np.ndarray,
+    rows: np.ndarray,
+    device: torch.device,
+    state: np.ndarray | None = None,
+) -> Any:
+    """The store for a table's pass (``state``: the rows' optimizer state as pulled; None: the
+    rule's initial state): :class:`KernelRows` where it applies, else :class:`TorchRows`."""
     if device.type == "cpu" and kernels.ENABLED and kernels.push_hyper(rule) is not None:
-        return KernelRows(rule, keys, rows)
-    return TorchRows(rule, keys, rows, device)
+        return KernelRows(rule, keys, rows, state)
+    return TorchRows(rule, keys, rows, device, state)
 
 
-def _init_state(rule: Any, n: int, dim: int) -> np.ndarray:
-    state = np.empty((n, rule.state_dim(dim)), np.float32)
-    rule.init_state(state)
-    return state
+def _start_state(rule: Any, n: int, dim: int, state: np.ndarray | None) -> np.ndarray:
+    if state is not None:
+        return np.array(state, np.float32, order="C")  # a copy: the store trains it in place
+    out = np.empty((n, rule.state_dim(dim)), np.float32)
+    rule.init_state(out)
+    return out
 
 
 class KernelRows:
     """The pass's rows in the server's columns, updated by the server's compiled push."""
 
-    def __init__(self, rule: Any, keys: np.ndarray, rows: np.ndarray) -> None:
+    def __init__(
+        self, rule: Any, keys: np.ndarray, rows: np.ndarray, state: np.ndarray | None = None
+    ) -> None:
         n, dim = rows.shape
         self.keys = keys
         self.dim = int(dim)
         self.cols = {
             "values": np.ascontiguousarray(rows, np.float32),
-            "state": _init_state(rule, n, dim),
+            "state": _start_state(rule, n, dim, state),
             "count": np.zeros(n, np.uint32),
             "unseen_days": np.zeros(n, np.uint16),
         }
         self.flags = np.zeros(n, np.uint8)
         self.base = self.cols["values"].copy()
+        self.base_state = self.cols["state"].copy()
         self._fused = kernels.push_hyper(rule)
         self._index = HashIndex()
         self._index.insert(keys, np.arange(n, dtype=np.int64), keys)
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.keys, self.base, self.flags, *self.cols.values())
+        arrays = (self.keys, self.base, self.base_state, self.flags, *self.cols.values())
         return sum(a.nbytes for a in arrays) + self._index.memory_bytes
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -79,15 +91,24 @@ class KernelRows:
         grads = pieces[0][1] if len(pieces) == 1 else np.concatenate([p[1] for p in pieces])
         kernels.push(self._fused[0], self._fused[1], self.cols, self.flags, rows, grads)
 
-    def delta(self) -> tuple[np.ndarray, np.ndarray]:
+    def delta(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, value deltas, state deltas) of the rows the pass updated."""
         touched = self.cols["count"] > 0
-        return self.keys[touched], self.cols["values"][touched] - self.base[touched]
+        values = self.cols["values"][touched] - self.base[touched]
+        return self.keys[touched], values, self.cols["state"][touched] - self.base_state[touched]
 
 
 class TorchRows:
     """The pass's rows as torch tensors on ``device``, the rule by ``apply_rule``."""
 
-    def __init__(self, rule: Any, keys: np.ndarray, rows: np.ndarray, device: torch.device):
+    def __init__(
+        self,
+        rule: Any,
+        keys: np.ndarray,
+        rows: np.ndarray,
+        device: torch.device,
+        state: np.ndarray | None = None,
+    ) -> None:
         n, dim = rows.shape
         self.rule = rule
         self.device = device
@@ -96,12 +117,13 @@ class TorchRows:
         self.keys = torch.from_numpy(keys).to(device)
         self.values = torch.from_numpy(np.ascontiguousarray(rows, np.float32)).to(device)
         self.base = self.values.clone()
-        self.state = torch.from_numpy(_init_state(rule, n, dim)).to(device)
+        self.state = torch.from_numpy(_start_state(rule, n, dim, state)).to(device)
+        self.base_state = self.state.clone()
         self.updates = torch.zeros(n, dtype=torch.int32, device=device)
 
     @property
     def nbytes(self) -> int:
-        tensors = (self.keys, self.values, self.base, self.state, self.updates)
+        tensors = (self.keys, self.values, self.base, self.state, self.base_state, self.updates)
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def find(self, keys: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
@@ -139,10 +161,16 @@ class TorchRows:
         if state.shape[1]:
             self.state.index_copy_(0, idx, state)
 
-    def delta(self) -> tuple[np.ndarray, np.ndarray]:
+    def delta(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, value deltas, state deltas) of the rows the pass updated."""
         touched = (self.updates > 0).cpu().numpy()
         delta = (self.values - self.base).cpu().numpy()
-        return self.keys_np[touched], np.ascontiguousarray(delta[touched])
+        state = (self.state - self.base_state).cpu().numpy()
+        return (
+            self.keys_np[touched],
+            np.ascontiguousarray(delta[touched]),
+            np.ascontiguousarray(state[touched]),
+        )
 
 
 __all__ = ["KernelRows", "TorchRows", "make_rows"]

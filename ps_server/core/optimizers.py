@@ -89,6 +89,14 @@ class OptimizerRule(Registered):
         """Fill fresh state rows ``float32[n, state_dim]`` in place (zeros by default)."""
         state.fill(0.0)
 
+    def add_state_delta(self, state: np.ndarray, delta: np.ndarray) -> None:
+        """Merge a trainer's state change ``delta`` (``[n, state_dim]``: its state at the end of
+        a pass minus the state it pulled) into ``state`` in place, as :meth:`SparseTable.add_delta`
+        adds value deltas. Additive by default: exact for accumulators such as Adagrad's
+        ``g2sum`` (several trainers' deltas sum to every gradient's square); a rule whose state
+        must stay in a range clamps it here."""
+        state += delta
+
     def apply(
         self, weights: np.ndarray, state: np.ndarray, grads: np.ndarray, rows_meta: RowsMeta | None
     ) -> None:
@@ -195,6 +203,14 @@ class Adam(OptimizerRule):
 
     def state_dim(self, dim: int) -> int:
         return 2 * dim + 1
+
+    def add_state_delta(self, state: np.ndarray, delta: np.ndarray) -> None:
+        """Moments and step count add (one trainer's delta restores its state exactly; several
+        trainers' sum is the GEO approximation of their interleaved steps); ``v`` and the step
+        are clamped at 0, which a sum of decays could cross."""
+        state += delta
+        dim = (state.shape[1] - 1) // 2
+        np.maximum(state[:, dim:], 0.0, out=state[:, dim:])
 
     def apply(self, weights, state, grads, rows_meta) -> None:
         dim = weights.shape[1]

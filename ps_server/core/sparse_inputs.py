@@ -9,7 +9,7 @@ GEO delta and checkpoint import. Plain functions of the arguments and the table'
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -107,6 +107,20 @@ def check_shows(table: str, shows: Any, n: int) -> np.ndarray:
     return arr
 
 
+def check_state_deltas(table: str, state_deltas: Any, n: int, state_dim: int) -> np.ndarray:
+    """``state_deltas`` as float32[n, state_dim]; :class:`TableInputError` naming
+    ``state_deltas`` otherwise."""
+    arr = np.asarray(state_deltas)
+    if arr.shape != (n, state_dim) or arr.dtype.kind != "f":
+        raise TableInputError(
+            table,
+            "state_deltas",
+            f"must be float (len(keys), state_dim) = ({n}, {state_dim}) optimizer-state "
+            f"deltas, got dtype {arr.dtype} shape {arr.shape}",
+        )
+    return arr.astype(np.float32, copy=False)
+
+
 def drop_nonfinite(
     table: str, policy: NonFinitePolicy, keys: np.ndarray, values: np.ndarray, field: str
 ) -> tuple[np.ndarray, np.ndarray, int]:
@@ -119,6 +133,30 @@ def drop_nonfinite(
     if policy is NonFinitePolicy.REJECT:
         raise NonFiniteGradientError(table, int((~finite).sum()), int(bad_rows.sum()), field=field)
     return keys[~bad_rows], values[~bad_rows], int(bad_rows.sum())
+
+
+def drop_nonfinite_rows(
+    table: str,
+    policy: NonFinitePolicy,
+    keys: np.ndarray,
+    arrays: Sequence[np.ndarray | None],
+    field: str,
+) -> tuple[np.ndarray, list[np.ndarray | None], int]:
+    """:func:`drop_nonfinite` over several per-row ``arrays`` (None: absent): a row goes when
+    any 2-D float array holds NaN/inf in it; the others (show counts) ride along."""
+    floats = [a for a in arrays if a is not None and a.ndim == 2]
+    if all(all_finite(a) for a in floats):
+        return keys, list(arrays), 0
+    bad = np.zeros(keys.shape[0], dtype=bool)
+    values = 0
+    for a in floats:
+        finite = np.isfinite(a)
+        values += int((~finite).sum())
+        bad |= ~finite.all(axis=1)
+    if policy is NonFinitePolicy.REJECT:
+        raise NonFiniteGradientError(table, values, int(bad.sum()), field=field)
+    keep = ~bad
+    return keys[keep], [None if a is None else a[keep] for a in arrays], int(bad.sum())
 
 
 def check_import(

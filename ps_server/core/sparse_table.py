@@ -293,6 +293,21 @@ class SparseTable(Table):
             self._counters["pull_keys"] += int(keys.shape[0])
             return out
 
+    def pull_with_state(
+        self, keys: np.ndarray, out: np.ndarray | None = None, state_out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`pull` of ``keys``, float32[n, state_dim] optimizer state of their rows) under
+        one lock; a key without a row (not admitted) gets the rule's initial state. A pass
+        cache seeds its rows with both, so the rule continues across passes. ``out`` /
+        ``state_out``: buffers to fill, as :meth:`pull`'s ``out``."""
+        keys = self._check_keys(keys)
+        with self.lock:
+            values = self.pull(keys, out)
+            state = pull_buffer(self.name, keys.shape[0], self._state_dim, state_out)
+            self.config.optimizer.init_state(state)
+            self.store.gather_into("state", self.store.lookup(keys), state)
+            return values, state
+
     def push(self, keys: np.ndarray, grads: np.ndarray) -> PushStats:
         """Apply ``grads`` float32[n, dim] to the rows of ``keys`` int64[n] (duplicates summed)."""
         keys = self._check_keys(keys)
@@ -331,7 +346,11 @@ class SparseTable(Table):
             return PushStats(n, applied, created, filtered, skipped, evicted)
 
     def add_delta(
-        self, keys: np.ndarray, deltas: np.ndarray, shows: np.ndarray | None = None
+        self,
+        keys: np.ndarray,
+        deltas: np.ndarray,
+        shows: np.ndarray | None = None,
+        state_deltas: np.ndarray | None = None,
     ) -> PushStats:
         """Add ``deltas`` float32[n, dim] to the rows of ``keys`` int64[n], no optimizer rule
         (GEO: trainers send ``local - value_at_last_exchange`` every K steps and the deltas of
@@ -345,7 +364,9 @@ class SparseTable(Table):
         changed (in the next delta checkpoint). With ``shows``, keys the entry policy has not
         admitted count their shows toward admission as a push counts its occurrences (a count
         filter admits a key once its shows reach the threshold, and the delta goes to the new
-        row); without, they are dropped. NaN/inf follow ``nonfinite`` as gradients do.
+        row); without, they are dropped. ``state_deltas`` float32[n, state_dim]: changes of
+        the rows' optimizer state, merged by the rule's ``add_state_delta`` (summed over
+        duplicates, as the deltas). NaN/inf in either follow ``nonfinite`` as gradients do.
         """
         n = int(keys.shape[0])
         if deltas.shape != (n, self.dim):
@@ -354,13 +375,16 @@ class SparseTable(Table):
                 "grads",
                 f"deltas shape must be (len(keys), dim) = ({n}, {self.dim}), got {deltas.shape}",
             )
+        if state_deltas is not None:
+            state_deltas = sparse_inputs.check_state_deltas(
+                self.name, state_deltas, n, self._state_dim
+            )
         if shows is not None:
             shows = sparse_inputs.check_shows(self.name, shows, n)
-            if not sparse_inputs.all_finite(deltas):
-                shows = shows[np.isfinite(deltas).all(axis=1)]
-        keys, deltas, skipped = sparse_inputs.drop_nonfinite(
-            self.name, self.config.nonfinite, keys, deltas, "deltas"
+        keys, (deltas, state_deltas, shows), skipped = sparse_inputs.drop_nonfinite_rows(
+            self.name, self.config.nonfinite, keys, (deltas, state_deltas, shows), "deltas"
         )
+        assert deltas is not None
         with self.lock:
             before = self.num_rows
             self.pull(keys)  # validates the keys (dtype, shard) and creates the admitted rows
@@ -376,13 +400,20 @@ class SparseTable(Table):
             if filtered:
                 rows, deltas = rows[keep], deltas[keep]
                 shows = None if shows is None else shows[keep]
+                state_deltas = None if state_deltas is None else state_deltas[keep]
             urows, udeltas, occ = sum_duplicates(rows, np.ascontiguousarray(deltas), st.high_water)
             if shows is not None:
                 occ = shows_per_row(rows, urows, shows)
+            if state_deltas is not None and urows.shape[0] != rows.shape[0]:
+                state_deltas = sum_duplicates(rows, state_deltas, st.high_water)[1]
             if urows.shape[0]:
                 values = st.gather("values", urows)
                 values += udeltas
                 st.scatter("values", urows, values)
+                if state_deltas is not None:
+                    state = st.gather("state", urows)
+                    self.config.optimizer.add_state_delta(state, state_deltas)
+                    st.scatter("state", urows, state)
                 st.cols["count"][urows] = saturating_add(
                     st.cols["count"][urows], occ, _U32_MAX, np.uint32
                 )

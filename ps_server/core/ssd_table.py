@@ -442,11 +442,28 @@ class SsdSparseTable(SparseTable):
         """As :meth:`SparseTable.push`, over both tiers."""
         return self._keyed(keys, lambda: super(SsdSparseTable, self).push(keys, grads))
 
+    def pull_with_state(
+        self, keys: np.ndarray, out: np.ndarray | None = None, state_out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`SparseTable.pull_with_state`, over both tiers."""
+        return self._keyed(
+            keys,
+            lambda: super(SsdSparseTable, self).pull_with_state(keys, out, state_out),
+            pull=True,
+        )
+
     def add_delta(
-        self, keys: np.ndarray, deltas: np.ndarray, shows: np.ndarray | None = None
+        self,
+        keys: np.ndarray,
+        deltas: np.ndarray,
+        shows: np.ndarray | None = None,
+        state_deltas: np.ndarray | None = None,
     ) -> PushStats:
         """As :meth:`SparseTable.add_delta`, over both tiers."""
-        return self._keyed(keys, lambda: super(SsdSparseTable, self).add_delta(keys, deltas, shows))
+        return self._keyed(
+            keys,
+            lambda: super(SsdSparseTable, self).add_delta(keys, deltas, shows, state_deltas),
+        )
 
     def _evict_for(self, num_new: int, protect: np.ndarray) -> int:
         """``max_capacity`` over both tiers (:func:`~ps_server.core.ssd_capacity.make_room`)."""

@@ -199,11 +199,21 @@ class PullSparseReply:
     dim: int
     in_shm: bool = False
     """The rows were written to the request's shared-memory segment (the reply carries none)."""
+    state: np.ndarray | None = None
+    """``with_state``: float32[n, state_dim], the rows' optimizer state (in the segment too
+    when ``in_shm``)."""
 
     def to_message(self) -> ps_pb2.PullSparseResponse:
         """The same reply as a generated message (tests, tools)."""
         values = b"" if self.in_shm else self.values.tobytes()
-        return ps_pb2.PullSparseResponse(values=values, dim=self.dim)
+        if self.state is None:
+            return ps_pb2.PullSparseResponse(values=values, dim=self.dim)
+        return ps_pb2.PullSparseResponse(
+            values=values,
+            dim=self.dim,
+            state=b"" if self.in_shm else self.state.tobytes(),
+            state_dim=self.state.shape[1],
+        )
 
 
 def _sparse_arrays(
@@ -225,6 +235,24 @@ def pull_sparse(state: ServerState, req: Any) -> PullSparseReply:
     PullSparseRequest (or its :mod:`ps_server.rpc.wire` view)."""
     table = get_table(state, req.table, "sparse")
     assert isinstance(table, (SparseTable, ServingTable))
+    if getattr(req, "with_state", False):
+        if not isinstance(table, SparseTable):
+            raise TableInputError(
+                table.name,
+                "with_state",
+                "a serving table holds exported rows without optimizer state; pull without it",
+            )
+        width = (table.dim, table.state_dim)
+        out = state_out = None
+        if req.shm_segment:  # the segment's rows: the values, then the state
+            if req.keys:
+                raise RequestDecodeError(f"{table.name}: a shm request carries no keys bytes")
+            keys, rows = state.shm.views(req.shm_segment, req.shm_num_keys, sum(width))
+            out, state_out = shm.blocks(rows, width)
+        else:
+            keys = decode_keys(table.name, req.keys)
+        values, rows_state = table.pull_with_state(keys, out, state_out)
+        return PullSparseReply(values, table.dim, in_shm=out is not None, state=rows_state)
     keys, out = _sparse_arrays(state, table, req, with_rows=False)
     values = table.pull(keys, out)
     return PullSparseReply(values, table.dim, in_shm=out is not None)
@@ -236,18 +264,35 @@ def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
     table = get_table(state, req.table, "sparse")
     assert isinstance(table, SparseTable)
     mode = _mode(table.name, req.mode)
-    keys, grads = _sparse_arrays(state, table, req, with_rows=True)
-    assert grads is not None
     shows = getattr(req, "shows", b"")
-    if shows and mode != "delta":
-        raise TableInputError(
-            table.name, "shows", f"show counts go with a delta push only, not mode {mode!r}"
-        )
+    state_deltas = getattr(req, "state_deltas", b"")
+    with_state = getattr(req, "with_state", False)
+    for name, given in (("shows", shows), ("state_deltas", state_deltas or with_state)):
+        if given and mode != "delta":
+            raise TableInputError(
+                table.name, name, f"{name} go with a delta push only, not mode {mode!r}"
+            )
+    moved = None
+    if with_state:  # the segment's rows: the deltas, then the state deltas
+        if not req.shm_segment or state_deltas or req.keys or req.grads:
+            raise RequestDecodeError(
+                f"{table.name}: with_state is for a shm push (keys, deltas and state deltas "
+                "in the segment); over bytes send keys, grads and state_deltas"
+            )
+        width = (table.dim, table.state_dim)
+        keys, rows = state.shm.views(req.shm_segment, req.shm_num_keys, sum(width))
+        grads, moved = shm.blocks(rows, width)
+    else:
+        keys, grads = _sparse_arrays(state, table, req, with_rows=True)
+    assert grads is not None
     if mode == "apply":
         return _push_response(table.push(keys, grads))
     if mode == "delta":
-        counts = decode_shows(table.name, shows, keys.shape[0]) if shows else None
-        return _push_response(table.add_delta(keys, grads, counts))
+        n = keys.shape[0]
+        counts = decode_shows(table.name, shows, n) if shows else None
+        if state_deltas:
+            moved = decode_rows(table.name, state_deltas, n, table.state_dim, "state_deltas")
+        return _push_response(table.add_delta(keys, grads, counts, moved))
     table.check_owned(keys)
     _check_finite(table, grads, "grads")
     if req.shm_segment:  # kept until the round completes: the segment is reused meanwhile

@@ -216,7 +216,16 @@ def _lenient(type_name: str, parse: Callable[[bytes], Any]) -> Callable[[bytes],
 def _serialize(reply: Any) -> bytes:
     if isinstance(reply, PullSparseReply):
         values = b"" if reply.in_shm else reply.values
-        return _PULL_SPARSE_RESPONSE.encode({"values": values, "dim": reply.dim})
+        if reply.state is None:
+            return _PULL_SPARSE_RESPONSE.encode({"values": values, "dim": reply.dim})
+        return _PULL_SPARSE_RESPONSE.encode(
+            {
+                "values": values,
+                "dim": reply.dim,
+                "state": b"" if reply.in_shm else reply.state,
+                "state_dim": reply.state.shape[1],
+            }
+        )
     return reply.SerializeToString()
 
 

@@ -79,6 +79,18 @@ def bytes_needed(num_keys: int, dim: int) -> int:
     return rows_offset(num_keys) + num_keys * dim * VALUE_DTYPE.itemsize
 
 
+def blocks(rows: np.ndarray, widths: tuple[int, ...]) -> list[np.ndarray]:
+    """The ``[n, sum(widths)]`` rows region of a segment as consecutive C-contiguous blocks
+    ``[n, width]`` (a pull with state: the values, then the optimizer state)."""
+    n = rows.shape[0]
+    flat = rows.reshape(-1)
+    out, at = [], 0
+    for width in widths:
+        out.append(flat[at : at + n * width].reshape(n, width))
+        at += n * width
+    return out
+
+
 def _views(buf: mmap.mmap, size: int, num_keys: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
     if bytes_needed(num_keys, dim) > size:
         raise RequestDecodeError(
@@ -291,6 +303,7 @@ __all__ = [
     "ShmPool",
     "ShmRegistry",
     "ShmSegmentError",
+    "blocks",
     "bytes_needed",
     "create_segment",
     "enabled_by_env",

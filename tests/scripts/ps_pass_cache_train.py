@@ -72,9 +72,9 @@ else:
     delta = pass_cache.PassTable.delta
 
     def recorded(table):
-        k, d = delta(table)
+        k, d, state = delta(table)  # SGD: no optimizer state
         pushed[table.name] = (k.tolist(), d.tolist())
-        return k, d
+        return k, d, state
 
     pass_cache.PassTable.delta = recorded
     stats = fleet.train_from_dataset(

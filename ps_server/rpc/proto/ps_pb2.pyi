@@ -43,27 +43,33 @@ class ListTablesResponse(_message.Message):
     def __init__(self, config_json: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PullSparseRequest(_message.Message):
-    __slots__ = ("table", "keys", "shm_segment", "shm_num_keys")
+    __slots__ = ("table", "keys", "shm_segment", "shm_num_keys", "with_state")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     SHM_NUM_KEYS_FIELD_NUMBER: _ClassVar[int]
+    WITH_STATE_FIELD_NUMBER: _ClassVar[int]
     table: str
     keys: bytes
     shm_segment: str
     shm_num_keys: int
-    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., shm_segment: _Optional[str] = ..., shm_num_keys: _Optional[int] = ...) -> None: ...
+    with_state: bool
+    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., shm_segment: _Optional[str] = ..., shm_num_keys: _Optional[int] = ..., with_state: _Optional[bool] = ...) -> None: ...
 
 class PullSparseResponse(_message.Message):
-    __slots__ = ("values", "dim")
+    __slots__ = ("values", "dim", "state", "state_dim")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIM_FIELD_NUMBER: _ClassVar[int]
     values: bytes
     dim: int
-    def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
+    state: bytes
+    state_dim: int
+    def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ..., state: _Optional[bytes] = ..., state_dim: _Optional[int] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table", "keys", "grads", "mode", "sync_count", "more_parts", "shm_segment", "shm_num_keys", "shows")
+    __slots__ = ("table", "keys", "grads", "mode", "sync_count", "more_parts", "shm_segment", "shm_num_keys", "shows", "state_deltas", "with_state")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +79,8 @@ class PushSparseRequest(_message.Message):
     SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     SHM_NUM_KEYS_FIELD_NUMBER: _ClassVar[int]
     SHOWS_FIELD_NUMBER: _ClassVar[int]
+    STATE_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    WITH_STATE_FIELD_NUMBER: _ClassVar[int]
     table: str
     keys: bytes
     grads: bytes
@@ -82,7 +90,9 @@ class PushSparseRequest(_message.Message):
     shm_segment: str
     shm_num_keys: int
     shows: bytes
-    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., mode: _Optional[_Union[PushMode, str]] = ..., sync_count: _Optional[int] = ..., more_parts: _Optional[bool] = ..., shm_segment: _Optional[str] = ..., shm_num_keys: _Optional[int] = ..., shows: _Optional[bytes] = ...) -> None: ...
+    state_deltas: bytes
+    with_state: bool
+    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., mode: _Optional[_Union[PushMode, str]] = ..., sync_count: _Optional[int] = ..., more_parts: _Optional[bool] = ..., shm_segment: _Optional[str] = ..., shm_num_keys: _Optional[int] = ..., shows: _Optional[bytes] = ..., state_deltas: _Optional[bytes] = ..., with_state: _Optional[bool] = ...) -> None: ...
 
 class PushSparseResponse(_message.Message):
     __slots__ = ("num_keys", "applied", "created", "filtered", "skipped_nonfinite", "evicted", "sync_arrived")

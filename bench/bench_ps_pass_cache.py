@@ -16,8 +16,13 @@ and ``async`` with 1 server + 2 trainers (each trainer reads one of the two file
 test AUC, measured by trainer 0 once both trainers are done (the servers' rows and dense
 parameters, so both trainers' updates).
 
-Usage: ``python bench/bench_ps_pass_cache.py [--reps 5] [--train 100000] [--test 20000]``
-(``--worker`` is the fleetrun script's mode).
+``--gpu``: the trainer's model on CUDA (the same job, 1 server + 1 trainer), ``pass`` (the pass's
+rows in GPU memory, lookups and their updates on the device) against ``async`` (rows pulled per
+step and copied to the GPU): the pass cache's GPU goal, >= 3x. It writes ``{"skipped": ...}``
+without a CUDA device.
+
+Usage: ``python bench/bench_ps_pass_cache.py [--reps 5] [--train 100000] [--test 20000]
+[--gpu]`` (``--worker`` and ``--device`` are the fleetrun script's).
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ def worker(args: argparse.Namespace) -> None:
 
     data = CTRDataConfig(seed=0)
     model = WideDeep(data.num_slots, data.num_dense, 16, (256, 128), embedding_factory=embedding)
+    device = torch.device(args.device)
+    model.to(device)  # the DistributedEmbeddings' rows come back on it too
     if fleet.is_server():
         fleet.init_server()
         fleet.run_server()
@@ -98,6 +105,7 @@ def worker(args: argparse.Namespace) -> None:
     phases["begin"] = time.perf_counter() - t0
     for batch in ds:
         ids, dense, labels = batch_to_inputs(batch)
+        dense, labels = dense.to(device), labels.to(device)  # ids: deduplicated on the host
         loss = loss_fn(model(ids, dense), labels)
         loss.backward()
         opt.step()
@@ -120,10 +128,10 @@ def worker(args: argparse.Namespace) -> None:
             p = torch.sigmoid(
                 model(
                     torch.from_numpy(test.sparse_ids[lo : lo + 8192]),
-                    torch.from_numpy(test.dense[lo : lo + 8192]),
+                    torch.from_numpy(test.dense[lo : lo + 8192]).to(device),
                 )
             )
-            state.update(p, test.labels[lo : lo + 8192])
+            state.update(p.cpu(), test.labels[lo : lo + 8192])
     # every trainer scores the same test examples with the same model: the global AUC of
     # fleet.metrics (summed histograms) is the AUC of one trainer's
     auc = fleet.metrics.auc(state.stat_pos, state.stat_neg)
@@ -143,7 +151,9 @@ def worker(args: argparse.Namespace) -> None:
     fleet.stop_worker()
 
 
-def run_ps(kind: str, data: str, train: int, test: int, tmp: str, trainers: int = 1) -> dict:
+def run_ps(
+    kind: str, data: str, train: int, test: int, tmp: str, trainers: int = 1, device: str = "cpu"
+) -> dict:
     out = os.path.join(tmp, f"{kind}{trainers}.json")
     run_checked(
         fleetrun_cmd(
@@ -166,6 +176,8 @@ def run_ps(kind: str, data: str, train: int, test: int, tmp: str, trainers: int 
             str(train),
             "--test",
             str(test),
+            "--device",
+            device,
         ),
         cwd=REPO,
         env=bench_env(),
@@ -189,13 +201,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--train", type=int, default=100_000)
     ap.add_argument("--test", type=int, default=20_000)
+    ap.add_argument("--gpu", action="store_true", help="the trainer's model on CUDA")
     ap.add_argument("--worker", choices=["pass", "async"])
+    ap.add_argument("--device", default="cpu", help="the fleetrun script's model device")
     ap.add_argument("--data")
     ap.add_argument("--out")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.gpu:
+        gpu_main(args)
         return
     res: dict[str, list[dict]] = {
         "pass": [],
@@ -256,6 +273,54 @@ def main() -> None:
         f"{auc['async2'].fmt('', digits=4)}"
     )
     print(f"sparse RPCs per pass (2 tables): {rpcs.median:.0f} (async path: per step)")
+
+
+def gpu_main(args: argparse.Namespace) -> None:
+    """``--gpu``: the pass cache on the GPU against the same GPU trainer pulling per step."""
+    import torch
+
+    if not torch.cuda.is_available():
+        reason = "no CUDA device: the GPU pass cache needs one"
+        print(f"[bench_ps_pass_cache] skipped: {reason}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"skipped": reason}, f)
+        return
+    res: dict[str, list[dict]] = {"pass": [], "async": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "data")
+        run_checked(
+            [sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", data]
+            + ["--num_files", str(FILES), "--lines_per_file", str(args.train // FILES)],
+            cwd=REPO,
+        )
+        for rep in range(args.reps):
+            for kind in ("pass", "async") if rep % 2 == 0 else ("async", "pass"):
+                res[kind].append(run_ps(kind, data, args.train, args.test, tmp, device="cuda"))
+    speed = {k: Stats.of([r["examples_per_s"] for r in v]) for k, v in res.items()}
+    auc = {k: Stats.of([r["auc"] for r in v]) for k, v in res.items()}
+    report(
+        f"CTR training over {args.train} examples, 1 server + 1 trainer, the model on "
+        f"{torch.cuda.get_device_name()}: pass cache vs pulling per step",
+        [
+            (
+                "GPU trainer examples/s, pass cache vs per step",
+                speed["pass"],
+                speed["async"],
+                "pass/per-step",
+            ),
+            (
+                "GPU trainer test AUC, pass cache vs per step",
+                auc["pass"],
+                auc["async"],
+                "pass/per-step",
+            ),
+        ],
+        goal="pass/per-step >= 3.0",
+        unit="",
+        json_path=args.json,
+        extra={"row_units": ["ex/s", "AUC"]},
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bench import extract as ex
 from bench.extract_ps_pass_cache import BENCHMARK as PS_PASS_CACHE
+from bench.extract_ps_pass_cache import GPU_BENCHMARK as PS_PASS_CACHE_GPU
 from bench.extract_ps_ssd import ps_ssd
 from bench.spec import Benchmark, ge, le
 from bench.spec import claim as _c
@@ -729,6 +730,7 @@ ENTRIES: tuple[Benchmark, ...] = (
         not_quick="needs the Paddle 2.6.2 venv; six jobs of ~30-50 s",
     ),
     PS_PASS_CACHE,
+    PS_PASS_CACHE_GPU,
     Benchmark(
         "graph_sampling",
         "ps",

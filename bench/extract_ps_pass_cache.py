@@ -84,4 +84,44 @@ BENCHMARK = Benchmark(
 )
 
 
-__all__ = ["BENCHMARK", "ps_pass_cache"]
+def ps_pass_cache_gpu(raw: dict[str, Any]) -> list[Figure]:
+    """bench_ps_pass_cache.py --gpu: its rows, each in the unit ``row_units`` gives it."""
+    out = report_rows(raw)
+    for f, unit in zip(out, raw.get("row_units", []), strict=False):
+        f["unit"] = unit
+    return out
+
+
+GPU_BENCHMARK = Benchmark(
+    "ps_pass_cache_gpu",
+    "ps",
+    "CTR training on a GPU trainer: the pass cache vs pulling per step",
+    "bench/bench_ps_pass_cache.py",
+    ("--reps", "5", "--gpu"),
+    ("--reps", "5", "--gpu", "--train", "40000", "--test", "5000"),
+    (
+        _c(
+            "gpu_pass_vs_per_step",
+            "GPU trainer examples/s, pass cache vs per-step pulls",
+            "^GPU trainer examples/s",
+            "higher",
+            "the same GPU trainer pulling per step (async, prefetched)",
+            ge(3.0),
+            goal_text="≥ 3x",
+        ),
+        _c(
+            "gpu_pass_auc",
+            "GPU trainer test AUC, pass cache vs per-step pulls",
+            "^GPU trainer test AUC",
+            "higher",
+            "per-step pulls",
+            le(0.003, "absdiff"),
+            goal_text="within 0.003",
+        ),
+    ),
+    extract=ps_pass_cache_gpu,
+    requires=("cuda",),
+)
+
+
+__all__ = ["BENCHMARK", "GPU_BENCHMARK", "ps_pass_cache", "ps_pass_cache_gpu"]

@@ -101,6 +101,10 @@ def has_requirement(name: str) -> bool:
         return importlib.util.find_spec("ray") is not None
     if name == "etcd":
         return shutil.which("etcd") is not None or os.access("/usr/bin/etcd", os.X_OK)
+    if name == "cuda":
+        import torch
+
+        return bool(torch.cuda.is_available())
     raise ValueError(f"unknown requirement {name!r}; known: {', '.join(REQUIREMENTS)}")
 
 

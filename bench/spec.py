@@ -27,6 +27,7 @@ REQUIREMENTS = {
     "(bench/setup_paddle26_venv.sh)",
     "ray": "ray (pip install 'fleetrun[ray]')",
     "etcd": "an etcd binary on PATH (scripts/etcd.sh installs Debian's etcd-server)",
+    "cuda": "a CUDA GPU (torch.cuda.is_available())",
 }
 
 

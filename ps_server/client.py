@@ -254,7 +254,9 @@ class PSClient(CheckpointCalls):
                     rows, rows_state = blocks(seg.views(n, dim + sdim)[1], (dim, sdim))
                 else:
                     rows = decode_rows(table, reply.values, n, dim, "values (reply)")
-                    rows_state = decode_rows(table, reply.state, n, sdim, "state (reply)")
+                    rows_state = decode_rows(
+                        table, reply.state, n, sdim, "state (reply)", "state_dim"
+                    )
                 put_rows(out, target, rows)
                 if state is not None:
                     put_rows(state, target, rows_state)

@@ -128,7 +128,7 @@ def test_wrong_dim_length_mismatch_truncated_keys(live: Any) -> None:
         msg = _fails(grpc.StatusCode.INVALID_ARGUMENT, stub.PushSparse, request)
         assert "'emb'" in msg and "shows" in msg and want in msg, msg
     for mode, moved, want in (
-        (ps_pb2.PUSH_MODE_DELTA, b"\x01" * 79, "79 bytes, expected len(keys) * dim * 4"),
+        (ps_pb2.PUSH_MODE_DELTA, b"\x01" * 79, "79 bytes, expected len(keys) * state_dim * 4"),
         (ps_pb2.PUSH_MODE_APPLY, b"\x01" * 80, "delta push only"),
     ):
         request = _push("emb", keys, grads, mode=mode)

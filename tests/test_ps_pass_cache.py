@@ -316,6 +316,96 @@ def test_cuda_pass_equals_cpu_pass() -> None:
     np.testing.assert_allclose(out["cpu"][1], out["cuda"][1], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("store", ["kernels", "torch"])
+def test_tensor_lookups_equal_array_lookups(store: str) -> None:
+    """What a module on the pass's device calls (``pull_tensor`` / ``record_tensor``: tensors
+    in and out, no host copy on that device) reads and trains the rows as ``pull`` /
+    ``record`` do; a slot layout moved to another device keeps its indices and is reused."""
+    from fleet.ps.embedding import _KEYED
+    from fleet.ps.pass_store import KernelRows
+
+    rule = Adagrad(0.3)
+    rng = np.random.default_rng(2)
+    keys = np.arange(0, 40, dtype=np.int64)
+    rows = rng.normal(0, 1, (40, DIM)).astype(np.float32)
+    made = []
+    for _ in range(2):
+        steps = [0]  # this table's step count
+        table = pass_cache.PassTable(  # each its own copy: the stores train the rows in place
+            "t",
+            rule,
+            keys,
+            rows.copy(),
+            keys * 0,
+            keys * 0,
+            torch.device("cpu"),
+            lambda s=steps: s[0],
+        )
+        if store == "torch":
+            table.rows = TorchRows(rule, keys, rows.copy(), torch.device("cpu"))
+        else:
+            assert isinstance(table.rows, KernelRows)
+        made.append((table, steps))
+    (arrays, s1), (tensors, s2) = made
+    lookup = np.array([3, 7, 11, 39], np.int64)
+    grad = rng.normal(0, 1, (4, DIM)).astype(np.float32)
+    for step in range(3):
+        np.testing.assert_array_equal(tensors.pull_tensor(lookup).numpy(), arrays.pull(lookup))
+        arrays.record(lookup, grad * (step + 1))
+        tensors.record_tensor(lookup, torch.from_numpy(grad * (step + 1)))
+        s1[0] += 1
+        s2[0] += 1
+    for a, b in zip(arrays.delta(), tensors.delta()):
+        np.testing.assert_array_equal(a, b)
+    slot = SparseBatch(torch.tensor([5, 6, 5]), torch.tensor([2, 1]), torch.tensor([0, 2, 3]))
+    layout = _KEYED.get([slot], "t", "slot")
+    assert layout.on(torch.device("cpu")) is layout
+    moved = layout.on(torch.device("meta"))
+    assert moved.inverse.device.type == "meta" and moved.starts.device.type == "meta"
+    assert moved.keys is layout.keys and layout.on(torch.device("meta")) is moved
+    assert layout.inverse.device.type == "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA GPUs")
+@pytest.mark.parametrize("cached", [False, True], ids=["per-step", "pass"])
+def test_module_on_cuda_trains_as_on_cpu(cached: bool) -> None:
+    """A model moved to CUDA: its DistributedEmbedding returns rows on the GPU (per step:
+    copied from the pulled rows; in a CUDA pass: read from the pass's device table, no copy to
+    the host) and the rows and state after training equal the CPU run's."""
+    keys = np.arange(60, dtype=np.int64)
+    out = {}
+    for device in ("cpu", "cuda"):
+        emb = DistributedEmbedding(
+            f"pc_gpu_{int(cached)}",
+            DIM,
+            optimizer=Adagrad(0.2),
+            initializer=Uniform(-0.5, 0.5),
+            pooling="sum",
+        )
+        net = _Net(emb).to(device)
+        net.fc.requires_grad_(False)
+        assert emb.device.type == device
+        batches = _batches(3)
+        with cluster(1) as (_, client):
+            client.create_table_from_config(emb.table_config())
+            comm = SyncCommunicator(client, 1, lambda: None)
+            comm.add_table(emb.table, DIM, 0.2)
+            if cached:
+                pass_cache.start([emb], batches, client, comm, device=device)
+            with lookups_from(comm):
+                for b in batches:
+                    pooled = net(b)
+                    assert pooled.device.type == device
+                    loss = torch.nn.BCEWithLogitsLoss()(pooled, b["click"].float().to(device))
+                    loss.backward()
+                    comm.step()
+            if cached:
+                pass_cache.finish()
+            out[device] = client.pull_sparse_with_state(emb.table, keys)
+    for cpu, cuda in zip(out["cpu"], out["cuda"]):
+        np.testing.assert_allclose(cuda, cpu, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "rule",
     [

@@ -241,7 +241,7 @@ class Communicator:
         parts = [
             p.grad.detach().reshape(-1).to(torch.float32)
             if p.grad is not None
-            else torch.zeros(p.numel())
+            else torch.zeros(p.numel(), device=p.device)
             for p in params
         ]
         return torch.cat(parts).cpu().numpy().copy() if parts else np.zeros(0, np.float32)

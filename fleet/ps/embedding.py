@@ -11,10 +11,16 @@ communicator, and returns tensors with autograd. Backward merges the row gradien
 id (one ``[U, dim]`` gradient per forward, however many slots it took) and hands them to the
 communicator, which pushes them at ``optimizer.step()`` as the strategy's mode says. The trainer
 never holds the full table.
+
+The rows come back on the module's device (``model.to("cuda")`` moves it; ids may be on either
+device): pulled rows are copied there and their gradient back to the host for the push, while
+the rows of an open pass held on that device (:mod:`fleet.ps.pass_cache` on CUDA) are read and
+trained there without a copy.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -27,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from collective.errors import ConfigError
-from fleet.ps import auto_prefetch, threads
+from fleet.ps import auto_prefetch, pass_cache, threads
 from fleet.ps.runtime import get_communicator, register_table
 from ps_server import SGD, SparseTableConfig, Uniform
 from ps_server.core.batch_ops import distinct
@@ -121,7 +127,14 @@ class DistributedEmbedding(torch.nn.Module):
         self.initializer = initializer if initializer is not None else Uniform(-0.01, 0.01)
         self.entry = entry
         self.table_options = table_options
+        # forward's rows go to the module's device: model.to(...) moves this empty buffer
+        self.register_buffer("_device_anchor", torch.empty(0), persistent=False)
         register_table(self)
+
+    @property
+    def device(self) -> torch.device:
+        """Where forward returns its rows: the device the module was moved to (CPU by default)."""
+        return self._device_anchor.device
 
     def extra_repr(self) -> str:
         return f"table={self.table!r}, dim={self.embedding_dim}, pooling={self.pooling}"
@@ -155,8 +168,11 @@ class DistributedEmbedding(torch.nn.Module):
         auto_prefetch.seen(self, [ids], single=True)
         keys, inverse = _UNIQUE.get(ids)
         rows = self._pull(keys)
+        inverse = inverse.to(rows.device)
         if offsets is not None:
-            return F.embedding_bag(inverse, rows, offsets.to(torch.int64), mode=self.pooling)
+            return F.embedding_bag(
+                inverse, rows, offsets.to(rows.device, torch.int64), mode=self.pooling
+            )
         # index_select, not F.embedding: the same rows, and its backward (index_add_ into the
         # [U, dim] gradient, the ids in batch order) gives the same sums as embedding's dense
         # backward at a fraction of its cost on CPU (which sorts the ids of a large batch)
@@ -168,20 +184,30 @@ class DistributedEmbedding(torch.nn.Module):
         return out
 
     def _pull(self, keys: np.ndarray) -> torch.Tensor:
-        """One pull of ``keys``' rows, with a hook that records their gradient for the push."""
+        """One pull of ``keys``' rows on the module's device, with a hook that records their
+        gradient for the push."""
         comm = get_communicator()
+        device = self._device_anchor.device
+        local = pass_cache.local_table(comm, self.table, device)
         t0 = time.perf_counter()
-        pulled = comm.pull_sparse(self.table, keys)
+        if local is not None:  # the open pass holds these rows on this device
+            rows = local.pull_tensor(keys)
+        else:
+            rows = torch.from_numpy(np.ascontiguousarray(comm.pull_sparse(self.table, keys)))
+            if device.type != "cpu":
+                rows = rows.to(device)
         threads.add_pull_wait(time.perf_counter() - t0)
-        rows = torch.from_numpy(np.ascontiguousarray(pulled))
         rows.requires_grad_(self.training and torch.is_grad_enabled())
         if rows.requires_grad:
             table = self.table
 
             def push_hook(grad: torch.Tensor) -> None:
-                # no copy: the gradient is a fresh tensor of this backward that nothing writes
-                # afterwards (the rows are a leaf of this step only; no optimizer holds them)
-                comm.record_sparse(table, keys, grad.detach().to(torch.float32).numpy())
+                # no copy on the CPU: the gradient is a fresh tensor of this backward that
+                # nothing writes afterwards (the rows are a leaf of this step only)
+                if local is not None:
+                    local.record_tensor(keys, grad.detach())
+                else:
+                    comm.record_sparse(table, keys, grad.detach().to("cpu", torch.float32).numpy())
 
             rows.register_hook(push_hook)
         return rows
@@ -260,6 +286,7 @@ class _KeyedSlots:
 
     __slots__ = (
         "_divisor",
+        "_moved",
         "bag_of_sorted",
         "counts",
         "inverse",
@@ -297,6 +324,24 @@ class _KeyedSlots:
         self.counts = counts
         """``B_i``: bags per slot."""
         self._divisor: torch.Tensor | None = None
+        self._moved: _KeyedSlots | None = None
+
+    def on(self, device: torch.device) -> _KeyedSlots:
+        """This layout with its index tensors on ``device`` (itself on the CPU; the last
+        device's copy is kept, for the other tables reading the same slots)."""
+        if device.type == "cpu":
+            return self
+        moved = self._moved
+        if moved is None or moved.inverse.device != device:
+            moved = copy.copy(self)
+            for name in ("inverse", "key_starts", "bag_of_sorted", "starts"):
+                t = getattr(self, name)
+                setattr(moved, name, None if t is None else t.to(device))
+            divisor = self.divisor()
+            moved._divisor = None if divisor is None else divisor.to(device)
+            moved._moved = None
+            self._moved = moved
+        return moved
 
     def divisor(self) -> torch.Tensor | None:
         """float32 ``[bags, 1]``: ids per bag (1 for an empty bag), for mean pooling; None
@@ -310,7 +355,7 @@ class _KeyedSlots:
     def pool(self, rows: torch.Tensor, mode: str) -> list[torch.Tensor]:
         """``[B_i, dim]`` per slot: ``mode`` (``"sum"`` / ``"mean"``) of each bag's rows, an
         empty bag pooling to zeros."""
-        return list(_PoolBags.apply(rows, self, mode).split(self.counts))
+        return list(_PoolBags.apply(rows, self.on(rows.device), mode).split(self.counts))
 
 
 class _PoolBags(torch.autograd.Function):

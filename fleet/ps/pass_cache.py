@@ -150,6 +150,22 @@ class PassTable:
         with self._lock:
             return self.rows.gather(idx)
 
+    def pull_tensor(self, keys: np.ndarray) -> torch.Tensor:
+        """The rows of unique ``keys`` as a tensor on the pass's device (a lookup of a module on
+        that device: no copy to the host)."""
+        self.apply_due()
+        idx = self._index(keys)
+        with self._lock:
+            return self.rows.gather_tensor(idx)
+
+    def record_tensor(self, keys: np.ndarray, grads: torch.Tensor) -> None:
+        """:meth:`record` of a gradient tensor (on the pass's device: no copy to the host)."""
+        idx = self._index(keys)
+        grad = self.rows.grads(grads)
+        with self._lock:
+            self._pending.append((idx, grad))
+            self._pending_step = self._steps()
+
     def record(self, keys: np.ndarray, grads: np.ndarray) -> None:
         """The gradient of a lookup of unique ``keys``: applied at the next step boundary."""
         idx = self._index(keys)
@@ -248,6 +264,17 @@ class PassCache:
 
 
 _ACTIVE: PassCache | None = None
+
+
+def local_table(communicator: Any, table: str, device: torch.device) -> PassTable | None:
+    """The open pass's ``table`` when ``communicator`` is its trainer's and the pass holds its
+    rows on ``device`` (a CUDA pass): a lookup of a module on that device then reads and trains
+    them there without a copy to the host. None otherwise (the communicator's path)."""
+    cache = _ACTIVE
+    if cache is None or device.type == "cpu" or cache.communicator is not communicator:
+        return None
+    local = cache.tables.get(table)
+    return local if local is not None and local.device == device else None
 
 
 def in_pass() -> bool:
@@ -439,6 +466,8 @@ def start(
         )
     t0 = time.perf_counter()
     dev = torch.device(device) if device is not None else _default_device()
+    if dev.type == "cuda" and dev.index is None:  # the device tensors report
+        dev = torch.device("cuda", torch.cuda.current_device())
     slots_of = {m.table: getattr(m, "cache_slots", None) for m in modules}
     collected = collect_keys(dataset, slots_of, label)
     sizes = {

@@ -83,7 +83,12 @@ class KernelRows:
         kernels.gather(self.cols["values"], rows, out)
         return out
 
-    def grads(self, grads: np.ndarray) -> np.ndarray:
+    def gather_tensor(self, rows: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(self.gather(rows))
+
+    def grads(self, grads: Any) -> np.ndarray:
+        if isinstance(grads, torch.Tensor):
+            grads = grads.to("cpu", torch.float32).numpy()
         return np.ascontiguousarray(grads, np.float32)
 
     def apply(self, pieces: list[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -143,7 +148,12 @@ class TorchRows:
         out = self.values.index_select(0, rows)
         return out.cpu().numpy() if out.device.type != "cpu" else out.numpy()
 
-    def grads(self, grads: np.ndarray) -> torch.Tensor:
+    def gather_tensor(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.values.index_select(0, rows)
+
+    def grads(self, grads: Any) -> torch.Tensor:
+        if isinstance(grads, torch.Tensor):
+            return grads.to(self.device, torch.float32)
         return torch.from_numpy(np.asarray(grads, np.float32)).to(self.device)
 
     def apply(self, pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -46,19 +46,20 @@ def decode_keys(table: str, data: bytes, field: str = "keys") -> np.ndarray:
 
 
 def decode_rows(
-    table: str, data: bytes, num_rows: int, dim: int, field: str = "grads"
+    table: str, data: bytes, num_rows: int, dim: int, field: str = "grads", width: str = "dim"
 ) -> np.ndarray:
-    """``num_rows * dim * 4`` bytes → float32[num_rows, dim] (a read-only view)."""
+    """``num_rows * dim * 4`` bytes → float32[num_rows, dim] (a read-only view); ``width``
+    names ``dim`` in the error (``state_dim`` for optimizer state)."""
     want = num_rows * dim * VALUE_BYTES
     if len(data) != want:
         raise TableInputError(
             table,
             field,
-            f"{len(data)} bytes, expected len(keys) * dim * 4 = {num_rows} * {dim} * "
+            f"{len(data)} bytes, expected len(keys) * {width} * 4 = {num_rows} * {dim} * "
             f"{VALUE_BYTES} = {want} (float32 little-endian, row-major); "
             + (
-                f"they hold {num_rows} rows of dim {len(data) // (num_rows * VALUE_BYTES)} but "
-                f"the table's dim is {dim}"
+                f"they hold {num_rows} rows of {width} {len(data) // (num_rows * VALUE_BYTES)} "
+                f"but the table's {width} is {dim}"
                 if num_rows and len(data) % (num_rows * VALUE_BYTES) == 0
                 else "length mismatch or truncated bytes"
             ),

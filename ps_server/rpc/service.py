@@ -291,7 +291,9 @@ def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
         n = keys.shape[0]
         counts = decode_shows(table.name, shows, n) if shows else None
         if state_deltas:
-            moved = decode_rows(table.name, state_deltas, n, table.state_dim, "state_deltas")
+            moved = decode_rows(
+                table.name, state_deltas, n, table.state_dim, "state_deltas", "state_dim"
+            )
         return _push_response(table.add_delta(keys, grads, counts, moved))
     table.check_owned(keys)
     _check_finite(table, grads, "grads")

@@ -7,12 +7,15 @@ loaded into an InMemoryDataset, the CTR example's wide & deep model (rows Adagra
 * ``pass``: ``a_sync_configs.use_ps_gpu`` (async dense), ``fleet.begin_pass(ds)`` before the
   pass and ``fleet.end_pass()`` after it, both inside the timed span: one pull and one push per
   table per pass;
+* ``passgeo``: the same pass cache with the dense part trained on the trainer and its delta
+  exchanged every ``DENSE_K`` steps (GEO's ``k_steps``; Paddle's GPU PS keeps the dense part on
+  its trainers too) instead of a push and pull of it every step;
 * ``async``: the async RPC path (a pull per table per step, prefetched, pushes in the background);
 * the peer: ``python -m examples.ctr.baseline`` (one process, hashed sparse ``nn.Embedding``).
 
-Runs alternate; median of >= 5 with min/max. Reports examples/s (pass vs baseline, pass vs
-async), the test AUC of each, and the sparse RPCs of a pass. Each repetition also runs ``pass``
-and ``async`` with 1 server + 2 trainers (each trainer reads one of the two files) for their
+Runs alternate; median of >= 5 with min/max. Reports examples/s (each pass cache vs baseline,
+pass vs async), the test AUC of each, and the sparse RPCs of a pass. Each repetition also runs
+``pass``, ``passgeo`` and ``async`` with 1 server + 2 trainers (each trainer reads one of the two files) for their
 test AUC, measured by trainer 0 once both trainers are done (the servers' rows and dense
 parameters, so both trainers' updates).
 
@@ -40,6 +43,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO, Stats, bench_env, fleetrun_cmd, report, run_checked
 
 FILES = 2
+DENSE_K = 50
+"""``passgeo``: steps between the dense part's exchanges."""
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -58,6 +63,8 @@ def worker(args: argparse.Namespace) -> None:
     strategy.a_sync = True
     if args.worker == "pass":
         strategy.a_sync_configs = {"use_ps_gpu": True}
+    if args.dense_k:  # GEO: dense trained locally, its delta exchanged every dense_k steps
+        strategy.a_sync_configs = {"k_steps": args.dense_k}
     fleet.init(is_collective=False, strategy=strategy)
     torch.manual_seed(0)
 
@@ -152,7 +159,14 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_ps(
-    kind: str, data: str, train: int, test: int, tmp: str, trainers: int = 1, device: str = "cpu"
+    kind: str,
+    data: str,
+    train: int,
+    test: int,
+    tmp: str,
+    trainers: int = 1,
+    device: str = "cpu",
+    dense_k: int = 0,
 ) -> dict:
     out = os.path.join(tmp, f"{kind}{trainers}.json")
     run_checked(
@@ -178,6 +192,8 @@ def run_ps(
             str(test),
             "--device",
             device,
+            "--dense_k",
+            str(dense_k),
         ),
         cwd=REPO,
         env=bench_env(),
@@ -204,6 +220,7 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="the trainer's model on CUDA")
     ap.add_argument("--worker", choices=["pass", "async"])
     ap.add_argument("--device", default="cpu", help="the fleetrun script's model device")
+    ap.add_argument("--dense_k", type=int, default=0, help="the fleetrun script's GEO k_steps")
     ap.add_argument("--data")
     ap.add_argument("--out")
     ap.add_argument("--json")
@@ -214,14 +231,8 @@ def main() -> None:
     if args.gpu:
         gpu_main(args)
         return
-    res: dict[str, list[dict]] = {
-        "pass": [],
-        "async": [],
-        "baseline": [],
-        "pass2": [],
-        "async2": [],
-    }
-    order = ("pass", "async", "baseline", "pass2", "async2")
+    order = ("pass", "passgeo", "async", "baseline", "pass2", "passgeo2", "async2")
+    res: dict[str, list[dict]] = {kind: [] for kind in order}
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "data")
         run_checked(
@@ -235,7 +246,17 @@ def main() -> None:
                     r = run_baseline(args.train, args.test)
                 else:
                     trainers = 2 if kind.endswith("2") else 1
-                    r = run_ps(kind.rstrip("2"), data, args.train, args.test, tmp, trainers)
+                    geo = kind.startswith("passgeo")
+                    worker_kind = "pass" if geo else kind.rstrip("2")
+                    r = run_ps(
+                        worker_kind,
+                        data,
+                        args.train,
+                        args.test,
+                        tmp,
+                        trainers,
+                        dense_k=DENSE_K if geo else 0,
+                    )
                 res[kind].append(r)
     speed = {k: Stats.of([r["examples_per_s"] for r in v]) for k, v in res.items()}
     auc = {k: Stats.of([r["auc"] for r in v]) for k, v in res.items()}
@@ -251,6 +272,12 @@ def main() -> None:
                 "pass/baseline",
             ),
             ("pass cache examples/s vs async", speed["pass"], speed["async"], "pass/async"),
+            (
+                "pass cache (dense GEO) examples/s vs baseline",
+                speed["passgeo"],
+                speed["baseline"],
+                "passgeo/baseline",
+            ),
         ],
         goal="pass/baseline >= 1.0; AUC within 0.003 of async",
         unit="ex/s",
@@ -261,6 +288,9 @@ def main() -> None:
             "auc_baseline": auc["baseline"].__dict__,
             "auc_pass_2_trainers": auc["pass2"].__dict__,
             "auc_async_2_trainers": auc["async2"].__dict__,
+            "auc_passgeo": auc["passgeo"].__dict__,
+            "auc_passgeo_2_trainers": auc["passgeo2"].__dict__,
+            "dense_k": DENSE_K,
             "sparse_rpcs_per_pass": rpcs.__dict__,
         },
     )
@@ -271,6 +301,10 @@ def main() -> None:
     print(
         f"test AUC, 2 trainers: pass cache {auc['pass2'].fmt('', digits=4)} | async "
         f"{auc['async2'].fmt('', digits=4)}"
+    )
+    print(
+        f"pass cache with dense GEO (k_steps {DENSE_K}): test AUC "
+        f"{auc['passgeo'].fmt('', digits=4)}, 2 trainers {auc['passgeo2'].fmt('', digits=4)}"
     )
     print(f"sparse RPCs per pass (2 tables): {rpcs.median:.0f} (async path: per step)")
 

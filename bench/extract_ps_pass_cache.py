@@ -15,12 +15,15 @@ def ps_pass_cache(raw: dict[str, Any]) -> list[Figure]:
     """bench_ps_pass_cache.py: examples/s rows, AUC (pass cache vs async, 1 and 2 trainers),
     RPCs per pass."""
     out = report_rows(raw)
-    for label, suffix in (
-        ("test AUC, pass cache vs async", ""),
-        ("test AUC with 2 trainers, pass cache vs async", "_2_trainers"),
+    for label, kind, suffix in (
+        ("test AUC, pass cache vs async", "pass", ""),
+        ("test AUC with 2 trainers, pass cache vs async", "pass", "_2_trainers"),
+        ("test AUC, pass cache (dense GEO) vs async", "passgeo", ""),
+        ("test AUC with 2 trainers, pass cache (dense GEO) vs async", "passgeo", "_2_trainers"),
     ):
-        if f"auc_pass{suffix}" in raw:
-            ours, peer = as_stats(raw[f"auc_pass{suffix}"]), as_stats(raw[f"auc_async{suffix}"])
+        if f"auc_{kind}{suffix}" in raw:
+            ours = as_stats(raw[f"auc_{kind}{suffix}"])
+            peer = as_stats(raw[f"auc_async{suffix}"])
             out.append(figure(label, "AUC", ours, peer))
     if "sparse_rpcs_per_pass" in raw:
         out.append(figure("sparse RPCs per pass", "RPCs", as_stats(raw["sparse_rpcs_per_pass"])))
@@ -37,12 +40,20 @@ BENCHMARK = Benchmark(
     (
         _c(
             "pass_vs_baseline",
-            "CTR examples/s, pass cache (1 server + 1 trainer)",
-            "vs baseline$",
+            "CTR examples/s, pass cache, the dense part local (GEO k_steps 50; 1 server + 1 "
+            "trainer)",
+            r"^pass cache \(dense GEO\) examples/s vs baseline",
             "higher",
             "single-process torch (sparse nn.Embedding + sparse Adagrad)",
             ge(1.0),
             needs_full=True,
+        ),
+        _c(
+            "pass_async_dense_vs_baseline",
+            "CTR examples/s, pass cache, the dense part through the servers every step (async)",
+            "^pass cache examples/s vs baseline",
+            "higher",
+            "single-process torch (sparse nn.Embedding + sparse Adagrad)",
         ),
         _c(
             "pass_vs_async",
@@ -54,7 +65,7 @@ BENCHMARK = Benchmark(
         _c(
             "pass_auc",
             "Test AUC, pass cache vs async",
-            "^test AUC, pass cache",
+            "^test AUC, pass cache vs async",
             "higher",
             "async PS",
             le(0.003, "absdiff"),
@@ -63,7 +74,25 @@ BENCHMARK = Benchmark(
         _c(
             "pass_auc_2",
             "Test AUC with 2 trainers, pass cache vs async",
-            "^test AUC with 2 trainers",
+            "^test AUC with 2 trainers, pass cache vs async",
+            "higher",
+            "async PS, 2 trainers",
+            le(0.005, "absdiff"),
+            goal_text="within 0.005",
+        ),
+        _c(
+            "pass_geo_auc",
+            "Test AUC, pass cache (dense GEO) vs async",
+            r"^test AUC, pass cache \(dense GEO\)",
+            "higher",
+            "async PS",
+            le(0.003, "absdiff"),
+            goal_text="within 0.003",
+        ),
+        _c(
+            "pass_geo_auc_2",
+            "Test AUC with 2 trainers, pass cache (dense GEO) vs async",
+            r"^test AUC with 2 trainers, pass cache \(dense GEO\)",
             "higher",
             "async PS, 2 trainers",
             le(0.005, "absdiff"),
@@ -80,7 +109,7 @@ BENCHMARK = Benchmark(
         ),
     ),
     extract=ps_pass_cache,
-    not_quick="twenty-five PS and single-process jobs, about 8 minutes on a loaded 2-core machine",
+    not_quick="thirty-five PS and single-process jobs, about 5 minutes on a quiet 2-core machine",
 )
 
 

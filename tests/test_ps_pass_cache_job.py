@@ -32,10 +32,12 @@ def _write_files(root: Path) -> Path:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("mode", "threads"), [("sync", 1), ("async", 2)])
+@pytest.mark.parametrize(("mode", "threads"), [("sync", 1), ("async", 2), ("geo", 1)])
 def test_two_trainers_pass_cache_job(tmp_path: Path, mode: str, threads: int) -> None:
-    """SYNC, and async with two training threads per trainer (the steps the async sender
-    still holds at the pass's end are sent before the table goes back to it)."""
+    """SYNC, async with two training threads per trainer (the steps the async sender still
+    holds at the pass's end are sent before the table goes back to it), and GEO (the dense
+    layer trained locally and exchanged every k_steps; the pass's table never goes through
+    GEO's local copies)."""
     data = _write_files(tmp_path)
     out = tmp_path / "out"
     r = run_fleetrun(

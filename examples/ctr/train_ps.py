@@ -133,8 +133,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "--pass_cache builds the pass from a loaded InMemoryDataset: give --data_dir or "
             "--files (and --dataset inmemory)"
         )
-    if args.pass_cache and args.mode == "geo":
-        p.error("--pass_cache with --mode geo: GEO already trains rows locally; use sync or async")
     return args
 
 
@@ -147,7 +145,7 @@ def make_strategy(args: argparse.Namespace) -> fleet.DistributedStrategy:
         s.a_sync_configs = {"barrier_interval": 20}
     if args.mode == "geo":
         s.a_sync_configs = {"k_steps": args.geo_k}
-    if args.pass_cache:
+    if args.pass_cache:  # with --mode geo: the dense part local, exchanged every --geo_k steps
         s.a_sync_configs = {"use_ps_gpu": True}
     return s
 
@@ -220,7 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     def embedding(num_slots: int, dim: int) -> torch.nn.Module:
         # wide rows start at 0 (a plain bias), deep rows N(0, 0.05): as the baseline
         init = Constant(0.0) if dim == 1 else Normal(0.0, 0.05)
-        rule = SGD(args.geo_sparse_lr) if args.mode == "geo" else Adagrad(args.sparse_lr)
+        # GEO's local row copies train with plain SGD; a pass trains rows with their own rule
+        geo_rows = args.mode == "geo" and not args.pass_cache
+        rule = SGD(args.geo_sparse_lr) if geo_rows else Adagrad(args.sparse_lr)
         storage = {"storage": "ssd", "cache_rows": args.cache_rows} if args.storage == "ssd" else {}
         return fleet.DistributedEmbedding(
             f"ctr_dim{dim}", dim, optimizer=rule, initializer=init, **storage

@@ -22,13 +22,15 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--data", required=True)
 p.add_argument("--keys", type=int, default=120)
-p.add_argument("--mode", default="sync", choices=["sync", "async"])
+p.add_argument("--mode", default="sync", choices=["sync", "async", "geo"])
 p.add_argument("--threads", type=int, default=1, help="train_from_dataset thread_num (async)")
 args = p.parse_args()
 
 slots = [Slot("click", dense=True), Slot("a"), Slot("b")]
 strategy = fleet.DistributedStrategy()
-strategy.a_sync = args.mode == "async"
+strategy.a_sync = args.mode in ("async", "geo")
+if args.mode == "geo":  # the dense layer trained locally, its delta exchanged every 4 steps
+    strategy.a_sync_configs = {"k_steps": 4}
 fleet.init(is_collective=False, strategy=strategy)
 
 

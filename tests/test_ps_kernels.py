@@ -392,3 +392,25 @@ def test_row_arrays_grow_in_place_and_keep_their_rows(monkeypatch: pytest.Monkey
     rows = st.lookup(keys[1::2])
     np.testing.assert_array_equal(st.cols["v"][rows, 0], keys[1::2].astype(np.float32))
     assert st._reserved["v"] is None and st.capacity < 300_000
+
+
+def test_a_call_may_take_more_threads_for_itself() -> None:
+    """``threads_for_call``: this thread's kernel calls split over more threads (a pass's
+    pull), the same rows as one thread; another thread and the code after the block keep the
+    table threads."""
+    import threading
+
+    config = SparseTableConfig("tfc", 8, RULES["adam"], Normal(0.0, 0.1), seed=2)
+    keys = np.random.default_rng(3).integers(0, 2**40, 50_000, dtype=np.int64)
+    one = SparseTable(config).pull_with_state(keys)
+    seen = []
+    with kernels.threads_for_call(4):
+        seen.append(kernels._split())
+        other = threading.Thread(target=lambda: seen.append(kernels._split()))
+        other.start()
+        other.join()
+        many = SparseTable(config).pull_with_state(keys)
+    seen.append(kernels._split())
+    assert seen == [4, kernels.get_threads(), kernels.get_threads()]
+    for x, y in zip(one, many, strict=True):
+        np.testing.assert_array_equal(x, y)

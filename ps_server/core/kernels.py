@@ -20,8 +20,11 @@ temporaries); the benchmarks page (docs/benchmarks.md, `ps_kernels`) has the mea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -68,6 +71,25 @@ ENABLED = _c is not None and os.environ.get("FLEET_PS_KERNELS", "c").lower() != 
 _RULE_IDS = {"sgd": 0, "adagrad": 1, "adam": 2}
 
 _threads = 1
+_local = threading.local()  # a request thread's own split (:func:`threads_for_call`)
+
+
+def _split() -> int:
+    """Threads this thread's kernel calls split a large batch over."""
+    return getattr(_local, "threads", 0) or _threads
+
+
+@contextlib.contextmanager
+def threads_for_call(threads: int) -> Iterator[None]:
+    """Within the block, this thread's kernel calls split a large batch over ``threads``
+    threads instead of :func:`set_threads`'s (a pass's pull, which its trainer waits for: the
+    server may take every core for it). Other threads keep theirs."""
+    before = getattr(_local, "threads", 0)
+    _local.threads = max(1, int(threads))
+    try:
+        yield
+    finally:
+        _local.threads = before
 
 
 def set_threads(threads: int) -> None:
@@ -88,7 +110,7 @@ def probe(slots: np.ndarray, stored_keys: np.ndarray, query: np.ndarray) -> np.n
     """int64 row of each key in the index ``slots`` (-1 where absent); compiled path only."""
     assert _c is not None
     out = np.empty(query.shape[0], dtype=np.int64)
-    _c.probe(slots, stored_keys, np.ascontiguousarray(query, dtype=np.int64), out, _threads)
+    _c.probe(slots, stored_keys, np.ascontiguousarray(query, dtype=np.int64), out, _split())
     return out
 
 
@@ -101,7 +123,7 @@ def gather(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
             f"gather: out must be [len(rows), ...] = [{rows.shape[0]}, {src.shape[1:]}] of "
             f"{src.dtype} like src, got {out.shape} of {out.dtype}"
         )
-    _c.gather(src, np.ascontiguousarray(rows, dtype=np.int64), out, _threads)
+    _c.gather(src, np.ascontiguousarray(rows, dtype=np.int64), out, _split())
 
 
 def scatter(src: np.ndarray, positions: np.ndarray, dst: np.ndarray) -> None:
@@ -166,7 +188,7 @@ def uniform_rows(
     if rows is not None:
         rows = np.ascontiguousarray(rows, dtype=np.int64)
     _c.uniform(
-        keys, stream, float(low), float(high) - float(low), dst.shape[1], dst, rows, _threads
+        keys, stream, float(low), float(high) - float(low), dst.shape[1], dst, rows, _split()
     )
 
 
@@ -212,7 +234,7 @@ def normal_rows(
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     if rows is not None:
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-    _c.normal(keys, stream, attempt, float(mean), float(std), dst.shape[1], dst, rows, _threads)
+    _c.normal(keys, stream, attempt, float(mean), float(std), dst.shape[1], dst, rows, _split())
 
 
 def push_hyper(rule: object) -> tuple[int, np.ndarray] | None:
@@ -287,5 +309,6 @@ __all__ = [
     "reindex",
     "scatter",
     "set_threads",
+    "threads_for_call",
     "uniform_rows",
 ]

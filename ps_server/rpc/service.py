@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from collective.env import usable_cpus
 from collective.errors import ConfigError
 from ps_server import checkpoint
 from ps_server.checkpoint.roots import confine, resolve_roots
@@ -33,6 +34,7 @@ from ps_server.checkpoint.save_load import load_graphs
 from ps_server.checkpoint.series import CheckpointRecord
 from ps_server.checkpoint.writer import CheckpointWriter
 from ps_server.config import NonFinitePolicy, check_same_config, config_from_dict, config_to_dict
+from ps_server.core import kernels
 from ps_server.core.batch_ops import all_finite
 from ps_server.core.dense_table import DenseTable
 from ps_server.core.factory import make_table
@@ -53,6 +55,9 @@ from ps_server.rpc.status import RequestDecodeError
 from ps_server.rpc.sync import Barriers, DenseUploads, SyncRounds
 
 logger = logging.getLogger(__name__)
+
+MAX_PASS_THREADS = 8
+"""Threads a pass's pull (``with_state``) may split its row creation over: its trainer waits."""
 
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 """``fleetrun.ps.v1.ParameterServer`` (also the name health checks report on)."""
@@ -251,7 +256,9 @@ def pull_sparse(state: ServerState, req: Any) -> PullSparseReply:
             out, state_out = shm.blocks(rows, width)
         else:
             keys = decode_keys(table.name, req.keys)
-        values, rows_state = table.pull_with_state(keys, out, state_out)
+        # a pass's pull: its trainer waits for it, so its row creation may take every core
+        with kernels.threads_for_call(min(MAX_PASS_THREADS, usable_cpus())):
+            values, rows_state = table.pull_with_state(keys, out, state_out)
         return PullSparseReply(values, table.dim, in_shm=out is not None, state=rows_state)
     keys, out = _sparse_arrays(state, table, req, with_rows=False)
     values = table.pull(keys, out)

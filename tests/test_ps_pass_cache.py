@@ -22,7 +22,7 @@ import torch
 from collective.errors import ConfigError
 from fleet.base.data_position import DataPosition
 from fleet.data.batch import Batch, SparseBatch
-from fleet.ps import pass_cache
+from fleet.ps import pass_cache, pass_keys
 from fleet.ps.communicator import SyncCommunicator
 from fleet.ps.embedding import DistributedEmbedding
 from fleet.ps.pass_store import TorchRows
@@ -441,4 +441,4 @@ def test_a_streamed_dataset_is_refused() -> None:
     from fleet.data.dataset import QueueDataset
 
     with pytest.raises(ConfigError, match="InMemoryDataset"):
-        pass_cache.collect_keys(QueueDataset(), {"t": None})
+        pass_keys.collect_keys(QueueDataset(), {"t": None})

@@ -4,7 +4,10 @@ Owns the PS runtime (roles, starting servers, the trainer's client:
 :mod:`fleet.ps.runtime`, behind ``fleet.is_server`` / ``init_worker`` / ``save_persistables`` ...),
 the communicators of the four modes (sync, async, half-async, GEO: :mod:`fleet.ps.communicator`),
 :class:`~fleet.ps.embedding.DistributedEmbedding` and the dense-parameter optimizer
-(:mod:`fleet.ps.optimizer`), job checkpoints (:mod:`fleet.ps.recovery`), the automatic
+(:mod:`fleet.ps.optimizer`), the per-pass trainer cache (:mod:`fleet.ps.pass_cache`: a pass's
+keys from its dataset in :mod:`fleet.ps.pass_keys`, its rows in :mod:`fleet.ps.pass_store`, the
+rules' torch form in :mod:`fleet.ps.pass_rules`, ``fleet.begin_pass`` / ``end_pass`` in
+:mod:`fleet.ps.pass_api`), job checkpoints (:mod:`fleet.ps.recovery`), the automatic
 checkpoints and resume of a fleetrun job (:mod:`fleet.ps.auto_checkpoint`) and serving
 (:mod:`fleet.ps.serving`). Imports :mod:`fleet.base`, :mod:`fleet.strategy`,
 :mod:`fleet.telemetry`, :mod:`collective` and :mod:`ps_server`; never the collective wrappers.

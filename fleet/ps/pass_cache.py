@@ -49,7 +49,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +59,7 @@ import torch
 
 from collective.errors import ConfigError, FleetError
 from fleet.base.data_position import DataPosition
+from fleet.ps.pass_keys import collect_keys
 from fleet.ps.pass_store import make_rows
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,6 @@ CPU_MEMORY_FRACTION = 0.5
 """Share of the available RAM a CPU pass may take (``begin_pass(max_memory_fraction=)``)."""
 CUDA_MEMORY_FRACTION = 0.8
 """Share of the free CUDA memory a CUDA pass may take."""
-LABEL_SLOTS = ("click", "label")
-"""Dense slots taken as the click label when ``begin_pass`` is given none."""
 
 
 @dataclass(frozen=True)
@@ -320,84 +319,6 @@ def cut_position(position: DataPosition) -> DataPosition:
 
 
 # -- building a pass ------------------------------------------------------------------------------
-def _sparse_columns(dataset: Any, label: str | None) -> Iterable[tuple[str, np.ndarray, Any]]:
-    """(slot, values int64, positive label per value or None) of every sparse int64 slot."""
-    chunks = getattr(dataset, "_chunks", None)
-    if chunks is not None:  # an InMemoryDataset: its loaded columns
-        for cols in chunks:
-            names = [s.name for s in cols.slots]
-            labels = _labels(names, cols.data, label)
-            for slot, col in zip(cols.slots, cols.data):
-                if slot.dense or np.dtype(slot.dtype.numpy) != np.int64:  # type: ignore[union-attr]
-                    continue
-                values, offsets = col
-                vals = values[offsets[0] : offsets[-1]]
-                per_value = None
-                if labels is not None:
-                    per_value = np.repeat(labels, np.diff(offsets))
-                yield slot.name, vals, per_value
-        return
-    if hasattr(dataset, "set_filelist"):  # a streamed dataset: reading it would use it up
-        raise ConfigError(
-            f"a pass is built from a loaded InMemoryDataset; got a {type(dataset).__name__}, "
-            "which streams its files: use fleet.InMemoryDataset and load_into_memory()",
-            key="pass_cache",
-        )
-    for batch in dataset:  # any iterable of batches: slot -> tensor or sparse slot
-        names = list(batch)
-        dense = [batch[n] for n in names]
-        labels = _labels(names, [getattr(d, "numpy", lambda: None)() for d in dense], label)
-        for name, value in batch.items():
-            if not (hasattr(value, "values") and hasattr(value, "offsets")):
-                continue
-            vals = value.values.detach().cpu().numpy()
-            if vals.dtype != np.int64:
-                continue
-            offsets = value.offsets.cpu().numpy()
-            per_value = np.repeat(labels, np.diff(offsets)) if labels is not None else None
-            yield name, vals, per_value
-
-
-def _labels(names: list[str], data: list[Any], label: str | None) -> np.ndarray | None:
-    """True for a positive example, from the label slot (None: no label slot)."""
-    wanted = [label] if label else [n for n in LABEL_SLOTS if n in names]
-    for name in wanted:
-        if name in names:
-            col = data[names.index(name)]
-            if isinstance(col, np.ndarray):
-                return col.reshape(col.shape[0], -1)[:, 0] > 0
-    return None
-
-
-def collect_keys(
-    dataset: Any, slots_of: Mapping[str, Sequence[str] | None], label: str | None = None
-) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per table: (sorted unique keys, show, click) of its slots (None: every sparse slot).
-    Tables reading the same slots share one pass over the data and one sort."""
-    groups: dict[tuple[str, ...] | None, list[str]] = {}
-    for table, slots in slots_of.items():
-        groups.setdefault(None if slots is None else tuple(sorted(slots)), []).append(table)
-    values: dict[Any, list[np.ndarray]] = {g: [] for g in groups}
-    positives: dict[Any, list[np.ndarray]] = {g: [] for g in groups}
-    for slot, vals, positive in _sparse_columns(dataset, label):
-        for group in groups:
-            if group is None or slot in group:
-                values[group].append(vals)
-                if positive is not None:
-                    positives[group].append(vals[positive])
-    out = {}
-    for group, tables in groups.items():
-        flat = np.concatenate(values[group]) if values[group] else np.zeros(0, np.int64)
-        keys, show = np.unique(flat, return_counts=True)
-        click = np.zeros(keys.shape[0], np.int64)
-        if positives[group]:
-            pos_keys, pos_counts = np.unique(np.concatenate(positives[group]), return_counts=True)
-            click[np.searchsorted(keys, pos_keys)] = pos_counts
-        for table in tables:
-            out[table] = (keys.astype(np.int64, copy=False), show.astype(np.int64), click)
-    return out
-
-
 def bytes_per_key(dim: int, rule: Any) -> int:
     """Device bytes one key of a pass takes: the key, its values and the rule's state twice
     (trained and as pulled), and 16 B of counters and index (the CPU store's count,
@@ -536,29 +457,14 @@ def finish(cache: PassCache | None = None, barrier: bool = True) -> PassStats:
         # steps the async sender still holds were taken without these tables: send them
         # before the tables are given back
         cache.communicator.flush()
-        for name, table in cache.tables.items():
-            keys, delta, state = table.delta()
-            pushes = 0
-            if keys.shape[0]:
-                shows = table.show[np.searchsorted(table.keys_np, keys)]
-                cache.client.push_sparse(
-                    name,
-                    keys,
-                    delta,
-                    mode="delta",
-                    shows=shows,
-                    state_deltas=state if state.shape[1] else None,
-                )
-                pushes = 1
-            cache.stats.tables[name] = TableStats(
-                keys=int(table.keys_np.shape[0]),
-                pushed=int(keys.shape[0]),
-                shows=int(table.show.sum()),
-                clicks=int(table.click.sum()),
-                pulls=1 if table.keys_np.shape[0] else 0,
-                pushes=pushes,
-                nbytes=table.nbytes,
-            )
+        tables = list(cache.tables.items())
+        with ThreadPoolExecutor(
+            max_workers=max(1, len(tables)), thread_name_prefix="fleet-pass"
+        ) as pool:
+            # the tables' deltas and pushes run together, as their pulls did
+            pushed = {name: pool.submit(_push_delta, cache.client, name, t) for name, t in tables}
+            for name, future in pushed.items():
+                cache.stats.tables[name] = future.result()
     finally:
         if cache is _ACTIVE:
             _ACTIVE = None
@@ -568,6 +474,31 @@ def finish(cache: PassCache | None = None, barrier: bool = True) -> PassStats:
         comm.barrier()  # the next pass pulls every trainer's deltas
     cache.stats.end_seconds = time.perf_counter() - t0
     return cache.stats
+
+
+def _push_delta(client: Any, name: str, table: PassTable) -> TableStats:
+    """One table's end of pass: its value and state deltas in one push (none if nothing
+    changed); its stats."""
+    keys, delta, state = table.delta()
+    if keys.shape[0]:
+        shows = table.show[np.searchsorted(table.keys_np, keys)]
+        client.push_sparse(
+            name,
+            keys,
+            delta,
+            mode="delta",
+            shows=shows,
+            state_deltas=state if state.shape[1] else None,
+        )
+    return TableStats(
+        keys=int(table.keys_np.shape[0]),
+        pushed=int(keys.shape[0]),
+        shows=int(table.show.sum()),
+        clicks=int(table.click.sum()),
+        pulls=1 if table.keys_np.shape[0] else 0,
+        pushes=1 if keys.shape[0] else 0,
+        nbytes=table.nbytes,
+    )
 
 
 def _pull(client: Any, module: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

@@ -202,6 +202,17 @@ def run_ps(
         return json.load(f)
 
 
+def write_files(tmp: str, train: int) -> str:
+    """The first ``train`` generated examples as ``FILES`` slot files under ``tmp``; the dir."""
+    data = os.path.join(tmp, "data")
+    run_checked(
+        [sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", data]
+        + ["--num_files", str(FILES), "--lines_per_file", str(train // FILES)],
+        cwd=REPO,
+    )
+    return data
+
+
 def run_baseline(train: int, test: int) -> dict:
     out = run_checked(
         [sys.executable, "-m", "examples.ctr.baseline", "--train", str(train), "--test", str(test)]
@@ -234,12 +245,7 @@ def main() -> None:
     order = ("pass", "passgeo", "async", "baseline", "pass2", "passgeo2", "async2")
     res: dict[str, list[dict]] = {kind: [] for kind in order}
     with tempfile.TemporaryDirectory() as tmp:
-        data = os.path.join(tmp, "data")
-        run_checked(
-            [sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", data]
-            + ["--num_files", str(FILES), "--lines_per_file", str(args.train // FILES)],
-            cwd=REPO,
-        )
+        data = write_files(tmp, args.train)
         for rep in range(args.reps):
             for kind in order if rep % 2 == 0 else order[::-1]:
                 if kind == "baseline":
@@ -322,12 +328,7 @@ def gpu_main(args: argparse.Namespace) -> None:
         return
     res: dict[str, list[dict]] = {"pass": [], "async": []}
     with tempfile.TemporaryDirectory() as tmp:
-        data = os.path.join(tmp, "data")
-        run_checked(
-            [sys.executable, "examples/ctr/gen_slot_files.py", "--out_dir", data]
-            + ["--num_files", str(FILES), "--lines_per_file", str(args.train // FILES)],
-            cwd=REPO,
-        )
+        data = write_files(tmp, args.train)
         for rep in range(args.reps):
             for kind in ("pass", "async") if rep % 2 == 0 else ("async", "pass"):
                 res[kind].append(run_ps(kind, data, args.train, args.test, tmp, device="cuda"))

@@ -15,9 +15,9 @@ loaded into an InMemoryDataset, the CTR example's wide & deep model (rows Adagra
 
 Runs alternate; median of >= 5 with min/max. Reports examples/s (each pass cache vs baseline,
 pass vs async), the test AUC of each, and the sparse RPCs of a pass. Each repetition also runs
-``pass``, ``passgeo`` and ``async`` with 1 server + 2 trainers (each trainer reads one of the two files) for their
-test AUC, measured by trainer 0 once both trainers are done (the servers' rows and dense
-parameters, so both trainers' updates).
+``pass``, ``passgeo`` and ``async`` with 1 server + 2 trainers (each trainer reads one of the
+two files) for their test AUC, measured by trainer 0 once both trainers are done (the servers'
+rows and dense parameters, so both trainers' updates).
 
 ``--gpu``: the trainer's model on CUDA (the same job, 1 server + 1 trainer), ``pass`` (the pass's
 rows in GPU memory, lookups and their updates on the device) against ``async`` (rows pulled per

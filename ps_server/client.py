@@ -288,8 +288,9 @@ class PSClient(CheckpointCalls):
         add to the rows). ``shows`` (``"delta"`` only): the show count each key adds to its row
         (integers >= 0, one per key; default one per occurrence of the key), as a pass cache
         reports its examples' occurrences. ``state_deltas`` (``"delta"`` only):
-        float32[len(keys), state_dim] changes of the rows' optimizer state, merged by the
-        rule (a pass cache's state at the pass's end minus what it pulled). Not retried (see the module docstring).
+        float32[len(keys), state_dim] changes of the rows' optimizer state, merged by the rule
+        (a pass cache's state at the pass's end minus what it pulled). Not retried (see the
+        module docstring).
         """
         if mode not in _MODES:
             raise ConfigError(f"must be one of {sorted(_MODES)}, got {mode!r}", key="mode")

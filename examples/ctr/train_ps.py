@@ -167,8 +167,9 @@ def file_batches(
     args: argparse.Namespace, local_batch: int
 ) -> tuple[int, int, Iterator[Batch], float, Any]:
     """(examples to train, examples in the files, batches, load seconds, the dataset) of this
-    trainer's share of the slot files. The two counts differ when a fleetrun job with --ps_checkpoint_dir
-    resumed: the dataset then skips (and does not count) what was trained before."""
+    trainer's share of the slot files. The two counts differ when a fleetrun job with
+    --ps_checkpoint_dir resumed: the dataset then skips (and does not count) what was trained
+    before."""
     files = args.files or sorted(glob.glob(os.path.join(args.data_dir, "part-*")))
     if not files:
         raise SystemExit(

@@ -18,24 +18,25 @@ sparse slots, or the embedding's ``cache_slots``; vectorised over the loaded col
 that the pass fits the device (:func:`memory_budget`: free CUDA memory, or a fraction of the
 available RAM; a :class:`~collective.errors.ConfigError` saying how many keys the pass has and
 how many fit, before anything is pulled), pulls each table's rows in one logical request
-(``PSClient.pull_sparse`` splits it into messages; with the rule's state, Adagrad's
-accumulators or Adam's moments and step, by ``pull_sparse_with_state``) and keeps them in a
-:class:`PassTable` on the trainer's device (CUDA when available; :mod:`fleet.ps.pass_store`). During the pass a
-lookup reads the local table; its backward's gradient is applied by the table's own optimizer
-rule at the next step boundary, as a SYNC server would apply one trainer's push: on CPU with the
-built-in rules by the server's own compiled push on local copies of its columns, otherwise by
-the :mod:`ps_server.core.optimizers` formulas (their torch form on CUDA).
-Show (occurrences) and click
-(occurrences in examples whose label is positive) are counted per row from the pass's data.
+(``PSClient.pull_sparse`` splits it into messages; with the rule's state, Adagrad's accumulators
+or Adam's moments and step, by ``pull_sparse_with_state``) and keeps them in a
+:class:`PassTable` on the trainer's device (CUDA when available; :mod:`fleet.ps.pass_store`).
+During the pass a lookup reads the local table; its backward's gradient is applied by the
+table's own optimizer rule at the next step boundary, as a SYNC server would apply one trainer's
+push: on CPU with the built-in rules by the server's own compiled push on local copies of its
+columns, otherwise by the :mod:`ps_server.core.optimizers` formulas (their torch form on CUDA).
+Show (occurrences) and click (occurrences in examples whose label is positive) are counted per
+row from the pass's data.
 
-:func:`end_pass` pushes each table's value delta (``local - pulled``) and state delta once,
-with ``mode="delta"``: the servers add the deltas of every trainer (``SparseTable.add_delta``,
-the GEO merge; the rule merges the state: a sum, so one trainer's rows and state after a pass
-are those of training without the cache, and Adagrad's accumulators of several trainers hold
-every trainer's squared gradients), reset ``unseen_days`` and add each row's show count of the pass (its occurrences in
-the pass's examples, what the per-step pushes would have counted), so ``shrink``, show decay,
-the SSD tier's eviction by show count and serving exports' ``min_show`` keep working. Then the
-trainers meet in a barrier, so the next pass pulls every trainer's updates.
+:func:`end_pass` pushes each table's value delta (``local - pulled``) and state delta once, with
+``mode="delta"``: the servers add the deltas of every trainer (``SparseTable.add_delta``, the
+GEO merge; the rule merges the state: a sum, so one trainer's rows and state after a pass are
+those of training without the cache, and Adagrad's accumulators of several trainers hold every
+trainer's squared gradients), reset ``unseen_days`` and add each row's show count of the pass
+(its occurrences in the pass's examples, what the per-step pushes would have counted), so
+``shrink``, show decay, the SSD tier's eviction by show count and serving exports' ``min_show``
+keep working. Then the trainers meet in a barrier, so the next pass pulls every trainer's
+updates.
 
 Checkpoints are cut at pass ends: ``fleet.ps.checkpoint`` and ``fleet.save_persistables``
 refuse inside a pass (:func:`refuse_in_pass`). An automatic checkpoint taken inside a pass

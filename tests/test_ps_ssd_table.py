@@ -83,10 +83,18 @@ def _drive(tables: list[SparseTable], steps: int, num_keys: int, seed: int = 0) 
     for step in range(steps):
         keys = rng.integers(0, num_keys, 400).astype(np.int64)
         op = step % 4
-        if op == 0 and step % 8 == 4:  # a pass cache's pull: rows and optimizer state
+        if op == 0 and step % 8 == 4:  # a pass: its pull (rows and state), then its push
             got = [t.pull_with_state(keys) for t in tables]
             for values, state in got[1:]:
                 assert np.array_equal(got[0][0], values) and np.array_equal(got[0][1], state)
+            d = rng.standard_normal((400, 8)).astype(np.float32) * 0.01
+            shows = rng.integers(1, 5, 400)
+            moved = rng.random((400, 8)).astype(np.float32)
+            # an SSD table's pass pull creates no row (its push does): compare the rest
+            stats = [t.add_delta(keys, d, shows, moved).to_dict() for t in tables]
+            for s in stats:
+                s.pop("created"), s.pop("evicted")
+            assert all(s == stats[0] for s in stats), stats
         elif op == 0:
             outs = [t.pull(keys) for t in tables]
             for out in outs[1:]:
@@ -132,6 +140,36 @@ def test_initial_values_do_not_depend_on_the_tier_or_path(tmp_path: Path) -> Non
     mem.push(keys, zero)  # created by pushes: the same initial values
     assert np.array_equal(mem.pull(keys), by_pull)
     assert np.array_equal(by_pull, ssd.initial_values(keys))
+
+
+@pytest.mark.timeout(30)
+def test_pass_pull_reads_through_and_its_push_creates_the_rows(tmp_path: Path) -> None:
+    """A pull with state (a pass cache's) reads hot rows, queued and RocksDB rows where they
+    are and the initial values of keys without a row: nothing promoted, evicted or created.
+    The pass's delta push then creates the rows, equal to a memory table's."""
+    mem, ssd = _pair(tmp_path)
+    old = np.arange(1000, dtype=np.int64)
+    grads = np.ones((1000, 8), dtype=np.float32)
+    for t in (mem, ssd):
+        t.push(old, grads)
+    ssd.flush()
+    before = ssd.stats()
+    assert before["cold_rows"] > 700 and before["num_rows"] == 1000
+    keys = np.concatenate([old[::3], np.arange(5000, 6500, dtype=np.int64), old[:10]])
+    values, state = ssd.pull_with_state(keys)
+    ref_values, ref_state = mem.pull_with_state(keys)
+    assert np.array_equal(values, ref_values) and np.array_equal(state, ref_state)
+    after = ssd.stats()
+    for key in ("num_rows", "hot_rows", "cold_rows", "rows_created", "tier_evictions"):
+        assert after[key] == before[key], key
+    assert after["cold_hits"] > before["cold_hits"]
+    assert after["pull_keys"] == before["pull_keys"] + keys.shape[0]
+    delta = np.full((keys.shape[0], 8), 0.5, dtype=np.float32)
+    shows = np.ones(keys.shape[0], dtype=np.int64)
+    for t in (mem, ssd):
+        t.add_delta(keys, delta, shows, np.zeros_like(state))
+    assert ssd.num_rows == mem.num_rows == 2500
+    _assert_same_rows(mem, ssd)
 
 
 @pytest.mark.timeout(60)

@@ -76,6 +76,7 @@ from ps_server.core.ssd_changes import ROW_COLUMNS, ColdChanges, LogState, delta
 from ps_server.core.ssd_evict import ABSENT, PUT, WriteBehind
 from ps_server.core.ssd_filter import KeyFilter
 from ps_server.core.ssd_import import flush_ingest, split_import
+from ps_server.core.ssd_pass import pull_through
 from ps_server.core.ssd_snapshot import ColdSaver, native_snapshot, streamed_snapshot
 from ps_server.core.ssd_tier import ColdTier, as_void, record_dtype
 from ps_server.core.table import ChangeLog, PushStats, TableSnapshot
@@ -445,12 +446,11 @@ class SsdSparseTable(SparseTable):
     def pull_with_state(
         self, keys: np.ndarray, out: np.ndarray | None = None, state_out: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """As :meth:`SparseTable.pull_with_state`, over both tiers."""
-        return self._keyed(
-            keys,
-            lambda: super(SsdSparseTable, self).pull_with_state(keys, out, state_out),
-            pull=True,
-        )
+        """As :meth:`SparseTable.pull_with_state`, read through both tiers: no row is moved or
+        created (:mod:`ps_server.core.ssd_pass`; the pass's delta push creates them)."""
+        with self.lock:
+            self._check_open()
+            return pull_through(self, self._check_keys(keys), out, state_out)
 
     def add_delta(
         self,

@@ -57,7 +57,8 @@ from ps_server.rpc.sync import Barriers, DenseUploads, SyncRounds
 logger = logging.getLogger(__name__)
 
 MAX_PASS_THREADS = 8
-"""Threads a pass's pull (``with_state``) may split its row creation over: its trainer waits."""
+"""Threads a pass's pull (``with_state``) and end-of-pass push may split their row creation
+over: its trainer waits for both."""
 
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 """``fleetrun.ps.v1.ParameterServer`` (also the name health checks report on)."""
@@ -301,7 +302,11 @@ def push_sparse(state: ServerState, req: Any) -> ps_pb2.PushSparseResponse:
             moved = decode_rows(
                 table.name, state_deltas, n, table.state_dim, "state_deltas", "state_dim"
             )
-        return _push_response(table.add_delta(keys, grads, counts, moved))
+        # a pass's push (its show counts travel with it): its trainer waits in end_pass, so
+        # the rows it creates may take every core, as the pass's pull did
+        threads = min(MAX_PASS_THREADS, usable_cpus()) if shows or moved is not None else 0
+        with kernels.threads_for_call(threads or kernels.get_threads()):
+            return _push_response(table.add_delta(keys, grads, counts, moved))
     table.check_owned(keys)
     _check_finite(table, grads, "grads")
     if req.shm_segment:  # kept until the round completes: the segment is reused meanwhile

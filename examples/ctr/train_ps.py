@@ -294,7 +294,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.pass_cache:  # one delta push per table, then every trainer's deltas are in
         pass_stats = fleet.end_pass()
         if rank == 0:
-            logger.info("pass: %d sparse RPCs, %s", pass_stats.rpcs, pass_stats.tables)
+            logger.info(
+                "pass: %d sparse RPCs, begin %.2f s, end %.2f s, %s",
+                pass_stats.rpcs,
+                pass_stats.begin_seconds,
+                pass_stats.end_seconds,
+                pass_stats.tables,
+            )
     seconds = fleet.metrics.max(time.perf_counter() - t0)
     trained = fleet.metrics.sum(examples)
     load_seconds = float(fleet.metrics.max(load_seconds))

@@ -53,7 +53,7 @@ class Op:
             self.keys = np.array(keys, order="C")  # a copy, as the sorting below makes
             self.records = None if records is None else np.array(records, order="C")
             return
-        order = np.argsort(keys, kind="stable")
+        order = np.argsort(keys)  # distinct keys: no stability needed
         self.keys = np.ascontiguousarray(keys[order])
         if records is None:
             self.records = None

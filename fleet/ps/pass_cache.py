@@ -503,10 +503,11 @@ def _push_delta(client: Any, name: str, table: PassTable) -> TableStats:
 
 
 def _pull(client: Any, module: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """A pass's rows of ``module``'s table, with their optimizer state when the rule has one."""
-    if module.optimizer.state_dim(module.embedding_dim):
-        return client.pull_sparse_with_state(module.table, keys)
-    return client.pull_sparse(module.table, keys), None
+    """A pass's rows of ``module``'s table and their optimizer state (None when the rule keeps
+    none), by a pull with state whatever the rule: the pull an SSD table reads through its tiers
+    without creating rows (the pass's end push creates them)."""
+    values, state = client.pull_sparse_with_state(module.table, keys)
+    return values, state if state.shape[1] else None
 
 
 def _default_device() -> torch.device:

@@ -68,7 +68,12 @@ else:
     ds.load_into_memory()
     calls = []
     pull, push = client.pull_sparse, client.push_sparse
+    pull_state = client.pull_sparse_with_state  # a pass's pull, whatever the rule
     client.pull_sparse = lambda t, *a, **kw: (calls.append(["pull", t]), pull(t, *a, **kw))[1]
+    client.pull_sparse_with_state = lambda t, *a, **kw: (
+        calls.append(["pull", t]),
+        pull_state(t, *a, **kw),
+    )[1]
     client.push_sparse = lambda t, *a, **kw: (calls.append(["push", t]), push(t, *a, **kw))[1]
     pushed = {}
     delta = pass_cache.PassTable.delta

@@ -36,7 +36,10 @@ setup(
             "ps_server.core._kernels",
             ["ps_server/core/_kernels.c", "ps_server/core/_kernels_rows.c"],
             depends=["ps_server/core/_kernels_common.h"],
-            extra_compile_args=["-O3", "-std=c99", "-fno-fast-math"],
+            # -fno-math-errno: sqrtf without the errno branch, so the optimizers' row loops
+            # vectorise (Adagrad dim 16: 2x faster); IEEE sqrt is exact either way, the rows
+            # are bit for bit the same
+            extra_compile_args=["-O3", "-std=c99", "-fno-fast-math", "-fno-math-errno"],
             optional=True,
         ),
         # the graph tables' edge-file parser, CSR sort and sampler (graph_kernels.py: numpy otherwise)

@@ -4,11 +4,14 @@ training loop."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 from test_graph_table import graph_cluster
 
+from collective.errors import ConfigError
 from fleet.graph import NeighborLoader
 from fleet.graph.loader import relabel
 from ps_server.config import GraphTableConfig
@@ -109,3 +112,14 @@ def test_batches_match_the_graph_and_train() -> None:
         with pytest.raises(PSNotFoundError, match="graph table 'nope'"):
             for _ in NeighborLoader(client, "nope", ids, [5], 64):
                 pass
+
+        # three batches sampled at once: every batch, in the seeds' order
+        many = NeighborLoader(client, "sbm", ids, [5, 3], 64, num_workers=3, prefetch=4)
+        got = [b.n_id[: b.batch_size].tolist() for b in many]
+        assert sum(got, []) == ids.tolist()
+        for _ in many:  # stopped early: no sampling thread is left behind
+            break
+        assert not [t for t in threading.enumerate() if t.name.startswith("neighbor-loader")]
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ConfigError, match="num_workers"):
+                NeighborLoader(client, "sbm", ids, [5], 64, num_workers=bad)

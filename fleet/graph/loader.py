@@ -14,15 +14,20 @@ A batch is a ``torch_geometric.data.Data`` when PyTorch Geometric is installed, 
 :class:`SubgraphBatch` with the same attribute names (``x``, ``edge_index``, ``y``, ``n_id``,
 ``batch_size``), so PyG layers (``SAGEConv(...)(batch.x, batch.edge_index)``) take it either way.
 
-Sampling for the next batches runs on a background thread while the current one trains
-(``prefetch`` batches ahead; 0 = in the caller's thread).
+Sampling for the next batches runs on background threads while the current one trains
+(``prefetch`` batches ahead; 0 = in the caller's thread). ``num_workers`` threads sample that
+many batches at once, each batch's requests going to every server: with several servers, one
+batch's client-side work and replies overlap another's sampling, so the servers stay busy
+(PyTorch Geometric's loaders take ``num_workers`` for their worker processes). Batches come out
+in the seeds' order whatever the number of workers.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import itertools
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +35,7 @@ import numpy as np
 import torch
 
 from collective.errors import ConfigError
+from ps_server.core.batch_ops import distinct
 from ps_server.graph_client import GraphClient
 
 
@@ -57,12 +63,12 @@ class SubgraphBatch:
 def relabel(n_id: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(``n_id`` extended by the new ids of ``values`` in order of first appearance, the local
     index of each value). ``n_id`` must hold distinct ids."""
-    allv = np.concatenate([n_id, values])
-    uniq, first, inv = np.unique(allv, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.shape[0])
-    return uniq[order], rank[inv.reshape(-1)][n_id.shape[0] :]
+    # one hash pass in order of first appearance (the servers' compiled ``distinct``): 5 to 7
+    # ms for a 2-hop batch's 160 000 sampled ids, against about 60 ms by ``np.unique`` with
+    # the first indices and the inverse
+    allv = np.concatenate([n_id, values]).astype(np.int64, copy=False)
+    uniq, inverse, _ = distinct(allv)
+    return uniq, inverse[n_id.shape[0] :]
 
 
 def sample_subgraph(
@@ -103,7 +109,8 @@ class NeighborLoader:
     ``client`` is used); ``fanouts``: neighbours per hop (``[15, 10]``: GraphSAGE's);
     ``features``: float feature names of ``node_type`` concatenated into ``x``; ``label``: an
     int64 feature of width 1 returned as ``y``; ``shuffle``: a new seed order each epoch
-    (``seed`` makes it reproducible)."""
+    (``seed`` makes it reproducible); ``prefetch``: batches sampled ahead of the one training
+    (0: each in the caller's thread when asked for); ``num_workers``: batches sampled at once."""
 
     def __init__(
         self,
@@ -120,6 +127,7 @@ class NeighborLoader:
         weighted: bool = False,
         prefetch: int = 2,
         seed: int | None = None,
+        num_workers: int = 1,
     ) -> None:
         self.client: GraphClient = getattr(client, "client", client)
         self.table = table
@@ -139,7 +147,10 @@ class NeighborLoader:
             raise ConfigError(f"must be an integer >= 1, got {batch_size!r}", key="batch_size")
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ConfigError(f"must be an integer >= 0, got {prefetch!r}", key="prefetch")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ConfigError(f"must be an integer >= 1, got {num_workers!r}", key="num_workers")
         self.fanouts, self.batch_size, self.prefetch = fanouts, batch_size, prefetch
+        self.num_workers = num_workers
         self.edge_type, self.node_type = edge_type, node_type
         self.features, self.label = list(features), label
         self.shuffle, self.weighted = shuffle, weighted
@@ -179,36 +190,23 @@ class NeighborLoader:
             for seeds in batches:
                 yield self._batch(seeds)
             return
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-
-        def produce() -> None:
-            try:
-                for seeds in batches:
-                    if stop.is_set():
-                        return
-                    q.put(("batch", self._batch(seeds)))
-                q.put(("end", None))
-            except BaseException as err:  # noqa: BLE001 - re-raised in the consumer
-                q.put(("error", err))
-
-        worker = threading.Thread(target=produce, name="neighbor-loader", daemon=True)
-        worker.start()
+        todo = iter(batches)
+        pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="neighbor-loader")
+        ahead = deque(
+            pool.submit(self._batch, seeds)
+            for seeds in itertools.islice(todo, max(self.prefetch, self.num_workers))
+        )
         try:
-            while True:
-                kind, item = q.get()
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise item
-                yield item
+            while ahead:
+                batch = ahead.popleft().result()  # a sampling error is raised here
+                seeds = next(todo, None)
+                if seeds is not None:
+                    ahead.append(pool.submit(self._batch, seeds))
+                yield batch
         finally:
-            stop.set()
-            while worker.is_alive():  # let a blocked put finish
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    worker.join(0.05)
+            for future in ahead:  # the caller stopped early: drop what has not started
+                future.cancel()
+            pool.shutdown(wait=True)
 
 
 def _as_data(batch: SubgraphBatch) -> Any:

@@ -8,7 +8,10 @@
 :mod:`~ps_server.core.kernels`), the registered rule families (:mod:`~ps_server.core.optimizers`,
 :mod:`~ps_server.core.initializers`, :mod:`~ps_server.core.entry` on
 :mod:`~ps_server.core.registry`) and :mod:`~ps_server.core.routing` (key → shard → server, shared
-by the client and the server).
+by the client and the server). SSD-tiered sparse tables are the ``ssd_*`` modules
+(:mod:`~ps_server.core.ssd_table` over a RocksDB tier, :mod:`~ps_server.core.ssd_tier`; a pass's
+read-through pull in :mod:`~ps_server.core.ssd_pass`), graph tables the ``graph_*`` modules
+(:mod:`~ps_server.core.graph_table`).
 
 May import numpy, :mod:`collective`, and the leaf modules :mod:`ps_server.config` and
 :mod:`ps_server.errors`; never :mod:`ps_server.rpc`, :mod:`ps_server.checkpoint`, the server or

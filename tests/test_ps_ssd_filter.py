@@ -1,5 +1,6 @@
 """The key filter of an SSD table's cold tier: no false negatives, few false positives, and a
-table with it still ends with the memory table's rows while skipping RocksDB for new keys."""
+table with it still ends with the memory table's rows while skipping RocksDB for new keys; the
+RocksDB key order the tier sorts its batches into."""
 
 from __future__ import annotations
 
@@ -127,3 +128,18 @@ def test_new_keys_skip_rocksdb_and_stats_count_it(tmp_path: Path) -> None:
     ssd.clear()
     assert ssd.stats()["filter_keys"] == 0
     ssd.close()
+
+
+@pytest.mark.timeout(30)
+def test_rocksdb_order_of_sorted_and_unsorted_batches() -> None:
+    """A batch's RocksDB order (shard, then the key as unsigned) is the two-key sort's, whether
+    the batch comes sorted as int64 (the radix path: negative keys last) or not."""
+    from ps_server.core.routing import shard_of
+    from ps_server.core.ssd_tier import rocksdb_order
+
+    rng = np.random.default_rng(5)
+    for name, keys in _keysets(rng, 5000).items():
+        for batch in (np.unique(keys), rng.permutation(np.unique(keys)), keys[:1], keys[:0]):
+            shards = shard_of(batch, 64)
+            want = np.lexsort((batch.view(np.uint64), shards))
+            assert np.array_equal(rocksdb_order(batch, shards), want), name

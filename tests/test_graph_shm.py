@@ -72,7 +72,7 @@ def test_shm_sampling_equals_grpc(num_servers: int) -> None:
             rng = np.random.default_rng(0)
             for step in range(3):  # duplicates and unknown nodes included
                 _same(fast, slow, rng.integers(-NODES - 50, NODES + 50, QUERY), step)
-            _same(fast, slow, np.arange(5), 9)  # small: gRPC both ways
+            _same(fast, slow, np.arange(5), 9)  # small: a segment all the same, and gRPC
             _same(fast, slow, np.empty(0, np.int64), 9)
             assert slow._shm is None
             assert fast._shm is not None and fast._shm.attached  # the segments were used

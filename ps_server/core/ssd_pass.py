@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ps_server.core.batch_ops import distinct, pull_buffer
-from ps_server.core.ssd_evict import ABSENT, PUT
 
 if TYPE_CHECKING:
     from ps_server.core.ssd_table import SsdSparseTable
@@ -68,19 +67,11 @@ def pull_through(
     mstate = np.empty((m, table.state_dim), np.float32)
     found = np.zeros(m, dtype=bool)
     if table._cold_rows:
-        queued_state, queued = table.queue.lookup(mkeys, table.cold.dtype)
-        at_queue = np.flatnonzero(queued_state == PUT)
+        at_queue, queued, at_disk, rec = table._cold_lookup(mkeys)
         mvalues[at_queue] = queued["values"]
         mstate[at_queue] = queued["state"]
-        ask = np.flatnonzero(queued_state == ABSENT)
-        maybe = table.keyfilter.may_contain(mkeys[ask])
-        tier["filter_skips"] += int(ask.shape[0] - np.count_nonzero(maybe))
-        ask = ask[maybe]
-        got, rec = table.cold.get(mkeys[ask])
-        at_disk = ask[got]
         mvalues[at_disk] = rec["values"]
         mstate[at_disk] = rec["state"]
-        tier["cold_misses"] += int(ask.shape[0] - at_disk.shape[0])
         tier["cold_hits"] += int(at_disk.shape[0] + at_queue.shape[0])
         found[at_queue] = True
         found[at_disk] = True

@@ -241,17 +241,9 @@ class SsdSparseTable(SparseTable):
         mkeys = sorted_distinct(keys[miss])
         if self._cold_rows == 0:
             return mkeys
-        state, queued = self.queue.lookup(mkeys, self.cold.dtype)
-        ask = np.flatnonzero(state == ABSENT)
-        maybe = self.keyfilter.may_contain(mkeys[ask])
-        self._tier["filter_skips"] += int(ask.shape[0] - np.count_nonzero(maybe))
-        ask = ask[maybe]
-        found, rec = self.cold.get(mkeys[ask])
-        at_disk = ask[found]
+        at_queue, queued, at_disk, rec = self._cold_lookup(mkeys)
         for saver in list(self._savers):  # the rows leave the disk: pending saves keep them
             saver.keep(mkeys[at_disk], rec)
-        self._tier["cold_misses"] += int(ask.shape[0] - at_disk.shape[0])
-        at_queue = np.flatnonzero(state == PUT)
         if at_disk.shape[0] + at_queue.shape[0] == 0:
             return mkeys
         got = np.zeros(mkeys.shape[0], dtype=bool)
@@ -273,6 +265,19 @@ class SsdSparseTable(SparseTable):
         self._cold_rows -= n
         self._tier["cold_hits"] += n
         return mkeys[~got]
+
+    def _cold_lookup(self, mkeys: np.ndarray) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray]:
+        """Where the cold tier holds distinct ``mkeys`` (none in memory): (their positions in
+        the write-behind queue, its records; their positions in RocksDB, its records). Keys the
+        key filter rules out are not asked of RocksDB."""
+        state, queued = self.queue.lookup(mkeys, self.cold.dtype)
+        ask = np.flatnonzero(state == ABSENT)
+        maybe = self.keyfilter.may_contain(mkeys[ask])
+        self._tier["filter_skips"] += int(ask.shape[0] - np.count_nonzero(maybe))
+        ask = ask[maybe]
+        found, rec = self.cold.get(mkeys[ask])
+        self._tier["cold_misses"] += int(ask.shape[0] - np.count_nonzero(found))
+        return np.flatnonzero(state == PUT), queued, ask[found], rec
 
     def _aged(self, rec: np.ndarray, day: int | None = None, copy: bool = True) -> np.ndarray:
         """Records with the end_day steps since they were written applied (as ``end_day``),

@@ -267,9 +267,8 @@ class SsdSparseTable(SparseTable):
         return mkeys[~got]
 
     def _cold_lookup(self, mkeys: np.ndarray) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray]:
-        """Where the cold tier holds distinct ``mkeys`` (none in memory): (their positions in
-        the write-behind queue, its records; their positions in RocksDB, its records). Keys the
-        key filter rules out are not asked of RocksDB."""
+        """Where the cold tier holds distinct ``mkeys`` (none in memory): (positions in the
+        queue, its records; positions in RocksDB, its records); the key filter spares RocksDB."""
         state, queued = self.queue.lookup(mkeys, self.cold.dtype)
         ask = np.flatnonzero(state == ABSENT)
         maybe = self.keyfilter.may_contain(mkeys[ask])
@@ -451,8 +450,7 @@ class SsdSparseTable(SparseTable):
     def pull_with_state(
         self, keys: np.ndarray, out: np.ndarray | None = None, state_out: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """As :meth:`SparseTable.pull_with_state`, read through both tiers: no row is moved or
-        created (:mod:`ps_server.core.ssd_pass`; the pass's delta push creates them)."""
+        """As :meth:`SparseTable.pull_with_state`, read through both tiers (:mod:`.ssd_pass`)."""
         with self.lock:
             self._check_open()
             return pull_through(self, self._check_keys(keys), out, state_out)

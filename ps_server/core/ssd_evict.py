@@ -44,14 +44,16 @@ ABSENT, PUT, DELETED = 0, 1, 2
 
 
 class Op:
-    """One queued change: sorted distinct ``keys`` and their ``records`` (``None``: deletes)."""
+    """One queued change: sorted distinct ``keys`` and their ``records`` (``None``: deletes).
+    The op takes ``records`` (its caller's own array, not changed afterwards) where they are in
+    key order already, and copies ``keys``."""
 
     __slots__ = ("keys", "records")
 
     def __init__(self, keys: np.ndarray, records: np.ndarray | None) -> None:
         if keys.shape[0] < 2 or bool((keys[1:] > keys[:-1]).all()):  # sorted already
             self.keys = np.array(keys, order="C")  # a copy, as the sorting below makes
-            self.records = None if records is None else np.array(records, order="C")
+            self.records = None if records is None else np.ascontiguousarray(records)
             return
         order = np.argsort(keys)  # distinct keys: no stability needed
         self.keys = np.ascontiguousarray(keys[order])
@@ -88,7 +90,8 @@ class WriteBehind:
 
     # -- queueing (the table's lock is held) --------------------------------------------------
     def put(self, keys: np.ndarray, records: np.ndarray) -> None:
-        """Queue records of distinct keys (rows leaving memory)."""
+        """Queue records of distinct keys (rows leaving memory; the queue takes ``records``:
+        the caller does not change them afterwards)."""
         self._queue(Op(keys, records))
 
     def delete(self, keys: np.ndarray) -> None:

@@ -20,7 +20,7 @@ table's lock:
    their records to a put op and frees them, then writes every queued op in one RocksDB write
    batch without the table's lock. A call that leaves more than ``cache_rows`` rows in memory
    picks the rows itself (the write still goes to the thread); a call that finds more than
-   ``cache_rows`` keys queued and not written writes them itself (back pressure).
+   ``cache_rows`` keys queued by earlier calls and not yet written writes them (back pressure).
 
 Eviction policy: lowest show count first (the ``count`` column: pushes, decayed by
 ``show_decay_rate`` at ``end_day``), ties broken by least recent use (a per-row access tick set by
@@ -371,13 +371,13 @@ class SsdSparseTable(SparseTable):
                 self._evict()
             self._write_queued()
             return
+        backlog = self.queue.queued_rows  # queued before this call's eviction, not yet taken
         if hot > self.cache_rows:
             self._evict()  # over the bound: the call picks; the thread writes
-        if hot > self.cache_rows * EVICT_HIGH or self.queue.queued_rows:
-            if self.queue.queued_rows > self.cache_rows:
-                self._write_queued()
-            else:
-                self.queue.kick()
+        if backlog > self.cache_rows:
+            self._write_queued()
+        elif hot > self.cache_rows * EVICT_HIGH or self.queue.queued_rows:
+            self.queue.kick()
 
     def _write_queued(self) -> None:
         """Write the queue now (hold the lock); a failed write as :class:`SsdTierError`."""

@@ -180,6 +180,42 @@ def test_scatter_matches_numpy() -> None:
         kernels.scatter(np.zeros((1, 2), np.float32), np.array([0]), np.zeros((3, 2), np.float64))
 
 
+@pytest.mark.parametrize("state_dim", [0, 1, 16])
+def test_pack_matches_numpy_records(state_dim: int) -> None:
+    """``pack`` fills an SSD table's cold records (template + gathered columns) as numpy's field
+    assignments do, byte for byte, split over threads too; bad rows or fields are refused."""
+    from ps_server.core.ssd_tier import record_dtype
+
+    rng = np.random.default_rng(9)
+    dt = record_dtype(8, state_dim)
+    cols = {
+        "values": rng.standard_normal((30_000, 8)).astype(np.float32),
+        "state": rng.standard_normal((30_000, state_dim)).astype(np.float32),
+        "count": rng.integers(0, 1 << 31, 30_000).astype(np.uint32),
+        "unseen_days": rng.integers(0, 999, 30_000).astype(np.uint16),
+        "flags": rng.integers(0, 255, 30_000).astype(np.uint8),
+    }
+    tail = np.zeros(1, dt)
+    tail["day"], tail["seq"], tail["export_epoch"] = 4, 1 << 40, 7
+    rows = rng.permutation(30_000)[:20_000]
+    ref = np.empty(20_000, dt)
+    ref[...] = tail[0]
+    for name, col in cols.items():
+        ref[name] = col[rows]
+    for threads in (1, 3):
+        kernels.set_threads(threads)
+        try:
+            got = np.empty(20_000, dt)
+            kernels.pack(got, tail, rows, cols)
+        finally:
+            kernels.set_threads(1)
+        assert got.tobytes() == ref.tobytes()
+    with pytest.raises(ValueError, match="out of range"):
+        kernels.pack(np.empty(1, dt), tail, np.array([30_000]), cols)
+    with pytest.raises(ValueError, match="field 'count' takes uint32"):
+        kernels.pack(np.empty(1, dt), tail, np.array([0]), {"count": cols["flags"]})
+
+
 def test_pull_into_out_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     """``SparseTable.pull(keys, out)`` fills ``out`` (hits, new rows and unadmitted keys) with
     what ``pull(keys)`` returns, compiled or not; a wrong ``out`` is refused."""

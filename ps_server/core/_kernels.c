@@ -18,6 +18,10 @@
  *       the rows ahead. Rows are byte rows (any dtype).
  *   scatter(src [n, ...], positions i64[n], dst [C, ...])
  *       dst[positions[i]] = src[i] (the client's reply rows back into the caller's order).
+ *   pack(records u8[n * stride], template u8[stride], rows i64[n],
+ *        ((src [C, ...], row_bytes, offset), ...)[, threads])
+ *       record i = the template with each field at `offset` set to src[rows[i]] (an SSD
+ *       table's evicted rows packed in one pass over the records; every row in range).
  *   owned(keys i64[n], salt u64, owned u8[num_shards]) -> position or -1
  *       the first key whose shard (mix64(key ^ salt) % num_shards) has owned[shard] == 0,
  *       -1 when this server owns every key (the servers' routing check).
@@ -392,6 +396,8 @@ static PyMethodDef methods[] = {
     {"gather", psk_gather, METH_VARARGS,
      "gather(src, rows, out[, threads]): out[i] = src[rows[i]] where rows[i] >= 0"},
     {"scatter", psk_scatter, METH_VARARGS, "scatter(src, positions, dst): dst[positions] = src"},
+    {"pack", psk_pack, METH_VARARGS,
+     "pack(records, template, rows, ((src, row_bytes, offset), ...)[, threads]): records"},
     {"owned", psk_owned, METH_VARARGS, "owned(keys, salt, owned) -> first unowned position or -1"},
     {"probe", k_probe, METH_VARARGS, "probe(slots, stored_keys, query, out): rows of keys"},
     {"push", k_push, METH_VARARGS,

@@ -104,6 +104,7 @@ static inline int run_parts(int threads, Py_ssize_t n, part_fn fn, void *ctx) {
 /* -- defined in _kernels_rows.c ------------------------------------------------------------ */
 PyObject *psk_gather(PyObject *self, PyObject *args);
 PyObject *psk_scatter(PyObject *self, PyObject *args);
+PyObject *psk_pack(PyObject *self, PyObject *args);
 PyObject *psk_group(PyObject *self, PyObject *args);
 PyObject *psk_owned(PyObject *self, PyObject *args);
 PyObject *psk_insert(PyObject *self, PyObject *args);

@@ -149,6 +149,91 @@ PyObject *psk_gather(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* pack(records u8[n * stride], template u8[stride], rows i64[n], fields[, threads]): record i =
+   the template with each field (src, row_bytes, offset) of `fields` set to row rows[i] of its
+   src: an SSD table's evicted rows packed in one pass over the records, no temporaries. */
+enum { PACK_MAX_FIELDS = 8 };
+typedef struct {
+    const char *src[PACK_MAX_FIELDS];
+    Py_ssize_t rb[PACK_MAX_FIELDS], off[PACK_MAX_FIELDS];
+    int nf;
+    const char *tmpl;
+    const int64_t *idx;
+    char *out;
+    Py_ssize_t stride;
+} pack_ctx;
+
+static int pack_part(void *arg, int part, Py_ssize_t lo, Py_ssize_t hi) {
+    const pack_ctx *c = (const pack_ctx *)arg;
+    (void)part;
+    enum { PF = 16 };
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        if (i + PF < hi)
+            for (int f = 0; f < c->nf; f++)
+                __builtin_prefetch(c->src[f] + c->idx[i + PF] * c->rb[f]);
+        char *rec = c->out + i * c->stride;
+        memcpy(rec, c->tmpl, (size_t)c->stride);
+        for (int f = 0; f < c->nf; f++)
+            memcpy(rec + c->off[f], c->src[f] + c->idx[i] * c->rb[f], (size_t)c->rb[f]);
+    }
+    return 0;
+}
+
+PyObject *psk_pack(PyObject *self, PyObject *args) {
+    PyObject *o_out, *o_tmpl, *o_idx, *o_fields;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OOOO!|i", &o_out, &o_tmpl, &o_idx, &PyTuple_Type, &o_fields,
+                          &threads))
+        return NULL;
+    Py_ssize_t nf = PyTuple_GET_SIZE(o_fields);
+    if (nf > PACK_MAX_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "pack: at most 8 fields");
+        return NULL;
+    }
+    Py_buffer bo, bt, bi, bf[PACK_MAX_FIELDS];
+    int got = 0;
+    const char *err = NULL;
+    pack_ctx c;
+    c.nf = (int)nf;
+    if (!get_buf(o_out, &bo, 1, 1, "records")) return NULL;
+    if (!get_buf(o_tmpl, &bt, 1, 0, "template")) { PyBuffer_Release(&bo); return NULL; }
+    if (!get_buf(o_idx, &bi, 8, 0, "rows")) {
+        PyBuffer_Release(&bt); PyBuffer_Release(&bo); return NULL;
+    }
+    Py_ssize_t n = bi.len / 8, stride = bt.len;
+    c.idx = (const int64_t *)bi.buf;
+    if (stride < 1 || bo.len != n * stride) err = "records must be one template-sized record a row";
+    for (; !err && got < (int)nf; got++) {
+        PyObject *o_src;
+        Py_ssize_t rb, off;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(o_fields, got), "Onn", &o_src, &rb, &off)) break;
+        if (!get_buf(o_src, &bf[got], -1, 0, "src")) break;
+        Py_ssize_t cap = rb > 0 ? bf[got].len / rb : 0;
+        c.src[got] = (const char *)bf[got].buf;
+        c.rb[got] = rb;
+        c.off[got] = off;
+        if (rb < 1 || bf[got].len != cap * rb) err = "a field's src must be whole rows";
+        else if (off < 0 || off + rb > stride) err = "a field must fit the record";
+        for (Py_ssize_t i = 0; !err && i < n; i++)
+            if (c.idx[i] < 0 || c.idx[i] >= cap) err = "a row is out of range";
+    }
+    if (!err && got == (int)nf) {
+        c.tmpl = (const char *)bt.buf;
+        c.out = (char *)bo.buf;
+        c.stride = stride;
+        Py_BEGIN_ALLOW_THREADS
+        run_parts(threads, n, pack_part, &c);
+        Py_END_ALLOW_THREADS
+    } else if (err) {
+        PyErr_Format(PyExc_ValueError, "pack: %s", err); /* `got` counts the field's buffer */
+    }
+    int ok = !err && !PyErr_Occurred();
+    for (int f = 0; f < got; f++) PyBuffer_Release(&bf[f]);
+    PyBuffer_Release(&bi); PyBuffer_Release(&bt); PyBuffer_Release(&bo);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 PyObject *psk_scatter(PyObject *self, PyObject *args) {
     Py_buffer bd, bi, bs;
     Py_ssize_t rb, cap;

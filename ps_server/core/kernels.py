@@ -45,6 +45,7 @@ _FUNCTIONS = (
     "insert",
     "distinct",
     "uniform",
+    "pack",
 )
 if _c is not None and not all(hasattr(_c, f) for f in _FUNCTIONS):
     # a build from before the row-creation kernels: the numpy path is right, only slower
@@ -124,6 +125,34 @@ def gather(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
             f"{src.dtype} like src, got {out.shape} of {out.dtype}"
         )
     _c.gather(src, np.ascontiguousarray(rows, dtype=np.int64), out, _split())
+
+
+def pack(
+    records: np.ndarray, template: np.ndarray, rows: np.ndarray, fields: dict[str, np.ndarray]
+) -> None:
+    """``records[i]`` = the one-record ``template`` with each field of ``fields`` (name: column,
+    rows first) set to ``column[rows[i]]`` (every row in range): C-contiguous structured records
+    packed in one pass, no temporaries. Compiled path only."""
+    assert _c is not None
+    if not records.flags.c_contiguous or template.dtype != records.dtype or template.size != 1:
+        raise ValueError("pack: records must be contiguous and the template one such record")
+    parts = []
+    for name, col in fields.items():
+        base, offset = records.dtype.fields[name][:2]
+        if col.dtype != base.base or col.shape[1:] != base.shape:
+            raise ValueError(
+                f"pack: field {name!r} takes {base.base}[., {base.shape}], got {col.dtype}"
+                f"{col.shape}"
+            )
+        if base.itemsize:  # an empty field (no optimizer state) has nothing to copy
+            parts.append((np.ascontiguousarray(col), base.itemsize, offset))
+    _c.pack(
+        records.view(np.uint8),
+        np.ascontiguousarray(template).view(np.uint8),
+        np.ascontiguousarray(rows, dtype=np.int64),
+        tuple(parts),
+        _split(),
+    )
 
 
 def scatter(src: np.ndarray, positions: np.ndarray, dst: np.ndarray) -> None:

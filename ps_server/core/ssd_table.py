@@ -28,9 +28,9 @@ every pull, push and GEO delta); the rows of the latest call go last, and so do 
 last use was one of the latest pulls (pulled, not pushed since; as many pulls, newest first,
 as touched at most :data:`PROTECT_SHARE` of ``cache_rows`` keys), so a row pulled is not written
 to disk before its push, also when a trainer prefetches the next batch's rows before it pushes
-the current one's. One ``argpartition`` over a
-packed 64-bit score per pick. Chosen over pure recency (``eviction="recency"``) by the hit rate on the benchmark's
-Zipf(1.1) stream (the numbers are in ``docs/ps/ssd-storage.md``).
+the current one's. One ``argpartition`` over a packed 64-bit score per pick. Chosen over pure
+recency (``eviction="recency"``) by the hit rate on the benchmark's Zipf(1.1) stream (the
+numbers are in ``docs/ps/ssd-storage.md``).
 
 Aging is lazy on disk (:mod:`ps_server.core.ssd_aging`): a cold row records the table's day
 number when it was evicted; ``end_day`` ages the rows in memory and bumps the day number, and a
@@ -78,7 +78,7 @@ from ps_server.core.ssd_filter import KeyFilter
 from ps_server.core.ssd_import import flush_ingest, split_import
 from ps_server.core.ssd_pass import pull_through
 from ps_server.core.ssd_snapshot import ColdSaver, native_snapshot, streamed_snapshot
-from ps_server.core.ssd_tier import ColdTier, as_void, record_dtype
+from ps_server.core.ssd_tier import ColdTier, as_void, packed_records, record_dtype
 from ps_server.core.table import ChangeLog, PushStats, TableSnapshot
 from ps_server.errors import SsdTierError
 
@@ -402,15 +402,13 @@ class SsdSparseTable(SparseTable):
             raise self._write_error(err)
 
     def _records(self, st: RowStore | RowSnapshot, rows: np.ndarray) -> np.ndarray:
-        rec = np.empty(rows.shape[0], dtype=self.cold.dtype)
-        for name in ROW_COLUMNS:
-            rec[name] = st.cols[name][rows]
-        rec["flags"] = st.flags[rows]
-        rec["day"] = self.day
         self._seq += 1
-        rec["seq"] = self._seq
-        self.changes.stamp(rec)
-        return rec
+        tail = np.zeros(1, dtype=self.cold.dtype)  # what every record of the batch shares
+        tail["day"] = self.day
+        tail["seq"] = self._seq
+        self.changes.stamp(tail)
+        cols = {**{name: st.cols[name] for name in ROW_COLUMNS}, "flags": st.flags}
+        return packed_records(tail, rows, cols)
 
     def _keyed(self, keys: Any, call: Any, pull: bool = False) -> Any:
         """Run ``call()`` after the promotion, then evict (once: nested calls skip both)."""

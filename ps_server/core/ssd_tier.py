@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from ps_server.core import kernels
 from ps_server.core.routing import shard_of
 from ps_server.errors import SsdTierError
 
@@ -84,6 +85,20 @@ def record_dtype(dim: int, state_dim: int) -> np.dtype:
             ("seq", np.uint64),
         ]
     )
+
+
+def packed_records(tail: np.ndarray, rows: np.ndarray, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """The records of ``rows`` of a row store: the one-record ``tail`` (the fields every record
+    of the batch shares) with each field of ``cols`` (name: column) gathered at ``rows`` (one
+    compiled pass over the records where the kernels are built)."""
+    rec = np.empty(rows.shape[0], dtype=tail.dtype)
+    if kernels.ENABLED:
+        kernels.pack(rec, tail, rows, cols)
+        return rec
+    rec[...] = tail[0]
+    for name, col in cols.items():
+        rec[name] = col[rows]
+    return rec
 
 
 def as_void(records: np.ndarray) -> np.ndarray:

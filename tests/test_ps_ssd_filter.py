@@ -143,3 +143,34 @@ def test_rocksdb_order_of_sorted_and_unsorted_batches() -> None:
             shards = shard_of(batch, 64)
             want = np.lexsort((batch.view(np.uint64), shards))
             assert np.array_equal(rocksdb_order(batch, shards), want), name
+
+
+@pytest.mark.timeout(60)
+def test_a_write_batch_applies_only_each_keys_last_op(tmp_path: Path) -> None:
+    """Ops written in one batch keep only each key's last op (the batch is atomic): RocksDB
+    ends as if every op had been applied in order."""
+    from ps_server.core.ssd_evict import Op
+    from ps_server.core.ssd_tier import ColdTier, last_ops, record_dtype
+
+    dt = record_dtype(2, 1)
+
+    def records(keys: np.ndarray, value: float) -> np.ndarray:
+        rec = np.zeros(keys.shape[0], dtype=dt)
+        rec["values"] = value
+        rec["seq"] = keys.astype(np.uint64)
+        return rec
+
+    a, b, c = np.arange(0, 6), np.arange(3, 9), np.arange(7, 12)
+    ops = [Op(a, records(a, 1.0)), Op(b, None), Op(c, records(c, 2.0)), Op(a[:1], None)]
+    parts = last_ops(ops)
+    assert [p[0].tolist() for p in parts] == [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11], [0]]
+    assert parts[0][1] is not None and parts[0][1]["seq"].tolist() == [1, 2]
+    assert last_ops(ops[:1])[0][0] is ops[0].keys
+    tier = ColdTier("emb", str(tmp_path), (0,), dt, num_shards=8)
+    try:
+        tier.write(ops)
+        found, rec = tier.get(np.arange(0, 13))
+        assert found.tolist() == [False, True, True] + [False] * 4 + [True] * 5 + [False]
+        assert rec["values"][:, 0].tolist() == [1.0, 1.0] + [2.0] * 5
+    finally:
+        tier.close()

@@ -363,15 +363,16 @@ class SsdSparseTable(SparseTable):
             if not self._closed and self.store.num_rows > self.cache_rows * EVICT_HIGH:
                 self._evict()
 
-    def _after_call(self) -> None:
-        """Eviction and back pressure after a call (hold the lock)."""
+    def _after_call(self, backlog: int | None = None) -> None:
+        """Eviction and back pressure after a call (hold the lock); ``backlog``: the keys queued
+        and not taken by a writer when the call began (default: now)."""
         hot = self.store.num_rows
         if not self.background:
             if hot > self.cache_rows:
                 self._evict()
             self._write_queued()
             return
-        backlog = self.queue.queued_rows  # queued before this call's eviction, not yet taken
+        backlog = self.queue.queued_rows if backlog is None else backlog
         if hot > self.cache_rows:
             self._evict()  # over the bound: the call picks; the thread writes
         if backlog > self.cache_rows:
@@ -417,6 +418,7 @@ class SsdSparseTable(SparseTable):
                 return call()
             self._check_open()
             valid = self._check_keys(keys)
+            backlog = self.queue.queued_rows  # earlier calls' ops (back pressure)
             self._depth += 1
             try:
                 created = self._counters["rows_created"]
@@ -426,7 +428,7 @@ class SsdSparseTable(SparseTable):
                     self._touch(missing)  # rows the call created
             finally:
                 self._depth -= 1
-            self._after_call()
+            self._after_call(backlog)
             return result
 
     def flush(self) -> None:

@@ -140,6 +140,30 @@ def tier_options(rd: Any) -> Any:
     return opts
 
 
+def last_ops(ops: list[Any]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """(keys, records or None) of each op of one write batch, less the keys a later op of the
+    batch writes: the batch is atomic, so only a key's last op shows (a pass's push queues the
+    delete of the cold rows it promotes, and its eviction their put)."""
+    if len(ops) < 2:
+        return [(op.keys, op.records) for op in ops]
+    keys = np.concatenate([op.keys for op in ops])
+    order = np.argsort(keys, kind="stable")  # equal keys in op order
+    ordered = keys[order]
+    last = np.ones(keys.shape[0], dtype=bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    keep = np.zeros(keys.shape[0], dtype=bool)
+    keep[order[last]] = True
+    out, at = [], 0
+    for op in ops:
+        k = keep[at : at + op.keys.shape[0]]
+        at += op.keys.shape[0]
+        if k.all():
+            out.append((op.keys, op.records))
+        elif k.any():
+            out.append((op.keys[k], None if op.records is None else op.records[k]))
+    return out
+
+
 def rocksdb_order(keys: np.ndarray, shards: np.ndarray) -> np.ndarray:
     """The order of int64 ``keys`` (and their ``shards``) in RocksDB: by shard, then by the key
     as unsigned (its big-endian bytes). Keys already sorted as int64 (a queued op's) take one
@@ -353,16 +377,16 @@ class ColdTier:
         """Apply ops (:class:`~ps_server.core.ssd_evict.Op`: sorted ``keys``, ``records`` or
         ``None`` for deletes) in order, in one write batch."""
         batch = self._rd.WriteBatch(raw_mode=True)
-        for op in ops:
+        for op_keys, records in last_ops(ops):
             # RocksDB's key order: the memtable inserts touch neighbouring nodes (a quarter
             # less CPU per written key than int64 order, which scatters the keys over shards)
-            shards = shard_of(op.keys, self.num_shards)
-            order = rocksdb_order(op.keys, shards)
-            keys = self._key_bytes(op.keys[order], shards[order])
-            if op.records is None:
+            shards = shard_of(op_keys, self.num_shards)
+            order = rocksdb_order(op_keys, shards)
+            keys = self._key_bytes(op_keys[order], shards[order])
+            if records is None:
                 deque(map(batch.delete, keys), maxlen=0)  # C-level loop
             else:
-                values = as_void(op.records)[order].tolist()
+                values = as_void(records)[order].tolist()
                 deque(map(batch.put, keys, values), maxlen=0)
         self._db.write(batch)
 

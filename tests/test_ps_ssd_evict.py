@@ -42,10 +42,10 @@ class StuckWrites:
         self._write = table.cold.write
         table.queue._write = self._stuck_write
 
-    def _stuck_write(self, ops: list[Any]) -> None:
+    def _stuck_write(self, ops: list[Any]) -> int:
         self.entered.set()
         assert self.gate.wait(30), "the test never released the write"
-        self._write(ops)
+        return self._write(ops)
 
     def release(self) -> None:
         self.gate.set()

@@ -66,8 +66,9 @@ class Op:
 class WriteBehind:
     """Queued cold-tier ops of one table and the thread that writes them (module docstring)."""
 
-    def __init__(self, write: Callable[[list[Op]], None], step: Callable[[], None]) -> None:
-        """``write(ops)`` writes ops to RocksDB in order (one batch); ``step`` (a bound method
+    def __init__(self, write: Callable[[list[Op]], int], step: Callable[[], None]) -> None:
+        """``write(ops)`` writes ops to RocksDB in order (one batch) and returns the keys it put
+        or deleted; ``step`` (a bound method
         of the table, held weakly) runs before each background write: it picks rows to evict
         and queues them."""
         self._write = write
@@ -167,7 +168,7 @@ class WriteBehind:
                 return
             t0 = time.perf_counter()
             try:
-                self._write(ops)
+                written = self._write(ops)
             except BaseException as err:  # kept visible; the table raises it on its next call
                 with self._lock:
                     self._queued[:0] = ops
@@ -178,7 +179,7 @@ class WriteBehind:
                 assert self._inflight[: len(ops)] == ops
                 del self._inflight[: len(ops)]
                 self.writes += 1
-                self.written_keys += sum(int(op.keys.shape[0]) for op in ops)
+                self.written_keys += written
                 self.write_seconds += time.perf_counter() - t0
 
     def discard(self, then: Callable[[], None]) -> None:

@@ -373,11 +373,13 @@ class ColdTier:
         as_void(rec)[at[order[hit]]] = as_void(self._decode(list(itertools.compress(blobs, hit))))
         return found, rec
 
-    def write(self, ops: list[Any]) -> None:
+    def write(self, ops: list[Any]) -> int:
         """Apply ops (:class:`~ps_server.core.ssd_evict.Op`: sorted ``keys``, ``records`` or
-        ``None`` for deletes) in order, in one write batch."""
+        ``None`` for deletes) in order, in one write batch; the keys put or deleted."""
         batch = self._rd.WriteBatch(raw_mode=True)
+        written = 0
         for op_keys, records in last_ops(ops):
+            written += int(op_keys.shape[0])
             # RocksDB's key order: the memtable inserts touch neighbouring nodes (a quarter
             # less CPU per written key than int64 order, which scatters the keys over shards)
             shards = shard_of(op_keys, self.num_shards)
@@ -389,6 +391,7 @@ class ColdTier:
                 values = as_void(records)[order].tolist()
                 deque(map(batch.put, keys, values), maxlen=0)
         self._db.write(batch)
+        return written
 
     def ingest(self, keys: np.ndarray, records: np.ndarray) -> None:
         """Write the records of distinct keys none of which RocksDB holds as one sorted file

@@ -68,9 +68,8 @@ class WriteBehind:
 
     def __init__(self, write: Callable[[list[Op]], int], step: Callable[[], None]) -> None:
         """``write(ops)`` writes ops to RocksDB in order (one batch) and returns the keys it put
-        or deleted; ``step`` (a bound method
-        of the table, held weakly) runs before each background write: it picks rows to evict
-        and queues them."""
+        or deleted; ``step`` (a bound method of the table, held weakly) runs before each
+        background write: it picks rows to evict and queues them."""
         self._write = write
         self._step = weakref.WeakMethod(step)
         self._lock = threading.Lock()

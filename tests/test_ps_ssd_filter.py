@@ -174,3 +174,32 @@ def test_a_write_batch_applies_only_each_keys_last_op(tmp_path: Path) -> None:
         assert rec["values"][:, 0].tolist() == [1.0, 1.0] + [2.0] * 5
     finally:
         tier.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_large_read_split_over_threads_finds_what_one_read_finds(tmp_path: Path) -> None:
+    """A read of more than two parts of keys, split over the call's threads, returns the same
+    found mask and records, in order, as one ``multi_get``; absent keys stay absent."""
+    from ps_server.core import kernels
+    from ps_server.core.ssd_evict import Op
+    from ps_server.core.ssd_tier import READ_PART, ColdTier, record_dtype
+
+    dt = record_dtype(2, 0)
+    rng = np.random.default_rng(6)
+    keys = np.unique(rng.integers(-(2**62), 2**62, 3 * READ_PART))
+    rec = np.zeros(keys.shape[0], dtype=dt)
+    rec["values"] = rng.standard_normal((keys.shape[0], 2)).astype(np.float32)
+    rec["seq"] = np.arange(keys.shape[0], dtype=np.uint64)
+    tier = ColdTier("emb", str(tmp_path), (0,), dt, num_shards=8)
+    try:
+        tier.write([Op(keys[::2], rec[::2])])
+        query = rng.permutation(keys)
+        one = tier.get(query)
+        with kernels.threads_for_call(3):
+            split = tier.get(query)
+        assert np.array_equal(one[0], split[0]) and one[1].tobytes() == split[1].tobytes()
+        assert int(split[0].sum()) == keys[::2].shape[0]
+        at = np.searchsorted(keys, query[split[0]])
+        assert np.array_equal(split[1]["seq"], rec["seq"][at])
+    finally:
+        tier.close()

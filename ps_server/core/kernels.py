@@ -107,6 +107,12 @@ def get_threads() -> int:
     return _threads
 
 
+def call_threads() -> int:
+    """The threads this thread's calls may split a large batch over (:func:`threads_for_call`
+    within its block, else :func:`set_threads`'s); also the SSD tier's reads."""
+    return _split()
+
+
 def probe(slots: np.ndarray, stored_keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     """int64 row of each key in the index ``slots`` (-1 where absent); compiled path only."""
     assert _c is not None

@@ -70,6 +70,10 @@ class _Deletes:
         self.keys = keys
 
 
+READ_PART = 8192
+"""A read of RocksDB keys is split over threads in parts of at least this many keys."""
+
+
 def record_dtype(dim: int, state_dim: int) -> np.dtype:
     """The packed record of one cold row."""
     return np.dtype(
@@ -356,7 +360,7 @@ class ColdTier:
         order = rocksdb_order(keys, shards)
         kb = self._key_bytes(keys[order], shards[order])
         t0 = time.perf_counter()
-        blobs = self._db.get(kb)
+        blobs = self._multi_get(kb)
         self.read_seconds += time.perf_counter() - t0
         self.reads += 1
         if None not in blobs:
@@ -372,6 +376,33 @@ class ColdTier:
         rec = np.empty(int(hit.sum()), dtype=self.dtype)
         as_void(rec)[at[order[hit]]] = as_void(self._decode(list(itertools.compress(blobs, hit))))
         return found, rec
+
+    def _multi_get(self, kb: list[bytes]) -> list[bytes | None]:
+        """``multi_get`` of RocksDB keys, split over the call's threads (parts of at least
+        :data:`READ_PART` keys): the binding releases the GIL while RocksDB reads, so two
+        threads read a large batch (a pass's rows) in about half the time."""
+        k = min(kernels.call_threads(), len(kb) // READ_PART)
+        if k < 2:
+            return self._db.get(kb)
+        bounds = [len(kb) * i // k for i in range(k + 1)]
+        parts: list[Any] = [None] * k
+
+        def read(i: int) -> None:
+            try:
+                parts[i] = self._db.get(kb[bounds[i] : bounds[i + 1]])
+            except BaseException as err:  # raised by the calling thread below
+                parts[i] = err
+
+        threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(1, k)]
+        for t in threads:
+            t.start()
+        read(0)
+        for t in threads:
+            t.join()
+        for part in parts:
+            if isinstance(part, BaseException):
+                raise part
+        return list(itertools.chain.from_iterable(parts))
 
     def write(self, ops: list[Any]) -> int:
         """Apply ops (:class:`~ps_server.core.ssd_evict.Op`: sorted ``keys``, ``records`` or

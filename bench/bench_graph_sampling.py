@@ -13,13 +13,16 @@ Peers, measured in the same run, interleaved repetition by repetition on the sam
   graph (:class:`ps_server.core.graph_table.GraphTable`'s compiled sampler, gathering the
   neighbour ids only, as the servers do; no RPC). Goal: 1
   server's batches/s >= 0.5x the local limit's.
-* **1 server**, for the 2-server row: goal 2 servers' wall time per batch <= 0.7x one server's.
-  The client and the servers share the machine's cores, so two more rows say what the machine
-  allows: **pinned**, the same two clusters with every server thread pinned to a core (the one
-  server to the first core; the two servers to the first and the last core), and **sampling
-  work alone**: the same batches sampled in this process from two tables holding server 0's
-  and server 1's part of the graph, the larger share of each hop summed (the time of two
-  servers with a core each and free RPC) against the local limit's.
+* **1 server**, for the 2-server rows: goal 2 servers' wall time per batch <= 0.7x one server's.
+  The client and the servers share the machine's cores. The goal row's two servers run as
+  fleetrun ``--ps_bind_cpus`` starts them (``python -m collective.bootstrap -m ps_server`` with
+  FLEET_PS_CPU_SHARE ``0/2`` and ``1/2``: each binds itself to its half of the cores); the one
+  server has the whole machine (its share is all of it). Two more rows say what the machine
+  allows: **not bound**, two servers the scheduler places as it likes (now and then both on one
+  core while the other idles), and **sampling work alone**: the same batches sampled in this
+  process from two tables holding server 0's and server 1's part of the graph, the larger share
+  of each hop summed (the time of two servers with a core each and free RPC) against the local
+  limit's.
 * **load**: edges/s of ``load_edges`` on a fresh 1-server cluster per repetition (read and
   parse every line of the files, build the CSR), against the limit of numpy reading the same
   files and splitting them into int64 numbers alone (``np.fromstring``, no checks, no CSR); goal
@@ -58,12 +61,16 @@ FANOUTS = (15, 10)
 SEEDS = 1024
 
 
-def start_server(index: int, num: int) -> tuple[subprocess.Popen, str]:
-    """One ``python -m ps_server`` process; returns it and its endpoint."""
-    cmd = [sys.executable, "-m", "ps_server", "--port", "0", "--server_index", str(index),
-           "--num_servers", str(num), "--log_level", "WARNING"]  # fmt: skip
+def start_server(index: int, num: int, bound: bool = False) -> tuple[subprocess.Popen, str]:
+    """One ``python -m ps_server`` process; returns it and its endpoint. ``bound``: started as
+    fleetrun ``--ps_bind_cpus`` starts it (through the bootstrap, with its FLEET_PS_CPU_SHARE)."""
+    cmd = [sys.executable, "-u", "-m", "collective.bootstrap", "-m", "ps_server", "--port", "0",
+           "--server_index", str(index), "--num_servers", str(num), "--log_level", "WARNING"]  # fmt: skip
+    env = bench_env()
+    if bound:
+        env["FLEET_PS_CPU_SHARE"] = f"{index}/{num}"
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=bench_env(), cwd=REPO
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -120,16 +127,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def pin(procs: list[subprocess.Popen], cpus: list[set[int]]) -> None:
-    """Set the CPU affinity of every thread of each process (``taskset -a -p``)."""
-    for proc, mask in zip(procs, cpus):
-        for tid in os.listdir(f"/proc/{proc.pid}/task"):
-            try:
-                os.sched_setaffinity(int(tid), mask)
-            except OSError:  # the thread ended
-                pass
 
 
 def table_sample(table, nodes: np.ndarray, fanout: int) -> tuple[np.ndarray, np.ndarray]:
@@ -205,12 +202,14 @@ def main() -> None:
         print(f"wrote {args.edges} edges in {time.perf_counter() - t0:.1f}s", flush=True)
         try:
             eps = []
-            for index, num in ((0, 1), (0, 2), (1, 2)):
-                proc, ep = start_server(index, num)
+            for index, num, bound in ((0, 1, False), (0, 2, True), (1, 2, True), (0, 2, False),
+                                      (1, 2, False)):  # fmt: skip
+                proc, ep = start_server(index, num, bound)
                 procs.append(proc)
                 eps.append(ep)
             one = GraphClient(eps[:1], timeout_s=1200)
-            two = GraphClient(eps[1:], timeout_s=1200)
+            two = GraphClient(eps[1:3], timeout_s=1200)
+            free = GraphClient(eps[3:], timeout_s=1200)
             loads: dict[str, list[float]] = {"server": [], "numpy": [], "server_cpu": []}
             loads["numpy_cpu"] = []
             for rep in range(args.reps):  # the load rate: a fresh server each repetition
@@ -232,7 +231,7 @@ def main() -> None:
                 print(f"load rep {rep}: {loads['server'][-1] / 1e6:.2f} M edges/s (numpy read "
                       f"{loads['numpy'][-1] / 1e6:.2f})", flush=True)  # fmt: skip
             load_avg.append(os.getloadavg())
-            for c in (one, two):
+            for c in (one, two, free):
                 c.create_graph_table(cfg)
                 c.load_edges("g", files)
             local = GraphTable(cfg)
@@ -241,25 +240,19 @@ def main() -> None:
             for h in halves:
                 h.load_edges(None, files)
             rng = np.random.default_rng(args.seed + 1)
-            one_proc, two_procs = procs[:1], procs[1:]
-            free = [set(cpus)] * 3
-            pinned = [{cpus[0]}, {cpus[0]}, {cpus[-1]}]  # one server; two servers: a core each
             samplers = {
-                "local": (None, lambda s, f: table_sample(local, s, f)),
-                "1 server": (free, lambda s, f: one.sample_neighbors("g", s, f)),
-                "2 servers": (free, lambda s, f: two.sample_neighbors("g", s, f)),
-                "1 server pinned": (pinned, lambda s, f: one.sample_neighbors("g", s, f)),
-                "2 servers pinned": (pinned, lambda s, f: two.sample_neighbors("g", s, f)),
+                "local": lambda s, f: table_sample(local, s, f),
+                "1 server": lambda s, f: one.sample_neighbors("g", s, f),
+                "2 servers": lambda s, f: two.sample_neighbors("g", s, f),
+                "2 servers not bound": lambda s, f: free.sample_neighbors("g", s, f),
             }
-            for _, s in samplers.values():  # warm up (CSR merge, channels)
+            for s in samplers.values():  # warm up (CSR merge, channels)
                 two_hop(s, rng.integers(0, args.nodes, SEEDS))
             times: dict[str, list[float]] = {k: [] for k in [*samplers, "split work"]}
             sampled: dict[str, int] = dict.fromkeys(samplers, 0)
             for rep in range(args.reps):
                 batches = [rng.integers(0, args.nodes, SEEDS) for _ in range(args.batches)]
-                for key, (affinity, s) in samplers.items():
-                    if affinity is not None:
-                        pin(one_proc + two_procs, affinity)
+                for key, s in samplers.items():
                     t = time.perf_counter()
                     for seeds in batches:
                         sampled[key] += two_hop(s, seeds)
@@ -274,6 +267,7 @@ def main() -> None:
             load_avg.append(os.getloadavg())
             one.close()
             two.close()
+            free.close()
         finally:
             for proc in procs:
                 proc.kill()
@@ -290,16 +284,17 @@ def main() -> None:
                 "ours/peer, higher is better",
             ),
             (
-                f"wall time per batch, 2 servers vs 1 server [{size}]",
+                f"wall time per batch, 2 servers (--ps_bind_cpus: half the cores each) vs 1 server "
+                f"[{size}]",
                 Stats.of(times["2 servers"]),
                 Stats.of(times["1 server"]),
                 "ours/peer, lower is better",
             ),
             (
-                f"pinned: wall time per batch, 2 servers on a core each vs 1 server on one core "
+                f"not bound: wall time per batch, 2 servers placed by the kernel vs 1 server "
                 f"[{size}]",
-                Stats.of(times["2 servers pinned"]),
-                Stats.of(times["1 server pinned"]),
+                Stats.of(times["2 servers not bound"]),
+                Stats.of(times["1 server"]),
                 "ours/peer, lower is better",
             ),
             (

@@ -750,7 +750,7 @@ ENTRIES: tuple[Benchmark, ...] = (
             ),
             _c(
                 "sampling_2",
-                "Wall time per batch, 2 servers",
+                "Wall time per batch, 2 servers (`--ps_bind_cpus`)",
                 "^wall time per batch",
                 "lower",
                 "1 server",
@@ -758,11 +758,11 @@ ENTRIES: tuple[Benchmark, ...] = (
                 goal_text="≤ 0.7x one server's",
             ),
             _c(
-                "sampling_2_pinned",
-                "Wall time per batch, 2 servers on a core each",
-                "^pinned: wall time per batch",
+                "sampling_2_unbound",
+                "Wall time per batch, 2 servers not bound to their cores",
+                "^not bound: wall time per batch",
                 "lower",
-                "1 server on one core",
+                "1 server",
             ),
             _c(
                 "sampling_2_work",

@@ -2,14 +2,16 @@
 
 ``python -u -m collective.bootstrap script.py ARGS`` behaves like ``python -u script.py ARGS``
 (same ``sys.argv``, ``sys.path[0]``, ``__main__``) and ``python -m collective.bootstrap -m MODULE
-ARGS`` like ``python -m MODULE ARGS``, with two additions:
+ARGS`` like ``python -m MODULE ARGS``, with three additions:
 
 * an uncaught exception is written to the error file named in the env contract, so the
   launcher's failure summary can show the traceback without the script having to use
   ``@record``;
 * the process exits through :func:`collective.clean_exit.shutdown` (registered before the script
   runs, so it runs after the script's own atexit handlers): a plain torchrun script that never
-  calls fleet gets the same clean gloo teardown as a fleet script.
+  calls fleet gets the same clean gloo teardown as a fleet script;
+* a process given a share of the host's CPUs (FLEET_PS_CPU_SHARE, fleetrun ``--ps_bind_cpus``)
+  binds itself to it first, before anything starts a thread (:mod:`collective.cpu_share`).
 
 Standard library only, imports nothing heavy.
 """
@@ -21,6 +23,7 @@ import runpy
 import sys
 
 from collective.clean_exit import install_atexit
+from collective.cpu_share import apply_cpu_share
 from collective.record import install_excepthook
 
 
@@ -29,6 +32,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m collective.bootstrap (SCRIPT | -m MODULE) [ARGS...]")
     install_excepthook()
+    apply_cpu_share()  # a bad value lands in the error file
     install_atexit()
     if argv[0] == "-m":
         if len(argv) < 2:

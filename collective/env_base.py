@@ -74,6 +74,9 @@ FLEET_PS_SSD_ROOT = "FLEET_PS_SSD_ROOT"
 """A parameter server's directory for the cold rows of ``storage="ssd"`` tables (fleetrun
 ``--ps_ssd_dir``: ``<dir>/server-<i>``), read by every way a server starts from the env
 contract (``fleet.init_server``, ``python -m ps_server --from_env``)."""
+FLEET_PS_CPU_SHARE = "FLEET_PS_CPU_SHARE"
+"""``I/N``: a parameter server binds itself to the I-th of N blocks of its host's CPUs at start
+(fleetrun ``--ps_bind_cpus``; :mod:`collective.cpu_share`), then drops the variable."""
 FLEET_PS_RESUME_POSITION = "FLEET_PS_RESUME_POSITION"
 """A PS trainer restarted alone: its data position as JSON (``{"pass", "step_in_pass",
 "step"}``), from its progress file; it skips that much data and loads no checkpoint."""

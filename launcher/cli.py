@@ -69,6 +69,7 @@ FLAG_TO_KEY = {
     "ps_checkpoint_interval": "ps_checkpoint.interval_s",
     "ps_checkpoint_keep": "ps_checkpoint.keep",
     "ps_ssd_dir": "ps.ssd_dir",
+    "ps_bind_cpus": "ps.bind_cpus",
     "heter_worker_num": "sizes.heter_worker_num",
     "heter_workers": "ps.heter_workers",
     "heter_devices": "ps.heter_devices",
@@ -269,6 +270,14 @@ def _opt(*names: str, **kw: Any) -> Any:
     metavar="DIR",
     help="PS mode: absolute local directory for the cold rows of storage='ssd' tables (server "
     "i uses DIR/server-i; scratch, rebuilt from the checkpoint on restart).",
+)
+@_opt(
+    "--ps_bind_cpus",
+    "ps_bind_cpus",
+    is_flag=True,
+    default=None,
+    help="PS mode: bind each server to its own share of its host's CPUs (for hosts that run "
+    "several servers).",
 )
 @_opt(
     "--rdzv_timeout",

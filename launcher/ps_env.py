@@ -4,7 +4,8 @@ The job's token (FLEET_PS_TOKEN: the user's, else a new random one; every server
 each call) and the directories a server's checkpoint requests may name
 (FLEET_PS_CHECKPOINT_ROOT). The local agent, the Ray driver and the Kubernetes renderer all set
 them from here; the local agent and the Ray driver also give each server its SSD directory
-(FLEET_PS_SSD_ROOT, from ``--ps_ssd_dir``). Standard library only.
+(FLEET_PS_SSD_ROOT, from ``--ps_ssd_dir``) and, with ``--ps_bind_cpus``, its share of its host's
+CPUs (FLEET_PS_CPU_SHARE). Standard library only.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from collective.env import FLEET_PS_SSD_ROOT
+from collective.env import FLEET_PS_CPU_SHARE, FLEET_PS_SSD_ROOT
 from collective.errors import ConfigError
 from launcher.spec import JobSpec
 
@@ -53,6 +54,14 @@ def ps_ssd_root_env(spec: JobSpec, server_index: int) -> dict[str, str]:
     if not spec.ps.ssd_dir:
         return {}
     return {FLEET_PS_SSD_ROOT: ps_ssd_root(spec.ps.ssd_dir, server_index)}
+
+
+def ps_cpu_share_env(spec: JobSpec, share: int, count: int) -> dict[str, str]:
+    """FLEET_PS_CPU_SHARE for the ``share``-th of the ``count`` servers on one host when the job
+    has ``ps.bind_cpus`` (else nothing, or when the job's env sets it)."""
+    if not spec.ps.bind_cpus or FLEET_PS_CPU_SHARE in spec.env:
+        return {}
+    return {FLEET_PS_CPU_SHARE: f"{share}/{count}"}
 
 
 def check_ps_ssd_dir(spec: JobSpec) -> None:

@@ -265,6 +265,10 @@ class PSEndpoints:
     """Local directory for the cold rows of ``storage="ssd"`` tables (``--ps_ssd_dir``; an
     absolute path): server ``i`` keeps its tier in ``<ssd_dir>/server-<i>`` (scratch, emptied
     per table at creation). None: SSD tables are refused."""
+    bind_cpus: bool = False
+    """Bind each server to its own share of its host's CPUs (``--ps_bind_cpus``): server ``i``
+    of the ``n`` on a host gets the ``i``-th of ``n`` blocks (FLEET_PS_CPU_SHARE). For hosts
+    that run several servers; a Kubernetes server pod has its host's share already."""
 
     def __post_init__(self) -> None:
         if self.ssd_dir is not None:
@@ -405,6 +409,11 @@ class JobSpec:
             raise ConfigError(
                 "ps.ssd_dir (--ps_ssd_dir) is for PS jobs (mode: ps); drop it or use mode: ps",
                 key="ps.ssd_dir",
+            )
+        elif self.ps.bind_cpus:
+            raise ConfigError(
+                "ps.bind_cpus (--ps_bind_cpus) is for PS jobs (mode: ps); drop it or use mode: ps",
+                key="ps.bind_cpus",
             )
         elif self.ps_checkpoint.dir:
             raise ConfigError(

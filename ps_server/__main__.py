@@ -37,6 +37,7 @@ import faulthandler
 import logging
 import sys
 
+from collective.cpu_share import apply_cpu_share, format_cpus
 from collective.errors import ConfigError, FleetError
 from ps_server.rpc.auth import resolve_token
 from ps_server.rpc.tls import TLSConfig
@@ -175,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="take host, port, index and count from the PSERVER env contract (TRAINING_ROLE, "
         "POD_IP, PADDLE_PORT, PADDLE_PSERVERS_IP_PORT_LIST)",
     )
+    add(
+        "cpu_share",
+        default=None,
+        metavar="I/N",
+        help="bind the server to the I-th of N equal blocks of the CPUs it may use (default: "
+        "FLEET_PS_CPU_SHARE, as fleetrun --ps_bind_cpus sets it; else unbound)",
+    )
     add("log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -196,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        cpus = apply_cpu_share(value=args.cpu_share, name="--cpu_share")
+        if cpus is not None:
+            logger.info("bound to CPUs %s", format_cpus(cpus))
         security = {
             "token": resolve_token(token_file=args.token_file),
             "insecure": args.insecure,

@@ -155,3 +155,72 @@ def test_static_endpoint_lists_on_two_loopback_nodes(tmp_path: Path) -> None:
     assert recs["trainer1"]["env"]["MASTER_ADDR"] == "127.0.0.1"
     r = run_fleetrun("--servers", servers, "--workers", workers, SCRIPT, "--out", str(out))
     assert r.returncode == 2 and "pass --pod_ip" in r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_bind_cpus_gives_each_server_its_share_of_the_host(tmp_path: Path) -> None:
+    """``--ps_bind_cpus``: each server runs on its own block of the CPUs (the bootstrap binds
+    it and drops FLEET_PS_CPU_SHARE); the trainers keep every CPU."""
+    import os
+
+    from collective.cpu_share import share_of
+
+    out = tmp_path / "out"
+    cpus = sorted(os.sched_getaffinity(0))
+    r = run_fleetrun(
+        "--server_num", "2", "--worker_num", "1", "--ps_bind_cpus",
+        "--log_dir", str(tmp_path / "log"), SCRIPT, "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    recs = _recs(out)
+    for i in range(2):
+        assert recs[f"server{i}"]["cpus"] == share_of(cpus, i, 2)
+        assert "FLEET_PS_CPU_SHARE" not in recs[f"server{i}"]["env"]
+    if len(cpus) >= 2:
+        assert not set(recs["server0"]["cpus"]) & set(recs["server1"]["cpus"])
+    assert recs["trainer0"]["cpus"] == cpus
+    unbound = tmp_path / "unbound"
+    r = run_fleetrun("--server_num", "2", "--worker_num", "1", "--log_dir",
+                     str(tmp_path / "log2"), SCRIPT, "--out", str(unbound))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert _recs(unbound)["server1"]["cpus"] == cpus
+
+
+def test_ray_servers_get_their_share_of_their_node() -> None:
+    """On Ray the shares are counted per node: the servers placed on one node split it."""
+    pytest.importorskip("ray")
+    from launcher.schedulers.ray.plan import AttemptPaths, Placed, make_proc_specs, make_slots
+    from launcher.spec import build_spec
+
+    data = {
+        "entrypoint": {"script": "t.py"},
+        "mode": "ps",
+        "scheduler": "ray",
+        "sizes": {"server_num": 3, "worker_num": 1},
+        "ps": {"bind_cpus": True},
+    }
+    slots = make_slots(build_spec(data))
+    nodes = {("server", 0): "a", ("server", 1): "b", ("server", 2): "a", ("trainer", 0): "b"}
+    placed = [
+        Placed(s, f"10.0.0.{ord(nodes[s.role, s.index])}", nodes[s.role, s.index], (), 7000 + i)
+        for i, s in enumerate(slots)
+    ]
+    procs, _ = make_proc_specs(build_spec(data), placed, 0, AttemptPaths("r", 0, 0, "/l", None))
+    shares = {(p.role, p.rank): p.env.get("FLEET_PS_CPU_SHARE") for p in procs}
+    assert shares == {
+        ("server", 0): "0/2",
+        ("server", 1): "0/1",
+        ("server", 2): "1/2",
+        ("trainer", 0): None,
+    }
+    del data["ps"]
+    procs, _ = make_proc_specs(build_spec(data), placed, 0, AttemptPaths("r", 0, 0, "/l", None))
+    assert all("FLEET_PS_CPU_SHARE" not in p.env for p in procs)
+
+
+def test_bind_cpus_is_for_ps_jobs() -> None:
+    from collective.errors import ConfigError
+    from launcher.spec import build_spec
+
+    with pytest.raises(ConfigError, match="ps.bind_cpus"):
+        build_spec({"entrypoint": {"script": "t.py"}, "ps": {"bind_cpus": True}})

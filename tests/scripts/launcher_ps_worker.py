@@ -26,7 +26,8 @@ if role == "PSERVER":
     sock.bind((os.environ["POD_IP"], int(os.environ["PADDLE_PORT"])))
     sock.listen()
     with open(os.path.join(args.out, f"server{index}.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "env": dict(os.environ)}, f)
+        cpus = sorted(os.sched_getaffinity(0))
+        json.dump({"pid": os.getpid(), "env": dict(os.environ), "cpus": cpus}, f)
     print(f"server {index} serving on {me}", flush=True)
     if index == args.fail_server:
         time.sleep(0.3)
@@ -41,7 +42,8 @@ if role == "PSERVER":
 else:
     tid = int(os.environ["PADDLE_TRAINER_ID"])
     with open(os.path.join(args.out, f"trainer{tid}.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "env": dict(os.environ)}, f)
+        cpus = sorted(os.sched_getaffinity(0))
+        json.dump({"pid": os.getpid(), "env": dict(os.environ), "cpus": cpus}, f)
     for ep in servers:  # servers start first, but give them a moment
         host, port = ep.rsplit(":", 1)
         for _ in range(100):

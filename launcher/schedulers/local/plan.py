@@ -34,6 +34,7 @@ from launcher.ps_env import (
     check_ps_ssd_dir,
     job_ps_token,
     ps_checkpoint_root_env,
+    ps_cpu_share_env,
     ps_ssd_root_env,
     user_ps_token,
 )
@@ -319,7 +320,7 @@ class PSPlan:
             base = {**base, **self.recovery.trainer_env()}
             heter_base.update(self.recovery.heter_env())
         out = []
-        for i in servers:
+        for share, i in enumerate(servers):
             show, prefix = console_prefix(self.spec, SERVER, i)
             out.append(
                 ProcSpec(
@@ -330,6 +331,7 @@ class PSPlan:
                     {
                         **server_base,
                         **ps_ssd_root_env(self.spec, i),
+                        **ps_cpu_share_env(self.spec, share, len(servers)),
                         **make_ps_server_env(layout, i),
                     },
                     os.path.join(layout.log_dir, f"serverlog.{i}"),

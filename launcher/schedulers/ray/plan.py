@@ -36,7 +36,12 @@ from collective.env import (
 from collective.errors import ConfigError
 from launcher.attempt import SERVER, TRAINER, ProcSpec, console_prefix
 from launcher.heter_spec import HETER, device_gpus, heter_devices
-from launcher.ps_env import FLEET_PS_TOKEN, ps_checkpoint_root_env, ps_ssd_root_env
+from launcher.ps_env import (
+    FLEET_PS_TOKEN,
+    ps_checkpoint_root_env,
+    ps_cpu_share_env,
+    ps_ssd_root_env,
+)
 from launcher.spec import JobSpec, Mode, RoleResources
 
 logger = logging.getLogger(__name__)
@@ -304,6 +309,10 @@ def _ps_specs(
         node: [p for p in members if p.slot.role == TRAINER] for node, members in per_node.items()
     }
     node_rank = {node: i for i, node in enumerate(per_node)}
+    servers_on = {
+        node: [p.slot.index for p in members if p.slot.role == SERVER]
+        for node, members in per_node.items()
+    }
     out = []
     for p in placed:
         base = _base_env(spec, len(per_node[p.node_id]))
@@ -316,6 +325,9 @@ def _ps_specs(
                 **_table_threads_env(base, p.slot.bundle),
                 **ps_checkpoint_root_env(base, paths.log_dir, paths.cwd),
                 **ps_ssd_root_env(spec, i),
+                **ps_cpu_share_env(
+                    spec, servers_on[p.node_id].index(i), len(servers_on[p.node_id])
+                ),
                 **make_ps_server_env(layout, i),
             }
             out.append(

@@ -33,7 +33,7 @@ from collective.errors import LaunchError
 from launcher.heter_spec import HETER
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all, wait_any
 from launcher.spec import JobSpec, Mode, SchedulerKind, Tee, WarmStart
-from launcher.summary import Failure, read_error_file, role_label
+from launcher.summary import Failure, lost_a_peer, read_error_file, role_label
 from launcher.warm import WarmPool, close_early, keep_early, node_env, take_begun, take_early
 from launcher.warm import supported as warm_supported
 
@@ -134,15 +134,9 @@ def failure_of(r: Running, attempt: int) -> Failure:
     )
 
 
-PEER_LOSS_WORDS = (
-    "closed by peer",
-    "reset by peer",
-    "broken pipe",
-    "remote worker",
-    "remote process",
-    "connection refused",
-)
-"""Words of the errors a collective raises when a peer process died (gloo, NCCL, the store)."""
+EXITING_WAIT_S = 2.0
+"""How long a node whose failures all read as a lost peer waits for its processes that have
+written an error file (they are exiting) before it reports."""
 PEER_REPORT_WAIT_S = 2.0
 """How long a node whose first failure reads as a lost peer waits for another node to report a
 failure seen before it (the root cause), before reporting its own."""
@@ -151,12 +145,6 @@ failure seen before it (the root cause), before reporting its own."""
 SEEN_WAIT_S = 5.0
 """How long node 0, whose fleetrun holds the rendezvous store, waits before it ends a failed job
 for the other nodes to have read the failure."""
-
-
-def lost_a_peer(failure: Failure) -> bool:
-    """Whether ``failure``'s error reads as a collective that lost a peer process."""
-    text = failure.message.lower()
-    return any(word in text for word in PEER_LOSS_WORDS)
 
 
 def watch(
@@ -183,6 +171,8 @@ def watch(
             if r.proc.exit is not None and not r.proc.exit.ok
         ]
         if failed:
+            if all(lost_a_peer(f) for f in failed):
+                failed += _exiting_failures(running, attempt)
             return failed, None
         if all(r.proc.exit is not None for r in trainers):
             _let_servers_stop(servers, server_grace_s)
@@ -196,6 +186,25 @@ def watch(
             remote = remote_check()
             if remote:
                 return [], remote
+
+
+def _exiting_failures(running: Sequence[Running], attempt: int) -> list[Failure]:
+    """The failures of the processes still running that have written their error file: they
+    are exiting with an error of their own (the bootstrap writes it before the process's
+    teardown closes its connections, and that closing is what its peers lost), so they are
+    waited for (up to :data:`EXITING_WAIT_S`) and are the root cause
+    (:func:`~launcher.summary.root_first`), not the peers that noticed first."""
+    exiting = [
+        r
+        for r in running
+        if r.proc.exit is None and r.spec.error_file and os.path.exists(r.spec.error_file)
+    ]
+    deadline = time.monotonic() + EXITING_WAIT_S
+    while any(r.proc.poll() is None for r in exiting) and time.monotonic() < deadline:
+        wait_any([r.proc for r in exiting if r.proc.exit is None], deadline - time.monotonic())
+    return [
+        failure_of(r, attempt) for r in exiting if r.proc.exit is not None and not r.proc.exit.ok
+    ]
 
 
 def _let_servers_stop(servers: Sequence[Running], grace_s: float) -> None:

@@ -57,6 +57,32 @@ class Failure:
     """The Python traceback from the error file, if any."""
 
 
+PEER_LOSS_WORDS = (
+    "closed by peer",
+    "reset by peer",
+    "broken pipe",
+    "remote worker",
+    "remote process",
+    "connection refused",
+    "connection was likely closed",
+)
+"""Words of the errors a collective raises when a peer process died (gloo, NCCL, the store:
+``Failed to recv, got 0 bytes. Connection was likely closed``)."""
+
+
+def lost_a_peer(failure: Failure) -> bool:
+    """Whether ``failure``'s error reads as a collective that lost a peer process."""
+    text = failure.message.lower()
+    return any(word in text for word in PEER_LOSS_WORDS)
+
+
+def root_first(failures: Sequence[Failure]) -> list[Failure]:
+    """``failures`` root cause first: the earliest one with an error of its own, then the rest
+    by time. A process that only lost a peer (:func:`lost_a_peer`) can exit before the peer
+    whose error closed its connections, so it is the root cause only when no other is."""
+    return sorted(failures, key=lambda f: (lost_a_peer(f), f.time))
+
+
 def read_error_file(path: str | None) -> tuple[str, str] | None:
     """(message, traceback) from a torch-elastic-format error file, or None when absent/bad."""
     if not path or not os.path.exists(path):
@@ -120,7 +146,8 @@ def format_summary(
     max_restarts: int,
     note: str = "",
 ) -> str:
-    """The summary text; ``failures`` in any order (sorted by time here), ``stopped`` = the
+    """The summary text; ``failures`` in any order (root cause first here: :func:`root_first`),
+    ``stopped`` = the
     (role, rank) pairs fleetrun terminated because of the failure."""
     bar = "=" * 72
     head = f" fleetrun: job '{job_name}' FAILED "
@@ -130,7 +157,7 @@ def format_summary(
     if not failures:
         lines += ["No process reported a failure.", f"Logs: {log_dir}/", bar]
         return "\n".join(lines)
-    ordered = sorted(failures, key=lambda f: f.time)
+    ordered = root_first(failures)
     root = ordered[0]
     lines.append("Root cause (first observed failure):")
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.time))

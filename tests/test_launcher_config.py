@@ -11,7 +11,7 @@ from conftest import SCRIPTS, run_fleetrun
 from collective.errors import ConfigError
 from launcher.attempt import Decision, decide
 from launcher.spec import Mode, Tee, build_spec, spec_to_dict
-from launcher.summary import Failure, format_summary
+from launcher.summary import Failure, format_summary, root_first
 
 WORKER = str(SCRIPTS / "launcher_worker.py")
 
@@ -99,6 +99,18 @@ def test_summary_groups_identical_failures_root_first() -> None:
     assert "[ranks 2, 3] exit code 1: ValueError: x (same as root cause)" in text
     assert "[rank 5] signal SIGKILL (9)" in text
     assert "Stopped by fleetrun after the root cause: rank 0" in text
+
+
+def test_a_rank_that_only_lost_its_peer_is_not_the_root_cause() -> None:
+    """Rank 2 exited first, but only because rank 3's teardown closed their connection (gloo's
+    words); rank 3's own error is the root cause. Lost peers alone: the earliest of them."""
+    lost = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?"  # fmt: skip
+    failures = [_failure(2, 1.0, lost), _failure(3, 1.2, "RuntimeError: injected")]
+    assert [f.rank for f in root_first(failures)] == [3, 2]
+    text = format_summary("j", failures, [], "log", 0, 0)
+    assert "trainer  : rank 3 " in text and "RuntimeError: injected" in text
+    reset = "Connection reset by peer"
+    assert [f.rank for f in root_first([_failure(4, 2.0, reset), _failure(1, 1.5, lost)])] == [1, 4]
 
 
 # -- the CLI ----------------------------------------------------------------------------------

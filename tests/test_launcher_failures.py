@@ -242,3 +242,21 @@ def test_wait_any_returns_for_an_exit_it_is_first_to_see(tmp_path: Path) -> None
     finally:
         terminate_all([quick, slow], 1.0)
     assert slow.exit is not None
+
+
+@pytest.mark.timeout(90)
+def test_the_rank_that_failed_is_the_root_cause_though_its_peer_exits_first(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 raises, closes its gloo connections at exit, then takes a second to exit; rank
+    0, in a barrier with it, fails at once on the closed connection and exits first. Rank 1's
+    own error is the root cause (it had written its error file), rank 0 only lost its peer."""
+    r = run_fleetrun(
+        "--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
+        str(SCRIPTS / "multinode_allreduce.py"), "--fail_rank", "1", "--linger", "1.0",
+    )  # fmt: skip
+    assert r.returncode == 1
+    summary = r.stderr[r.stderr.index("Root cause") :]
+    assert "trainer  : rank 1 (local_rank 1, node 0)" in summary, summary
+    assert "error    : RuntimeError: injected failure on rank 1" in summary, summary
+    assert "[rank 0] exit code 1" in summary, summary

@@ -34,7 +34,6 @@ from launcher.attempt import (
     ProcSpec,
     Running,
     decide,
-    lost_a_peer,
     start_all,
     warm_pool,
     watch,
@@ -44,7 +43,7 @@ from launcher.console import StatusConsole
 from launcher.process import ConsoleWriter, WorkerProcess, terminate_all
 from launcher.schedulers.local.plan import CollectivePlan, Placement, Plan
 from launcher.spec import JobSpec
-from launcher.summary import Failure, format_summary, role_label
+from launcher.summary import Failure, format_summary, lost_a_peer, role_label, root_first
 from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of
 from launcher.warm import WarmPool
 
@@ -253,7 +252,7 @@ class Agent:
                     alone += 1  # a unit of the budget spent; the job goes on in this attempt
                     monitor.restarted_in_place(attempt + alone)
                 if failures:
-                    first = min(failures, key=lambda f: f.time)
+                    first = root_first(failures)[0]
                     peer = lost_a_peer(first)
                     text = f"{_label(first)} {first.exit_desc} {first.message}"
                     plan.report_failure(attempt, text, first.time, peer)
@@ -283,7 +282,7 @@ class Agent:
             recovery = getattr(plan, "recovery", None)
             no_recovery = ""
             if recovery is not None and failures and decision is not Decision.SUCCEED:
-                first = min(failures, key=lambda f: f.time)
+                first = root_first(failures)[0]
                 got = recovery.recover(
                     attempt,
                     f"{_label(first)} {first.exit_desc}",

@@ -81,7 +81,7 @@ from launcher.schedulers.ray.plan import Slot, make_slots
 from launcher.schedulers.ray.start import start_attempt
 from launcher.schedulers.ray.watch import teardown_attempt, watch_attempt
 from launcher.spec import JobSpec, Mode
-from launcher.summary import Failure, format_summary, role_label
+from launcher.summary import Failure, format_summary, role_label, root_first
 from launcher.telemetry import FailureCause, JobMonitor, JobState, cause_of
 
 logger = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ class RayJob:
             decision = decide(bool(failures), self.restarts, spec.max_restarts)
             no_recovery = ""
             if self.recovery is not None and failures and decision is not Decision.SUCCEED:
-                first = min(failures, key=lambda f: f.time)
+                first = root_first(failures)[0]
                 got = self.recovery.recover(
                     attempt,
                     f"{_label(first)} {first.exit_desc}",

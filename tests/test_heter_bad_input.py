@@ -65,7 +65,11 @@ def test_heter_worker_scripts_without_a_heter_worker_branch(tmp_path: Path) -> N
 def test_trainers_without_a_heter_model(tmp_path: Path) -> None:
     job = HeterJob(tmp_path, ["--steps", "5", "--bad", "plain_model", "--recovery_s", "3"])
     try:
-        job.start()
+        # the heter worker first: the trainer fails within a second or two and its stop_worker
+        # stops the server, which a heter worker still importing torch would never reach
+        job.start(roles=("server", "heter"))
+        job.wait_for_line("heter.0", "serving on")
+        job.start(roles=("trainer",))
         _fails(job, "trainer.0", "built no fleet.heter.HeterModel", job.layout.heter_endpoints[0])
         _fails(job, "heter.0", "no CPU trainer ever sent a micro-batch", "not a fleet.heter")
     finally:

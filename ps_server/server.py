@@ -57,6 +57,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from collective.cpu_share import format_cpus
 from collective.env import (
     FLEET_PS_SSD_ROOT,
     FLEET_PS_TABLE_THREADS,
@@ -339,13 +340,14 @@ class PSServer:
         )
         logger.info(
             "parameter server %d/%d serving on %s (max message %s MiB, %d threads, %d table "
-            "threads; %s, %s, checkpoints under %s)",
+            "threads, CPUs %s; %s, %s, checkpoints under %s)",
             self.state.server_index,
             self.state.num_servers,
             self.endpoint,
             self.max_message_mb,
             self.threads,
             self.table_threads,
+            format_cpus(sorted(os.sched_getaffinity(0))),
             "job token required" if self.token is not None else "NO token (anyone may call)",
             tls,
             ", ".join(self.state.checkpoint_roots),

@@ -138,6 +138,7 @@ def test_ps_server_cpu_share_binds_every_thread() -> None:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert f"bound to CPUs {want}" in err
+    assert f"table threads, CPUs {want};" in err  # the serving line
 
 
 @pytest.mark.timeout(60)
